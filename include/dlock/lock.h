@@ -1,0 +1,121 @@
+/*
+ * dlock/lock.h — lock handles: acquire, release, extend, fences, the
+ * lost-lock signal, and handles that outlive the process (for scripts).
+ *
+ * A dlock_lock belongs to the thread that acquires it: reentrant acquires
+ * are counted per handle and cost no round trip. Other threads may call
+ * dlock_held() and dlock_fence() on it at any time.
+ */
+#ifndef DLOCK_LOCK_H
+#define DLOCK_LOCK_H
+
+#include <dlock/common.h>
+
+DLOCK_BEGIN_DECLS
+
+/** Called once, from the store's renewal thread, when a held lock is lost. */
+typedef void (*dlock_lost_fn)(dlock_lock *lock, void *payload);
+
+#define DLOCK_LOCK_OPTIONS_VERSION 1
+
+/**
+ * Options of a lock handle. Start from DLOCK_LOCK_OPTIONS_INIT; new fields
+ * are only ever appended (and `version` raised).
+ */
+typedef struct dlock_lock_options {
+	unsigned int version;  /**< DLOCK_LOCK_OPTIONS_VERSION */
+	int64_t ttl_ms;        /**< lease; 0 = the store's default (30 s unless the URI says ttl=) */
+	dlock_mode mode;       /**< DLOCK_EXCLUSIVE or DLOCK_SHARED */
+	unsigned int permits;  /**< semaphore size: >1 allows that many holders (exclusive mode only) */
+	int fair;              /**< non-zero: grant in request order (FIFO) */
+	int no_renew;          /**< non-zero: no background renewal (the lease just runs out) */
+	dlock_lost_fn on_lost; /**< optional lost-lock callback */
+	void *payload;         /**< passed to on_lost */
+} dlock_lock_options;
+
+#define DLOCK_LOCK_OPTIONS_INIT \
+	{ DLOCK_LOCK_OPTIONS_VERSION, 0, DLOCK_EXCLUSIVE, 1, 0, 0, NULL, NULL }
+
+/**
+ * Make a lock handle for `name` on `store`. Nothing is sent to the store.
+ * @param out   receives the handle; free with dlock_lock_free
+ * @param name  copied; checked with dlock_name_check
+ * @param opts  copied; NULL for the defaults
+ * @return 0; DLOCK_EINVAL (bad name, negative ttl, permits with shared
+ *         mode, unknown options version); DLOCK_ENOMEM.
+ */
+DLOCK_EXTERN int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
+				const dlock_lock_options *opts);
+
+/**
+ * Free a handle. A lock still held is released first (all reentrant holds).
+ * Accepts NULL. Safe to call from the lock's own on_lost callback.
+ */
+DLOCK_EXTERN void dlock_lock_free(dlock_lock *lock);
+
+/**
+ * Acquire the lock.
+ * @param wait_ms  0 = try once; > 0 = wait at most that long; < 0 = forever
+ * @return 0 (held; the lease deadline counts from before the request was
+ *         sent); DLOCK_ELOCKED (wait 0 and held by another); DLOCK_ETIMEOUT;
+ *         DLOCK_EUNAVAILABLE; DLOCK_EBUSY (held through this handle by
+ *         another thread); other codes from the store.
+ * If this handle already holds the lock on this thread, the hold count grows
+ * and 0 is returned with no round trip; the fence stays the same.
+ */
+DLOCK_EXTERN int dlock_acquire(dlock_lock *lock, int64_t wait_ms);
+
+/**
+ * Release one hold. The lock is freed in the store after as many releases as
+ * acquires.
+ * @return 0; DLOCK_ENOTHELD (not held by this handle — nothing changes in
+ *         the store); DLOCK_ELOST (the lease had ended: the lock was lost);
+ *         DLOCK_EUNAVAILABLE (the store did not answer; the lease will run out).
+ */
+DLOCK_EXTERN int dlock_release(dlock_lock *lock);
+
+/**
+ * Extend the lease now to `ttl_ms` from now (0 = the handle's ttl); later
+ * renewals use the new ttl. @return 0; DLOCK_ENOTHELD; DLOCK_ELOST; ...
+ */
+DLOCK_EXTERN int dlock_extend(dlock_lock *lock, int64_t ttl_ms);
+
+/**
+ * Whether the handle holds the lock now: acquired, not released, and the
+ * lease deadline (CLOCK_MONOTONIC, minus a drift margin) not passed without
+ * a confirmed renewal. Thread-safe.
+ */
+DLOCK_EXTERN int dlock_held(const dlock_lock *lock);
+
+/** The fencing token of the current hold, or 0 when not held. Thread-safe. */
+DLOCK_EXTERN uint64_t dlock_fence(const dlock_lock *lock);
+
+/** The lock's name (as given to dlock_lock_new). */
+DLOCK_EXTERN const char *dlock_lock_name(const dlock_lock *lock);
+
+/** Milliseconds left of the lease as this process knows it; 0 when not held. */
+DLOCK_EXTERN int64_t dlock_ttl_left(const dlock_lock *lock);
+
+/**
+ * Hand a held lock over to someone outside this process (a shell script):
+ * renewal stops, the hold stays in the store until its lease ends, and the
+ * handle no longer holds it locally. *handle receives an opaque printable
+ * string (free with dlock_free) that dlock_lock_attach accepts.
+ * @return 0; DLOCK_ENOTHELD.
+ */
+DLOCK_EXTERN int dlock_lock_detach(dlock_lock *lock, char **handle);
+
+/**
+ * Take over a hold described by a string from dlock_lock_detach, so that
+ * dlock_extend and dlock_release act on it. Nothing is sent to the store:
+ * the store checks the owner on extend/release, so a wrong handle gets
+ * DLOCK_ENOTHELD there and never touches another holder's lock. The hold is
+ * not renewed in the background.
+ * @return 0; DLOCK_EINVAL (malformed handle, or mode/permits differ from
+ *         the lock's options); DLOCK_EBUSY (this handle already holds).
+ */
+DLOCK_EXTERN int dlock_lock_attach(dlock_lock *lock, const char *handle);
+
+DLOCK_END_DECLS
+
+#endif

@@ -1,0 +1,117 @@
+/*
+ * dlock/store.h — opening a lock store, inspecting it, and small helpers
+ * shared by every program that talks to one (durations, names).
+ *
+ * A dlock_store is thread-safe: many threads may create and use locks on one
+ * store at the same time. It owns a random 128-bit client id and, once a lock
+ * with renewal is held, a background renewal thread.
+ */
+#ifndef DLOCK_STORE_H
+#define DLOCK_STORE_H
+
+#include <dlock/common.h>
+
+DLOCK_BEGIN_DECLS
+
+/** Longest lock name accepted, in bytes. */
+#define DLOCK_NAME_MAX 512
+
+/**
+ * Open a store from a URI.
+ *
+ *   sqlite:///abs/path.db   sqlite:relative.db   sqlite:   (default file)
+ *   redis://[user:pass@]host:port[/db]
+ *   redlock://host:port,host:port,host:port[?drift=0.01]
+ *   etcd://host:port[,host:port...]   etcds://...
+ *   zk://host:port[,host:port...][/chroot]
+ *   postgres://user:pass@host:port/db[?mode=table|advisory]
+ *   mysql://user:pass@host:port/db[?mode=table|get_lock]
+ *   memcached://host:port
+ *
+ * Query options every store accepts: `ttl` (default lease for locks opened
+ * with ttl_ms = 0; a duration such as 30s), `prefix` (namespace, default
+ * "dlock"), `connect_timeout` (a duration, default 5s). Unknown options are
+ * an error. A NULL or empty `uri` opens the default store (dlock_default_uri).
+ *
+ * @param out  receives the store; the caller frees it with dlock_store_close
+ * @param uri  copied; may contain a password, which is never echoed
+ * @return 0; DLOCK_EINVAL for a malformed URI, unknown scheme or option;
+ *         DLOCK_ENOTSUPPORTED for a store this build was compiled without;
+ *         DLOCK_EUNAVAILABLE if the store cannot be reached;
+ *         DLOCK_EAUTH if it refused our credentials; DLOCK_ENOMEM.
+ */
+DLOCK_EXTERN int dlock_store_open(dlock_store **out, const char *uri);
+
+/**
+ * Close a store. Locks still held through it are released first (best
+ * effort) and stop being renewed. Lock handles made from the store must be
+ * freed before it. Accepts NULL.
+ */
+DLOCK_EXTERN void dlock_store_close(dlock_store *store);
+
+/** The store's kind: "sqlite", "redis", ... Never NULL. */
+DLOCK_EXTERN const char *dlock_store_kind(const dlock_store *store);
+
+/** The URI the store was opened with, with any password replaced by "***". */
+DLOCK_EXTERN const char *dlock_store_uri(const dlock_store *store);
+
+/** This store handle's client id: 32 lowercase hex digits. */
+DLOCK_EXTERN const char *dlock_store_client_id(const dlock_store *store);
+
+/**
+ * The default store URI: sqlite:// on $DLOCK_HOME/dlock.db, else
+ * $XDG_STATE_HOME/dlock/dlock.db, else ~/.local/state/dlock/dlock.db.
+ * @param out receives a string to free with dlock_free.
+ */
+DLOCK_EXTERN int dlock_default_uri(char **out);
+
+/** One holder of a lock, as reported by dlock_store_status. */
+typedef struct dlock_holder {
+	char *owner;          /**< the holder's owner token (client id and a serial) */
+	char *host;           /**< host name of the holder's machine, or "" */
+	int pid;              /**< process id of the holder, or 0 */
+	dlock_mode mode;
+	uint64_t fence;       /**< the fence this holder was granted */
+	int64_t ttl_left_ms;  /**< lease left, as the store sees it; -1 if unknown */
+} dlock_holder;
+
+/** The state of one lock name, as reported by dlock_store_status. */
+typedef struct dlock_lock_status {
+	char *name;
+	unsigned int permits;  /**< >1 for a semaphore, else 1 */
+	uint64_t last_fence;   /**< the highest fence granted so far for this name */
+	size_t nholders;
+	dlock_holder *holders;
+	size_t waiters;        /**< clients known to be waiting (0 if unknown) */
+} dlock_lock_status;
+
+/**
+ * Report the state of locks. With names == NULL (or nnames == 0) report every
+ * lock that has holders or waiters; otherwise report exactly the given names
+ * (a free name has nholders == 0). Not every store can list all names: those
+ * return DLOCK_ENOTSUPPORTED for names == NULL.
+ *
+ * @param out    receives an array of *count entries; free with dlock_status_free
+ */
+DLOCK_EXTERN int dlock_store_status(dlock_store *store, const char *const *names,
+				    size_t nnames, dlock_lock_status **out, size_t *count);
+
+/** Free what dlock_store_status returned. Accepts NULL. */
+DLOCK_EXTERN void dlock_status_free(dlock_lock_status *status, size_t count);
+
+/**
+ * Parse a duration: "250ms", "30s", "5m", "1h", "1.5s"; a bare number is
+ * seconds. No sign, no spaces; at most one unit.
+ * @return 0 and *ms; DLOCK_EINVAL (with a message naming the problem).
+ */
+DLOCK_EXTERN int dlock_duration_parse(int64_t *ms, const char *text);
+
+/**
+ * Check a lock name: 1 to DLOCK_NAME_MAX bytes of valid UTF-8 without control
+ * characters. @return 0 or DLOCK_EINVAL with a message naming the problem.
+ */
+DLOCK_EXTERN int dlock_name_check(const char *name);
+
+DLOCK_END_DECLS
+
+#endif

@@ -1,0 +1,164 @@
+/*
+ * dlock/sys/backend.h — the interface a lock store implements.
+ *
+ * The core (src/core) owns everything stores share: URI parsing, reentrancy,
+ * lease deadlines, the renewal thread, the lost-lock signal, fence
+ * bookkeeping and the wait loop with back-off. A store only speaks its
+ * protocol: try to take a lock once, release, extend, renew a batch, and
+ * optionally block until the store says something changed.
+ *
+ * Versioned like sqlite3_io_methods: `version` comes first and new methods are
+ * only appended. An optional method left NULL means DLOCK_ENOTSUPPORTED (or,
+ * for `renew`, "call extend once per lock"; for `wait`, "back off and retry").
+ *
+ * Threading: the core calls every method of one backend under one mutex of
+ * its store, except `wait`, which is called WITHOUT that mutex (so a blocked
+ * waiter does not stop renewal) and may run in several threads at once and
+ * concurrently with any other method.
+ */
+#ifndef DLOCK_SYS_BACKEND_H
+#define DLOCK_SYS_BACKEND_H
+
+#include <dlock/common.h>
+#include <dlock/store.h>
+
+DLOCK_BEGIN_DECLS
+
+#define DLOCK_BACKEND_VERSION 1
+
+/** One `key=value` query option of a URI. */
+typedef struct dlock_uri_option {
+	char *key;
+	char *value;
+	int used; /**< set by dlock_uri_param(); unused options are an error */
+} dlock_uri_option;
+
+/** A parsed store URI. Strings are percent-decoded and owned by the core. */
+typedef struct dlock_uri {
+	char *scheme;    /**< "sqlite", "redis", ... (lowercase) */
+	char *user;      /**< NULL when absent */
+	char *password;  /**< NULL when absent; never print it */
+	char *hosts;     /**< the authority after any user info: "h:p,h:p"; NULL when the URI has no "//" */
+	char *path;      /**< what follows the authority (starts with '/'), or the opaque part ("relative.db"); "" if none */
+	size_t nparams;
+	dlock_uri_option *params;
+	/* Options common to every store, already parsed by the core: */
+	int64_t ttl_ms;             /**< default lease (30000 unless ttl=) */
+	int64_t connect_timeout_ms; /**< 5000 unless connect_timeout= */
+	const char *prefix;         /**< namespace, "dlock" unless prefix= */
+} dlock_uri;
+
+/** The value of query option `key` (marking it used), or NULL. */
+DLOCK_EXTERN const char *dlock_uri_param(dlock_uri *uri, const char *key);
+
+/** One host:port of a host list. */
+typedef struct dlock_hostport {
+	char host[256];
+	int port;
+} dlock_hostport;
+
+/**
+ * Split uri->hosts ("h1:p1,h2,[::1]:p3") into entries; a missing port is
+ * `default_port`. *out is freed with dlock_free.
+ * @return 0; DLOCK_EINVAL (no host, bad port); DLOCK_ENOMEM.
+ */
+DLOCK_EXTERN int dlock_uri_hosts(const dlock_uri *uri, int default_port, dlock_hostport **out,
+				 size_t *count);
+
+/** One hold (or attempt) as the core hands it to a store. */
+typedef struct dlock_request {
+	const char *name;      /**< validated lock name, without the store prefix */
+	const char *owner;     /**< unique token of this hold: "<client id hex>-<serial>" */
+	dlock_mode mode;
+	unsigned int permits;  /**< 1 for a mutex, N > 1 for a semaphore of N */
+	int fair;              /**< grant in request order */
+	int64_t ttl_ms;        /**< lease to set on acquire / extend / renew */
+	int waiting;           /**< the caller will wait if refused: register as a waiter
+				    (fair queue, writer preference, status) */
+	int64_t queue_ttl_ms;  /**< a waiter registration lives this long without another try */
+	const char *host;      /**< for status: this machine's host name */
+	int pid;               /**< for status: this process id */
+	void *slot;            /**< the store's own per-hold state; kept by the core from
+				    acquire to release (connection-held locks) */
+} dlock_request;
+
+typedef struct dlock_backend dlock_backend;
+
+struct dlock_backend {
+	unsigned int version; /**< DLOCK_BACKEND_VERSION */
+	const char *kind;     /**< "sqlite", "redis", ... */
+
+	/**
+	 * Try once to take the lock for req->owner.
+	 * @return 0 and *fence (strictly greater than every earlier grant of the
+	 *         name); DLOCK_ELOCKED when someone else holds it (and, if known,
+	 *         *retry_ms = how long until the blocking lease ends; else leave
+	 *         it); another code on failure.
+	 * When req->waiting and refused, register req->owner as a waiter for
+	 * req->queue_ttl_ms (fair order, writer preference, waiter counts).
+	 */
+	int (*acquire)(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms);
+
+	/** Release req->owner's hold. @return 0; DLOCK_ENOTHELD (changed nothing). */
+	int (*release)(dlock_backend *be, dlock_request *req);
+
+	/** Set req->owner's lease to ttl_ms from now. @return 0; DLOCK_ENOTHELD. */
+	int (*extend)(dlock_backend *be, dlock_request *req, int64_t ttl_ms);
+
+	/**
+	 * Optional. Renew many holds (each to its own reqs[i]->ttl_ms) in as few
+	 * round trips as possible; results[i] = 0, DLOCK_ENOTHELD (no longer
+	 * ours: the core reports it lost) or a transient error (retried until the
+	 * lease deadline). @return 0, or an error that applies to all.
+	 */
+	int (*renew)(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results);
+
+	/**
+	 * Optional. Block until the store signals that req->name may be free or
+	 * until timeout_ms passes. Called without the store mutex (see above).
+	 * @return 0 (woken or timed out — the core tries again either way).
+	 */
+	int (*wait)(dlock_backend *be, dlock_request *req, int64_t timeout_ms);
+
+	/** Optional. Leave the waiters of req->name (the caller gave up). */
+	int (*cancel)(dlock_backend *be, dlock_request *req);
+
+	/** Optional. See dlock_store_status. */
+	int (*status)(dlock_backend *be, const char *const *names, size_t nnames,
+		      dlock_lock_status **out, size_t *count);
+
+	/** Close connections and free the backend. */
+	void (*close)(dlock_backend *be);
+};
+
+/** How a store's open function looks: parse what it needs from `uri`. */
+typedef int (*dlock_backend_open_fn)(dlock_backend **out, dlock_uri *uri);
+
+/**
+ * Open a store over a backend you made yourself (tests use a fake store).
+ * The store takes ownership of `be` (closing it on dlock_store_close, or at
+ * once on failure). `display_uri` is what dlock_store_uri returns.
+ */
+DLOCK_EXTERN int dlock_store_open_backend(dlock_store **out, dlock_backend *be,
+					  const char *display_uri, int64_t default_ttl_ms);
+
+/**
+ * Record an error for the calling thread and return `code`, for stores:
+ *   return dlock_error_set(DLOCK_EUNAVAILABLE, "redis", "ECONNREFUSED", "connect %s: %s", ...);
+ * `store` and `store_code` may be NULL. Never put a password in the message.
+ */
+DLOCK_EXTERN int dlock_error_set(int code, const char *store, const char *store_code,
+				 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/** Milliseconds on CLOCK_MONOTONIC. */
+DLOCK_EXTERN int64_t dlock_clock_ms(void);
+
+/** Milliseconds since the epoch on CLOCK_REALTIME. */
+DLOCK_EXTERN int64_t dlock_wall_ms(void);
+
+/** Fill buf with random bytes (getrandom; never fails silently: aborts if the kernel cannot). */
+DLOCK_EXTERN void dlock_random(void *buf, size_t len);
+
+DLOCK_END_DECLS
+
+#endif

@@ -1,0 +1,76 @@
+#include "core/internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/random.h>
+#include <time.h>
+
+static int64_t ms_of(clockid_t id)
+{
+	struct timespec ts;
+	clock_gettime(id, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t dlock_clock_ms(void)
+{
+	return ms_of(CLOCK_MONOTONIC);
+}
+
+int64_t dlock_wall_ms(void)
+{
+	return ms_of(CLOCK_REALTIME);
+}
+
+void dlock__sleep_ms(int64_t ms)
+{
+	if (ms <= 0)
+		return;
+	struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000 };
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+void dlock__abstime(struct timespec *ts, int64_t ms_from_now)
+{
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	if (ms_from_now < 0)
+		ms_from_now = 0;
+	if (ms_from_now > (int64_t)86400 * 1000 * 365)
+		ms_from_now = (int64_t)86400 * 1000 * 365;
+	ts->tv_sec += (time_t)(ms_from_now / 1000);
+	ts->tv_nsec += (long)(ms_from_now % 1000) * 1000000;
+	if (ts->tv_nsec >= 1000000000) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000;
+	}
+}
+
+void dlock_random(void *buf, size_t len)
+{
+	unsigned char *p = buf;
+	while (len > 0) {
+		ssize_t n = getrandom(p, len, 0);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			abort(); /* no entropy: refusing beats handing out guessable owner ids */
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+}
+
+int64_t dlock__rand_between(int64_t lo, int64_t hi)
+{
+	uint64_t r;
+	if (hi <= lo)
+		return lo;
+	dlock_random(&r, sizeof(r));
+	return lo + (int64_t)(r % (uint64_t)(hi - lo + 1));
+}
+
+int64_t dlock__drift_ms(int64_t ttl_ms)
+{
+	return ttl_ms / 100 + 2;
+}

@@ -1,0 +1,148 @@
+#include "core/internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local struct {
+	dlock_error err;
+	char message[512];
+	char store[32];
+	char store_code[64];
+} last = { { 0, "no error", "", "" }, "no error", "", "" };
+
+const dlock_error *dlock_error_last(void)
+{
+	last.err.message = last.message;
+	last.err.store = last.store;
+	last.err.store_code = last.store_code;
+	return &last.err;
+}
+
+void dlock_error_clear(void)
+{
+	last.err.code = 0;
+	snprintf(last.message, sizeof(last.message), "no error");
+	last.store[0] = '\0';
+	last.store_code[0] = '\0';
+}
+
+int dlock__error_vset(int code, const char *store, const char *store_code, const char *fmt,
+		      va_list ap)
+{
+	last.err.code = code;
+	vsnprintf(last.message, sizeof(last.message), fmt, ap);
+	snprintf(last.store, sizeof(last.store), "%s", store ? store : "");
+	snprintf(last.store_code, sizeof(last.store_code), "%s", store_code ? store_code : "");
+	return code;
+}
+
+int dlock_error_set(int code, const char *store, const char *store_code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	dlock__error_vset(code, store, store_code, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+int dlock__oom(void)
+{
+	return dlock_error_set(DLOCK_ENOMEM, NULL, NULL, "out of memory");
+}
+
+static const struct {
+	int code;
+	const char *name;
+	const char *text;
+} codes[] = {
+	{ DLOCK_OK, "DLOCK_OK", "success" },
+	{ DLOCK_EINVAL, "DLOCK_EINVAL", "invalid argument" },
+	{ DLOCK_ENOMEM, "DLOCK_ENOMEM", "out of memory" },
+	{ DLOCK_ETIMEOUT, "DLOCK_ETIMEOUT", "not acquired within the wait" },
+	{ DLOCK_ELOCKED, "DLOCK_ELOCKED", "lock is held by another owner" },
+	{ DLOCK_ENOTHELD, "DLOCK_ENOTHELD", "lock not held by this owner" },
+	{ DLOCK_ELOST, "DLOCK_ELOST", "lock was lost (lease ended)" },
+	{ DLOCK_EUNAVAILABLE, "DLOCK_EUNAVAILABLE", "store unavailable" },
+	{ DLOCK_EAUTH, "DLOCK_EAUTH", "authentication failed" },
+	{ DLOCK_ENOTSUPPORTED, "DLOCK_ENOTSUPPORTED", "not supported by this store or build" },
+	{ DLOCK_ESTORE, "DLOCK_ESTORE", "unexpected store error" },
+	{ DLOCK_EBUSY, "DLOCK_EBUSY", "lock handle busy" },
+};
+
+const char *dlock_strerror(int code)
+{
+	for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+		if (codes[i].code == code)
+			return codes[i].text;
+	return "unknown error";
+}
+
+const char *dlock_error_name(int code)
+{
+	for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+		if (codes[i].code == code)
+			return codes[i].name;
+	return "DLOCK_E?";
+}
+
+/* ---- small memory helpers ---- */
+
+char *dlock__strdup(const char *s)
+{
+	char *p = strdup(s ? s : "");
+	if (!p)
+		dlock__oom();
+	return p;
+}
+
+char *dlock__strndup(const char *s, size_t n)
+{
+	char *p = strndup(s, n);
+	if (!p)
+		dlock__oom();
+	return p;
+}
+
+char *dlock__sprintf(const char *fmt, ...)
+{
+	va_list ap;
+	char *p = NULL;
+	va_start(ap, fmt);
+	if (vasprintf(&p, fmt, ap) < 0)
+		p = NULL;
+	va_end(ap);
+	if (!p)
+		dlock__oom();
+	return p;
+}
+
+void *dlock__calloc(size_t n, size_t size)
+{
+	void *p = calloc(n ? n : 1, size ? size : 1);
+	if (!p)
+		dlock__oom();
+	return p;
+}
+
+void dlock__hex(char *out, const void *bytes, size_t len)
+{
+	static const char digits[] = "0123456789abcdef";
+	const unsigned char *b = bytes;
+	for (size_t i = 0; i < len; i++) {
+		out[2 * i] = digits[b[i] >> 4];
+		out[2 * i + 1] = digits[b[i] & 15];
+	}
+	out[2 * len] = '\0';
+}
+
+void dlock_free(void *ptr)
+{
+	free(ptr);
+}
+
+const char *dlock_version(void)
+{
+	return DLOCK_VERSION_STRING;
+}

@@ -1,0 +1,137 @@
+/*
+ * Internal to libdlock: what the core shares between its files and with the
+ * stores compiled into the library. Not installed.
+ */
+#ifndef DLOCK_CORE_INTERNAL_H
+#define DLOCK_CORE_INTERNAL_H
+
+#include <dlock/dlock.h>
+#include <dlock/sys/backend.h>
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+
+#define DLOCK__DEFAULT_TTL_MS 30000
+#define DLOCK__DEFAULT_CONNECT_TIMEOUT_MS 5000
+/* A waiter's registration in the store lives this long without a retry. */
+#define DLOCK__QUEUE_TTL_MS 3000
+
+/* ---- strings and memory (return NULL only on ENOMEM, with the error set) ---- */
+char *dlock__strdup(const char *s);
+char *dlock__strndup(const char *s, size_t n);
+char *dlock__sprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void *dlock__calloc(size_t n, size_t size);
+/* Lowercase hex of len bytes into out (2*len+1 bytes). */
+void dlock__hex(char *out, const void *bytes, size_t len);
+
+/* ---- errors ---- */
+int dlock__oom(void);
+int dlock__error_vset(int code, const char *store, const char *store_code, const char *fmt,
+		      va_list ap);
+
+/* ---- clock ---- */
+/* Sleep ms milliseconds (restarting after signals). */
+void dlock__sleep_ms(int64_t ms);
+/* Absolute CLOCK_MONOTONIC timespec ms from now, for pthread_cond_timedwait. */
+struct timespec;
+void dlock__abstime(struct timespec *ts, int64_t ms_from_now);
+/* Random integer in [lo, hi]. */
+int64_t dlock__rand_between(int64_t lo, int64_t hi);
+/* The lease margin kept for clock drift: ttl/100 + 2 ms. */
+int64_t dlock__drift_ms(int64_t ttl_ms);
+
+/* ---- URIs ---- */
+int dlock__uri_parse(dlock_uri **out, const char *text);
+void dlock__uri_free(dlock_uri *uri);
+/* The URI text with any password replaced by "***" (malloc'd). */
+char *dlock__uri_redact(const char *text);
+/* DLOCK_EINVAL naming the first option no one used, else 0. */
+int dlock__uri_check_unused(const dlock_uri *uri);
+
+/* ---- scheme table ---- */
+typedef struct dlock__scheme {
+	const char *scheme;
+	dlock_backend_open_fn open; /* NULL: compiled out */
+	const char *build_option;   /* "DLOCK_WITH_REDIS" */
+} dlock__scheme;
+const dlock__scheme *dlock__scheme_find(const char *scheme);
+
+/* Store open functions, one per store file (src/stores/<name>.c). */
+int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri);
+int dlock__redis_open(dlock_backend **out, dlock_uri *uri);
+int dlock__redlock_open(dlock_backend **out, dlock_uri *uri);
+int dlock__etcd_open(dlock_backend **out, dlock_uri *uri);
+int dlock__zk_open(dlock_backend **out, dlock_uri *uri);
+int dlock__postgres_open(dlock_backend **out, dlock_uri *uri);
+int dlock__mysql_open(dlock_backend **out, dlock_uri *uri);
+int dlock__memcached_open(dlock_backend **out, dlock_uri *uri);
+
+/* ---- status helpers for stores ---- */
+/* Grow *arr (of *count entries) by one zeroed entry; returns it or NULL (ENOMEM). */
+dlock_lock_status *dlock__status_add(dlock_lock_status **arr, size_t *count);
+dlock_holder *dlock__status_add_holder(dlock_lock_status *st);
+
+/* ---- the store object (core) ---- */
+typedef struct dlock__reg dlock__reg;
+
+struct dlock_store {
+	dlock_backend *be;
+	pthread_mutex_t be_mu;  /* serialises calls into be (all but wait) */
+	char *uri;              /* redacted */
+	char client_id[33];
+	char host[256];
+	int64_t default_ttl_ms;
+	uint64_t next_serial;   /* owner serials, under reg_mu */
+
+	/* renewal registry and thread (renewer.c) */
+	pthread_mutex_t reg_mu;
+	pthread_cond_t reg_cv;
+	dlock__reg *regs;
+	bool renewer_started, renewer_stop;
+	pthread_t renewer;
+	uint64_t cb_running;    /* reg id whose on_lost runs now, 0 if none */
+};
+
+/* A held lock as the renewal thread sees it; owned by the lock, linked while held. */
+struct dlock__reg {
+	dlock__reg *next;
+	uint64_t id;            /* unique per hold (never reused) */
+	dlock_lock *lock;
+	int64_t next_renew;     /* CLOCK_MONOTONIC ms */
+	bool in_batch;          /* the renewer is talking to the store about it */
+};
+
+void dlock__renewer_add(dlock_store *store, dlock__reg *reg);
+/* Unlink reg; waits while its on_lost callback runs (unless called from it). */
+void dlock__renewer_remove(dlock_store *store, dlock__reg *reg);
+void dlock__renewer_stop(dlock_store *store);
+
+/* Lock internals shared between lock.c and renewer.c */
+typedef enum { DLOCK__IDLE, DLOCK__HELD, DLOCK__LOST } dlock__state;
+
+struct dlock_lock {
+	dlock_store *store;
+	char *name;
+	dlock_lock_options opts;
+	int64_t ttl_ms;
+	pthread_mutex_t mu;      /* guards the fields below against the renewer */
+	dlock__state state;
+	unsigned long count;     /* reentrant holds */
+	pthread_t thread;        /* holder thread */
+	char owner[64];
+	uint64_t fence;
+	int64_t deadline;        /* CLOCK_MONOTONIC ms; lease end minus drift */
+	bool attached;           /* from dlock_lock_attach: not renewed */
+	bool lost_fired;
+	dlock_request req;       /* what the store sees for this hold */
+	dlock__reg reg;
+	bool registered;
+};
+
+/* Fill lock->req from the lock's options and current owner. */
+void dlock__lock_fill_request(dlock_lock *lock);
+/* Mark a lock lost (under lock->mu); returns true if the callback must fire. */
+bool dlock__lock_mark_lost(dlock_lock *lock);
+
+#endif

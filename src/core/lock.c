@@ -1,0 +1,363 @@
+#include "core/internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Back-off between tries for stores that cannot notify: 1 ms doubling to 50 ms, jittered. */
+#define BACKOFF_FIRST_MS 1
+#define BACKOFF_MAX_MS 50
+
+int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
+		   const dlock_lock_options *opts)
+{
+	dlock_lock_options dflt = DLOCK_LOCK_OPTIONS_INIT;
+	if (!out)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_lock_new: out is NULL");
+	*out = NULL;
+	if (!store)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_lock_new: store is NULL");
+	int rc = dlock_name_check(name);
+	if (rc)
+		return rc;
+	if (!opts)
+		opts = &dflt;
+	if (opts->version < 1 || opts->version > DLOCK_LOCK_OPTIONS_VERSION)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+				       "lock options version %u is not supported (this library knows %d)",
+				       opts->version, DLOCK_LOCK_OPTIONS_VERSION);
+	if (opts->ttl_ms < 0)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "negative TTL (%lld ms)", (long long)opts->ttl_ms);
+	if (opts->ttl_ms > 0 && opts->ttl_ms < 10)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "TTL %lld ms is too short (at least 10 ms)",
+				       (long long)opts->ttl_ms);
+	if (opts->mode != DLOCK_EXCLUSIVE && opts->mode != DLOCK_SHARED)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "unknown lock mode %d", (int)opts->mode);
+	if (opts->mode == DLOCK_SHARED && opts->permits > 1)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+				       "permits > 1 (a semaphore) cannot be combined with shared mode");
+	if (opts->permits > 1000000)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "permits %u is too many (at most 1000000)",
+				       opts->permits);
+	dlock_lock *l = dlock__calloc(1, sizeof(*l));
+	if (!l)
+		return DLOCK_ENOMEM;
+	if (!(l->name = dlock__strdup(name))) {
+		free(l);
+		return DLOCK_ENOMEM;
+	}
+	l->store = store;
+	l->opts = *opts;
+	l->opts.version = DLOCK_LOCK_OPTIONS_VERSION;
+	if (l->opts.permits == 0)
+		l->opts.permits = 1;
+	l->ttl_ms = opts->ttl_ms > 0 ? opts->ttl_ms : store->default_ttl_ms;
+	pthread_mutex_init(&l->mu, NULL);
+	*out = l;
+	return 0;
+}
+
+void dlock__lock_fill_request(dlock_lock *l)
+{
+	dlock_request *r = &l->req;
+	void *slot = r->slot;
+	memset(r, 0, sizeof(*r));
+	r->name = l->name;
+	r->owner = l->owner;
+	r->mode = l->opts.mode;
+	r->permits = l->opts.permits;
+	r->fair = l->opts.fair;
+	r->ttl_ms = l->ttl_ms;
+	r->queue_ttl_ms = DLOCK__QUEUE_TTL_MS;
+	r->host = l->store->host;
+	r->pid = (int)getpid();
+	r->slot = slot;
+}
+
+bool dlock__lock_mark_lost(dlock_lock *l)
+{
+	if (l->state != DLOCK__HELD)
+		return false;
+	l->state = DLOCK__LOST;
+	bool fire = !l->lost_fired && l->opts.on_lost;
+	l->lost_fired = true;
+	return fire;
+}
+
+static void new_owner(dlock_lock *l)
+{
+	dlock_store *s = l->store;
+	pthread_mutex_lock(&s->reg_mu);
+	uint64_t serial = ++s->next_serial;
+	pthread_mutex_unlock(&s->reg_mu);
+	snprintf(l->owner, sizeof(l->owner), "%s-%llu", s->client_id, (unsigned long long)serial);
+}
+
+static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry)
+{
+	dlock_backend *be = l->store->be;
+	pthread_mutex_lock(&l->store->be_mu);
+	int rc = be->acquire(be, &l->req, fence, retry);
+	pthread_mutex_unlock(&l->store->be_mu);
+	return rc;
+}
+
+static void call_cancel(dlock_lock *l)
+{
+	dlock_backend *be = l->store->be;
+	if (!be->cancel)
+		return;
+	/* Keep the caller's error: cancel is cleanup. */
+	dlock_error saved = *dlock_error_last();
+	char msg[512], store[32], code[64];
+	snprintf(msg, sizeof(msg), "%s", saved.message);
+	snprintf(store, sizeof(store), "%s", saved.store);
+	snprintf(code, sizeof(code), "%s", saved.store_code);
+	pthread_mutex_lock(&l->store->be_mu);
+	be->cancel(be, &l->req);
+	pthread_mutex_unlock(&l->store->be_mu);
+	dlock_error_set(saved.code, store, code, "%s", msg);
+}
+
+static void granted(dlock_lock *l, uint64_t fence, int64_t t0)
+{
+	pthread_mutex_lock(&l->mu);
+	l->state = DLOCK__HELD;
+	l->count = 1;
+	l->thread = pthread_self();
+	l->fence = fence;
+	l->deadline = t0 + l->ttl_ms - dlock__drift_ms(l->ttl_ms);
+	l->attached = false;
+	l->lost_fired = false;
+	pthread_mutex_unlock(&l->mu);
+	if (!l->opts.no_renew) {
+		l->reg.lock = l;
+		l->reg.next_renew = t0 + l->ttl_ms / 3;
+		dlock__renewer_add(l->store, &l->reg);
+	}
+}
+
+static int64_t min64(int64_t a, int64_t b)
+{
+	return a < b ? a : b;
+}
+
+int dlock_acquire(dlock_lock *l, int64_t wait_ms)
+{
+	if (!l)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_acquire: lock is NULL");
+	pthread_mutex_lock(&l->mu);
+	if (l->state == DLOCK__HELD) {
+		int rc = 0;
+		if (pthread_equal(l->thread, pthread_self()) && !l->attached)
+			l->count++;
+		else
+			rc = dlock_error_set(DLOCK_EBUSY, NULL, NULL,
+					     "lock '%s' is held through this handle by another thread", l->name);
+		pthread_mutex_unlock(&l->mu);
+		return rc;
+	}
+	bool was_lost = l->state == DLOCK__LOST;
+	l->state = DLOCK__IDLE;
+	pthread_mutex_unlock(&l->mu);
+	if (was_lost) /* the old hold is over; forget it */
+		dlock__renewer_remove(l->store, &l->reg);
+
+	new_owner(l);
+	dlock__lock_fill_request(l);
+	const dlock_backend *be = l->store->be;
+	int64_t start = dlock_clock_ms();
+	int64_t until = wait_ms < 0 ? INT64_MAX : start + wait_ms;
+	int64_t backoff = BACKOFF_FIRST_MS;
+	bool registered = false;
+	for (int attempt = 0;; attempt++) {
+		uint64_t fence = 0;
+		int64_t retry = -1;
+		int64_t t0 = dlock_clock_ms(); /* the lease counts from before the request */
+		l->req.waiting = wait_ms != 0;
+		int rc = call_acquire(l, &fence, &retry);
+		if (rc == 0) {
+			granted(l, fence, t0);
+			return 0;
+		}
+		bool transient = rc == DLOCK_EUNAVAILABLE && attempt > 0;
+		if (rc != DLOCK_ELOCKED && !transient) {
+			if (registered)
+				call_cancel(l);
+			return rc;
+		}
+		registered |= rc == DLOCK_ELOCKED && l->req.waiting;
+		if (wait_ms == 0)
+			return dlock_error_set(DLOCK_ELOCKED, be->kind, NULL,
+					       "lock '%s' is held by another owner", l->name);
+		int64_t now = dlock_clock_ms();
+		if (now >= until) {
+			if (registered)
+				call_cancel(l);
+			if (rc != DLOCK_ELOCKED)
+				return rc;
+			return dlock_error_set(DLOCK_ETIMEOUT, be->kind, NULL,
+					       "lock '%s' not acquired within %lld ms", l->name,
+					       (long long)wait_ms);
+		}
+		/* Come back before our waiter registration expires, and by the deadline. */
+		int64_t nap = min64(until - now, l->req.queue_ttl_ms / 3);
+		if (retry >= 0)
+			nap = min64(nap, retry + 1);
+		if (be->wait && rc == DLOCK_ELOCKED) {
+			be->wait(l->store->be, &l->req, nap);
+		} else {
+			dlock__sleep_ms(min64(nap, dlock__rand_between(backoff / 2 + 1, backoff)));
+			backoff = min64(backoff * 2, rc == DLOCK_ELOCKED ? BACKOFF_MAX_MS : 1000);
+		}
+	}
+}
+
+static int release_in_store(dlock_lock *l)
+{
+	dlock_backend *be = l->store->be;
+	pthread_mutex_lock(&l->store->be_mu);
+	int rc = be->release(be, &l->req);
+	pthread_mutex_unlock(&l->store->be_mu);
+	l->req.slot = NULL;
+	return rc;
+}
+
+int dlock_release(dlock_lock *l)
+{
+	if (!l)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_release: lock is NULL");
+	pthread_mutex_lock(&l->mu);
+	dlock__state st = l->state;
+	if (st == DLOCK__IDLE) {
+		pthread_mutex_unlock(&l->mu);
+		return dlock_error_set(DLOCK_ENOTHELD, NULL, NULL, "lock '%s' is not held by this handle", l->name);
+	}
+	if (st == DLOCK__HELD && !pthread_equal(l->thread, pthread_self())) {
+		pthread_mutex_unlock(&l->mu);
+		return dlock_error_set(DLOCK_EBUSY, NULL, NULL,
+				       "lock '%s' is held through this handle by another thread", l->name);
+	}
+	if (st == DLOCK__HELD && l->count > 1) {
+		l->count--;
+		pthread_mutex_unlock(&l->mu);
+		return 0;
+	}
+	bool attached = l->attached;
+	bool expired = st == DLOCK__HELD && !attached && dlock_clock_ms() >= l->deadline;
+	pthread_mutex_unlock(&l->mu);
+
+	dlock__renewer_remove(l->store, &l->reg);
+	int rc = release_in_store(l);
+	pthread_mutex_lock(&l->mu);
+	l->state = DLOCK__IDLE;
+	l->count = 0;
+	l->fence = 0;
+	l->attached = false;
+	pthread_mutex_unlock(&l->mu);
+	if (st == DLOCK__LOST || expired)
+		return dlock_error_set(DLOCK_ELOST, l->store->be->kind, NULL,
+				       "lock '%s' was lost before release: its lease ended", l->name);
+	if (rc == DLOCK_ENOTHELD && !attached)
+		return dlock_error_set(DLOCK_ELOST, l->store->be->kind, NULL,
+				       "lock '%s' was lost before release: the store no longer has our hold",
+				       l->name);
+	return rc;
+}
+
+int dlock_extend(dlock_lock *l, int64_t ttl_ms)
+{
+	if (!l)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_extend: lock is NULL");
+	if (ttl_ms < 0 || (ttl_ms > 0 && ttl_ms < 10))
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "bad TTL %lld ms (0, or at least 10 ms)",
+				       (long long)ttl_ms);
+	pthread_mutex_lock(&l->mu);
+	dlock__state st = l->state;
+	pthread_mutex_unlock(&l->mu);
+	if (st == DLOCK__IDLE)
+		return dlock_error_set(DLOCK_ENOTHELD, NULL, NULL, "lock '%s' is not held by this handle", l->name);
+	if (st == DLOCK__LOST)
+		return dlock_error_set(DLOCK_ELOST, NULL, NULL, "lock '%s' was lost: its lease ended", l->name);
+	if (ttl_ms == 0)
+		ttl_ms = l->ttl_ms;
+	dlock_backend *be = l->store->be;
+	int64_t t0 = dlock_clock_ms();
+	pthread_mutex_lock(&l->store->be_mu);
+	int rc = be->extend(be, &l->req, ttl_ms);
+	if (rc == 0)
+		l->req.ttl_ms = ttl_ms; /* under be_mu: the renewer reads it there */
+	pthread_mutex_unlock(&l->store->be_mu);
+	pthread_mutex_lock(&l->mu);
+	if (rc == 0 && l->state == DLOCK__HELD) {
+		l->ttl_ms = ttl_ms;
+		l->deadline = t0 + ttl_ms - dlock__drift_ms(ttl_ms);
+	} else if (rc == DLOCK_ENOTHELD && !l->attached) {
+		l->state = DLOCK__LOST;
+		l->lost_fired = true; /* the caller hears it now, not through on_lost */
+		rc = dlock_error_set(DLOCK_ELOST, be->kind, NULL,
+				     "lock '%s' was lost: the store no longer has our hold", l->name);
+	} else if (rc == 0) {
+		rc = dlock_error_set(DLOCK_ELOST, be->kind, NULL, "lock '%s' was lost: its lease ended", l->name);
+	}
+	pthread_mutex_unlock(&l->mu);
+	return rc;
+}
+
+int dlock_held(const dlock_lock *cl)
+{
+	dlock_lock *l = (dlock_lock *)cl;
+	if (!l)
+		return 0;
+	pthread_mutex_lock(&l->mu);
+	int held = l->state == DLOCK__HELD && (l->attached || dlock_clock_ms() < l->deadline);
+	pthread_mutex_unlock(&l->mu);
+	return held;
+}
+
+uint64_t dlock_fence(const dlock_lock *cl)
+{
+	dlock_lock *l = (dlock_lock *)cl;
+	if (!l)
+		return 0;
+	pthread_mutex_lock(&l->mu);
+	uint64_t f = l->state == DLOCK__HELD ? l->fence : 0;
+	pthread_mutex_unlock(&l->mu);
+	return f;
+}
+
+int64_t dlock_ttl_left(const dlock_lock *cl)
+{
+	dlock_lock *l = (dlock_lock *)cl;
+	if (!l)
+		return 0;
+	pthread_mutex_lock(&l->mu);
+	int64_t left = l->state == DLOCK__HELD ? l->deadline - dlock_clock_ms() : 0;
+	pthread_mutex_unlock(&l->mu);
+	return left > 0 ? left : 0;
+}
+
+const char *dlock_lock_name(const dlock_lock *l)
+{
+	return l ? l->name : "";
+}
+
+void dlock_lock_free(dlock_lock *l)
+{
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	dlock__state st = l->state;
+	l->count = 1;
+	l->thread = pthread_self();
+	pthread_mutex_unlock(&l->mu);
+	if (st == DLOCK__HELD) {
+		dlock_release(l);
+	} else {
+		dlock__renewer_remove(l->store, &l->reg);
+	}
+	pthread_mutex_destroy(&l->mu);
+	free(l->name);
+	free(l);
+}

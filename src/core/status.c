@@ -1,0 +1,73 @@
+#include "core/internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+dlock_lock_status *dlock__status_add(dlock_lock_status **arr, size_t *count)
+{
+	dlock_lock_status *n = realloc(*arr, (*count + 1) * sizeof(**arr));
+	if (!n) {
+		dlock__oom();
+		return NULL;
+	}
+	*arr = n;
+	memset(&n[*count], 0, sizeof(n[0]));
+	n[*count].permits = 1;
+	return &n[(*count)++];
+}
+
+dlock_holder *dlock__status_add_holder(dlock_lock_status *st)
+{
+	dlock_holder *n = realloc(st->holders, (st->nholders + 1) * sizeof(*n));
+	if (!n) {
+		dlock__oom();
+		return NULL;
+	}
+	st->holders = n;
+	memset(&n[st->nholders], 0, sizeof(n[0]));
+	n[st->nholders].ttl_left_ms = -1;
+	return &n[st->nholders++];
+}
+
+void dlock_status_free(dlock_lock_status *st, size_t count)
+{
+	if (!st)
+		return;
+	for (size_t i = 0; i < count; i++) {
+		for (size_t j = 0; j < st[i].nholders; j++) {
+			free(st[i].holders[j].owner);
+			free(st[i].holders[j].host);
+		}
+		free(st[i].holders);
+		free(st[i].name);
+	}
+	free(st);
+}
+
+int dlock_store_status(dlock_store *s, const char *const *names, size_t nnames,
+		       dlock_lock_status **out, size_t *count)
+{
+	if (!s || !out || !count)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_store_status: NULL argument");
+	*out = NULL;
+	*count = 0;
+	if (!names)
+		nnames = 0;
+	for (size_t i = 0; i < nnames; i++) {
+		int rc = dlock_name_check(names[i]);
+		if (rc)
+			return rc;
+	}
+	if (!s->be->status)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->be->kind, NULL,
+				       "the %s store cannot report lock status", s->be->kind);
+	pthread_mutex_lock(&s->be_mu);
+	int rc = s->be->status(s->be, nnames ? names : NULL, nnames, out, count);
+	pthread_mutex_unlock(&s->be_mu);
+	if (rc) {
+		dlock_status_free(*out, *count);
+		*out = NULL;
+		*count = 0;
+	}
+	return rc;
+}

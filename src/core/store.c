@@ -1,0 +1,165 @@
+#include "core/internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int store_init(dlock_store **out, dlock_backend *be, const char *display_uri,
+		      int64_t default_ttl_ms)
+{
+	dlock_store *s = dlock__calloc(1, sizeof(*s));
+	if (!s) {
+		be->close(be);
+		return DLOCK_ENOMEM;
+	}
+	s->be = be;
+	s->uri = dlock__uri_redact(display_uri ? display_uri : be->kind);
+	if (!s->uri) {
+		be->close(be);
+		free(s);
+		return DLOCK_ENOMEM;
+	}
+	s->default_ttl_ms = default_ttl_ms > 0 ? default_ttl_ms : DLOCK__DEFAULT_TTL_MS;
+	unsigned char id[16];
+	dlock_random(id, sizeof(id));
+	dlock__hex(s->client_id, id, sizeof(id));
+	if (gethostname(s->host, sizeof(s->host) - 1) != 0)
+		strcpy(s->host, "unknown");
+	pthread_mutex_init(&s->be_mu, NULL);
+	pthread_mutex_init(&s->reg_mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&s->reg_cv, &ca);
+	pthread_condattr_destroy(&ca);
+	*out = s;
+	return 0;
+}
+
+int dlock_store_open_backend(dlock_store **out, dlock_backend *be, const char *display_uri,
+			     int64_t default_ttl_ms)
+{
+	if (!out || !be)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_store_open_backend: NULL argument");
+	*out = NULL;
+	if (be->version < 1 || be->version > DLOCK_BACKEND_VERSION || !be->acquire || !be->release ||
+	    !be->extend || !be->close) {
+		int v = (int)be->version;
+		if (be->close)
+			be->close(be);
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+				       "backend version %d or its required methods are not supported", v);
+	}
+	return store_init(out, be, display_uri, default_ttl_ms);
+}
+
+int dlock_store_open(dlock_store **out, const char *text)
+{
+	if (!out)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_store_open: out is NULL");
+	*out = NULL;
+	char *dflt = NULL;
+	if (!text || !*text) {
+		int rc = dlock_default_uri(&dflt);
+		if (rc)
+			return rc;
+		text = dflt;
+	}
+	dlock_uri *uri;
+	int rc = dlock__uri_parse(&uri, text);
+	if (rc) {
+		free(dflt);
+		return rc;
+	}
+	const dlock__scheme *sc = dlock__scheme_find(uri->scheme);
+	if (!sc) {
+		rc = dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+				     "unknown store scheme '%s:' (known: sqlite, redis, redlock, etcd, etcds, "
+				     "zk, postgres, mysql, memcached)", uri->scheme);
+	} else if (!sc->open) {
+		rc = dlock_error_set(DLOCK_ENOTSUPPORTED, uri->scheme, NULL,
+				     "this dlock was built without the %s store (%s=OFF: its client "
+				     "library was not found at build time)", uri->scheme, sc->build_option);
+	} else {
+		dlock_backend *be = NULL;
+		rc = sc->open(&be, uri);
+		if (rc == 0 && (rc = dlock__uri_check_unused(uri)) != 0)
+			be->close(be);
+		else if (rc == 0)
+			rc = store_init(out, be, text, uri->ttl_ms);
+	}
+	dlock__uri_free(uri);
+	free(dflt);
+	return rc;
+}
+
+void dlock_store_close(dlock_store *s)
+{
+	if (!s)
+		return;
+	dlock__renewer_stop(s);
+	s->be->close(s->be);
+	pthread_mutex_destroy(&s->be_mu);
+	pthread_mutex_destroy(&s->reg_mu);
+	pthread_cond_destroy(&s->reg_cv);
+	free(s->uri);
+	free(s);
+}
+
+const char *dlock_store_kind(const dlock_store *s)
+{
+	return s ? s->be->kind : "";
+}
+
+const char *dlock_store_uri(const dlock_store *s)
+{
+	return s ? s->uri : "";
+}
+
+const char *dlock_store_client_id(const dlock_store *s)
+{
+	return s ? s->client_id : "";
+}
+
+/* "sqlite://" + an absolute path, or "sqlite:" + a relative one, escaping what a URI would misread. */
+static char *sqlite_uri(const char *dir, const char *rest)
+{
+	char *path = dlock__sprintf("%s%s", dir, rest);
+	if (!path)
+		return NULL;
+	size_t n = strlen(path);
+	char *esc = dlock__calloc(3 * n + 1, 1);
+	if (!esc) {
+		free(path);
+		return NULL;
+	}
+	char *o = esc;
+	for (const char *c = path; *c; c++) {
+		if (*c == '%' || *c == '?' || *c == '#')
+			o += sprintf(o, "%%%02X", (unsigned char)*c);
+		else
+			*o++ = *c;
+	}
+	char *uri = dlock__sprintf("sqlite:%s%s", path[0] == '/' ? "//" : "", esc);
+	free(path);
+	free(esc);
+	return uri;
+}
+
+int dlock_default_uri(char **out)
+{
+	const char *home = getenv("DLOCK_HOME"), *xdg = getenv("XDG_STATE_HOME");
+	if (!out)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_default_uri: out is NULL");
+	if (home && *home)
+		*out = sqlite_uri(home, "/dlock.db");
+	else if (xdg && *xdg)
+		*out = sqlite_uri(xdg, "/dlock/dlock.db");
+	else if ((home = getenv("HOME")) && *home)
+		*out = sqlite_uri(home, "/.local/state/dlock/dlock.db");
+	else
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+				       "no default store: set DLOCK_HOME or HOME, or give a store URI");
+	return *out ? 0 : DLOCK_ENOMEM;
+}

@@ -1,0 +1,524 @@
+/*
+ * The embedded store: one SQLite file shared by the processes of one machine.
+ * WAL mode, BEGIN IMMEDIATE for every decision, expiry on this machine's wall
+ * clock (every client of the file runs on the same machine and clock).
+ */
+#include "core/internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SCHEMA_VERSION 1
+
+enum {
+	Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
+	Q_PURGE_HOLDERS, Q_PURGE_WAITERS, Q_HOLDERS, Q_MYSEQ, Q_AHEAD, Q_WRITER_WAITING,
+	Q_ENQUEUE, Q_FENCE, Q_INSERT_HOLDER, Q_DEQUEUE, Q_RELEASE, Q_EXTEND,
+	Q_STATUS_HOLDERS, Q_STATUS_FENCE, Q_STATUS_WAITERS, Q_STATUS_NAMES,
+	Q_COUNT
+};
+
+static const char *const sql[Q_COUNT] = {
+	[Q_BEGIN] = "BEGIN IMMEDIATE",
+	[Q_COMMIT] = "COMMIT",
+	[Q_ROLLBACK] = "ROLLBACK",
+	[Q_PURGE_HOLDERS] = "DELETE FROM dlock_holders WHERE ns=?1 AND name=?2 AND expires<=?3",
+	[Q_PURGE_WAITERS] = "DELETE FROM dlock_waiters WHERE ns=?1 AND name=?2 AND expires<=?3",
+	[Q_HOLDERS] = "SELECT mode, count(*), min(expires) FROM dlock_holders "
+		      "WHERE ns=?1 AND name=?2 GROUP BY mode",
+	[Q_MYSEQ] = "SELECT seq FROM dlock_waiters WHERE ns=?1 AND name=?2 AND owner=?3",
+	/* waiters ahead of seq ?3 (all when ?3 is NULL): how many, and how many want exclusive */
+	[Q_AHEAD] = "SELECT count(*), coalesce(sum(mode=0),0) FROM dlock_waiters "
+		    "WHERE ns=?1 AND name=?2 AND (?3 IS NULL OR seq<?3)",
+	[Q_WRITER_WAITING] = "SELECT count(*) FROM dlock_waiters WHERE ns=?1 AND name=?2 AND mode=0 AND owner<>?3",
+	/* refresh only when half the registration has passed: most retries then write nothing */
+	[Q_ENQUEUE] = "INSERT INTO dlock_waiters(ns,name,owner,mode,expires,host,pid) VALUES(?1,?2,?3,?4,?5,?6,?7) "
+		      "ON CONFLICT(ns,name,owner) DO UPDATE SET expires=excluded.expires "
+		      "WHERE expires < excluded.expires - ?8",
+	[Q_FENCE] = "INSERT INTO dlock_fences(ns,name,fence) VALUES(?1,?2,1) "
+		    "ON CONFLICT(ns,name) DO UPDATE SET fence=fence+1 RETURNING fence",
+	[Q_INSERT_HOLDER] = "INSERT INTO dlock_holders(ns,name,owner,mode,permits,fence,expires,host,pid) "
+			    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+	[Q_DEQUEUE] = "DELETE FROM dlock_waiters WHERE ns=?1 AND name=?2 AND owner=?3",
+	[Q_RELEASE] = "DELETE FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?4",
+	[Q_EXTEND] = "UPDATE dlock_holders SET expires=?4 WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?5",
+	[Q_STATUS_HOLDERS] = "SELECT owner, host, pid, mode, fence, expires, permits FROM dlock_holders "
+			     "WHERE ns=?1 AND name=?2 AND expires>?3 ORDER BY fence",
+	[Q_STATUS_FENCE] = "SELECT fence FROM dlock_fences WHERE ns=?1 AND name=?2",
+	[Q_STATUS_WAITERS] = "SELECT count(*) FROM dlock_waiters WHERE ns=?1 AND name=?2 AND expires>?3",
+	[Q_STATUS_NAMES] = "SELECT name FROM dlock_holders WHERE ns=?1 AND expires>?2 UNION "
+			   "SELECT name FROM dlock_waiters WHERE ns=?1 AND expires>?2 ORDER BY 1",
+};
+
+static const char schema[] =
+	"CREATE TABLE IF NOT EXISTS dlock_schema(version INTEGER NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS dlock_holders(ns TEXT NOT NULL, name TEXT NOT NULL, owner TEXT NOT NULL,"
+	" mode INTEGER NOT NULL, permits INTEGER NOT NULL, fence INTEGER NOT NULL, expires INTEGER NOT NULL,"
+	" host TEXT, pid INTEGER, PRIMARY KEY(ns,name,owner)) WITHOUT ROWID;"
+	"CREATE TABLE IF NOT EXISTS dlock_fences(ns TEXT NOT NULL, name TEXT NOT NULL, fence INTEGER NOT NULL,"
+	" PRIMARY KEY(ns,name)) WITHOUT ROWID;"
+	"CREATE TABLE IF NOT EXISTS dlock_waiters(seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL,"
+	" name TEXT NOT NULL, owner TEXT NOT NULL, mode INTEGER NOT NULL, expires INTEGER NOT NULL,"
+	" host TEXT, pid INTEGER, UNIQUE(ns,name,owner));"
+	"CREATE INDEX IF NOT EXISTS dlock_waiters_by_name ON dlock_waiters(ns,name,seq);"
+	"INSERT INTO dlock_schema(version) SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_schema);";
+
+typedef struct sqlite_backend {
+	dlock_backend base;
+	sqlite3 *db;
+	char *ns;
+	sqlite3_stmt *st[Q_COUNT];
+} sqlite_backend;
+
+static int fail(sqlite_backend *b, int rc, const char *what)
+{
+	char code[32];
+	snprintf(code, sizeof(code), "%d", rc);
+	int err = (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED ? DLOCK_EUNAVAILABLE
+		: (rc & 0xff) == SQLITE_NOMEM ? DLOCK_ENOMEM
+		: (rc & 0xff) == SQLITE_CANTOPEN || (rc & 0xff) == SQLITE_PERM ||
+		  (rc & 0xff) == SQLITE_READONLY || (rc & 0xff) == SQLITE_IOERR ? DLOCK_EUNAVAILABLE
+		: DLOCK_ESTORE;
+	return dlock_error_set(err, "sqlite", code, "sqlite: %s: %s", what,
+			       b->db ? sqlite3_errmsg(b->db) : sqlite3_errstr(rc));
+}
+
+/* Reset st and bind ns/name/owner as ?1 ?2 ?3 (owner may be NULL to skip). */
+static sqlite3_stmt *prep(sqlite_backend *b, int q, const char *name, const char *owner)
+{
+	sqlite3_stmt *s = b->st[q];
+	sqlite3_reset(s);
+	sqlite3_clear_bindings(s);
+	if (name) {
+		sqlite3_bind_text(s, 1, b->ns, -1, SQLITE_STATIC);
+		sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
+	}
+	if (owner)
+		sqlite3_bind_text(s, 3, owner, -1, SQLITE_STATIC);
+	return s;
+}
+
+/* Run a statement that returns no rows (or whose rows we ignore). */
+static int run(sqlite_backend *b, sqlite3_stmt *s, const char *what)
+{
+	int rc;
+	while ((rc = sqlite3_step(s)) == SQLITE_ROW)
+		;
+	sqlite3_reset(s);
+	return rc == SQLITE_DONE ? 0 : fail(b, rc, what);
+}
+
+static int begin(sqlite_backend *b)
+{
+	return run(b, prep(b, Q_BEGIN, NULL, NULL), "begin");
+}
+
+static int finish(sqlite_backend *b, int rc)
+{
+	if (rc == 0 || rc == DLOCK_ELOCKED || rc == DLOCK_ENOTHELD) {
+		int c = run(b, prep(b, Q_COMMIT, NULL, NULL), "commit");
+		if (c) {
+			run(b, prep(b, Q_ROLLBACK, NULL, NULL), "rollback");
+			return c;
+		}
+		return rc;
+	}
+	if (!sqlite3_get_autocommit(b->db)) {
+		dlock_error saved = *dlock_error_last();
+		char msg[512], code[64];
+		snprintf(msg, sizeof(msg), "%s", saved.message);
+		snprintf(code, sizeof(code), "%s", saved.store_code);
+		run(b, prep(b, Q_ROLLBACK, NULL, NULL), "rollback");
+		dlock_error_set(rc, "sqlite", code, "%s", msg);
+	}
+	return rc;
+}
+
+static int64_t step_int(sqlite_backend *b, sqlite3_stmt *s, int col, int64_t dflt, int *err)
+{
+	int rc = sqlite3_step(s);
+	int64_t v = dflt;
+	if (rc == SQLITE_ROW && sqlite3_column_type(s, col) != SQLITE_NULL)
+		v = sqlite3_column_int64(s, col);
+	else if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+		*err = fail(b, rc, "query");
+	sqlite3_reset(s);
+	return v;
+}
+
+static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *fence,
+		  int64_t *retry_ms)
+{
+	const char *n = req->name;
+	int rc = 0;
+	sqlite3_stmt *s = prep(b, Q_PURGE_HOLDERS, n, NULL);
+	sqlite3_bind_int64(s, 3, now);
+	if ((rc = run(b, s, "expire holders")))
+		return rc;
+	s = prep(b, Q_PURGE_WAITERS, n, NULL);
+	sqlite3_bind_int64(s, 3, now);
+	if ((rc = run(b, s, "expire waiters")))
+		return rc;
+
+	int64_t nexcl = 0, nshared = 0, first_expiry = -1;
+	s = prep(b, Q_HOLDERS, n, NULL);
+	int r;
+	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
+		int64_t cnt = sqlite3_column_int64(s, 1), exp = sqlite3_column_int64(s, 2);
+		if (sqlite3_column_int(s, 0) == DLOCK_SHARED)
+			nshared += cnt;
+		else
+			nexcl += cnt;
+		if (first_expiry < 0 || exp < first_expiry)
+			first_expiry = exp;
+	}
+	sqlite3_reset(s);
+	if (r != SQLITE_DONE)
+		return fail(b, r, "read holders");
+
+	bool conflict;
+	if (req->mode == DLOCK_SHARED)
+		conflict = nexcl > 0;
+	else
+		conflict = nshared > 0 || nexcl >= (int64_t)req->permits;
+
+	if (!conflict) {
+		/* Queue rules: fair order, and readers yield to waiting writers. */
+		s = prep(b, Q_MYSEQ, n, req->owner);
+		int64_t myseq = step_int(b, s, 0, -1, &rc);
+		if (rc)
+			return rc;
+		s = prep(b, Q_AHEAD, n, NULL);
+		if (myseq >= 0)
+			sqlite3_bind_int64(s, 3, myseq);
+		r = sqlite3_step(s);
+		int64_t ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
+		int64_t excl_ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, 1) : 0;
+		sqlite3_reset(s);
+		if (r != SQLITE_ROW)
+			return fail(b, r, "read waiters");
+		if (req->fair) {
+			if (req->mode == DLOCK_SHARED)
+				conflict = excl_ahead > 0;
+			else
+				conflict = ahead + nexcl >= (int64_t)req->permits;
+		} else if (req->mode == DLOCK_SHARED) {
+			s = prep(b, Q_WRITER_WAITING, n, req->owner);
+			conflict = step_int(b, s, 0, 0, &rc) > 0;
+			if (rc)
+				return rc;
+		}
+	}
+
+	if (conflict) {
+		if (req->waiting) {
+			s = prep(b, Q_ENQUEUE, n, req->owner);
+			sqlite3_bind_int(s, 4, (int)req->mode);
+			sqlite3_bind_int64(s, 5, now + req->queue_ttl_ms);
+			sqlite3_bind_text(s, 6, req->host, -1, SQLITE_STATIC);
+			sqlite3_bind_int(s, 7, req->pid);
+			sqlite3_bind_int64(s, 8, req->queue_ttl_ms / 2);
+			if ((rc = run(b, s, "enqueue waiter")))
+				return rc;
+		}
+		if (first_expiry >= 0)
+			*retry_ms = first_expiry > now ? first_expiry - now : 0;
+		return DLOCK_ELOCKED;
+	}
+
+	s = prep(b, Q_FENCE, n, NULL);
+	int64_t f = step_int(b, s, 0, 0, &rc);
+	if (rc)
+		return rc;
+	if (f <= 0)
+		return dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: fence counter did not advance");
+	s = prep(b, Q_INSERT_HOLDER, n, req->owner);
+	sqlite3_bind_int(s, 4, (int)req->mode);
+	sqlite3_bind_int(s, 5, (int)req->permits);
+	sqlite3_bind_int64(s, 6, f);
+	sqlite3_bind_int64(s, 7, now + req->ttl_ms);
+	sqlite3_bind_text(s, 8, req->host, -1, SQLITE_STATIC);
+	sqlite3_bind_int(s, 9, req->pid);
+	if ((rc = run(b, s, "insert holder")))
+		return rc;
+	if ((rc = run(b, prep(b, Q_DEQUEUE, n, req->owner), "dequeue waiter")))
+		return rc;
+	*fence = (uint64_t)f;
+	return 0;
+}
+
+static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+{
+	sqlite_backend *b = (sqlite_backend *)be;
+	int rc = begin(b);
+	if (rc)
+		return rc;
+	return finish(b, decide(b, req, dlock_wall_ms(), fence, retry_ms));
+}
+
+static int sq_release(dlock_backend *be, dlock_request *req)
+{
+	sqlite_backend *b = (sqlite_backend *)be;
+	sqlite3_stmt *s = prep(b, Q_RELEASE, req->name, req->owner);
+	sqlite3_bind_int64(s, 4, dlock_wall_ms());
+	int rc = run(b, s, "release");
+	if (rc)
+		return rc;
+	if (sqlite3_changes(b->db) == 0)
+		return dlock_error_set(DLOCK_ENOTHELD, "sqlite", NULL,
+				       "lock '%s' is not held by this owner (released, expired or never held)",
+				       req->name);
+	return 0;
+}
+
+static int extend_one(sqlite_backend *b, dlock_request *req, int64_t ttl_ms, int64_t now)
+{
+	sqlite3_stmt *s = prep(b, Q_EXTEND, req->name, req->owner);
+	sqlite3_bind_int64(s, 4, now + ttl_ms);
+	sqlite3_bind_int64(s, 5, now);
+	int rc = run(b, s, "extend");
+	if (rc)
+		return rc;
+	if (sqlite3_changes(b->db) == 0)
+		return dlock_error_set(DLOCK_ENOTHELD, "sqlite", NULL,
+				       "lock '%s' is not held by this owner (expired or released)", req->name);
+	return 0;
+}
+
+static int sq_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
+{
+	return extend_one((sqlite_backend *)be, req, ttl_ms, dlock_wall_ms());
+}
+
+static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+{
+	sqlite_backend *b = (sqlite_backend *)be;
+	int rc = begin(b);
+	if (rc)
+		return rc;
+	int64_t now = dlock_wall_ms();
+	for (size_t i = 0; i < n; i++) {
+		results[i] = extend_one(b, reqs[i], reqs[i]->ttl_ms, now);
+		if (results[i] != 0 && results[i] != DLOCK_ENOTHELD)
+			return finish(b, results[i]);
+	}
+	return finish(b, 0);
+}
+
+static int sq_cancel(dlock_backend *be, dlock_request *req)
+{
+	sqlite_backend *b = (sqlite_backend *)be;
+	return run(b, prep(b, Q_DEQUEUE, req->name, req->owner), "cancel waiter");
+}
+
+static char *col_text(sqlite3_stmt *s, int col)
+{
+	const unsigned char *t = sqlite3_column_text(s, col);
+	return dlock__strdup(t ? (const char *)t : "");
+}
+
+static int status_one(sqlite_backend *b, const char *name, int64_t now, dlock_lock_status **out,
+		      size_t *count)
+{
+	dlock_lock_status *st = dlock__status_add(out, count);
+	if (!st || !(st->name = dlock__strdup(name)))
+		return DLOCK_ENOMEM;
+	int rc = 0, r;
+	sqlite3_stmt *s = prep(b, Q_STATUS_HOLDERS, name, NULL);
+	sqlite3_bind_int64(s, 3, now);
+	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
+		dlock_holder *h = dlock__status_add_holder(st);
+		if (!h) {
+			sqlite3_reset(s);
+			return DLOCK_ENOMEM;
+		}
+		h->owner = col_text(s, 0);
+		h->host = col_text(s, 1);
+		h->pid = sqlite3_column_int(s, 2);
+		h->mode = sqlite3_column_int(s, 3) == DLOCK_SHARED ? DLOCK_SHARED : DLOCK_EXCLUSIVE;
+		h->fence = (uint64_t)sqlite3_column_int64(s, 4);
+		h->ttl_left_ms = sqlite3_column_int64(s, 5) - now;
+		st->permits = (unsigned)sqlite3_column_int(s, 6);
+		if (!h->owner || !h->host) {
+			sqlite3_reset(s);
+			return DLOCK_ENOMEM;
+		}
+	}
+	sqlite3_reset(s);
+	if (r != SQLITE_DONE)
+		return fail(b, r, "status");
+	st->last_fence = (uint64_t)step_int(b, prep(b, Q_STATUS_FENCE, name, NULL), 0, 0, &rc);
+	s = prep(b, Q_STATUS_WAITERS, name, NULL);
+	sqlite3_bind_int64(s, 3, now);
+	st->waiters = (size_t)step_int(b, s, 0, 0, &rc);
+	return rc;
+}
+
+static int sq_status(dlock_backend *be, const char *const *names, size_t nnames,
+		     dlock_lock_status **out, size_t *count)
+{
+	sqlite_backend *b = (sqlite_backend *)be;
+	int64_t now = dlock_wall_ms();
+	int rc = 0;
+	if (names) {
+		for (size_t i = 0; i < nnames && !rc; i++)
+			rc = status_one(b, names[i], now, out, count);
+		return rc;
+	}
+	/* Collect the names first: status_one reuses statements. */
+	char **list = NULL;
+	size_t n = 0;
+	sqlite3_stmt *s = prep(b, Q_STATUS_NAMES, NULL, NULL);
+	sqlite3_bind_text(s, 1, b->ns, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 2, now);
+	int r;
+	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
+		char **nl = realloc(list, (n + 1) * sizeof(*nl));
+		if (!nl || !(nl[n] = col_text(s, 0))) {
+			if (nl)
+				list = nl;
+			rc = dlock__oom();
+			break;
+		}
+		list = nl;
+		n++;
+	}
+	sqlite3_reset(s);
+	if (!rc && r != SQLITE_DONE)
+		rc = fail(b, r, "status");
+	for (size_t i = 0; i < n; i++) {
+		if (!rc)
+			rc = status_one(b, list[i], now, out, count);
+		free(list[i]);
+	}
+	free(list);
+	return rc;
+}
+
+static void sq_close(dlock_backend *be)
+{
+	sqlite_backend *b = (sqlite_backend *)be;
+	for (int i = 0; i < Q_COUNT; i++)
+		sqlite3_finalize(b->st[i]);
+	sqlite3_close(b->db);
+	free(b->ns);
+	free(b);
+}
+
+/* mkdir -p for the parent directories of path, mode 0700. */
+static int make_parents(const char *path)
+{
+	char *p = dlock__strdup(path);
+	if (!p)
+		return DLOCK_ENOMEM;
+	for (char *c = p + 1; *c; c++) {
+		if (*c != '/')
+			continue;
+		*c = '\0';
+		if (mkdir(p, 0700) != 0 && errno != EEXIST) {
+			int e = errno;
+			int rc = dlock_error_set(DLOCK_EUNAVAILABLE, "sqlite", NULL,
+						 "sqlite: cannot create directory %s: %s", p, strerror(e));
+			free(p);
+			return rc;
+		}
+		*c = '/';
+	}
+	free(p);
+	return 0;
+}
+
+int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
+{
+	if (uri->hosts && *uri->hosts)
+		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
+				       "sqlite URIs name a file, not a host: use sqlite:///abs/path.db or sqlite:rel.db");
+	char *dflt = NULL;
+	const char *path = uri->path;
+	if (!*path) {
+		char *text = NULL;
+		dlock_uri *parsed = NULL;
+		int rc = dlock_default_uri(&text);
+		if (rc == 0)
+			rc = dlock__uri_parse(&parsed, text);
+		free(text);
+		if (rc)
+			return rc;
+		dflt = dlock__strdup(parsed->path);
+		dlock__uri_free(parsed);
+		if (!dflt)
+			return DLOCK_ENOMEM;
+		path = dflt;
+	}
+	int64_t busy_ms = 10000;
+	const char *v = dlock_uri_param(uri, "busy_timeout");
+	if (v && (dlock_duration_parse(&busy_ms, v) != 0 || busy_ms > INT32_MAX))
+		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL, "sqlite: bad busy_timeout '%s'", v);
+
+	sqlite_backend *b = dlock__calloc(1, sizeof(*b));
+	if (!b) {
+		free(dflt);
+		return DLOCK_ENOMEM;
+	}
+	b->base.version = DLOCK_BACKEND_VERSION;
+	b->base.kind = "sqlite";
+	b->base.acquire = sq_acquire;
+	b->base.release = sq_release;
+	b->base.extend = sq_extend;
+	b->base.renew = sq_renew;
+	b->base.cancel = sq_cancel;
+	b->base.status = sq_status;
+	b->base.close = sq_close;
+	int rc = DLOCK_ENOMEM;
+	if (!(b->ns = dlock__strdup(uri->prefix)))
+		goto fail;
+	if ((rc = make_parents(path)))
+		goto fail;
+	/* Create the file ourselves so it is private (0600); WAL files copy its mode. */
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		rc = dlock_error_set(DLOCK_EUNAVAILABLE, "sqlite", NULL, "sqlite: cannot open %s: %s", path,
+				     strerror(errno));
+		goto fail;
+	}
+	close(fd);
+	int r = sqlite3_open_v2(path, &b->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+	if (r != SQLITE_OK) {
+		rc = fail(b, r, "open");
+		goto fail;
+	}
+	sqlite3_busy_timeout(b->db, (int)busy_ms);
+	char *err = NULL;
+	r = sqlite3_exec(b->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, &err);
+	if (r == SQLITE_OK)
+		r = sqlite3_exec(b->db, "BEGIN IMMEDIATE;", NULL, NULL, &err);
+	if (r == SQLITE_OK) {
+		r = sqlite3_exec(b->db, schema, NULL, NULL, &err);
+		sqlite3_exec(b->db, r == SQLITE_OK ? "COMMIT;" : "ROLLBACK;", NULL, NULL, NULL);
+	}
+	sqlite3_free(err);
+	if (r != SQLITE_OK) {
+		rc = fail(b, r, "create schema");
+		goto fail;
+	}
+	for (int i = 0; i < Q_COUNT; i++) {
+		r = sqlite3_prepare_v3(b->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &b->st[i], NULL);
+		if (r != SQLITE_OK) {
+			rc = fail(b, r, "prepare");
+			goto fail;
+		}
+	}
+	free(dflt);
+	*out = &b->base;
+	return 0;
+fail:
+	free(dflt);
+	sq_close(&b->base);
+	return rc;
+}

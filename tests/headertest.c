@@ -1,0 +1,9 @@
+/* Compiled alone with -pedantic -Werror: the public headers stand on their own. */
+#include <dlock/dlock.h>
+#include <dlock/sys/backend.h>
+
+int main(void)
+{
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	return (int)o.version - DLOCK_LOCK_OPTIONS_VERSION;
+}

@@ -1,0 +1,32 @@
+#include "unit/testutil.h"
+
+#include <string.h>
+
+int main(void)
+{
+	static const struct {
+		const char *text;
+		long long ms;
+	} good[] = {
+		{ "250ms", 250 }, { "30s", 30000 }, { "5m", 300000 }, { "1h", 3600000 }, { "7", 7000 },
+		{ "1.5s", 1500 }, { "0", 0 }, { "0.25", 250 }, { "2.5m", 150000 }, { "0ms", 0 },
+	};
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		int64_t ms = -1;
+		CHECK_RC(dlock_duration_parse(&ms, good[i].text), 0);
+		if (ms != good[i].ms) {
+			fprintf(stderr, "%s parsed as %lld, wanted %lld\n", good[i].text, (long long)ms, good[i].ms);
+			tu_failures++;
+		}
+	}
+	static const char *bad[] = { "", "-1s", "s", "10x", "1 s", "1ss", " 5", "1e3", "99999999999999999999h",
+				     ".", "5sm", "+3" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int64_t ms = 12345;
+		CHECK_RC(dlock_duration_parse(&ms, bad[i]), DLOCK_EINVAL);
+		CHECK(ms == 12345);
+		CHECK(strstr(dlock_error_last()->message, "duration") != NULL);
+	}
+	CHECK_RC(dlock_duration_parse(NULL == NULL ? &(int64_t){ 0 } : NULL, NULL), DLOCK_EINVAL);
+	return tu_done("unit.duration");
+}

@@ -1,0 +1,38 @@
+/* Tiny test helpers shared by the unit, store and CLI test programs. */
+#ifndef DLOCK_TESTUTIL_H
+#define DLOCK_TESTUTIL_H
+
+#include <dlock/dlock.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern int tu_failures;
+
+#define CHECK(cond)                                                                        \
+	do {                                                                               \
+		if (!(cond)) {                                                             \
+			fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s: %s)\n", __FILE__, \
+				__LINE__, #cond, dlock_error_name(dlock_error_last()->code),       \
+				dlock_error_last()->message);                              \
+			tu_failures++;                                                     \
+		}                                                                          \
+	} while (0)
+
+#define CHECK_RC(expr, want)                                                               \
+	do {                                                                               \
+		int rc_ = (expr);                                                          \
+		if (rc_ != (want)) {                                                       \
+			fprintf(stderr, "%s:%d: %s returned %s, wanted %s (%s)\n", __FILE__,   \
+				__LINE__, #expr, dlock_error_name(rc_), dlock_error_name(want),   \
+				dlock_error_last()->message);                              \
+			tu_failures++;                                                     \
+		}                                                                          \
+	} while (0)
+
+/* Exit status for main: prints a summary line. */
+int tu_done(const char *suite);
+
+/* Milliseconds on CLOCK_MONOTONIC. */
+long long tu_now_ms(void);
+
+#endif
