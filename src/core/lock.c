@@ -293,7 +293,12 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 	if (rc == 0 && l->state == DLOCK__HELD) {
 		l->ttl_ms = ttl_ms;
 		l->deadline = t0 + ttl_ms - dlock__drift_ms(ttl_ms);
-	} else if (rc == DLOCK_ENOTHELD && !l->attached) {
+	} else if (rc == DLOCK_ENOTHELD && l->attached) {
+		l->state = DLOCK__IDLE; /* the handle named a hold that is not (or no longer) there */
+		l->count = 0;
+		l->fence = 0;
+		l->attached = false;
+	} else if (rc == DLOCK_ENOTHELD) {
 		l->state = DLOCK__LOST;
 		l->lost_fired = true; /* the caller hears it now, not through on_lost */
 		rc = dlock_error_set(DLOCK_ELOST, be->kind, NULL,

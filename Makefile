@@ -1,0 +1,32 @@
+# Wraps CMake for the two README commands. Run scripts/install-deps first on a
+# fresh machine (it installs make itself, among the rest).
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+JOBS ?= 2
+
+.PHONY: all build demo check clean
+
+all: build
+
+build:
+	./scripts/install-deps build
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BUILD) -j$(JOBS)
+
+# The main job: the access-token demo on the embedded store.
+demo: build
+	$(BUILD)/src/cli/dlock demo
+
+# The whole suite: a plain build (its CLI runs under valgrind), then every test
+# under AddressSanitizer + UBSan against real servers the harness starts.
+check:
+	./scripts/install-deps test
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=OFF
+	cmake --build $(BUILD) -j$(JOBS)
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDLOCK_SANITIZE=ON \
+	      -DDLOCK_PLAIN_BUILD=$(abspath $(BUILD))
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+	cd $(ASAN_BUILD) && ctest -j$(JOBS) --output-on-failure --timeout 900
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install the build into a temp prefix, then build examples/hello.c against it
+# twice: with find_package(dlock) and with pkg-config dlock; run both.
+set -euo pipefail
+build=$1 src=$2 cc=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+cmake -S "$src/tests/install" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_C_COMPILER="$cc" >/dev/null
+cmake --build "$tmp/consumer" >/dev/null
+export DLOCK_HOME="$tmp/home" LD_LIBRARY_PATH="$tmp/prefix/lib:$tmp/prefix/lib64:${LD_LIBRARY_PATH:-}"
+out=$("$tmp/consumer/hello")
+echo "find_package: $out"
+grep -q "holding 'examples/hello' with fence 1 " <<<"$out"
+libdir=$(ls -d "$tmp"/prefix/lib*/pkgconfig | head -1)
+PKG_CONFIG_PATH="$libdir" "$cc" -o "$tmp/hello-pc" "$src/examples/hello.c" $(PKG_CONFIG_PATH="$libdir" pkg-config --cflags --libs dlock) ${EXTRA_LDFLAGS:-}
+out=$("$tmp/hello-pc")
+echo "pkg-config: $out"
+grep -q "holding 'examples/hello' with fence 2 " <<<"$out"
+test -f "$tmp/home/dlock.db"
+test "$(stat -c %a "$tmp/home/dlock.db")" = 600
