@@ -91,6 +91,7 @@ struct dlock_store {
 	bool renewer_started, renewer_stop;
 	pthread_t renewer;
 	uint64_t cb_running;    /* reg id whose on_lost runs now, 0 if none */
+	int64_t renewer_wake;   /* when the sleeping renewer wakes up by itself */
 };
 
 /* A held lock as the renewal thread sees it; owned by the lock, linked while held. */

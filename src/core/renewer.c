@@ -154,6 +154,7 @@ static void *renewer_main(void *arg)
 		}
 		if (s->renewer_stop)
 			break;
+		s->renewer_wake = next;
 		if (next == INT64_MAX) {
 			pthread_cond_wait(&s->reg_cv, &s->reg_mu);
 		} else if (next > now) {
@@ -179,7 +180,9 @@ void dlock__renewer_add(dlock_store *s, dlock__reg *reg)
 		if (pthread_create(&s->renewer, NULL, renewer_main, s) == 0)
 			s->renewer_started = true;
 	}
-	pthread_cond_broadcast(&s->reg_cv);
+	/* Wake the renewer only if it would sleep past this lock's first renewal. */
+	if (reg->next_renew < s->renewer_wake)
+		pthread_cond_broadcast(&s->reg_cv);
 	pthread_mutex_unlock(&s->reg_mu);
 }
 
