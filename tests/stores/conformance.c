@@ -29,6 +29,8 @@ static char tmpdir[256];
 static char run_id[32];
 static int unsupported;
 
+typedef struct { int rd, wr; } event;
+
 /* ---------------------------------------------------------------- helpers */
 
 static void die(const char *fmt, ...)
@@ -115,17 +117,37 @@ static void append_line(const char *file, const char *fmt, ...)
 	close(fd);
 }
 
-/* Fork a contender running fn(arg); it exits 0 on success. */
-static pid_t spawn(int (*fn)(long), long arg)
+static event ev_a, ev_b;
+static char self_exe[4096];
+
+/* Contenders are fresh processes (fork + exec of this program), so none
+ * inherits a store, a renewal thread or a connection from the parent. */
+struct child_entry {
+	const char *name;
+	int (*fn)(long);
+};
+
+static pid_t spawn_named(const char *fname, long arg)
 {
 	fflush(NULL);
 	pid_t p = fork();
 	if (p < 0)
 		die("fork");
-	if (p == 0)
-		_exit(fn(arg));
+	if (p == 0) {
+		char a[32], fds[4][16];
+		snprintf(a, sizeof(a), "%ld", arg);
+		snprintf(fds[0], 16, "%d", ev_a.rd);
+		snprintf(fds[1], 16, "%d", ev_a.wr);
+		snprintf(fds[2], 16, "%d", ev_b.rd);
+		snprintf(fds[3], 16, "%d", ev_b.wr);
+		execl(self_exe, self_exe, "--child", uri, tmpdir, run_id, fname, a, fds[0], fds[1], fds[2],
+		      fds[3], (char *)NULL);
+		_exit(98);
+	}
 	return p;
 }
+
+#define spawn(fn, arg) spawn_named(#fn, arg)
 
 static int reap(pid_t p)
 {
@@ -151,7 +173,6 @@ static int reap_all(pid_t *p, int n)
 }
 
 /* A pipe used as an event: the child writes one byte when something happened. */
-typedef struct { int rd, wr; } event;
 
 static event event_new(void)
 {
@@ -321,8 +342,6 @@ static void case_reentrancy_and_fences(void)
 	dlock_lock_free(b);
 	dlock_store_close(s);
 }
-
-static event ev_a, ev_b;
 
 static int holder_then_hang(long ttl)
 {
@@ -736,6 +755,27 @@ static void case_bad_input(void)
 	dlock_store_close(s);
 }
 
+static const struct child_entry children[] = {
+	{ "mutex_child", mutex_child },   { "holder_then_hang", holder_then_hang },
+	{ "paused_holder", paused_holder }, { "fair_waiter", fair_waiter },
+	{ "shared_writer", shared_writer }, { "sem_child", sem_child },
+};
+
+static int child_main(int argc, char **argv)
+{
+	if (argc != 11)
+		return 97;
+	snprintf(uri, sizeof(uri), "%s", argv[2]);
+	snprintf(tmpdir, sizeof(tmpdir), "%s", argv[3]);
+	snprintf(run_id, sizeof(run_id), "%s", argv[4]);
+	ev_a = (event){ atoi(argv[7]), atoi(argv[8]) };
+	ev_b = (event){ atoi(argv[9]), atoi(argv[10]) };
+	for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
+		if (strcmp(children[i].name, argv[5]) == 0)
+			return children[i].fn(atol(argv[6]));
+	return 96;
+}
+
 static const struct {
 	const char *name;
 	void (*fn)(void);
@@ -756,6 +796,13 @@ static const struct {
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc > 1 && strcmp(argv[1], "--child") == 0)
+		return child_main(argc, argv);
+	ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
+	if (n <= 0)
+		return 2;
+	self_exe[n] = '\0';
+	ev_a = ev_b = (event){ -1, -1 };
 	if (argc > 1 && argv[1][0]) {
 		snprintf(uri, sizeof(uri), "%s", argv[1]);
 	} else {
