@@ -55,6 +55,15 @@ DLOCK_EXTERN const char *dlock_store_kind(const dlock_store *store);
 /** The URI the store was opened with, with any password replaced by "***". */
 DLOCK_EXTERN const char *dlock_store_uri(const dlock_store *store);
 
+/**
+ * Non-zero when a hold lives only as long as this process's session or
+ * connection (ZooKeeper, MySQL get_lock mode, PostgreSQL advisory mode):
+ * such holds cannot be detached (dlock_lock_detach gives
+ * DLOCK_ENOTSUPPORTED); a program that must hand one over keeps a process
+ * alive that holds it, as `dlock acquire` does.
+ */
+DLOCK_EXTERN int dlock_store_session_bound(const dlock_store *store);
+
 /** This store handle's client id: 32 lowercase hex digits. */
 DLOCK_EXTERN const char *dlock_store_client_id(const dlock_store *store);
 

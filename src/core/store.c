@@ -117,6 +117,11 @@ const char *dlock_store_uri(const dlock_store *s)
 	return s ? s->uri : "";
 }
 
+int dlock_store_session_bound(const dlock_store *s)
+{
+	return s && (s->be->flags & DLOCK_BACKEND_F_SESSION) ? 1 : 0;
+}
+
 const char *dlock_store_client_id(const dlock_store *s)
 {
 	return s ? s->client_id : "";

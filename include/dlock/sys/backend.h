@@ -129,7 +129,17 @@ struct dlock_backend {
 
 	/** Close connections and free the backend. */
 	void (*close)(dlock_backend *be);
+
+	/** DLOCK_BACKEND_F_* bits (appended in version 1; zero by default). */
+	unsigned int flags;
 };
+
+/**
+ * Holds live only as long as this process's session or connection
+ * (ZooKeeper ephemeral nodes, MySQL GET_LOCK, PostgreSQL advisory locks):
+ * dlock_lock_detach cannot hand them to another process.
+ */
+#define DLOCK_BACKEND_F_SESSION 1u
 
 /** How a store's open function looks: parse what it needs from `uri`. */
 typedef int (*dlock_backend_open_fn)(dlock_backend **out, dlock_uri *uri);
