@@ -18,6 +18,9 @@ typedef void (*dlock_lost_fn)(dlock_lock *lock, void *payload);
 
 #define DLOCK_LOCK_OPTIONS_VERSION 1
 
+/** Longest lease accepted: 366 days. */
+#define DLOCK_TTL_MAX_MS ((int64_t)366 * 24 * 3600 * 1000)
+
 /**
  * Options of a lock handle. Start from DLOCK_LOCK_OPTIONS_INIT; new fields
  * are only ever appended (and `version` raised).
@@ -56,6 +59,7 @@ DLOCK_EXTERN void dlock_lock_free(dlock_lock *lock);
 /**
  * Acquire the lock.
  * @param wait_ms  0 = try once; > 0 = wait at most that long; < 0 = forever
+ *                 (so does a wait longer than DLOCK_TTL_MAX_MS)
  * @return 0 (held; the lease deadline counts from before the request was
  *         sent); DLOCK_ELOCKED (wait 0 and held by another); DLOCK_ETIMEOUT;
  *         DLOCK_EUNAVAILABLE; DLOCK_EBUSY (held through this handle by

@@ -65,7 +65,7 @@ int dlock_lock_attach(dlock_lock *l, const char *handle)
 	if (strlen(handle) > 128 ||
 	    sscanf(handle, "dl1.%c.%u.%" SCNu64 ".%" SCNd64 ".%63[0-9a-f-]%n", &mode, &permits, &fence, &ttl,
 		   owner, &used) != 5 ||
-	    handle[used] != '\0' || (mode != 'x' && mode != 's') || permits < 1 || ttl < 10 ||
+	    handle[used] != '\0' || (mode != 'x' && mode != 's') || permits < 1 || ttl < 10 || ttl > DLOCK_TTL_MAX_MS ||
 	    !owner_ok(owner))
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
 				       "malformed lock handle (expected what 'dlock acquire' printed)");

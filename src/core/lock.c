@@ -32,6 +32,9 @@ int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
 	if (opts->ttl_ms > 0 && opts->ttl_ms < 10)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "TTL %lld ms is too short (at least 10 ms)",
 				       (long long)opts->ttl_ms);
+	if (opts->ttl_ms > DLOCK_TTL_MAX_MS)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "TTL %lld ms is too long (at most 366 days)",
+				       (long long)opts->ttl_ms);
 	if (opts->mode != DLOCK_EXCLUSIVE && opts->mode != DLOCK_SHARED)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "unknown lock mode %d", (int)opts->mode);
 	if (opts->mode == DLOCK_SHARED && opts->permits > 1)
@@ -168,7 +171,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	dlock__lock_fill_request(l);
 	const dlock_backend *be = l->store->be;
 	int64_t start = dlock_clock_ms();
-	int64_t until = wait_ms < 0 ? INT64_MAX : start + wait_ms;
+	int64_t until = wait_ms < 0 || wait_ms > DLOCK_TTL_MAX_MS ? INT64_MAX : start + wait_ms;
 	int64_t backoff = BACKOFF_FIRST_MS;
 	bool registered = false;
 	for (int attempt = 0;; attempt++) {
@@ -270,9 +273,9 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 {
 	if (!l)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_extend: lock is NULL");
-	if (ttl_ms < 0 || (ttl_ms > 0 && ttl_ms < 10))
-		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "bad TTL %lld ms (0, or at least 10 ms)",
-				       (long long)ttl_ms);
+	if (ttl_ms < 0 || (ttl_ms > 0 && ttl_ms < 10) || ttl_ms > DLOCK_TTL_MAX_MS)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+				       "bad TTL %lld ms (0, or 10 ms to 366 days)", (long long)ttl_ms);
 	pthread_mutex_lock(&l->mu);
 	dlock__state st = l->state;
 	pthread_mutex_unlock(&l->mu);

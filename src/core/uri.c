@@ -101,8 +101,9 @@ static int common_options(dlock_uri *uri)
 	if ((v = dlock_uri_param(uri, "ttl"))) {
 		if (dlock_duration_parse(&uri->ttl_ms, v) != 0)
 			return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "store URI option ttl: %s", dlock_error_last()->message);
-		if (uri->ttl_ms < 10)
-			return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "store URI option ttl must be at least 10ms");
+		if (uri->ttl_ms < 10 || uri->ttl_ms > DLOCK_TTL_MAX_MS)
+			return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+					       "store URI option ttl must be between 10ms and 366 days");
 	}
 	if ((v = dlock_uri_param(uri, "connect_timeout"))) {
 		if (dlock_duration_parse(&uri->connect_timeout_ms, v) != 0)

@@ -176,6 +176,10 @@ static void test_bad_options(void)
 	CHECK_RC(dlock_lock_new(&l, s, "a", &o), DLOCK_EINVAL);
 	CHECK(strstr(dlock_error_last()->message, "negative TTL") != NULL && l == NULL);
 	o = (dlock_lock_options)DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = DLOCK_TTL_MAX_MS + 1;
+	CHECK_RC(dlock_lock_new(&l, s, "a", &o), DLOCK_EINVAL);
+	CHECK(strstr(dlock_error_last()->message, "too long") != NULL);
+	o = (dlock_lock_options)DLOCK_LOCK_OPTIONS_INIT;
 	o.version = 99;
 	CHECK_RC(dlock_lock_new(&l, s, "a", &o), DLOCK_EINVAL);
 	o = (dlock_lock_options)DLOCK_LOCK_OPTIONS_INIT;
@@ -324,6 +328,9 @@ static void test_handles(void)
 	dlock_lock_free(l); /* detached: not released */
 	CHECK(f->releases == 0 && f->holder[0]);
 	CHECK_RC(dlock_lock_attach(m, "garbage"), DLOCK_EINVAL);
+	/* found by fuzz_handle: a TTL that overflows the deadline */
+	CHECK_RC(dlock_lock_attach(m, "dl1.x.1.7.99999999999999999999999.0123456789abcdef0123456789abcdef-12"),
+		 DLOCK_EINVAL);
 	CHECK_RC(dlock_lock_attach(m, "dl1.s.1.1.30000.0123456789abcdef0123456789abcdef-1"), DLOCK_EINVAL);
 	CHECK_RC(dlock_lock_attach(m, "dl1.x.1.1.30000.0123456789abcdef0123456789abcdef-1"), 0);
 	CHECK_RC(dlock_extend(m, 0), DLOCK_ENOTHELD); /* not the owner: the store refuses */
