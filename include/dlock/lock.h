@@ -31,7 +31,8 @@ typedef struct dlock_lock_options {
 	dlock_mode mode;       /**< DLOCK_EXCLUSIVE or DLOCK_SHARED */
 	unsigned int permits;  /**< semaphore size: >1 allows that many holders (exclusive mode only) */
 	int fair;              /**< non-zero: grant in request order (FIFO) */
-	int no_renew;          /**< non-zero: no background renewal (the lease just runs out) */
+	int no_renew;          /**< non-zero: no background renewal: the lease runs out
+				    (on_lost still fires at its deadline) */
 	dlock_lost_fn on_lost; /**< optional lost-lock callback */
 	void *payload;         /**< passed to on_lost */
 } dlock_lock_options;

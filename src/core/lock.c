@@ -134,11 +134,10 @@ static void granted(dlock_lock *l, uint64_t fence, int64_t t0)
 	l->attached = false;
 	l->lost_fired = false;
 	pthread_mutex_unlock(&l->mu);
-	if (!l->opts.no_renew) {
-		l->reg.lock = l;
-		l->reg.next_renew = t0 + l->ttl_ms / 3;
-		dlock__renewer_add(l->store, &l->reg);
-	}
+	/* Locks without renewal are watched too: their on_lost fires at the deadline. */
+	l->reg.lock = l;
+	l->reg.next_renew = l->opts.no_renew ? INT64_MAX : t0 + l->ttl_ms / 3;
+	dlock__renewer_add(l->store, &l->reg);
 }
 
 static int64_t min64(int64_t a, int64_t b)

@@ -61,7 +61,7 @@ static void renew_batch(dlock_store *s, int64_t now)
 {
 	size_t n = 0;
 	for (dlock__reg *r = s->regs; r; r = r->next)
-		if (r->next_renew - now <= r->lock->ttl_ms / 6)
+		if (r->next_renew != INT64_MAX && r->next_renew - now <= r->lock->ttl_ms / 6)
 			n++;
 	if (n == 0)
 		return;
@@ -76,7 +76,7 @@ static void renew_batch(dlock_store *s, int64_t now)
 	}
 	size_t i = 0;
 	for (dlock__reg *r = s->regs; r && i < n; r = r->next) {
-		if (r->next_renew - now <= r->lock->ttl_ms / 6) {
+		if (r->next_renew != INT64_MAX && r->next_renew - now <= r->lock->ttl_ms / 6) {
 			r->in_batch = true;
 			regs[i] = r;
 			reqs[i] = &r->lock->req;

@@ -284,6 +284,27 @@ static void test_lost_when_store_silent(void)
 	dlock_store_close(s);
 }
 
+static void test_no_renew_still_signals(void)
+{
+	fake *f = fake_new();
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 150;
+	o.no_renew = 1;
+	o.on_lost = on_lost;
+	o.payload = &box;
+	dlock_lock *l;
+	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
+	CHECK_RC(dlock_acquire(l, 0), 0);
+	CHECK(wait_lost(&box, 3000) == 1);
+	CHECK(f->renew_calls == 0 && f->extends == 0); /* never renewed */
+	CHECK(!dlock_held(l));
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
 static void free_in_callback(dlock_lock *lock, void *payload)
 {
 	dlock_lock_free(lock);
@@ -353,6 +374,7 @@ int main(void)
 	test_deadline_from_before_request();
 	test_renewal_batching_and_lost();
 	test_lost_when_store_silent();
+	test_no_renew_still_signals();
 	test_free_from_callback();
 	test_handles();
 	return tu_done("unit.core");
