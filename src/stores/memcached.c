@@ -1,0 +1,856 @@
+/*
+ * Memcached store (libmemcached): memcached://host:port
+ *
+ * Per lock name three kinds of keys:
+ *   K            the holder list: one value, changed only by cas (gets+cas);
+ *                it never expires while it lists anyone
+ *   K/o/<owner>  one "lease key" per holder or waiter, written only by that
+ *                owner, with a memcached expiry: the lease. An entry of K
+ *                whose lease key is gone is dead and anyone may prune it.
+ *   K/f          the fence counter (incr)
+ * Expiry is judged only by memcached's own clock (key expiry); client clocks
+ * appear only in what status reports. See docs/stores/memcached.md.
+ */
+#include "core/internal.h"
+
+#include <libmemcached/memcached.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KIND "memcached"
+#define MAX_ENCODED 160     /* longer keys are hashed (memcached allows 250) */
+#define CAS_TRIES 50
+/* An empty holder list is left to expire after an hour (never deleted: see
+ * tidy_exptime). */
+#define EMPTY_LIST_TTL 3600
+/* Memcached treats expiries above 30 days as absolute times. */
+#define MAX_TTL_S (30 * 24 * 3600 - 2)
+
+typedef struct mc_backend {
+	dlock_backend base;
+	memcached_st *mc;
+	char *ns;
+	char hostport[300];
+} mc_backend;
+
+/* One entry of a holder list. */
+typedef struct entry {
+	char kind;  /* 'H' holder, 'Q' queued waiter */
+	char owner[72];
+	int mode;   /* 0 exclusive/semaphore, 1 shared */
+	unsigned permits;
+	int fair;
+	uint64_t fence;
+	uint64_t seq;
+	int pid;
+	char host[128];
+	int live;
+} entry;
+
+typedef struct list {
+	uint64_t next_seq;
+	size_t n, cap;
+	entry *e;
+} list;
+
+/* ----------------------------------------------------------------- errors */
+
+static int mc_error(mc_backend *be, memcached_return_t rc, const char *what)
+{
+	int code;
+	switch (rc) {
+	case MEMCACHED_CONNECTION_FAILURE:
+	case MEMCACHED_CONNECTION_SOCKET_CREATE_FAILURE:
+	case MEMCACHED_HOST_LOOKUP_FAILURE:
+	case MEMCACHED_TIMEOUT:
+	case MEMCACHED_SERVER_MARKED_DEAD:
+	case MEMCACHED_SERVER_TEMPORARILY_DISABLED:
+	case MEMCACHED_ERRNO:
+	case MEMCACHED_WRITE_FAILURE:
+	case MEMCACHED_READ_FAILURE:
+	case MEMCACHED_UNKNOWN_READ_FAILURE:
+	case MEMCACHED_NO_SERVERS:
+	case MEMCACHED_SERVER_ERROR:
+	case MEMCACHED_PARTIAL_READ:
+		code = DLOCK_EUNAVAILABLE;
+		break;
+	case MEMCACHED_AUTH_FAILURE:
+	case MEMCACHED_AUTH_PROBLEM:
+		code = DLOCK_EAUTH;
+		break;
+	case MEMCACHED_MEMORY_ALLOCATION_FAILURE:
+		return dlock__oom();
+	default:
+		code = DLOCK_ESTORE;
+	}
+	return dlock_error_set(code, KIND, memcached_strerror(be->mc, rc), "%s on %s: %s", what,
+			       be->hostport, memcached_last_error_message(be->mc));
+}
+
+/* ------------------------------------------------------------------- keys */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *s = p;
+	for (size_t i = 0; i < n; i++) {
+		h ^= s[i];
+		h *= 1099511628211ULL;
+	}
+	return h;
+}
+
+/*
+ * K for a name: "prefix:name" with bytes memcached forbids in keys (space,
+ * controls, DEL, non-ASCII) and '%' written as %XX; when that is too long,
+ * "prefix#" and 128 bits of two FNV-1a 64 hashes with different offsets.
+ */
+static void base_key(mc_backend *be, const char *name, char *out, size_t cap)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t n = 0;
+	const char *parts[2] = { be->ns, name };
+	int fits = 1;
+	for (int p = 0; p < 2 && fits; p++) {
+		for (const unsigned char *s = (const unsigned char *)parts[p]; *s; s++) {
+			if (n + 4 > MAX_ENCODED) {
+				fits = 0;
+				break;
+			}
+			if (*s <= 0x20 || *s >= 0x7f || *s == '%' || (p == 0 && *s == ':')) {
+				out[n++] = '%';
+				out[n++] = hex[*s >> 4];
+				out[n++] = hex[*s & 15];
+			} else {
+				out[n++] = (char)*s;
+			}
+		}
+		if (p == 0 && fits)
+			out[n++] = ':';
+	}
+	out[n] = 0;
+	if (fits)
+		return;
+	uint64_t a = fnv1a(14695981039346656037ULL, be->ns, strlen(be->ns) + 1);
+	a = fnv1a(a, name, strlen(name));
+	uint64_t b = fnv1a(0x6c62272e07bb0142ULL ^ 0x9e3779b97f4a7c15ULL, name, strlen(name));
+	b = fnv1a(b, be->ns, strlen(be->ns));
+	uint64_t ph = fnv1a(14695981039346656037ULL, be->ns, strlen(be->ns));
+	snprintf(out, cap, "dlock#%016" PRIx64 "#%016" PRIx64 "%016" PRIx64, ph, a, b);
+}
+
+static void lease_key(const char *k, const char *owner, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s/o/%s", k, owner);
+}
+
+/* ------------------------------------------------------ leases (seconds) */
+
+/*
+ * Memcached expiry is in whole seconds against a server clock that ticks once
+ * a second, so "N seconds" can end up to a second early. Round up and add a
+ * second: the server lease is never shorter than the client's deadline (which
+ * counts ttl_ms from before the request), only up to ~2 s longer.
+ */
+static time_t lease_s(int64_t ms)
+{
+	int64_t s = (ms + 999) / 1000 + 1;
+	if (s > MAX_TTL_S)
+		s = MAX_TTL_S;
+	return (time_t)s;
+}
+
+/* ------------------------------------------------------------- the list */
+
+static void list_free(list *l)
+{
+	free(l->e);
+	memset(l, 0, sizeof *l);
+}
+
+static entry *list_push(list *l)
+{
+	if (l->n == l->cap) {
+		size_t nc = l->cap ? l->cap * 2 : 8;
+		entry *ne = realloc(l->e, nc * sizeof *ne);
+		if (!ne)
+			return NULL;
+		l->e = ne;
+		l->cap = nc;
+	}
+	entry *e = &l->e[l->n++];
+	memset(e, 0, sizeof *e);
+	return e;
+}
+
+/* "v1 <next seq>\n" then one line per entry:
+ *   H <owner> <mode> <permits> <fence> <pid> <host>
+ *   Q <owner> <mode> <fair> <seq> */
+static int list_parse(list *l, const char *v, size_t len)
+{
+	memset(l, 0, sizeof *l);
+	char *buf = dlock__strndup(v, len);
+	if (!buf)
+		return DLOCK_ENOMEM;
+	char *save = NULL, *line = strtok_r(buf, "\n", &save);
+	unsigned long long seq = 0;
+	if (!line || sscanf(line, "v1 %llu", &seq) != 1) {
+		free(buf);
+		return dlock_error_set(DLOCK_ESTORE, KIND, NULL,
+				       "unexpected value in a lock key (not written by dlock?)");
+	}
+	l->next_seq = seq;
+	while ((line = strtok_r(NULL, "\n", &save))) {
+		entry *e = list_push(l);
+		if (!e) {
+			free(buf);
+			list_free(l);
+			return dlock__oom();
+		}
+		unsigned long long a = 0, b = 0;
+		int mode = 0, pid = 0, off = 0;
+		unsigned p = 1;
+		if (line[0] == 'H' &&
+		    sscanf(line, "H %71s %d %u %llu %d %n", e->owner, &mode, &p, &a, &pid, &off) >= 5) {
+			e->kind = 'H';
+			e->mode = mode;
+			e->permits = p;
+			e->fence = a;
+			e->pid = pid;
+			snprintf(e->host, sizeof e->host, "%s", off ? line + off : "");
+		} else if (line[0] == 'Q' &&
+			   sscanf(line, "Q %71s %d %d %llu", e->owner, &mode, &pid, &b) == 4) {
+			e->kind = 'Q';
+			e->mode = mode;
+			e->fair = pid;
+			e->seq = b;
+		} else {
+			l->n--; /* unknown line: ignore */
+		}
+	}
+	free(buf);
+	return 0;
+}
+
+static char *list_format(const list *l, size_t *len)
+{
+	size_t cap = 32 + l->n * 320, n = 0;
+	char *out = malloc(cap);
+	if (!out)
+		return NULL;
+	n += (size_t)snprintf(out, cap, "v1 %" PRIu64 "\n", l->next_seq);
+	for (size_t i = 0; i < l->n; i++) {
+		const entry *e = &l->e[i];
+		if (!e->live)
+			continue;
+		if (e->kind == 'H')
+			n += (size_t)snprintf(out + n, cap - n, "H %s %d %u %" PRIu64 " %d %s\n", e->owner,
+					      e->mode, e->permits, e->fence, e->pid, e->host);
+		else
+			n += (size_t)snprintf(out + n, cap - n, "Q %s %d %d %" PRIu64 "\n", e->owner,
+					      e->mode, e->fair, e->seq);
+	}
+	*len = n;
+	return out;
+}
+
+static size_t list_live(const list *l)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < l->n; i++)
+		n += l->e[i].live;
+	return n;
+}
+
+/* A list that lists no one may expire; one that lists anyone must not. */
+static time_t tidy_exptime(const list *l)
+{
+	return list_live(l) ? 0 : EMPTY_LIST_TTL;
+}
+
+/* --------------------------------------------------------- server calls */
+
+/* gets K: *found = 0 when absent. */
+static int read_list(mc_backend *be, const char *k, list *l, uint64_t *cas, int *found)
+{
+	const char *keys[1] = { k };
+	size_t lens[1] = { strlen(k) };
+	memcached_return_t rc = memcached_mget(be->mc, keys, lens, 1);
+	if (rc != MEMCACHED_SUCCESS)
+		return mc_error(be, rc, "gets");
+	*found = 0;
+	memset(l, 0, sizeof *l);
+	l->next_seq = 1;
+	memcached_result_st *res;
+	int err = 0;
+	while ((res = memcached_fetch_result(be->mc, NULL, &rc))) {
+		if (!*found && !err) {
+			*cas = memcached_result_cas(res);
+			err = list_parse(l, memcached_result_value(res), memcached_result_length(res));
+			*found = err == 0;
+		}
+		memcached_result_free(res);
+	}
+	if (rc != MEMCACHED_END && rc != MEMCACHED_SUCCESS && rc != MEMCACHED_NOTFOUND) {
+		list_free(l);
+		return mc_error(be, rc, "gets");
+	}
+	if (err)
+		list_free(l);
+	return err;
+}
+
+/* Mark each entry live iff its lease key exists (one mget). */
+static int check_leases(mc_backend *be, const char *k, list *l)
+{
+	if (l->n == 0)
+		return 0;
+	char (*names)[320] = calloc(l->n, sizeof *names);
+	const char **keys = calloc(l->n, sizeof *keys);
+	size_t *lens = calloc(l->n, sizeof *lens);
+	int err = 0;
+	if (!names || !keys || !lens) {
+		err = dlock__oom();
+		goto out;
+	}
+	for (size_t i = 0; i < l->n; i++) {
+		lease_key(k, l->e[i].owner, names[i], sizeof names[i]);
+		keys[i] = names[i];
+		lens[i] = strlen(names[i]);
+		l->e[i].live = 0;
+	}
+	memcached_return_t rc = memcached_mget(be->mc, keys, lens, l->n);
+	if (rc != MEMCACHED_SUCCESS) {
+		err = mc_error(be, rc, "get leases");
+		goto out;
+	}
+	memcached_result_st *res;
+	while ((res = memcached_fetch_result(be->mc, NULL, &rc))) {
+		const char *key = memcached_result_key_value(res);
+		size_t kl = memcached_result_key_length(res);
+		for (size_t i = 0; i < l->n; i++)
+			if (lens[i] == kl && memcmp(names[i], key, kl) == 0)
+				l->e[i].live = 1;
+		memcached_result_free(res);
+	}
+	if (rc != MEMCACHED_END && rc != MEMCACHED_SUCCESS && rc != MEMCACHED_NOTFOUND)
+		err = mc_error(be, rc, "get leases");
+out:
+	free(names);
+	free(keys);
+	free(lens);
+	return err;
+}
+
+/* Write the list back: add when it was absent, else cas. *raced = 1 when
+ * someone changed it since we read it (the caller starts over). */
+static int write_list(mc_backend *be, const char *k, const list *l, int found, uint64_t cas,
+		      int *raced)
+{
+	size_t len;
+	char *v = list_format(l, &len);
+	if (!v)
+		return dlock__oom();
+	memcached_return_t rc =
+		found ? memcached_cas(be->mc, k, strlen(k), v, len, tidy_exptime(l), 0, cas)
+		      : memcached_add(be->mc, k, strlen(k), v, len, tidy_exptime(l), 0);
+	free(v);
+	*raced = 0;
+	if (rc == MEMCACHED_SUCCESS || rc == MEMCACHED_STORED)
+		return 0;
+	if (rc == MEMCACHED_DATA_EXISTS || rc == MEMCACHED_NOTFOUND || rc == MEMCACHED_NOTSTORED) {
+		*raced = 1;
+		return 0;
+	}
+	return mc_error(be, rc, found ? "cas" : "add");
+}
+
+/* The lease key's value is what status shows: "<client wall ms at set> <ttl ms>". */
+static int set_lease(mc_backend *be, const char *lk, int64_t ttl_ms)
+{
+	char v[64];
+	int n = snprintf(v, sizeof v, "%" PRId64 " %" PRId64, dlock_wall_ms(), ttl_ms);
+	memcached_return_t rc = memcached_set(be->mc, lk, strlen(lk), v, (size_t)n, lease_s(ttl_ms), 0);
+	return rc == MEMCACHED_SUCCESS ? 0 : mc_error(be, rc, "set lease");
+}
+
+/*
+ * The next fence: incr K/f, creating it on first use. It starts at the
+ * client's wall clock in microseconds rather than 1, so that a counter lost
+ * to a restart, eviction or flush_all most likely restarts above every fence
+ * granted before (not a guarantee: see the docs).
+ */
+static int next_fence(mc_backend *be, const char *k, uint64_t *fence)
+{
+	char fk[320];
+	snprintf(fk, sizeof fk, "%s/f", k);
+	for (int i = 0; i < 5; i++) {
+		uint64_t v = 0;
+		memcached_return_t rc = memcached_increment(be->mc, fk, strlen(fk), 1, &v);
+		if (rc == MEMCACHED_SUCCESS) {
+			*fence = v;
+			return 0;
+		}
+		if (rc != MEMCACHED_NOTFOUND)
+			return mc_error(be, rc, "incr fence");
+		char init[32];
+		uint64_t start = (uint64_t)dlock_wall_ms() * 1000;
+		int n = snprintf(init, sizeof init, "%" PRIu64, start);
+		rc = memcached_add(be->mc, fk, strlen(fk), init, (size_t)n, 0, 0);
+		if (rc == MEMCACHED_SUCCESS) {
+			*fence = start;
+			return 0;
+		}
+		if (rc != MEMCACHED_NOTSTORED && rc != MEMCACHED_DATA_EXISTS)
+			return mc_error(be, rc, "add fence");
+	}
+	return dlock_error_set(DLOCK_ESTORE, KIND, NULL, "fence counter keeps vanishing");
+}
+
+/* ----------------------------------------------------------------- rules */
+
+static entry *find(list *l, const char *owner, char kind)
+{
+	for (size_t i = 0; i < l->n; i++)
+		if (l->e[i].live && l->e[i].kind == kind && strcmp(l->e[i].owner, owner) == 0)
+			return &l->e[i];
+	return NULL;
+}
+
+/* The same rules as the PostgreSQL table mode: mode/permits must match the
+ * holders', a waiting writer blocks new readers, earlier fair waiters first. */
+static int may_grant(list *l, const dlock_request *req)
+{
+	int mode = req->mode == DLOCK_SHARED;
+	unsigned permits = req->permits ? req->permits : 1;
+	unsigned n = 0, bad = 0, writers_ahead = 0, fair_ahead = 0;
+	entry *me = find(l, req->owner, 'Q');
+	for (size_t i = 0; i < l->n; i++) {
+		entry *e = &l->e[i];
+		if (!e->live)
+			continue;
+		if (e->kind == 'H') {
+			n++;
+			if (e->mode != mode || (mode == 0 && e->permits != permits))
+				bad++;
+		} else if (e != me && (!me || e->seq < me->seq)) {
+			writers_ahead += e->mode == 0;
+			fair_ahead += e->fair != 0;
+		}
+	}
+	if (bad)
+		return 0;
+	if (mode == 1)
+		return writers_ahead == 0;
+	return n < permits && fair_ahead < permits - n;
+}
+
+/* ---------------------------------------------------------------- methods */
+
+static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+{
+	mc_backend *be = (mc_backend *)base;
+	char k[MAX_ENCODED + 64], lk[320];
+	base_key(be, req->name, k, sizeof k);
+	lease_key(k, req->owner, lk, sizeof lk);
+	(void)retry_ms; /* memcached cannot tell how long a key has left */
+	for (int attempt = 0; attempt < CAS_TRIES; attempt++) {
+		list l;
+		uint64_t cas = 0;
+		int found = 0, raced = 0;
+		int rc = read_list(be, k, &l, &cas, &found);
+		if (rc)
+			return rc;
+		if ((rc = check_leases(be, k, &l))) {
+			list_free(&l);
+			return rc;
+		}
+		entry *h = find(&l, req->owner, 'H');
+		if (h) {
+			/* Already ours (a retried request): keep the grant, refresh the lease. */
+			*fence = h->fence;
+			list_free(&l);
+			return set_lease(be, lk, req->ttl_ms);
+		}
+		if (may_grant(&l, req)) {
+			entry *q = find(&l, req->owner, 'Q');
+			if (q)
+				q->live = 0;
+			/* The lease key exists before the list names us: a listed holder
+			 * without one would be pruned as dead. */
+			uint64_t f = 0;
+			if ((rc = set_lease(be, lk, req->ttl_ms)) || (rc = next_fence(be, k, &f))) {
+				list_free(&l);
+				return rc;
+			}
+			entry *e = list_push(&l);
+			if (!e) {
+				list_free(&l);
+				return dlock__oom();
+			}
+			e->kind = 'H';
+			e->live = 1;
+			snprintf(e->owner, sizeof e->owner, "%s", req->owner);
+			e->mode = req->mode == DLOCK_SHARED;
+			e->permits = req->permits ? req->permits : 1;
+			e->fence = f;
+			e->pid = req->pid;
+			snprintf(e->host, sizeof e->host, "%s", req->host ? req->host : "");
+			for (char *p = e->host; *p; p++)
+				if (*p == ' ' || *p == '\n')
+					*p = '_';
+			rc = write_list(be, k, &l, found, cas, &raced);
+			list_free(&l);
+			if (rc)
+				return rc;
+			if (!raced) {
+				*fence = f;
+				return 0;
+			}
+			continue;
+		}
+		if (!req->waiting) {
+			list_free(&l);
+			return DLOCK_ELOCKED;
+		}
+		/* Queue (or stay queued): our lease key says we are still waiting. */
+		int64_t qttl = req->queue_ttl_ms > 0 ? req->queue_ttl_ms : DLOCK__QUEUE_TTL_MS;
+		if ((rc = set_lease(be, lk, qttl))) {
+			list_free(&l);
+			return rc;
+		}
+		entry *q = find(&l, req->owner, 'Q');
+		if (q && q->mode == (req->mode == DLOCK_SHARED) && q->fair == (req->fair != 0)) {
+			list_free(&l);
+			return DLOCK_ELOCKED;
+		}
+		if (!q) {
+			q = list_push(&l);
+			if (!q) {
+				list_free(&l);
+				return dlock__oom();
+			}
+			q->kind = 'Q';
+			q->live = 1;
+			q->seq = l.next_seq++;
+			snprintf(q->owner, sizeof q->owner, "%s", req->owner);
+		}
+		q->mode = req->mode == DLOCK_SHARED;
+		q->fair = req->fair != 0;
+		rc = write_list(be, k, &l, found, cas, &raced);
+		list_free(&l);
+		if (rc)
+			return rc;
+		if (!raced)
+			return DLOCK_ELOCKED;
+	}
+	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
+			       "lock '%s': too much contention on the holder list (%d cas attempts)",
+			       req->name, CAS_TRIES);
+}
+
+/* Drop req->owner's entry of `kind` from the list; *was_live: the entry and
+ * its lease key existed. */
+static int remove_entry(mc_backend *be, dlock_request *req, char kind, int *was_live)
+{
+	char k[MAX_ENCODED + 64], lk[320];
+	base_key(be, req->name, k, sizeof k);
+	lease_key(k, req->owner, lk, sizeof lk);
+	*was_live = 0;
+	for (int attempt = 0; attempt < CAS_TRIES; attempt++) {
+		list l;
+		uint64_t cas = 0;
+		int found = 0, raced = 0;
+		int rc = read_list(be, k, &l, &cas, &found);
+		if (rc)
+			return rc;
+		if (!found)
+			break;
+		if ((rc = check_leases(be, k, &l))) {
+			list_free(&l);
+			return rc;
+		}
+		int listed = 0;
+		for (size_t i = 0; i < l.n; i++) {
+			if (l.e[i].kind == kind && strcmp(l.e[i].owner, req->owner) == 0) {
+				listed = 1;
+				*was_live = l.e[i].live;
+				l.e[i].live = 0;
+			}
+		}
+		if (!listed) {
+			list_free(&l);
+			break;
+		}
+		rc = write_list(be, k, &l, 1, cas, &raced);
+		list_free(&l);
+		if (rc)
+			return rc;
+		if (!raced)
+			break;
+	}
+	/* Our own lease key: no one else ever writes it, so an unconditional
+	 * delete cannot touch another holder. */
+	memcached_return_t rc = memcached_delete(be->mc, lk, strlen(lk), 0);
+	if (rc != MEMCACHED_SUCCESS && rc != MEMCACHED_NOTFOUND)
+		return mc_error(be, rc, "delete lease");
+	return 0;
+}
+
+static int mc_release(dlock_backend *base, dlock_request *req)
+{
+	int live = 0;
+	int rc = remove_entry((mc_backend *)base, req, 'H', &live);
+	if (rc)
+		return rc;
+	return live ? 0 : DLOCK_ENOTHELD;
+}
+
+static int mc_cancel(dlock_backend *base, dlock_request *req)
+{
+	int live = 0;
+	return remove_entry((mc_backend *)base, req, 'Q', &live);
+}
+
+/*
+ * Renew = gets + cas of each hold's own lease key. cas fails with NOT_FOUND
+ * once the key expired, so a lease that ended can never be revived, and
+ * nothing but the owner ever writes that key.
+ */
+static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
+{
+	mc_backend *be = (mc_backend *)base;
+	if (n == 0)
+		return 0;
+	char (*names)[320] = calloc(n, sizeof *names);
+	const char **keys = calloc(n, sizeof *keys);
+	size_t *lens = calloc(n, sizeof *lens);
+	uint64_t *cas = calloc(n, sizeof *cas);
+	int err = 0;
+	if (!names || !keys || !lens || !cas) {
+		err = dlock__oom();
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		char k[MAX_ENCODED + 64];
+		base_key(be, reqs[i]->name, k, sizeof k);
+		lease_key(k, reqs[i]->owner, names[i], sizeof names[i]);
+		keys[i] = names[i];
+		lens[i] = strlen(names[i]);
+		results[i] = DLOCK_ENOTHELD;
+	}
+	memcached_return_t rc = memcached_mget(be->mc, keys, lens, n);
+	if (rc != MEMCACHED_SUCCESS) {
+		err = mc_error(be, rc, "gets leases");
+		goto out;
+	}
+	memcached_result_st *res;
+	while ((res = memcached_fetch_result(be->mc, NULL, &rc))) {
+		const char *key = memcached_result_key_value(res);
+		size_t kl = memcached_result_key_length(res);
+		for (size_t i = 0; i < n; i++)
+			if (lens[i] == kl && memcmp(names[i], key, kl) == 0) {
+				cas[i] = memcached_result_cas(res);
+				results[i] = 1; /* present */
+			}
+		memcached_result_free(res);
+	}
+	if (rc != MEMCACHED_END && rc != MEMCACHED_SUCCESS && rc != MEMCACHED_NOTFOUND) {
+		err = mc_error(be, rc, "gets leases");
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (results[i] != 1)
+			continue;
+		char v[64];
+		int vl = snprintf(v, sizeof v, "%" PRId64 " %" PRId64, dlock_wall_ms(), reqs[i]->ttl_ms);
+		rc = memcached_cas(be->mc, keys[i], lens[i], v, (size_t)vl, lease_s(reqs[i]->ttl_ms), 0,
+				   cas[i]);
+		if (rc == MEMCACHED_SUCCESS)
+			results[i] = 0;
+		else if (rc == MEMCACHED_NOTFOUND || rc == MEMCACHED_DATA_EXISTS)
+			results[i] = DLOCK_ENOTHELD;
+		else
+			results[i] = mc_error(be, rc, "cas lease");
+	}
+out:
+	free(names);
+	free(keys);
+	free(lens);
+	free(cas);
+	return err;
+}
+
+static int mc_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
+{
+	dlock_request r = *req;
+	r.ttl_ms = ttl_ms;
+	dlock_request *rp = &r;
+	int result = 0;
+	int rc = mc_renew(base, &rp, 1, &result);
+	return rc ? rc : result;
+}
+
+static int mc_status(dlock_backend *base, const char *const *names, size_t nnames,
+		     dlock_lock_status **out, size_t *count)
+{
+	mc_backend *be = (mc_backend *)base;
+	if (!names || !nnames)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
+				       "memcached cannot list its keys: ask for names");
+	dlock_lock_status *st = NULL;
+	size_t cnt = 0;
+	int rc = 0;
+	for (size_t i = 0; i < nnames && !rc; i++) {
+		dlock_lock_status *s = dlock__status_add(&st, &cnt);
+		if (!s || !(s->name = dlock__strdup(names[i]))) {
+			rc = DLOCK_ENOMEM;
+			break;
+		}
+		s->permits = 1;
+		char k[MAX_ENCODED + 64];
+		base_key(be, names[i], k, sizeof k);
+		list l;
+		uint64_t cas;
+		int found = 0;
+		if ((rc = read_list(be, k, &l, &cas, &found)))
+			break;
+		if ((rc = check_leases(be, k, &l))) {
+			list_free(&l);
+			break;
+		}
+		for (size_t j = 0; j < l.n && !rc; j++) {
+			entry *e = &l.e[j];
+			if (!e->live)
+				continue;
+			if (e->kind == 'Q') {
+				s->waiters++;
+				continue;
+			}
+			dlock_holder *h = dlock__status_add_holder(s);
+			if (!h || !(h->owner = dlock__strdup(e->owner)) ||
+			    !(h->host = dlock__strdup(e->host))) {
+				rc = DLOCK_ENOMEM;
+				break;
+			}
+			h->pid = e->pid;
+			h->mode = e->mode ? DLOCK_SHARED : DLOCK_EXCLUSIVE;
+			h->fence = e->fence;
+			if (e->fence > s->last_fence)
+				s->last_fence = e->fence;
+			if (!e->mode && e->permits > 1)
+				s->permits = e->permits;
+			/* memcached (text protocol) cannot report a key's expiry: estimate
+			 * from the holder's own note, on this client's clock. */
+			h->ttl_left_ms = -1;
+			char lk[320];
+			lease_key(k, e->owner, lk, sizeof lk);
+			size_t vl = 0;
+			uint32_t fl = 0;
+			memcached_return_t mrc;
+			char *v = memcached_get(be->mc, lk, strlen(lk), &vl, &fl, &mrc);
+			long long at = 0, ttl = 0;
+			if (v && sscanf(v, "%lld %lld", &at, &ttl) == 2) {
+				int64_t left = at + ttl - dlock_wall_ms();
+				h->ttl_left_ms = left > 0 ? left : 0;
+			}
+			free(v);
+		}
+		list_free(&l);
+	}
+	if (rc) {
+		dlock_status_free(st, cnt);
+		return rc;
+	}
+	*out = st;
+	*count = cnt;
+	return 0;
+}
+
+static void mc_close(dlock_backend *base)
+{
+	mc_backend *be = (mc_backend *)base;
+	if (!be)
+		return;
+	if (be->mc)
+		memcached_free(be->mc);
+	free(be->ns);
+	free(be);
+}
+
+int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
+{
+	*out = NULL;
+	if (uri->user || uri->password)
+		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
+				       "memcached: user/password are not supported (SASL is not built in)");
+	if (uri->path && *uri->path && strcmp(uri->path, "/") != 0)
+		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
+				       "memcached: unexpected path '%s' (use memcached://host:port)",
+				       uri->path);
+	dlock_hostport *hp = NULL;
+	size_t nh = 0;
+	int rc = dlock_uri_hosts(uri, 11211, &hp, &nh);
+	if (rc)
+		return rc;
+	if (nh != 1) {
+		dlock_free(hp);
+		/* A key's server would change when the ring changes: no lock survives that. */
+		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
+				       "memcached: give exactly one host:port (locks cannot be spread "
+				       "over several servers safely)");
+	}
+	mc_backend *be = calloc(1, sizeof *be);
+	if (!be) {
+		dlock_free(hp);
+		return dlock__oom();
+	}
+	be->base.version = DLOCK_BACKEND_VERSION;
+	be->base.kind = KIND;
+	be->base.acquire = mc_acquire;
+	be->base.release = mc_release;
+	be->base.extend = mc_extend;
+	be->base.renew = mc_renew;
+	be->base.cancel = mc_cancel;
+	be->base.status = mc_status;
+	be->base.close = mc_close;
+	snprintf(be->hostport, sizeof be->hostport, "%s:%d", hp[0].host, hp[0].port);
+	be->ns = dlock__strdup(uri->prefix ? uri->prefix : "dlock");
+	be->mc = memcached_create(NULL);
+	if (!be->ns || !be->mc) {
+		dlock_free(hp);
+		mc_close(&be->base);
+		return dlock__oom();
+	}
+	uint64_t tmo = (uint64_t)uri->connect_timeout_ms;
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_SUPPORT_CAS, 1);
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_TCP_NODELAY, 1);
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_CONNECT_TIMEOUT, tmo);
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_POLL_TIMEOUT, (int32_t)tmo);
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_RCV_TIMEOUT, tmo * 1000);
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_SND_TIMEOUT, tmo * 1000);
+	/* Try the one server again at once after a failure (never "mark dead"). */
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_RETRY_TIMEOUT, 0);
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_DEAD_TIMEOUT, 0);
+	memcached_return_t mrc = memcached_server_add(be->mc, hp[0].host, (in_port_t)hp[0].port);
+	dlock_free(hp);
+	if (mrc != MEMCACHED_SUCCESS) {
+		rc = mc_error(be, mrc, "add server");
+		mc_close(&be->base);
+		return rc;
+	}
+	/* Reach the server now so that open reports an unreachable store. */
+	size_t vl;
+	uint32_t fl;
+	char *v = memcached_get(be->mc, "dlock:ping", 10, &vl, &fl, &mrc);
+	free(v);
+	if (mrc != MEMCACHED_SUCCESS && mrc != MEMCACHED_NOTFOUND) {
+		rc = mc_error(be, mrc, "connect");
+		mc_close(&be->base);
+		return rc;
+	}
+	*out = &be->base;
+	return 0;
+}

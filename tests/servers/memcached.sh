@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# memcached.sh start DIR | stop DIR — a private memcached for tests.
+#
+# Listens on 127.0.0.1 at a free port, TCP only (-U 0), -M (never evict: an
+# eviction would silently break a lock, see docs/stores/memcached.md), runs as
+# nobody when started as root. Writes DIR/uri = memcached://127.0.0.1:PORT.
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
+
+cmd=${1:?usage: memcached.sh start|stop DIR}
+dir=${2:?usage: memcached.sh start|stop DIR}
+need memcached
+
+case $cmd in
+start)
+	stop_pidfile "$dir/memcached.pid"
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	user=()
+	[ "$(id -u)" -eq 0 ] && user=(-u nobody)
+	# A free port can be taken by someone else before memcached binds it: retry.
+	for attempt in 1 2 3 4 5; do
+		port=$(free_port)
+		memcached -l 127.0.0.1 -p "$port" -U 0 -M -m 64 -t 2 "${user[@]}" \
+			>"$dir/memcached.log" 2>&1 &
+		pid=$!
+		echo "$pid" >"$dir/memcached.pid"
+		up=0
+		for i in $(seq 1 100); do
+			if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then up=1; break; fi
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		[ $up = 1 ] && break
+		stop_pidfile "$dir/memcached.pid"
+	done
+	[ $up = 1 ] || { cat "$dir/memcached.log" >&2; exit 1; }
+	echo "memcached://127.0.0.1:$port" >"$dir/uri"
+	echo "$port" >"$dir/port"
+	;;
+stop)
+	stop_pidfile "$dir/memcached.pid"
+	rm -rf "$dir"
+	;;
+*)
+	echo "usage: memcached.sh start|stop DIR" >&2
+	exit 64
+	;;
+esac

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# postgres.sh start DIR | stop DIR — a throwaway PostgreSQL cluster for tests.
+#
+# initdb into DIR/data (as an unprivileged user when run as root: PostgreSQL
+# refuses to run as root), unix socket in DIR/sock, TCP on a free loopback
+# port, scram-sha-256 password auth. Writes
+#   DIR/uri        postgres://dlock:PASSWORD@127.0.0.1:PORT/dlock
+#   DIR/admin_uri  the same URI (the dlock user is the cluster's superuser;
+#                  tests use it for pg_terminate_backend)
+# No system-wide service is started or touched.
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
+
+cmd=${1:?usage: postgres.sh start|stop DIR}
+dir=${2:?usage: postgres.sh start|stop DIR}
+
+bindir=
+for d in /usr/lib/postgresql/*/bin; do
+	[ -x "$d/initdb" ] && bindir=$d
+done
+[ -n "$bindir" ] && PATH=$bindir:$PATH
+need initdb pg_ctl postgres psql
+
+# As root, run the server as a plain user (nobody, or $DLOCK_TEST_PG_USER).
+as_user() {
+	if [ "$(id -u)" -eq 0 ]; then
+		runuser -u "${DLOCK_TEST_PG_USER:-nobody}" -- "$@"
+	else
+		"$@"
+	fi
+}
+
+case $cmd in
+start)
+	if [ -f "$dir/data/postmaster.pid" ]; then
+		as_user pg_ctl -D "$dir/data" stop -m immediate >/dev/null 2>&1 || true
+	fi
+	rm -rf "$dir"
+	mkdir -p "$dir/sock"
+	port=$(free_port)
+	pass=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
+	printf '%s\n' "$pass" >"$dir/pwfile"
+	if [ "$(id -u)" -eq 0 ]; then
+		chown -R "${DLOCK_TEST_PG_USER:-nobody}" "$dir"
+	fi
+	as_user initdb -D "$dir/data" -U dlock --auth=scram-sha-256 --pwfile="$dir/pwfile" \
+		-E UTF8 --no-locale >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; exit 1; }
+	# A free port can be taken by someone else before the server binds it: retry.
+	up=0
+	for attempt in 1 2 3 4 5; do
+		if as_user pg_ctl -D "$dir/data" -l "$dir/server.log" -w -t 60 start \
+			-o "-c listen_addresses=127.0.0.1 -p $port -k $dir/sock -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
+			>/dev/null; then
+			up=1
+			break
+		fi
+		port=$(free_port)
+	done
+	[ $up = 1 ] || { cat "$dir/server.log" >&2; exit 1; }
+	PGPASSWORD=$pass as_user psql -q -h 127.0.0.1 -p "$port" -U dlock -d postgres \
+		-c 'CREATE DATABASE dlock' >/dev/null
+	echo "postgres://dlock:$pass@127.0.0.1:$port/dlock" >"$dir/uri"
+	cp "$dir/uri" "$dir/admin_uri"
+	echo "$port" >"$dir/port"
+	;;
+stop)
+	if [ -f "$dir/data/postmaster.pid" ]; then
+		as_user pg_ctl -D "$dir/data" stop -m fast -w -t 30 >/dev/null 2>&1 ||
+			as_user pg_ctl -D "$dir/data" stop -m immediate >/dev/null 2>&1 || true
+	fi
+	rm -rf "$dir"
+	;;
+*)
+	echo "usage: postgres.sh start|stop DIR" >&2
+	exit 64
+	;;
+esac

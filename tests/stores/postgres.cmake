@@ -1,0 +1,29 @@
+# PostgreSQL: the conformance suite in both modes, plus this store's own tests,
+# all against one throwaway cluster that tests/servers/postgres.sh starts
+# (fixture server.postgres).
+dlock_store_suite(postgres postgres.sh)
+
+# The same suite in mode=advisory (same server, URI + "?mode=advisory").
+add_test(NAME conformance.postgres_advisory
+  COMMAND sh -c "f=$1; shift; uri=$(cat \"$f\") && exec \"$0\" \"$uri?mode=advisory\" \"$@\""
+          $<TARGET_FILE:conformance> ${DLOCK_SERVER_DIR_postgres}/uri)
+set_tests_properties(conformance.postgres_advisory PROPERTIES
+  FIXTURES_REQUIRED server.postgres TIMEOUT ${DLOCK_TEST_TIMEOUT} RUN_SERIAL ON)
+
+# postgres.advisory: pg_terminate_backend of a holder's connection gives the
+# lost signal; a killed holder frees at once; a hung one at idle_session_timeout;
+# the advisory key is the documented FNV-1a 64. postgres.clock: a client whose
+# clock is 10 days ahead or behind (libfaketime; missing faketime = failure,
+# not a skip) cannot change when a table-mode lease ends. postgres.errors: wrong
+# password, no server, bad options give EAUTH, EUNAVAILABLE, EINVAL. postgres.wake:
+# NOTIFY hands a lock down a chain of waiting threads without polling.
+find_program(FAKETIME faketime)
+foreach(t advisory clock errors wake)
+  add_executable(postgres_${t} postgres_${t}.c)
+  target_link_libraries(postgres_${t} PRIVATE dlock_testutil ${LIBPQ_LINK_LIBRARIES})
+  target_include_directories(postgres_${t} PRIVATE ${LIBPQ_INCLUDE_DIRS})
+  add_test(NAME postgres.${t} COMMAND postgres_${t} ${FAKETIME})
+  set_tests_properties(postgres.${t} PROPERTIES
+    FIXTURES_REQUIRED server.postgres RUN_SERIAL ON TIMEOUT 300
+    ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_postgres}/uri")
+endforeach()
