@@ -47,6 +47,22 @@ int dlock_error_set(int code, const char *store, const char *store_code, const c
 	return code;
 }
 
+void dlock__error_save(dlock__saved_error *e)
+{
+	e->code = last.err.code;
+	snprintf(e->message, sizeof(e->message), "%s", last.message);
+	snprintf(e->store, sizeof(e->store), "%s", last.store);
+	snprintf(e->store_code, sizeof(e->store_code), "%s", last.store_code);
+}
+
+void dlock__error_restore(const dlock__saved_error *e)
+{
+	if (e->code)
+		dlock_error_set(e->code, e->store, e->store_code, "%s", e->message);
+	else
+		dlock_error_clear();
+}
+
 int dlock__oom(void)
 {
 	return dlock_error_set(DLOCK_ENOMEM, NULL, NULL, "out of memory");

@@ -30,6 +30,14 @@ int dlock__oom(void);
 int dlock__error_vset(int code, const char *store, const char *store_code, const char *fmt,
 		      va_list ap);
 
+/* Keep the caller's error across cleanup that may record its own. */
+typedef struct dlock__saved_error {
+	int code;
+	char message[512], store[32], store_code[64];
+} dlock__saved_error;
+void dlock__error_save(dlock__saved_error *e);
+void dlock__error_restore(const dlock__saved_error *e);
+
 /* ---- clock ---- */
 /* Sleep ms milliseconds (restarting after signals). */
 void dlock__sleep_ms(int64_t ms);

@@ -111,16 +111,12 @@ static void call_cancel(dlock_lock *l)
 	dlock_backend *be = l->store->be;
 	if (!be->cancel)
 		return;
-	/* Keep the caller's error: cancel is cleanup. */
-	dlock_error saved = *dlock_error_last();
-	char msg[512], store[32], code[64];
-	snprintf(msg, sizeof(msg), "%s", saved.message);
-	snprintf(store, sizeof(store), "%s", saved.store);
-	snprintf(code, sizeof(code), "%s", saved.store_code);
+	dlock__saved_error saved; /* cancel is cleanup: keep the caller's error */
+	dlock__error_save(&saved);
 	pthread_mutex_lock(&l->store->be_mu);
 	be->cancel(be, &l->req);
 	pthread_mutex_unlock(&l->store->be_mu);
-	dlock_error_set(saved.code, store, code, "%s", msg);
+	dlock__error_restore(&saved);
 }
 
 static void granted(dlock_lock *l, uint64_t fence, int64_t t0)
@@ -138,6 +134,19 @@ static void granted(dlock_lock *l, uint64_t fence, int64_t t0)
 	l->reg.lock = l;
 	l->reg.next_renew = l->opts.no_renew ? INT64_MAX : t0 + l->ttl_ms / 3;
 	dlock__renewer_add(l->store, &l->reg);
+}
+
+static int release_in_store(dlock_lock *l);
+
+/* A lost hold is over, but the store may still keep state for it (a held
+ * connection, a queue node): release it there, quietly, and forget it. */
+static void forget_lost(dlock_lock *l)
+{
+	dlock__saved_error saved;
+	dlock__renewer_remove(l->store, &l->reg);
+	dlock__error_save(&saved);
+	release_in_store(l);
+	dlock__error_restore(&saved);
 }
 
 static int64_t min64(int64_t a, int64_t b)
@@ -163,8 +172,8 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	bool was_lost = l->state == DLOCK__LOST;
 	l->state = DLOCK__IDLE;
 	pthread_mutex_unlock(&l->mu);
-	if (was_lost) /* the old hold is over; forget it */
-		dlock__renewer_remove(l->store, &l->reg);
+	if (was_lost)
+		forget_lost(l);
 
 	new_owner(l);
 	dlock__lock_fill_request(l);
@@ -359,11 +368,10 @@ void dlock_lock_free(dlock_lock *l)
 	l->count = 1;
 	l->thread = pthread_self();
 	pthread_mutex_unlock(&l->mu);
-	if (st == DLOCK__HELD) {
+	if (st == DLOCK__HELD)
 		dlock_release(l);
-	} else {
-		dlock__renewer_remove(l->store, &l->reg);
-	}
+	else if (st == DLOCK__LOST)
+		forget_lost(l);
 	pthread_mutex_destroy(&l->mu);
 	free(l->name);
 	free(l);

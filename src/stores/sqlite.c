@@ -130,12 +130,10 @@ static int finish(sqlite_backend *b, int rc)
 		return rc;
 	}
 	if (!sqlite3_get_autocommit(b->db)) {
-		dlock_error saved = *dlock_error_last();
-		char msg[512], code[64];
-		snprintf(msg, sizeof(msg), "%s", saved.message);
-		snprintf(code, sizeof(code), "%s", saved.store_code);
+		dlock__saved_error saved;
+		dlock__error_save(&saved);
 		run(b, prep(b, Q_ROLLBACK, NULL, NULL), "rollback");
-		dlock_error_set(rc, "sqlite", code, "%s", msg);
+		dlock__error_restore(&saved);
 	}
 	return rc;
 }

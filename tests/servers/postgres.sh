@@ -24,39 +24,59 @@ need initdb pg_ctl postgres psql
 # As root, run the server as a plain user (nobody, or $DLOCK_TEST_PG_USER).
 as_user() {
 	if [ "$(id -u)" -eq 0 ]; then
-		runuser -u "${DLOCK_TEST_PG_USER:-nobody}" -- "$@"
+		(cd / && runuser -u "${DLOCK_TEST_PG_USER:-nobody}" -- "$@")
 	else
 		"$@"
 	fi
 }
 
+# The cluster lives in $pg: DIR itself when we are not root; as root, a
+# directory of its own under /tmp that the plain user can reach (DIR may sit
+# below a directory only root may enter, such as a mktemp -d or /root).
+cluster_dir() {
+	if [ -f "$dir/pgroot" ]; then
+		cat "$dir/pgroot"
+	else
+		echo "$dir"
+	fi
+}
+
 case $cmd in
 start)
-	if [ -f "$dir/data/postmaster.pid" ]; then
-		as_user pg_ctl -D "$dir/data" stop -m immediate >/dev/null 2>&1 || true
+	pg=$(cluster_dir)
+	if [ -f "$pg/data/postmaster.pid" ]; then
+		as_user pg_ctl -D "$pg/data" stop -m immediate >/dev/null 2>&1 || true
 	fi
+	[ "$pg" = "$dir" ] || rm -rf "$pg"
 	rm -rf "$dir"
-	mkdir -p "$dir/sock"
+	mkdir -p "$dir"
+	pg=$dir
+	if [ "$(id -u)" -eq 0 ]; then
+		pg=$(mktemp -d /tmp/dlock-pg.XXXXXX)
+		chmod 755 "$pg"
+		echo "$pg" >"$dir/pgroot"
+	fi
+	mkdir -p "$pg/sock"
 	port=$(free_port)
 	pass=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
-	printf '%s\n' "$pass" >"$dir/pwfile"
+	printf '%s\n' "$pass" >"$pg/pwfile"
 	if [ "$(id -u)" -eq 0 ]; then
-		chown -R "${DLOCK_TEST_PG_USER:-nobody}" "$dir"
+		chown -R "${DLOCK_TEST_PG_USER:-nobody}" "$pg"
 	fi
-	as_user initdb -D "$dir/data" -U dlock --auth=scram-sha-256 --pwfile="$dir/pwfile" \
+	as_user initdb -D "$pg/data" -U dlock --auth=scram-sha-256 --pwfile="$pg/pwfile" \
 		-E UTF8 --no-locale >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; exit 1; }
 	# A free port can be taken by someone else before the server binds it: retry.
 	up=0
 	for attempt in 1 2 3 4 5; do
-		if as_user pg_ctl -D "$dir/data" -l "$dir/server.log" -w -t 60 start \
-			-o "-c listen_addresses=127.0.0.1 -p $port -k $dir/sock -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
+		if as_user pg_ctl -D "$pg/data" -l "$pg/server.log" -w -t 60 start \
+			-o "-c listen_addresses=127.0.0.1 -p $port -k $pg/sock -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
 			>/dev/null; then
 			up=1
 			break
 		fi
 		port=$(free_port)
 	done
-	[ $up = 1 ] || { cat "$dir/server.log" >&2; exit 1; }
+	[ $up = 1 ] || { cat "$pg/server.log" >&2; exit 1; }
 	PGPASSWORD=$pass as_user psql -q -h 127.0.0.1 -p "$port" -U dlock -d postgres \
 		-c 'CREATE DATABASE dlock' >/dev/null
 	echo "postgres://dlock:$pass@127.0.0.1:$port/dlock" >"$dir/uri"
@@ -64,10 +84,12 @@ start)
 	echo "$port" >"$dir/port"
 	;;
 stop)
-	if [ -f "$dir/data/postmaster.pid" ]; then
-		as_user pg_ctl -D "$dir/data" stop -m fast -w -t 30 >/dev/null 2>&1 ||
-			as_user pg_ctl -D "$dir/data" stop -m immediate >/dev/null 2>&1 || true
+	pg=$(cluster_dir)
+	if [ -f "$pg/data/postmaster.pid" ]; then
+		as_user pg_ctl -D "$pg/data" stop -m fast -w -t 30 >/dev/null 2>&1 ||
+			as_user pg_ctl -D "$pg/data" stop -m immediate >/dev/null 2>&1 || true
 	fi
+	[ "$pg" = "$dir" ] || rm -rf "$pg"
 	rm -rf "$dir"
 	;;
 *)
