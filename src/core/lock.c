@@ -116,6 +116,7 @@ static void call_cancel(dlock_lock *l)
 	pthread_mutex_lock(&l->store->be_mu);
 	be->cancel(be, &l->req);
 	pthread_mutex_unlock(&l->store->be_mu);
+	l->req.slot = NULL; /* the store freed its per-attempt state */
 	dlock__error_restore(&saved);
 }
 

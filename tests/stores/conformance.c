@@ -144,6 +144,11 @@ static pid_t spawn_named(const char *fname, long arg)
 		      fds[3], (char *)NULL);
 		_exit(98);
 	}
+	/* Only the child writes ev_a: if it dies, our read of ev_a sees EOF instead of hanging. */
+	if (ev_a.wr >= 0) {
+		close(ev_a.wr);
+		ev_a.wr = -1;
+	}
 	return p;
 }
 
@@ -187,6 +192,15 @@ static void event_signal(event e)
 	char c = 1;
 	if (write(e.wr, &c, 1) != 1)
 		die("event write");
+}
+
+static void event_close(event *e)
+{
+	if (e->rd >= 0)
+		close(e->rd);
+	if (e->wr >= 0)
+		close(e->wr);
+	e->rd = e->wr = -1;
 }
 
 static int event_wait(event e)
@@ -371,8 +385,9 @@ static void case_killed_holder(void)
 	dlock_store *s = open_store();
 	dlock_lock *l = new_lock(s, name, DLOCK_EXCLUSIVE, 1, 0, 5000);
 	if (dlock_store_session_bound(s)) {
-		/* The hold died with the holder's connection: free at once. */
-		CHECK_RC(dlock_acquire(l, 2000), 0);
+		/* The hold dies with the holder's session: at once if the server sees the
+		 * connection close (advisory locks), else when the session times out. */
+		CHECK_RC(dlock_acquire(l, ttl + 4000), 0);
 	} else {
 		CHECK_RC(dlock_acquire(l, 0), DLOCK_ELOCKED); /* still leased */
 		CHECK_RC(dlock_acquire(l, ttl + 4000), 0);
@@ -383,8 +398,7 @@ static void case_killed_holder(void)
 	CHECK_RC(dlock_release(l), 0);
 	dlock_lock_free(l);
 	dlock_store_close(s);
-	close(ev_a.rd);
-	close(ev_a.wr);
+	event_close(&ev_a);
 }
 
 static atomic_int lost_fired;
@@ -444,10 +458,8 @@ static void case_paused_holder(void)
 	CHECK_RC(dlock_release(l), 0);
 	dlock_lock_free(l);
 	dlock_store_close(s);
-	close(ev_a.rd);
-	close(ev_a.wr);
-	close(ev_b.rd);
-	close(ev_b.wr);
+	event_close(&ev_a);
+	event_close(&ev_b);
 }
 
 static void case_try_and_timeout(void)
@@ -607,10 +619,8 @@ static void case_shared(void)
 	dlock_lock_free(w);
 	dlock_store_close(s2);
 	dlock_store_close(s);
-	close(ev_a.rd);
-	close(ev_a.wr);
-	close(ev_b.rd);
-	close(ev_b.wr);
+	event_close(&ev_a);
+	event_close(&ev_b);
 }
 
 /* Semaphore: 8 processes, 3 permits. A file-locked gauge counts holders at once. */
@@ -775,6 +785,11 @@ static int child_main(int argc, char **argv)
 	snprintf(run_id, sizeof(run_id), "%s", argv[4]);
 	ev_a = (event){ atoi(argv[7]), atoi(argv[8]) };
 	ev_b = (event){ atoi(argv[9]), atoi(argv[10]) };
+	/* Only the parent writes ev_b: if it dies, our read sees EOF. */
+	if (ev_b.wr >= 0)
+		close(ev_b.wr);
+	if (ev_a.rd >= 0)
+		close(ev_a.rd);
 	for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
 		if (strcmp(children[i].name, argv[5]) == 0)
 			return children[i].fn(atol(argv[6]));

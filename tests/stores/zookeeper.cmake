@@ -1,0 +1,41 @@
+# zookeeper: the conformance suite against a standalone server and against a
+# 3-server ensemble, plus the store's own failure cases on servers of their
+# own (they cut connections, stop processes and kill members, which must not
+# disturb the conformance runs).
+dlock_store_suite(zookeeper zookeeper.sh)
+dlock_store_suite(zookeeper3 zookeeper3.sh)
+
+set(DLOCK_ZK_OWN_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-zookeeper-own)
+set(DLOCK_ZK3_OWN_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-zookeeper3-own)
+foreach(f zookeeper-own:zookeeper.sh:${DLOCK_ZK_OWN_DIR} zookeeper3-own:zookeeper3.sh:${DLOCK_ZK3_OWN_DIR})
+  string(REPLACE ":" ";" parts ${f})
+  list(GET parts 0 fx)
+  list(GET parts 1 script)
+  list(GET parts 2 dir)
+  add_test(NAME server.${fx}.start COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/${script} start ${dir})
+  add_test(NAME server.${fx}.stop COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/${script} stop ${dir})
+  set_tests_properties(server.${fx}.start PROPERTIES FIXTURES_SETUP server.${fx} TIMEOUT 300)
+  set_tests_properties(server.${fx}.stop PROPERTIES FIXTURES_CLEANUP server.${fx})
+endforeach()
+
+# zookeeper_faults: connection loss around create/delete (a TCP proxy in the
+# test), session expiry, a SIGSTOPped holder, digest ACLs, name escaping and
+# container cleanup. zookeeper_ensemble: kill each member of 3 in turn.
+foreach(t zookeeper_faults:zookeeper-own:zookeeper.sh:${DLOCK_ZK_OWN_DIR}
+          zookeeper_ensemble:zookeeper3-own:zookeeper.sh:${DLOCK_ZK3_OWN_DIR})
+  string(REPLACE ":" ";" parts ${t})
+  list(GET parts 0 exe)
+  list(GET parts 1 fx)
+  list(GET parts 2 script)
+  list(GET parts 3 dir)
+  add_executable(${exe} ${exe}.c)
+  target_link_libraries(${exe} PRIVATE dlock_testutil ${ZOOKEEPER_MT_LIB} Threads::Threads)
+  target_include_directories(${exe} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${ZOOKEEPER_INCLUDE_DIR})
+  target_compile_definitions(${exe} PRIVATE _GNU_SOURCE THREADED)
+  string(REPLACE "zookeeper_" "zookeeper." tname ${exe})
+  add_test(NAME ${tname} COMMAND ${exe} ${PROJECT_SOURCE_DIR}/tests/servers/${script} ${dir})
+  set_tests_properties(${tname} PROPERTIES
+    FIXTURES_REQUIRED server.${fx} RESOURCE_LOCK server.${fx}
+    ENVIRONMENT "DLOCK_TEST_URI_FILE=${dir}/uri"
+    TIMEOUT 300)
+endforeach()
