@@ -1,0 +1,29 @@
+# MySQL/MariaDB: the conformance suite in both modes, plus this store's own tests,
+# all against one MariaDB that tests/servers/mysql.sh starts (fixture server.mysql).
+dlock_store_suite(mysql mysql.sh)
+
+# The same suite once more in mode=get_lock (same server, URI + "?mode=get_lock").
+add_test(NAME conformance.mysql_get_lock
+  COMMAND sh -c "exec \"$0\" \"$(cat \"$1\")?mode=get_lock\"" $<TARGET_FILE:conformance>
+          ${DLOCK_SERVER_DIR_mysql}/uri)
+set_tests_properties(conformance.mysql_get_lock PROPERTIES
+  FIXTURES_REQUIRED server.mysql TIMEOUT ${DLOCK_TEST_TIMEOUT} RUN_SERIAL ON)
+
+add_executable(mysql_store mysql_store.c)
+target_link_libraries(mysql_store PRIVATE dlock_testutil)
+target_include_directories(mysql_store PRIVATE ${MARIADB_INCLUDE_DIRS})
+add_test(NAME mysql.store COMMAND mysql_store ${PROJECT_SOURCE_DIR}/tests/servers/mysql.sh)
+set_tests_properties(mysql.store PROPERTIES
+  FIXTURES_REQUIRED server.mysql RUN_SERIAL ON TIMEOUT 300
+  ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_mysql}/uri")
+
+# A client whose clock is 10 days ahead (libfaketime) cannot take a table-mode
+# lock early: expiry is judged only by the server's clock. A missing faketime
+# fails the test (FAKETIME-NOTFOUND), it is not skipped.
+find_program(FAKETIME faketime)
+add_executable(mysql_clock mysql_clock.c)
+target_link_libraries(mysql_clock PRIVATE dlock_testutil)
+add_test(NAME mysql.clock COMMAND mysql_clock ${FAKETIME})
+set_tests_properties(mysql.clock PROPERTIES
+  FIXTURES_REQUIRED server.mysql RUN_SERIAL ON TIMEOUT 120
+  ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_mysql}/uri")
