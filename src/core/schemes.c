@@ -48,6 +48,8 @@
 static const dlock__scheme schemes[] = {
 	STORE("sqlite", SQLITE_OPEN, "DLOCK_WITH_SQLITE"),
 	STORE("redis", REDIS_OPEN, "DLOCK_WITH_REDIS"),
+	STORE("rediss", REDIS_OPEN, "DLOCK_WITH_REDIS"),
+	STORE("redis+sentinel", REDIS_OPEN, "DLOCK_WITH_REDIS"),
 	STORE("redlock", REDLOCK_OPEN, "DLOCK_WITH_REDIS"),
 	STORE("etcd", ETCD_OPEN, "DLOCK_WITH_ETCD"),
 	STORE("etcds", ETCD_OPEN, "DLOCK_WITH_ETCD"),

@@ -75,8 +75,8 @@ int dlock_store_open(dlock_store **out, const char *text)
 	const dlock__scheme *sc = dlock__scheme_find(uri->scheme);
 	if (!sc) {
 		rc = dlock_error_set(DLOCK_EINVAL, NULL, NULL,
-				     "unknown store scheme '%s:' (known: sqlite, redis, redlock, etcd, etcds, "
-				     "zk, postgres, mysql, memcached)", uri->scheme);
+				     "unknown store scheme '%s:' (known: sqlite, redis, rediss, redis+sentinel, "
+				     "redlock, etcd, etcds, zk, postgres, mysql, mariadb, memcached)", uri->scheme);
 	} else if (!sc->open) {
 		rc = dlock_error_set(DLOCK_ENOTSUPPORTED, uri->scheme, NULL,
 				     "this dlock was built without the %s store (%s=OFF: its client "

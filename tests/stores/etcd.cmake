@@ -1,0 +1,21 @@
+# etcd: the conformance suite against one member and against a 3-member
+# cluster, plus etcd's own failure cases.
+dlock_store_suite(etcd etcd.sh)
+dlock_store_suite(etcd3 etcd3.sh)
+dlock_store_suite(etcd_tls etcd_tls.sh)
+
+add_executable(etcd_cases etcd_cases.c)
+target_link_libraries(etcd_cases PRIVATE dlock_testutil)
+target_compile_definitions(etcd_cases PRIVATE
+  ETCD_SCRIPT="${PROJECT_SOURCE_DIR}/tests/servers/etcd.sh")
+# Killed holder, stopped waiter, watch wake-up, name escaping, mixed TTLs.
+add_test(NAME etcd.cases COMMAND etcd_cases single)
+set_tests_properties(etcd.cases PROPERTIES
+  FIXTURES_REQUIRED server.etcd
+  ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_etcd}/uri"
+  TIMEOUT 300 RUN_SERIAL ON)
+# These start their own servers: auth gets enabled, a member gets killed.
+add_test(NAME etcd.auth COMMAND etcd_cases auth)
+add_test(NAME etcd.cluster_failover COMMAND etcd_cases cluster)
+add_test(NAME etcd.tls COMMAND etcd_cases tls)
+set_tests_properties(etcd.auth etcd.cluster_failover etcd.tls PROPERTIES TIMEOUT 300 RUN_SERIAL ON)
