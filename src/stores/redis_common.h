@@ -1,0 +1,148 @@
+/*
+ * What the Redis store (redis.c) shares with the Redlock store (redlock.c):
+ * server addresses and the connection handshake, the Lua scripts, the key
+ * layout, reply decoding and the pub/sub notifier that wakes waiters.
+ * Everything here is implemented in redis.c; redlock.c only adds the
+ * parallel fan-out to N masters and the quorum rules.
+ *
+ * Key layout of one lock NAME under prefix P (all share the hash tag {P:NAME},
+ * so Redis Cluster keeps them in one slot):
+ *
+ *   {P:NAME}     HASH  holders: field owner -> "expiry_ms fence mode permits pid host"
+ *                      (expiry on the server's clock, mode 'x' or 's'). Key TTL >=
+ *                      the latest holder expiry, so an absent key means "free";
+ *                      Redis drops the hash with its last holder.
+ *   {P:NAME}:f   STRING fence counter (INCR per grant; never expires or deleted)
+ *   {P:NAME}:w   ZSET  waiters: owner -> registration deadline (server ms)
+ *   {P:NAME}:q   ZSET  fair queue: owner -> ticket (arrival time in us); dead heads pruned
+ *   {P:NAME}:x   ZSET  waiting writers (exclusive waiters): blocks new readers
+ *   {P:NAME}:c   pub/sub channel: a release publishes "*<releasing owner>" (wake
+ *                every waiter; the owner lets a Redlock client drop the copies
+ *                from the other masters) or, when a fair queue exists, the
+ *                owner at its head (wake only it). Nothing when nobody waits.
+ */
+#ifndef DLOCK_STORES_REDIS_COMMON_H
+#define DLOCK_STORES_REDIS_COMMON_H
+
+#include "core/internal.h"
+
+#include <hiredis/hiredis.h>
+
+/* Longest prefix accepted: keeps every key in a fixed buffer. */
+#define DLOCK__REDIS_PREFIX_MAX 200
+#define DLOCK__REDIS_KEY_MAX (DLOCK__REDIS_PREFIX_MAX + DLOCK_NAME_MAX + 8)
+
+/* One Redis server and how to log in to it. */
+typedef struct dlock__rserver {
+	char host[256];
+	int port;
+	const char *user;       /* borrowed from the store; NULL when absent */
+	const char *password;   /* borrowed; NULL when absent; never printed */
+	int db;
+	int64_t connect_timeout_ms;
+	int64_t timeout_ms;     /* per command (read/write) */
+} dlock__rserver;
+
+/*
+ * Parse what redis:// and redlock:// share: hosts (default_port when absent),
+ * user/password, database from dbpath ("/db" or ""), option `timeout` (command timeout, default 2 s
+ * or connect_timeout if smaller). *out (of *n) is freed with free().
+ * Rejects rediss:// (hiredis 0.14 has no TLS) with DLOCK_ENOTSUPPORTED.
+ */
+int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const char *kind, int default_port,
+			 const char *dbpath);
+
+/* Blocking connect + AUTH + SELECT. @return 0; EUNAVAILABLE; EAUTH; EINVAL (bad db). */
+int dlock__rconnect(redisContext **out, const dlock__rserver *srv, const char *kind);
+
+/* Turn a Redis error reply into a dlock error (EAUTH, ESTORE, ...). */
+int dlock__rreply_error(const redisReply *r, const dlock__rserver *srv, const char *kind);
+
+/* Turn a broken context (c->err) into DLOCK_EUNAVAILABLE naming the server. */
+int dlock__rconn_error(const redisContext *c, const dlock__rserver *srv, const char *kind);
+
+/* ---- scripts ---- */
+enum {
+	/* KEYS[1] is always the holder key H; scripts derive the others from it. */
+	DLOCK__RS_ACQUIRE, /* ARGV owner ttl flags permits qttl "pid host" ticket -> {1, fence} | {0, retry_ms} */
+	DLOCK__RS_RELEASE, /* ARGV owner -> 1 | 0 (and PUBLISH on the channel) */
+	DLOCK__RS_RENEW,   /* KEYS H1..Hn; ARGV owner1 ttl1 ... -> {1|0, ...} (also extend) */
+	DLOCK__RS_CANCEL,  /* ARGV owner -> 1 */
+	DLOCK__RS_STATUS,  /* -> {now, fence, {hgetall H}, live waiters} */
+	DLOCK__RS_RAISE,   /* ARGV fence -> counter after max(counter, fence) (Redlock) */
+	DLOCK__RS_COUNT
+};
+extern const char *const dlock__rscript_text[DLOCK__RS_COUNT];
+
+/* The names a client needs for one lock: the holder key (the scripts derive
+ * the others from it) and the channel. NUL-terminated. */
+enum { DLOCK__RK_H, DLOCK__RK_C, DLOCK__RK_COUNT };
+typedef struct dlock__rkeys {
+	char k[DLOCK__RK_COUNT][DLOCK__REDIS_KEY_MAX];
+	size_t len[DLOCK__RK_COUNT];
+} dlock__rkeys;
+void dlock__rkeys_make(dlock__rkeys *k, const char *prefix, const char *name);
+
+/*
+ * Argument vectors for the scripts: fills argv/lens after the first two
+ * slots (EVALSHA, sha), returns argc. `nums` is scratch for numbers.
+ */
+typedef struct dlock__rargs {
+	const char *argv[12];
+	size_t lens[12];
+	char nums[4][24];
+	char flags[4];
+	char meta[300];
+	int argc;
+} dlock__rargs;
+/* ticket: fair-queue position for a new waiter (0 = the server's clock). */
+void dlock__rargs_acquire(dlock__rargs *a, const dlock__rkeys *k, const dlock_request *req, int64_t ticket);
+/* After an acquire try: remember in req->slot whether it left us registered as a waiter. */
+void dlock__racquire_done(dlock_request *req, int rc);
+/* release and cancel: the holder key and the owner */
+void dlock__rargs_owner(dlock__rargs *a, const dlock__rkeys *k, const dlock_request *req);
+void dlock__rargs_status(dlock__rargs *a, const dlock__rkeys *k);
+
+/* Decode an acquire reply. @return 0 (*fence) / DLOCK_ELOCKED (*retry_ms) / ESTORE. */
+int dlock__racquire_reply(const redisReply *r, uint64_t *fence, int64_t *retry_ms, const char *kind);
+
+/* Append the status of `name` decoded from a STATUS reply to *out. */
+int dlock__rstatus_decode(const redisReply *r, const char *name, dlock_lock_status **out, size_t *count,
+			  const char *kind);
+
+/* A renew batch: argv/lens with slots 0-1 left for EVALSHA/sha (script RENEW). */
+typedef struct dlock__rbatch {
+	int argc;
+	const char **argv;
+	size_t *lens;
+	char *keys, *nums;
+} dlock__rbatch;
+int dlock__rbatch_renew(dlock__rbatch *b, const char *prefix, dlock_request *const *reqs, size_t n);
+void dlock__rbatch_free(dlock__rbatch *b);
+/* results[i] = 0 (renewed) or DLOCK_ENOTHELD from a RENEW reply of n entries. */
+int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char *kind);
+
+/* Append to *names (of *n) the lock names with holders or waiters under prefix on one
+ * server (SCAN; connects *c if NULL). Free each name and the array with free(). */
+int dlock__rscan_names(redisContext **c, const dlock__rserver *srv, const char *prefix, const char *kind,
+		       char ***names, size_t *n);
+/* Sort and drop duplicates (freeing them). */
+void dlock__rnames_unique(char **names, size_t *n);
+
+/* ---- notifier: pub/sub wake-ups for waiters (one per store handle) ---- */
+typedef struct dlock__rnotify dlock__rnotify;
+
+/* Make a notifier over n servers (borrowed; must outlive it; their addresses are
+ * changed only through dlock__rnotify_moved). Nothing connects yet. */
+int dlock__rnotify_new(dlock__rnotify **out, dlock__rserver *srv, size_t n, const char *kind);
+/* Server i moved (Sentinel failover): update its address and resubscribe there. Any thread. */
+void dlock__rnotify_moved(dlock__rnotify *nt, size_t i, const char *host, int port);
+void dlock__rnotify_free(dlock__rnotify *nt);
+/* Before each acquire try: remember what this waiter has seen so far. Any thread. */
+void dlock__rnotify_arm(dlock__rnotify *nt, const dlock_request *req);
+/* The waiter is done (granted, released, cancelled): drop its subscription. Any thread. */
+void dlock__rnotify_forget(dlock__rnotify *nt, const dlock_request *req);
+/* be->wait: see redis.c. Thread-safe, called without the store mutex. */
+int dlock__rnotify_wait(dlock__rnotify *nt, dlock_request *req, const char *channel, int64_t timeout_ms);
+
+#endif

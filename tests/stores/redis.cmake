@@ -1,0 +1,75 @@
+# redis (and redlock, same client library): the conformance suite against one
+# real redis-server, plus the store's own cases.
+dlock_store_suite(redis redis.sh)
+
+# The store's own tests run on a server of their own ("redis-own"): they count
+# commands server-wide and kill/restart it, which must not disturb other tests.
+set(DLOCK_REDIS_OWN_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redis-own)
+add_test(NAME server.redis-own.start
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redis.sh start ${DLOCK_REDIS_OWN_DIR})
+add_test(NAME server.redis-own.stop
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redis.sh stop ${DLOCK_REDIS_OWN_DIR})
+set_tests_properties(server.redis-own.start PROPERTIES FIXTURES_SETUP server.redis-own TIMEOUT 120)
+set_tests_properties(server.redis-own.stop PROPERTIES FIXTURES_CLEANUP server.redis-own)
+
+foreach(t redis_wake redis_crash redis_uri)
+  add_executable(${t} ${t}.c)
+  target_link_libraries(${t} PRIVATE dlock_testutil)
+  target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${HIREDIS_INCLUDE_DIRS})
+  target_compile_definitions(${t} PRIVATE _GNU_SOURCE)
+  string(REPLACE "redis_" "redis." tname ${t})
+  add_test(NAME ${tname} COMMAND ${t}
+    ${PROJECT_SOURCE_DIR}/tests/servers/redis.sh ${DLOCK_REDIS_OWN_DIR})
+  set_tests_properties(${tname} PROPERTIES
+    FIXTURES_REQUIRED server.redis-own RESOURCE_LOCK server.redis-own
+    ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_REDIS_OWN_DIR}/uri"
+    TIMEOUT 120)
+endforeach()
+
+# redlock: the same suite against five independent masters.
+if(DLOCK_WITH_REDLOCK)
+  dlock_store_suite(redlock redlock.sh)
+endif()
+
+# redlock's failure cases on five masters of their own, with fsync'd AOF
+# (killed masters come back with their fence counters).
+if(DLOCK_WITH_REDLOCK)
+  set(DLOCK_REDLOCK_OWN_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redlock-own)
+  add_test(NAME server.redlock-own.start
+    COMMAND ${CMAKE_COMMAND} -E env REDIS_PERSIST=1
+            bash ${PROJECT_SOURCE_DIR}/tests/servers/redlock.sh start ${DLOCK_REDLOCK_OWN_DIR})
+  add_test(NAME server.redlock-own.stop
+    COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redlock.sh stop ${DLOCK_REDLOCK_OWN_DIR})
+  set_tests_properties(server.redlock-own.start PROPERTIES FIXTURES_SETUP server.redlock-own TIMEOUT 120)
+  set_tests_properties(server.redlock-own.stop PROPERTIES FIXTURES_CLEANUP server.redlock-own)
+  add_executable(redlock_faults redlock_faults.c)
+  target_link_libraries(redlock_faults PRIVATE dlock_testutil)
+  target_include_directories(redlock_faults PRIVATE ${PROJECT_SOURCE_DIR}/tests ${HIREDIS_INCLUDE_DIRS})
+  target_compile_definitions(redlock_faults PRIVATE _GNU_SOURCE)
+  add_test(NAME redlock.faults COMMAND redlock_faults
+    ${PROJECT_SOURCE_DIR}/tests/servers/redlock.sh ${DLOCK_REDLOCK_OWN_DIR})
+  set_tests_properties(redlock.faults PROPERTIES
+    FIXTURES_REQUIRED server.redlock-own RESOURCE_LOCK server.redlock-own
+    ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_REDLOCK_OWN_DIR}/uri"
+    TIMEOUT 300)
+endif()
+
+# redis+sentinel: master + replica + one Sentinel; the master is killed.
+set(DLOCK_REDIS_SENTINEL_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redis-sentinel)
+add_test(NAME server.redis-sentinel.start
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redis-sentinel.sh start ${DLOCK_REDIS_SENTINEL_DIR})
+add_test(NAME server.redis-sentinel.stop
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redis-sentinel.sh stop ${DLOCK_REDIS_SENTINEL_DIR})
+set_tests_properties(server.redis-sentinel.start PROPERTIES FIXTURES_SETUP server.redis-sentinel TIMEOUT 120)
+set_tests_properties(server.redis-sentinel.stop PROPERTIES FIXTURES_CLEANUP server.redis-sentinel)
+add_executable(redis_sentinel redis_sentinel.c)
+target_link_libraries(redis_sentinel PRIVATE dlock_testutil)
+target_include_directories(redis_sentinel PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src
+                           ${HIREDIS_INCLUDE_DIRS})
+target_compile_definitions(redis_sentinel PRIVATE _GNU_SOURCE)
+add_test(NAME redis.sentinel COMMAND redis_sentinel
+  ${PROJECT_SOURCE_DIR}/tests/servers/redis-sentinel.sh ${DLOCK_REDIS_SENTINEL_DIR})
+set_tests_properties(redis.sentinel PROPERTIES
+  FIXTURES_REQUIRED server.redis-sentinel
+  ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_REDIS_SENTINEL_DIR}/uri"
+  TIMEOUT 120)
