@@ -87,10 +87,13 @@ static int run_child(const char *faketime, const char *what, const char *name)
 {
 	char cmd[4096];
 	/* ASan wants to be first in the library list; libfaketime is preloaded
-	 * before it. Only the wall clock is faked: the core's deadlines use
+	 * before it, and clang's allocator must not call clock_gettime while it
+	 * holds its lock (libfaketime's lazy dlsym would malloc there and
+	 * deadlock). Only the wall clock is faked: the core's deadlines use
 	 * CLOCK_MONOTONIC on purpose. */
 	snprintf(cmd, sizeof cmd,
-		 "ASAN_OPTIONS=verify_asan_link_order=0 FAKETIME_DONT_FAKE_MONOTONIC=1 '%s' -f '%s' "
+		 "ASAN_OPTIONS=verify_asan_link_order=0:allocator_release_to_os_interval_ms=-1 "
+		 "FAKETIME_DONT_FAKE_MONOTONIC=1 '%s' -f '%s' "
 		 "'%s' --child %s '%s' '%s' %lld",
 		 faketime, strcmp(what, "ahead") == 0 ? "+10d" : "-10d", self, what, uri, name,
 		 wall_ms());
