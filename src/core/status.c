@@ -29,18 +29,22 @@ dlock_holder *dlock__status_add_holder(dlock_lock_status *st)
 	return &n[st->nholders++];
 }
 
+static void status_free_one(dlock_lock_status *st)
+{
+	for (size_t j = 0; j < st->nholders; j++) {
+		free(st->holders[j].owner);
+		free(st->holders[j].host);
+	}
+	free(st->holders);
+	free(st->name);
+}
+
 void dlock_status_free(dlock_lock_status *st, size_t count)
 {
 	if (!st)
 		return;
-	for (size_t i = 0; i < count; i++) {
-		for (size_t j = 0; j < st[i].nholders; j++) {
-			free(st[i].holders[j].owner);
-			free(st[i].holders[j].host);
-		}
-		free(st[i].holders);
-		free(st[i].name);
-	}
+	for (size_t i = 0; i < count; i++)
+		status_free_one(&st[i]);
 	free(st);
 }
 
@@ -68,6 +72,20 @@ int dlock_store_status(dlock_store *s, const char *const *names, size_t nnames,
 		dlock_status_free(*out, *count);
 		*out = NULL;
 		*count = 0;
+		return rc;
 	}
-	return rc;
+	if (nnames == 0) {
+		/* Listing every lock: stores may report names that have gone idle since
+		 * they were listed; keep only those with holders or waiters. */
+		size_t kept = 0;
+		for (size_t i = 0; i < *count; i++) {
+			dlock_lock_status *st = &(*out)[i];
+			if (st->nholders || st->waiters)
+				(*out)[kept++] = *st;
+			else
+				status_free_one(st);
+		}
+		*count = kept;
+	}
+	return 0;
 }

@@ -276,7 +276,7 @@ int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const 
 	for (size_t i = 0; i < nh; i++) {
 		snprintf(s[i].host, sizeof(s[i].host), "%s", hp[i].host);
 		s[i].port = hp[i].port;
-		s[i].user = uri->user;
+		s[i].user = uri->user && *uri->user ? uri->user : NULL; /* ":pw@": default user */
 		s[i].password = uri->password;
 		s[i].db = db;
 		s[i].connect_timeout_ms = uri->connect_timeout_ms;
@@ -350,8 +350,11 @@ int dlock__rconnect(redisContext **out, const dlock__rserver *srv, const char *k
 	redisEnableKeepAlive(c);
 	int rc = 0;
 	if (srv->password) {
-		const char *a[3] = { "AUTH", srv->user ? srv->user : srv->password, srv->password };
-		rc = simple_cmd(c, srv, kind, srv->user ? 3 : 2, a);
+		/* "redis://:pw@host" parses with an empty user: that is the default
+		 * user's password (AUTH pw), not a user named "". */
+		const char *user = srv->user && *srv->user ? srv->user : NULL;
+		const char *a[3] = { "AUTH", user ? user : srv->password, srv->password };
+		rc = simple_cmd(c, srv, kind, user ? 3 : 2, a);
 		if (rc == DLOCK_ESTORE) /* e.g. "ERR AUTH <password> called without any password configured" */
 			rc = rewrap(DLOCK_EAUTH, kind, "");
 	}
@@ -1454,15 +1457,7 @@ static int r_status(dlock_backend *be, const char *const *names, size_t nnames, 
 	for (size_t i = 0; i < n && !rc; i++) {
 		if (dlock_name_check(all[i]) != 0)
 			continue; /* a key that is not ours under the prefix */
-		rc = status_one(s, all[i], out, count);
-		if (!rc) { /* report only names with holders or waiters */
-			dlock_lock_status *st = &(*out)[*count - 1];
-			if (!st->nholders && !st->waiters) {
-				free(st->name);
-				free(st->holders);
-				(*count)--;
-			}
-		}
+		rc = status_one(s, all[i], out, count); /* the core drops idle names */
 	}
 	for (size_t i = 0; i < n; i++)
 		free(all[i]);
@@ -1569,7 +1564,7 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 	s->base.status = r_status;
 	s->base.close = r_close;
 	/* the URI outlives nothing: keep our own copies of what srv borrows */
-	if (uri->user && !(s->user = dlock__strdup(uri->user)))
+	if (uri->user && *uri->user && !(s->user = dlock__strdup(uri->user)))
 		goto oom;
 	if (uri->password && !(s->password = dlock__strdup(uri->password)))
 		goto oom;

@@ -618,15 +618,7 @@ static int rl_status(dlock_backend *be, const char *const *names, size_t nnames,
 	for (size_t i = 0; i < n && !rc; i++) {
 		if (dlock_name_check(all[i]) != 0)
 			continue;
-		rc = status_one(s, all[i], out, count);
-		if (!rc) {
-			dlock_lock_status *st = &(*out)[*count - 1];
-			if (!st->nholders && !st->waiters) {
-				free(st->name);
-				free(st->holders);
-				(*count)--;
-			}
-		}
+		rc = status_one(s, all[i], out, count); /* the core drops idle names */
 	}
 	for (size_t i = 0; i < n; i++)
 		free(all[i]);
