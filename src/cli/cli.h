@@ -1,0 +1,181 @@
+/*
+ * cli.h — what the dlock tool's command files share: global options, a small
+ * option parser, the exit-code contract (DESIGN.md §4) and output helpers.
+ * Internal to src/cli; uses only the public libdlock API.
+ */
+#ifndef DLOCK_CLI_H
+#define DLOCK_CLI_H
+
+#include <dlock/dlock.h>
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Exit codes: the contract scripts depend on (see docs/cli.md). */
+enum {
+	CLI_EXIT_OK = 0,
+	CLI_EXIT_FAIL = 1,        /* e.g. release with a handle that does not hold the lock */
+	CLI_EXIT_USAGE = 64,      /* bad usage or input */
+	CLI_EXIT_UNAVAILABLE = 69,/* store unreachable, auth refused, not supported */
+	CLI_EXIT_NOTACQUIRED = 75,/* not acquired within --wait, or at once with --no-wait */
+	CLI_EXIT_LOST = 76        /* lock lost while COMMAND ran */
+};
+
+/* Options every command accepts (before or after the command name). */
+typedef struct cli_global {
+	const char *store;  /* --store URI, else $DLOCK_STORE, else NULL (default store) */
+	bool json;          /* --json: machine-readable output on stdout */
+	int verbosity;      /* -q: -1, default 0, -v: 1 */
+	const char *cmd;    /* "run", "acquire", ... for messages */
+} cli_global;
+
+/* One option a command accepts. `name` is the long name without "--". */
+typedef struct cli_opt {
+	const char *name;
+	char short_name;    /* 0: none */
+	bool has_value;
+	int id;             /* passed back to the command's handler */
+} cli_opt;
+
+/*
+ * Called for each option found; `value` is NULL for flags. Return 0, or
+ * CLI_EXIT_USAGE after printing a message with cli_usage_error().
+ */
+typedef int (*cli_opt_fn)(void *ctx, int id, const char *value);
+
+typedef struct cli_args {
+	char **pos;         /* positional arguments before "--" */
+	int npos;
+	char **rest;        /* arguments after "--" (only when `dashdash` was set) */
+	int nrest;
+	bool dashdash;      /* a "--" was seen */
+	bool help;          /* --help or -h was given */
+} cli_args;
+
+/*
+ * Parse argv[0..argc) (the words after the command name) against `opts` and
+ * the global options (which update *g). Options may come anywhere before a
+ * "--"; "--opt=value" and "--opt value" both work. Everything after "--" lands
+ * in args->rest. Returns 0 or CLI_EXIT_USAGE (the message is printed).
+ * args->pos/rest point into argv; args->pos is malloc'd (free it).
+ */
+int cli_parse(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt_fn fn,
+	      void *ctx, cli_args *args);
+
+/* Global options only: used by main() before the command name. */
+int cli_global_option(cli_global *g, const char *arg, const char *next, int *used);
+
+/* Print "dlock CMD: <message> (see 'dlock CMD --help')" to stderr; return 64. */
+int cli_usage_error(const cli_global *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Print "dlock CMD: <message>" to stderr (always, even with -q). */
+void cli_error(const cli_global *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Print "dlock CMD: <message>" to stderr unless -q. */
+void cli_info(const cli_global *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Print "dlock CMD: <message>" to stderr only with -v. */
+void cli_debug(const cli_global *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The exit code for a libdlock return code (DESIGN.md §4). */
+int cli_exit_code(int rc);
+
+/*
+ * Report a failed libdlock call: prints "dlock CMD: WHAT: <last error>" and
+ * returns cli_exit_code(rc). Call it right after the failing call, before
+ * any other dlock function overwrites the thread's last error.
+ */
+int cli_fail(const cli_global *g, int rc, const char *what);
+
+/* Parse a duration option ("250ms", "30s", bare seconds) or print a usage error. */
+int cli_duration(const cli_global *g, const char *opt, const char *text, int64_t *ms);
+
+/* Parse a positive integer option in [1, max] or print a usage error. */
+int cli_uint(const cli_global *g, const char *opt, const char *text, unsigned long max,
+	     unsigned int *out);
+
+/* Check a lock name argument (non-empty, valid) or print a usage error. */
+int cli_name(const cli_global *g, const char *name);
+
+/* Open the store chosen by --store / $DLOCK_STORE / default; prints errors. */
+int cli_store_open(const cli_global *g, dlock_store **out);
+
+/* Lock options shared by run and acquire. */
+typedef struct cli_lockopts {
+	int64_t ttl_ms;     /* 0: store default */
+	int64_t wait_ms;    /* <0 forever (default), 0 try once */
+	bool shared;
+	unsigned int permits;
+	bool fair;
+	bool wait_set, no_wait;
+} cli_lockopts;
+
+enum { CLI_OPT_TTL = 1000, CLI_OPT_WAIT, CLI_OPT_NO_WAIT, CLI_OPT_SHARED, CLI_OPT_PERMITS,
+       CLI_OPT_FAIR };
+
+#define CLI_LOCKOPTS_INIT { 0, -1, false, 1, false, false, false }
+
+/* Handle one of the CLI_OPT_* lock options; returns 0 or CLI_EXIT_USAGE. */
+int cli_lockopt(const cli_global *g, cli_lockopts *lo, int id, const char *value);
+/* Cross-checks (--wait with --no-wait, --permits with --shared). */
+int cli_lockopts_check(const cli_global *g, const cli_lockopts *lo);
+void cli_lockopts_apply(const cli_lockopts *lo, dlock_lock_options *opts);
+
+/*
+ * For extend/release: a lock handle on NAME that has taken over HANDLE (from
+ * `dlock acquire`). *out is NULL on failure (message printed, exit code
+ * returned). The hold is never renewed; call cli_handle_drop() (not
+ * dlock_release) to let go of it locally without touching the store.
+ */
+int cli_handle_attach(const cli_global *g, dlock_store *store, const char *name,
+		      const char *handle, const cli_lockopts *lo, dlock_lock **out);
+
+/* Forget an attached hold locally (the store keeps it) and free the handle. */
+void cli_handle_drop(dlock_lock *lock);
+
+/* The store URI chosen by --store / $DLOCK_STORE, or NULL for the default store. */
+const char *cli_store_choice(const cli_global *g);
+
+/*
+ * Holder processes for stores whose holds die with their session (holder.c):
+ * `acquire` leaves one behind; `extend`/`release` with its handle talk to it.
+ */
+bool cli_holder_handle(const char *handle);
+int cli_holder_acquire(const cli_global *g, const char *uri, const char *name,
+		       const cli_lockopts *lo);
+typedef struct cli_holder_reply {
+	int code;            /* a dlock code: 0, DLOCK_ENOTHELD, ... */
+	int64_t ttl_left_ms;
+	uint64_t fence;
+	char text[512];      /* the new handle (extend), or a message */
+} cli_holder_reply;
+/* Send op ("extend"/"release") to the holder of `handle`; 0 with *out, or an exit code. */
+int cli_holder_request(const cli_global *g, const char *name, const char *handle,
+		       const char *op, int64_t ttl_ms, cli_holder_reply *out);
+
+/* "1.5s", "250ms", "forever" — for messages. Writes into buf. */
+const char *cli_fmt_duration(char *buf, size_t len, int64_t ms);
+
+/* Write s as a JSON string literal (with quotes). */
+void cli_json_str(FILE *f, const char *s);
+
+/* ISO 8601 UTC time with milliseconds of wall-clock ms since the epoch. */
+const char *cli_fmt_time(char *buf, size_t len, int64_t wall_ms);
+
+/* Commands: argv are the words after the command name. */
+int cli_run(cli_global *g, int argc, char **argv);
+int cli_acquire(cli_global *g, int argc, char **argv);
+int cli_extend(cli_global *g, int argc, char **argv);
+int cli_release(cli_global *g, int argc, char **argv);
+int cli_status(cli_global *g, int argc, char **argv);
+int cli_demo(cli_global *g, int argc, char **argv);
+
+/* SIGPIPE as dlock found it (main ignores it); `run` restores it for its command. */
+extern struct sigaction cli_sigpipe_orig;
+
+/* Lines of --help text shared by every command. */
+extern const char cli_global_help[];
+
+#endif

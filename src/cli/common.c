@@ -1,0 +1,444 @@
+/*
+ * common.c — option parsing, exit-code mapping and output helpers shared by
+ * the dlock commands.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char cli_global_help[] =
+	"Global options (anywhere before '--'):\n"
+	"  --store URI    lock store (default: $DLOCK_STORE, else the embedded SQLite store)\n"
+	"  --json         machine-readable output\n"
+	"  -q, --quiet    only errors on stderr\n"
+	"  -v, --verbose  more detail on stderr\n"
+	"  -h, --help     this help\n";
+
+static void vmsg(const cli_global *g, const char *fmt, va_list ap)
+{
+	char buf[2048];
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	/* One line per message: scripts parse stderr by lines. */
+	for (char *p = buf; *p; p++)
+		if (*p == '\n' || *p == '\r')
+			*p = ' ';
+	if (g && g->cmd)
+		fprintf(stderr, "dlock %s: %s\n", g->cmd, buf);
+	else
+		fprintf(stderr, "dlock: %s\n", buf);
+}
+
+int cli_usage_error(const cli_global *g, const char *fmt, ...)
+{
+	char buf[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	if (g && g->cmd)
+		cli_error(g, "%s (see 'dlock %s --help')", buf, g->cmd);
+	else
+		cli_error(g, "%s (see 'dlock --help')", buf);
+	return CLI_EXIT_USAGE;
+}
+
+void cli_error(const cli_global *g, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vmsg(g, fmt, ap);
+	va_end(ap);
+}
+
+void cli_info(const cli_global *g, const char *fmt, ...)
+{
+	if (g && g->verbosity < 0)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vmsg(g, fmt, ap);
+	va_end(ap);
+}
+
+void cli_debug(const cli_global *g, const char *fmt, ...)
+{
+	if (!g || g->verbosity < 1)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vmsg(g, fmt, ap);
+	va_end(ap);
+}
+
+int cli_exit_code(int rc)
+{
+	switch (rc) {
+	case 0:
+		return CLI_EXIT_OK;
+	case DLOCK_EINVAL:
+		return CLI_EXIT_USAGE;
+	case DLOCK_EUNAVAILABLE:
+	case DLOCK_EAUTH:
+	case DLOCK_ENOTSUPPORTED:
+		return CLI_EXIT_UNAVAILABLE;
+	case DLOCK_ETIMEOUT:
+	case DLOCK_ELOCKED:
+		return CLI_EXIT_NOTACQUIRED;
+	default:
+		return CLI_EXIT_FAIL;
+	}
+}
+
+int cli_fail(const cli_global *g, int rc, const char *what)
+{
+	const dlock_error *e = dlock_error_last();
+	const char *msg = (e->code == rc && e->message && *e->message) ? e->message
+								       : dlock_strerror(rc);
+	cli_error(g, "%s: %s", what, msg);
+	return cli_exit_code(rc);
+}
+
+static const cli_opt *find_long(const cli_opt *opts, const char *name, size_t len)
+{
+	for (const cli_opt *o = opts; o && o->name; o++)
+		if (strlen(o->name) == len && memcmp(o->name, name, len) == 0)
+			return o;
+	return NULL;
+}
+
+static const cli_opt *find_short(const cli_opt *opts, char c)
+{
+	for (const cli_opt *o = opts; o && o->name; o++)
+		if (o->short_name && o->short_name == c)
+			return o;
+	return NULL;
+}
+
+enum { G_STORE = 1, G_JSON, G_QUIET, G_VERBOSE, G_HELP };
+static const cli_opt global_opts[] = {
+	{ "store", 0, true, G_STORE },
+	{ "json", 0, false, G_JSON },
+	{ "quiet", 'q', false, G_QUIET },
+	{ "verbose", 'v', false, G_VERBOSE },
+	{ "help", 'h', false, G_HELP },
+	{ NULL, 0, false, 0 },
+};
+
+/*
+ * Split one option word into its table entry and inline value. Returns the
+ * entry or NULL; *inline_value is set for "--name=value".
+ */
+static const cli_opt *lookup(const cli_opt *opts, const char *arg, const char **inline_value)
+{
+	*inline_value = NULL;
+	if (arg[1] == '-') {
+		const char *name = arg + 2;
+		const char *eq = strchr(name, '=');
+		size_t len = eq ? (size_t)(eq - name) : strlen(name);
+		const cli_opt *o = find_long(opts, name, len);
+		if (o && eq)
+			*inline_value = eq + 1;
+		return o;
+	}
+	if (arg[2] != '\0')
+		return NULL; /* no clustering of short options: -qv is unknown */
+	return find_short(opts, arg[1]);
+}
+
+static int apply_global(cli_global *g, int id, const char *value, bool *help)
+{
+	switch (id) {
+	case G_STORE:
+		g->store = value;
+		break;
+	case G_JSON:
+		g->json = true;
+		break;
+	case G_QUIET:
+		g->verbosity = -1;
+		break;
+	case G_VERBOSE:
+		g->verbosity = 1;
+		break;
+	case G_HELP:
+		*help = true;
+		break;
+	}
+	return 0;
+}
+
+/*
+ * One option word at argv[i]: resolve against the command's table, then the
+ * global one. *consumed is how many words it used (1 or 2).
+ */
+static int one_option(cli_global *g, const cli_opt *opts, cli_opt_fn fn, void *ctx,
+		      const char *arg, const char *next, int *consumed, bool *help)
+{
+	const char *inl;
+	const cli_opt *o = lookup(opts, arg, &inl);
+	bool global = false;
+	if (!o) {
+		o = lookup(global_opts, arg, &inl);
+		global = true;
+	}
+	if (!o)
+		return cli_usage_error(g, "unknown option '%s'", arg);
+	const char *value = NULL;
+	*consumed = 1;
+	if (o->has_value) {
+		if (inl) {
+			value = inl;
+		} else if (next) {
+			value = next;
+			*consumed = 2;
+		} else {
+			return cli_usage_error(g, "option '%s' needs a value", arg);
+		}
+	} else if (inl) {
+		return cli_usage_error(g, "option '--%s' takes no value", o->name);
+	}
+	if (global)
+		return apply_global(g, o->id, value, help);
+	return fn ? fn(ctx, o->id, value) : 0;
+}
+
+int cli_global_option(cli_global *g, const char *arg, const char *next, int *used)
+{
+	bool help = false;
+	int rc = one_option(g, NULL, NULL, NULL, arg, next, used, &help);
+	if (rc == 0 && help)
+		return -1;
+	return rc;
+}
+
+int cli_parse(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt_fn fn,
+	      void *ctx, cli_args *args)
+{
+	memset(args, 0, sizeof *args);
+	args->pos = calloc((size_t)argc + 1, sizeof *args->pos);
+	if (!args->pos) {
+		cli_error(g, "out of memory");
+		return CLI_EXIT_FAIL;
+	}
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		if (strcmp(a, "--") == 0) {
+			args->dashdash = true;
+			args->rest = argv + i + 1;
+			args->nrest = argc - i - 1;
+			break;
+		}
+		if (a[0] == '-' && a[1] != '\0') {
+			int used = 1;
+			int rc = one_option(g, opts, fn, ctx, a, i + 1 < argc ? argv[i + 1] : NULL,
+					    &used, &args->help);
+			if (rc != 0)
+				return rc;
+			i += used - 1;
+			continue;
+		}
+		args->pos[args->npos++] = argv[i];
+	}
+	return 0;
+}
+
+int cli_duration(const cli_global *g, const char *opt, const char *text, int64_t *ms)
+{
+	if (dlock_duration_parse(ms, text) != 0)
+		return cli_usage_error(g, "%s: bad duration '%s' (use e.g. 250ms, 30s, 5m, 1h)",
+				       opt, text);
+	return 0;
+}
+
+int cli_uint(const cli_global *g, const char *opt, const char *text, unsigned long max,
+	     unsigned int *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(text, &end, 10);
+	if (text[0] < '0' || text[0] > '9' || *end || errno || v < 1 || v > max)
+		return cli_usage_error(g, "%s: expected a whole number from 1 to %lu, got '%s'", opt,
+				       max, text);
+	*out = (unsigned int)v;
+	return 0;
+}
+
+int cli_name(const cli_global *g, const char *name)
+{
+	if (!name || !*name)
+		return cli_usage_error(g, "empty lock name");
+	if (dlock_name_check(name) != 0)
+		return cli_usage_error(g, "bad lock name: %s", dlock_error_last()->message);
+	return 0;
+}
+
+const char *cli_store_choice(const cli_global *g)
+{
+	const char *uri = g->store;
+	if (!uri) {
+		uri = getenv("DLOCK_STORE");
+		if (uri && !*uri)
+			uri = NULL;
+	}
+	return uri;
+}
+
+int cli_store_open(const cli_global *g, dlock_store **out)
+{
+	const char *uri = cli_store_choice(g);
+	int rc = dlock_store_open(out, uri);
+	if (rc != 0) {
+		*out = NULL;
+		return cli_fail(g, rc, "cannot open store");
+	}
+	cli_debug(g, "store %s (%s)", dlock_store_uri(*out), dlock_store_kind(*out));
+	return 0;
+}
+
+int cli_lockopt(const cli_global *g, cli_lockopts *lo, int id, const char *value)
+{
+	switch (id) {
+	case CLI_OPT_TTL:
+		if (cli_duration(g, "--ttl", value, &lo->ttl_ms))
+			return CLI_EXIT_USAGE;
+		if (lo->ttl_ms <= 0)
+			return cli_usage_error(g, "--ttl must be more than 0");
+		return 0;
+	case CLI_OPT_WAIT:
+		lo->wait_set = true;
+		return cli_duration(g, "--wait", value, &lo->wait_ms);
+	case CLI_OPT_NO_WAIT:
+		lo->no_wait = true;
+		lo->wait_ms = 0;
+		return 0;
+	case CLI_OPT_SHARED:
+		lo->shared = true;
+		return 0;
+	case CLI_OPT_PERMITS:
+		return cli_uint(g, "--permits", value, 1000000, &lo->permits);
+	case CLI_OPT_FAIR:
+		lo->fair = true;
+		return 0;
+	}
+	return 0;
+}
+
+int cli_lockopts_check(const cli_global *g, const cli_lockopts *lo)
+{
+	if (lo->wait_set && lo->no_wait)
+		return cli_usage_error(g, "--wait and --no-wait exclude each other");
+	if (lo->shared && lo->permits > 1)
+		return cli_usage_error(g, "--permits and --shared exclude each other");
+	return 0;
+}
+
+void cli_lockopts_apply(const cli_lockopts *lo, dlock_lock_options *opts)
+{
+	opts->ttl_ms = lo->ttl_ms;
+	opts->mode = lo->shared ? DLOCK_SHARED : DLOCK_EXCLUSIVE;
+	opts->permits = lo->permits;
+	opts->fair = lo->fair ? 1 : 0;
+}
+
+const char *cli_fmt_duration(char *buf, size_t len, int64_t ms)
+{
+	if (ms < 0)
+		snprintf(buf, len, "forever");
+	else if (ms % 1000 == 0)
+		snprintf(buf, len, "%llds", (long long)(ms / 1000));
+	else if (ms < 10000)
+		snprintf(buf, len, "%lldms", (long long)ms);
+	else
+		snprintf(buf, len, "%.1fs", (double)ms / 1000.0);
+	return buf;
+}
+
+void cli_json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+		switch (*p) {
+		case '"':
+			fputs("\\\"", f);
+			break;
+		case '\\':
+			fputs("\\\\", f);
+			break;
+		case '\n':
+			fputs("\\n", f);
+			break;
+		case '\r':
+			fputs("\\r", f);
+			break;
+		case '\t':
+			fputs("\\t", f);
+			break;
+		default:
+			if (*p < 0x20)
+				fprintf(f, "\\u%04x", *p);
+			else
+				fputc(*p, f);
+		}
+	}
+	fputc('"', f);
+}
+
+const char *cli_fmt_time(char *buf, size_t len, int64_t wall_ms)
+{
+	time_t secs = (time_t)(wall_ms / 1000);
+	struct tm tm;
+	gmtime_r(&secs, &tm);
+	char base[32];
+	strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(buf, len, "%s.%03dZ", base, (int)(wall_ms % 1000));
+	return buf;
+}
+
+int cli_handle_attach(const cli_global *g, dlock_store *store, const char *name,
+		      const char *handle, const cli_lockopts *lo, dlock_lock **out)
+{
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	cli_lockopts_apply(lo, &o);
+	o.no_renew = 1;
+	*out = NULL;
+	char mode;
+	unsigned int permits;
+	if (!lo->shared && lo->permits == 1 &&
+	    sscanf(handle, "dl1.%c.%u.", &mode, &permits) == 2 && permits >= 1) {
+		/*
+		 * dlock_lock_attach wants the lock opened with the handle's mode
+		 * and permits; they are in the handle (format of src/core/handle.c),
+		 * so scripts need not repeat --shared/--permits. A handle of another
+		 * format just fails in attach below.
+		 */
+		o.mode = mode == 's' ? DLOCK_SHARED : DLOCK_EXCLUSIVE;
+		o.permits = mode == 's' ? 1 : permits;
+	}
+	dlock_lock *lock = NULL;
+	int err = dlock_lock_new(&lock, store, name, &o);
+	if (err != 0)
+		return cli_fail(g, err, "bad lock");
+	err = dlock_lock_attach(lock, handle);
+	if (err != 0) {
+		int rc = err == DLOCK_EINVAL
+				 ? cli_usage_error(g, "bad handle: %s", dlock_error_last()->message)
+				 : cli_fail(g, err, "handle");
+		dlock_lock_free(lock);
+		return rc;
+	}
+	*out = lock;
+	return 0;
+}
+
+void cli_handle_drop(dlock_lock *lock)
+{
+	char *h = NULL;
+	/* Detach, not release: a failed extend must not free the caller's lock. */
+	if (lock && dlock_lock_detach(lock, &h) == 0)
+		dlock_free(h);
+	dlock_lock_free(lock);
+}

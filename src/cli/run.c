@@ -1,0 +1,546 @@
+/*
+ * run.c — `dlock run NAME -- COMMAND...`: hold a lock while a command runs.
+ *
+ * Threads and events. Every signal we care about is blocked in every thread
+ * (the mask is set before the store is opened, so the library's renewal
+ * thread inherits it) and taken by one signal thread with sigwait(). That
+ * thread and the lock's on_lost callback (which runs on the renewal thread)
+ * only write one byte each into a non-blocking self-pipe; the main thread
+ * polls that pipe and reaps the child. No sleeps stand in for events.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static const char help[] =
+	"Usage: dlock run [--ttl D] [--wait D | --no-wait] [--shared] [--permits N]\n"
+	"                 [--fair] [--kill-after D] NAME -- COMMAND [ARG...]\n"
+	"\n"
+	"Acquire lock NAME, run COMMAND while holding it (renewing the lease in the\n"
+	"background), release it when COMMAND exits, and exit with COMMAND's status\n"
+	"(128+N if it died of signal N). COMMAND runs in its own process group with\n"
+	"DLOCK_NAME and DLOCK_FENCE (the lock's fencing token) in its environment;\n"
+	"stdin, stdout and stderr are passed through. SIGINT, SIGTERM, SIGHUP and\n"
+	"SIGQUIT sent to dlock are forwarded to COMMAND's process group.\n"
+	"\n"
+	"If the lock is lost while COMMAND runs (the lease could not be renewed in\n"
+	"time), dlock says so and when, sends SIGTERM to COMMAND's process group,\n"
+	"SIGKILL after --kill-after, and exits 76.\n"
+	"\n"
+	"  --ttl D         lease length (default: the store's, 30s unless its URI says ttl=)\n"
+	"  --wait D        wait at most D for the lock (default: forever)\n"
+	"  --no-wait       try once; exit 75 at once if the lock is held\n"
+	"  --shared        shared (read) lock: many shared holders, no exclusive one\n"
+	"  --permits N     semaphore: up to N holders at once\n"
+	"  --fair          first come, first served among waiters\n"
+	"  --kill-after D  after a lost lock, SIGKILL this long after SIGTERM (default 10s)\n"
+	"\n%s"
+	"\nExit codes: COMMAND's status; 64 bad usage; 69 store unavailable; 75 not\n"
+	"acquired in time; 76 lock lost while COMMAND ran; 126/127 COMMAND could not\n"
+	"be run / not found; 1 other failures.\n";
+
+enum { OPT_KILL_AFTER = 1 };
+
+static const cli_opt opts[] = {
+	{ "ttl", 0, true, CLI_OPT_TTL },
+	{ "wait", 0, true, CLI_OPT_WAIT },
+	{ "no-wait", 0, false, CLI_OPT_NO_WAIT },
+	{ "shared", 0, false, CLI_OPT_SHARED },
+	{ "permits", 0, true, CLI_OPT_PERMITS },
+	{ "fair", 0, false, CLI_OPT_FAIR },
+	{ "kill-after", 0, true, OPT_KILL_AFTER },
+	{ NULL, 0, false, 0 },
+};
+
+typedef struct ctx {
+	cli_global *g;
+	cli_lockopts lo;
+	int64_t kill_after_ms;
+} ctx;
+
+static int on_opt(void *p, int id, const char *value)
+{
+	ctx *c = p;
+	if (id == OPT_KILL_AFTER)
+		return cli_duration(c->g, "--kill-after", value, &c->kill_after_ms);
+	return cli_lockopt(c->g, &c->lo, id, value);
+}
+
+/* ---- events: one byte per event through a self-pipe ---- */
+
+#define EV_LOST 100 /* above every signal number */
+
+static int ev_pipe[2] = { -1, -1 };
+static atomic_llong lost_wall_ms;
+
+static sigset_t handled; /* taken by the signal thread */
+static pthread_mutex_t phase_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Under phase_mu. Before the lock is held a signal kills us; after, it is forwarded. */
+static enum { PHASE_ACQUIRING, PHASE_HOLDING } phase;
+
+static void post(unsigned char ev)
+{
+	/* Non-blocking: if the pipe is full the main loop has plenty to wake for. */
+	ssize_t r = write(ev_pipe[1], &ev, 1);
+	(void)r;
+}
+
+static int64_t wall_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Runs on the library's renewal thread: record when, wake the main loop, return. */
+static void on_lost(dlock_lock *lock, void *payload)
+{
+	(void)lock;
+	(void)payload;
+	long long zero = 0;
+	atomic_compare_exchange_strong(&lost_wall_ms, &zero, (long long)wall_ms());
+	post(EV_LOST);
+}
+
+static void *signal_thread(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		int sig;
+		if (sigwait(&handled, &sig) != 0)
+			continue;
+		if (sig == SIGCHLD) {
+			post((unsigned char)sig);
+			continue;
+		}
+		pthread_mutex_lock(&phase_mu);
+		if (phase == PHASE_ACQUIRING) {
+			/*
+			 * Still waiting for the lock (or never got it): nothing to
+			 * forward to, so die of the signal as if we had no handler.
+			 * Should the store have granted the lock a moment ago, the
+			 * lease simply runs out: nothing renews it once we are gone.
+			 */
+			struct sigaction sa = { .sa_handler = SIG_DFL };
+			sigemptyset(&sa.sa_mask);
+			sigaction(sig, &sa, NULL);
+			sigset_t one;
+			sigemptyset(&one);
+			sigaddset(&one, sig);
+			pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+			raise(sig);
+			_exit(128 + sig);
+		}
+		pthread_mutex_unlock(&phase_mu);
+		post((unsigned char)sig);
+	}
+	return NULL;
+}
+
+static void on_sigchld(int sig)
+{
+	(void)sig; /* never runs: SIGCHLD stays blocked; a handler keeps it from being discarded */
+}
+
+/* ---- the command ---- */
+
+/*
+ * Find COMMAND on $PATH before taking the lock, so that a typo does not hold
+ * a lock for nothing, and so that the forked child only calls execve().
+ */
+static char *find_command(const char *cmd)
+{
+	if (strchr(cmd, '/'))
+		return strdup(cmd);
+	const char *path = getenv("PATH");
+	if (!path || !*path)
+		path = "/usr/local/bin:/usr/bin:/bin";
+	size_t clen = strlen(cmd);
+	for (const char *p = path;; p++) {
+		const char *end = strchr(p, ':');
+		size_t dlen = end ? (size_t)(end - p) : strlen(p);
+		char *full = malloc(dlen + clen + 3);
+		if (!full)
+			return NULL;
+		if (dlen == 0)
+			memcpy(full, ".", 2), dlen = 1;
+		else
+			memcpy(full, p, dlen);
+		full[dlen] = '/';
+		memcpy(full + dlen + 1, cmd, clen + 1);
+		struct stat st;
+		if (stat(full, &st) == 0 && S_ISREG(st.st_mode) && access(full, X_OK) == 0)
+			return full;
+		free(full);
+		if (!end)
+			return NULL;
+		p = end;
+	}
+}
+
+/* environ without DLOCK_NAME/DLOCK_FENCE, plus ours. */
+static char **child_env(const char *name, uint64_t fence)
+{
+	size_t n = 0;
+	while (environ && environ[n])
+		n++;
+	char **env = calloc(n + 3, sizeof *env);
+	if (!env)
+		return NULL;
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(environ[i], "DLOCK_NAME=", 11) != 0 &&
+		    strncmp(environ[i], "DLOCK_FENCE=", 12) != 0)
+			env[k++] = environ[i];
+	size_t nlen = strlen(name) + sizeof "DLOCK_NAME=";
+	env[k] = malloc(nlen);
+	env[k + 1] = malloc(48);
+	if (!env[k] || !env[k + 1]) {
+		free(env[k]);
+		free(env[k + 1]);
+		free(env);
+		return NULL;
+	}
+	snprintf(env[k], nlen, "DLOCK_NAME=%s", name);
+	snprintf(env[k + 1], 48, "DLOCK_FENCE=%llu", (unsigned long long)fence);
+	return env;
+}
+
+static void free_env(char **env)
+{
+	if (!env)
+		return;
+	size_t n = 0;
+	while (env[n])
+		n++;
+	/* Only the last two entries are ours; the rest belong to environ. */
+	if (n >= 2) {
+		free(env[n - 2]);
+		free(env[n - 1]);
+	}
+	free(env);
+}
+
+typedef struct child {
+	pid_t pid;        /* also the process group id */
+	int status;       /* from waitpid, once exited */
+	bool exited;
+	bool tty;         /* we handed the terminal's foreground to the child */
+} child;
+
+/* In the forked child: only async-signal-safe calls until execve. */
+static struct sigaction sigchld_orig;
+
+static void exec_child(const char *path, char **argv, char **env, const sigset_t *mask, bool tty,
+		       int errfd)
+{
+	setpgid(0, 0);
+	if (tty)
+		tcsetpgrp(STDIN_FILENO, getpid()); /* SIGTTOU is blocked here */
+	/* Ignored dispositions survive exec: hand over the ones dlock found. */
+	sigaction(SIGCHLD, &sigchld_orig, NULL);
+	sigaction(SIGPIPE, &cli_sigpipe_orig, NULL);
+	sigprocmask(SIG_SETMASK, mask, NULL);
+	execve(path, argv, env);
+	int e = errno;
+	ssize_t r = write(errfd, &e, sizeof e);
+	(void)r;
+	_exit(127);
+}
+
+static bool group_alive(pid_t pgid)
+{
+	return kill(-pgid, 0) == 0 || errno == EPERM;
+}
+
+/* Drain the self-pipe: forward signals to the child's group, act on a loss. */
+static void drain(const cli_global *g, child *ch, bool *lost, int64_t *kill_at, int64_t kill_after,
+		  const char *name)
+{
+	unsigned char buf[64];
+	ssize_t n;
+	while ((n = read(ev_pipe[0], buf, sizeof buf)) > 0) {
+		for (ssize_t i = 0; i < n; i++) {
+			int ev = buf[i];
+			if (ev == EV_LOST) {
+				if (*lost)
+					continue;
+				*lost = true;
+				char when[64], d[32];
+				cli_fmt_time(when, sizeof when, (int64_t)atomic_load(&lost_wall_ms));
+				cli_error(g,
+					  "lock '%s' was LOST at %s (lease not renewed in time); "
+					  "sending SIGTERM to the command, SIGKILL after %s",
+					  name, when, cli_fmt_duration(d, sizeof d, kill_after));
+				if (ch->pid > 0 && !ch->exited) {
+					kill(-ch->pid, SIGTERM);
+					kill(-ch->pid, SIGCONT); /* a stopped group must see the TERM */
+				}
+				*kill_at = mono_ms() + kill_after;
+			} else if (ev != SIGCHLD && ch->pid > 0 && !ch->exited) {
+				cli_debug(g, "forwarding signal %d to the command", ev);
+				kill(-ch->pid, ev);
+			}
+		}
+	}
+}
+
+/* Our own stop/continue, when the child was stopped from the terminal (^Z). */
+static void follow_stop(child *ch)
+{
+	tcsetpgrp(STDIN_FILENO, getpgrp());
+	kill(getpid(), SIGSTOP);
+	/* Continued (fg): give the terminal back and wake the child. */
+	tcsetpgrp(STDIN_FILENO, ch->pid);
+	kill(-ch->pid, SIGCONT);
+}
+
+static int supervise(const cli_global *g, child *ch, int64_t kill_after, const char *name,
+		     bool *lost)
+{
+	int64_t kill_at = -1;
+	bool killed = false;
+	for (;;) {
+		/* Reap our child and, as subreaper, orphaned descendants of it. */
+		int st;
+		pid_t r;
+		while ((r = waitpid(-1, &st, WNOHANG | (ch->tty ? WUNTRACED : 0))) > 0) {
+			if (r != ch->pid || ch->exited)
+				continue;
+			if (WIFSTOPPED(st)) {
+				follow_stop(ch);
+				continue;
+			}
+			ch->exited = true;
+			ch->status = st;
+		}
+		/* After a loss, stay until the command's whole process group is gone. */
+		if (ch->exited && (!*lost || !group_alive(ch->pid)))
+			break;
+		int timeout = -1;
+		if (*lost) {
+			int64_t left = (killed ? kill_at + 5000 : kill_at) - mono_ms();
+			if (killed && left <= 0)
+				break; /* SIGKILLed and still there: unkillable (D state); give up */
+			timeout = left < 0 ? 0 : (int)(left > 100000 ? 100000 : left);
+			/* Group members that are not (yet) our children send no SIGCHLD. */
+			if (ch->exited && timeout > 100)
+				timeout = 100;
+		}
+		struct pollfd pfd = { .fd = ev_pipe[0], .events = POLLIN };
+		int pr = poll(&pfd, 1, timeout);
+		if (pr < 0 && errno != EINTR)
+			return -1;
+		if (pr > 0)
+			drain(g, ch, lost, &kill_at, kill_after, name);
+		if (*lost && !killed && mono_ms() >= kill_at) {
+			char d[32];
+			if (group_alive(ch->pid)) {
+				cli_error(g, "the command is still running %s after SIGTERM: sending SIGKILL",
+					  cli_fmt_duration(d, sizeof d, kill_after));
+				kill(-ch->pid, SIGKILL);
+			}
+			killed = true;
+		}
+	}
+	return 0;
+}
+
+int cli_run(cli_global *g, int argc, char **argv)
+{
+	ctx c = { g, CLI_LOCKOPTS_INIT, 10000 };
+	cli_args a;
+	int rc = cli_parse(g, argc, argv, opts, on_opt, &c, &a);
+	if (rc == 0 && a.help) {
+		printf(help, cli_global_help);
+		free(a.pos);
+		return 0;
+	}
+	if (rc == 0 && a.npos == 0)
+		rc = cli_usage_error(g, "missing lock NAME");
+	else if (rc == 0 && a.npos > 1)
+		rc = cli_usage_error(g, "unexpected argument '%s' (put the command after '--')",
+				     a.pos[1]);
+	else if (rc == 0 && !a.dashdash)
+		rc = cli_usage_error(g, "missing '--' before COMMAND");
+	else if (rc == 0 && a.nrest == 0)
+		rc = cli_usage_error(g, "missing COMMAND after '--'");
+	if (rc == 0)
+		rc = cli_lockopts_check(g, &c.lo);
+	const char *name = rc == 0 ? a.pos[0] : NULL;
+	free(a.pos);
+	if (rc == 0)
+		rc = cli_name(g, name);
+	if (rc != 0)
+		return rc;
+	char **cmd = a.rest;
+	char *path = find_command(cmd[0]);
+	if (!path) {
+		cli_error(g, "%s: command not found", cmd[0]);
+		return 127;
+	}
+
+	/* Block before any thread exists so that every thread inherits the mask. */
+	sigemptyset(&handled);
+	sigaddset(&handled, SIGINT);
+	sigaddset(&handled, SIGTERM);
+	sigaddset(&handled, SIGHUP);
+	sigaddset(&handled, SIGQUIT);
+	sigaddset(&handled, SIGCHLD);
+	sigset_t block = handled, old_mask;
+	sigaddset(&block, SIGTTOU); /* so that we may hand the terminal over and back */
+	struct sigaction sa = { .sa_handler = on_sigchld };
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGCHLD, &sa, &sigchld_orig);
+	pthread_sigmask(SIG_BLOCK, &block, &old_mask);
+	/*
+	 * Orphaned descendants become our children, so that after a loss we can
+	 * reap the whole process group instead of leaving zombies behind.
+	 */
+	prctl(PR_SET_CHILD_SUBREAPER, 1);
+
+	pthread_t sig_thread;
+	dlock_store *store = NULL;
+	dlock_lock *lock = NULL;
+	char **env = NULL;
+	child ch = { 0 };
+	bool lost = false;
+	if (pipe2(ev_pipe, O_CLOEXEC | O_NONBLOCK) != 0 ||
+	    pthread_create(&sig_thread, NULL, signal_thread, NULL) != 0) {
+		cli_error(g, "cannot set up signal handling: %s", strerror(errno));
+		free(path);
+		return CLI_EXIT_FAIL;
+	}
+
+	if ((rc = cli_store_open(g, &store)) != 0)
+		goto out;
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	cli_lockopts_apply(&c.lo, &o);
+	o.on_lost = on_lost;
+	int err = dlock_lock_new(&lock, store, name, &o);
+	if (err != 0) {
+		rc = cli_fail(g, err, "bad lock");
+		goto out;
+	}
+	err = dlock_acquire(lock, c.lo.wait_ms);
+	if (err == DLOCK_ETIMEOUT || err == DLOCK_ELOCKED) {
+		char d[32];
+		cli_info(g, "lock '%s' is held by another (%s)", name,
+			 err == DLOCK_ELOCKED ? "--no-wait" : cli_fmt_duration(d, sizeof d, c.lo.wait_ms));
+		rc = CLI_EXIT_NOTACQUIRED;
+		goto out;
+	}
+	if (err != 0) {
+		rc = cli_fail(g, err, "acquire");
+		goto out;
+	}
+	uint64_t fence = dlock_fence(lock);
+	pthread_mutex_lock(&phase_mu);
+	phase = PHASE_HOLDING;
+	pthread_mutex_unlock(&phase_mu);
+	cli_debug(g, "acquired '%s' with fence %llu", name, (unsigned long long)fence);
+
+	env = child_env(name, fence);
+	if (!env) {
+		cli_error(g, "out of memory");
+		rc = CLI_EXIT_FAIL;
+		goto out;
+	}
+	/* Share the terminal like a shell: the child's group becomes its foreground. */
+	ch.tty = isatty(STDIN_FILENO) && tcgetpgrp(STDIN_FILENO) == getpgrp();
+	int errp[2];
+	if (pipe2(errp, O_CLOEXEC) != 0) {
+		cli_error(g, "pipe: %s", strerror(errno));
+		rc = CLI_EXIT_FAIL;
+		goto out;
+	}
+	if (!dlock_held(lock)) {
+		close(errp[0]);
+		close(errp[1]);
+		lost = true;
+		cli_error(g, "lock '%s' was lost before the command started", name);
+		goto out;
+	}
+	fflush(NULL);
+	ch.pid = fork();
+	if (ch.pid < 0) {
+		cli_error(g, "fork: %s", strerror(errno));
+		close(errp[0]);
+		close(errp[1]);
+		rc = CLI_EXIT_FAIL;
+		goto out;
+	}
+	if (ch.pid == 0)
+		exec_child(path, cmd, env, &old_mask, ch.tty, errp[1]);
+	/* Both sides set the group: whichever runs first, kill(-pid) works after this. */
+	setpgid(ch.pid, ch.pid);
+	if (ch.tty)
+		tcsetpgrp(STDIN_FILENO, ch.pid);
+	close(errp[1]);
+	int exec_errno = 0;
+	ssize_t nr;
+	while ((nr = read(errp[0], &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR)
+		;
+	close(errp[0]);
+	if (nr == (ssize_t)sizeof exec_errno) {
+		waitpid(ch.pid, &ch.status, 0);
+		ch.exited = true;
+		cli_error(g, "cannot run %s: %s", cmd[0], strerror(exec_errno));
+		rc = exec_errno == ENOENT ? 127 : 126;
+	} else if (supervise(g, &ch, c.kill_after_ms, name, &lost) != 0) {
+		cli_error(g, "poll: %s", strerror(errno));
+		rc = CLI_EXIT_FAIL;
+	} else if (WIFSIGNALED(ch.status)) {
+		rc = 128 + WTERMSIG(ch.status);
+	} else {
+		rc = WEXITSTATUS(ch.status);
+	}
+	if (ch.tty)
+		tcsetpgrp(STDIN_FILENO, getpgrp());
+
+	/* A loss reported just as the child exited is still a loss. */
+	int64_t ignore = 0;
+	drain(g, &ch, &lost, &ignore, c.kill_after_ms, name);
+	if (!lost) {
+		err = dlock_release(lock);
+		if (err == DLOCK_ELOST) {
+			lost = true;
+			cli_error(g, "lock '%s' was lost while the command ran (found at release)", name);
+		} else if (err != 0) {
+			cli_fail(g, err, "release (the lease will run out by itself)");
+		}
+	}
+out:
+	if (lost)
+		rc = CLI_EXIT_LOST;
+	dlock_lock_free(lock);
+	dlock_store_close(store);
+	/* sigwait() is a cancellation point; the thread holds nothing there. */
+	pthread_cancel(sig_thread);
+	pthread_join(sig_thread, NULL);
+	free_env(env);
+	free(path);
+	return rc;
+}

@@ -1,0 +1,169 @@
+/*
+ * status.c — `dlock status [NAME...]`: who holds what, with which fence, for
+ * how long, and how many wait. A table for people, --json for programs.
+ */
+#include "cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char help[] =
+	"Usage: dlock status [NAME...]\n"
+	"\n"
+	"Show locks: name, mode, holders (owner, host, pid), fence, TTL left and the\n"
+	"number of waiters. Without NAME, every lock that has holders or waiters (not\n"
+	"every store can list them: name the locks there). A named lock nobody holds\n"
+	"shows as 'free'. Passwords in the store URI are never shown.\n"
+	"\n"
+	"With --json: {\"store\":URI,\"locks\":[{\"name\",\"permits\",\"last_fence\",\n"
+	"\"waiters\",\"holders\":[{\"owner\",\"host\",\"pid\",\"mode\",\"fence\",\"ttl_left_ms\"}]}]}\n"
+	"(ttl_left_ms is -1 when the store cannot tell).\n"
+	"\n%s"
+	"\nExit codes: 0 ok, 64 bad usage, 69 store unavailable or cannot list locks.\n";
+
+static const char *mode_name(dlock_mode m)
+{
+	return m == DLOCK_SHARED ? "shared" : "exclusive";
+}
+
+static void print_json(dlock_store *store, const dlock_lock_status *st, size_t n)
+{
+	fputs("{\"store\":", stdout);
+	cli_json_str(stdout, dlock_store_uri(store));
+	fputs(",\"locks\":[", stdout);
+	for (size_t i = 0; i < n; i++) {
+		const dlock_lock_status *l = &st[i];
+		fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
+		cli_json_str(stdout, l->name);
+		printf(",\"permits\":%u,\"last_fence\":%llu,\"waiters\":%zu,\"holders\":[", l->permits,
+		       (unsigned long long)l->last_fence, l->waiters);
+		for (size_t j = 0; j < l->nholders; j++) {
+			const dlock_holder *h = &l->holders[j];
+			fputs(j ? ",{\"owner\":" : "{\"owner\":", stdout);
+			cli_json_str(stdout, h->owner);
+			fputs(",\"host\":", stdout);
+			cli_json_str(stdout, h->host);
+			printf(",\"pid\":%d,\"mode\":\"%s\",\"fence\":%llu,\"ttl_left_ms\":%lld}", h->pid,
+			       mode_name(h->mode), (unsigned long long)h->fence,
+			       (long long)h->ttl_left_ms);
+		}
+		fputs("]}", stdout);
+	}
+	fputs("]}\n", stdout);
+}
+
+static int width_of(const char *s, int min)
+{
+	int w = (int)strlen(s ? s : "");
+	return w > min ? w : min;
+}
+
+static void print_table(dlock_store *store, const dlock_lock_status *st, size_t n, bool tty,
+			int verbosity)
+{
+	/* Bold header only for people; pipes get plain text (and NO_COLOR wins). */
+	bool bold = tty && !getenv("NO_COLOR");
+	int wname = 4, wholder = 6;
+	char buf[512];
+	for (size_t i = 0; i < n; i++) {
+		wname = width_of(st[i].name, wname);
+		for (size_t j = 0; j < st[i].nholders; j++) {
+			const dlock_holder *h = &st[i].holders[j];
+			snprintf(buf, sizeof buf, "%s:%d", h->host && *h->host ? h->host : "?", h->pid);
+			wholder = width_of(buf, wholder);
+		}
+	}
+	if (wname > 60)
+		wname = 60;
+	if (verbosity >= 0)
+		printf("store %s\n", dlock_store_uri(store));
+	if (n == 0) {
+		printf("no locks held or waited for\n");
+		return;
+	}
+	printf("%s%-*s  %-10s  %8s  %9s  %-*s  %7s  %s%s\n", bold ? "\033[1m" : "", wname, "NAME",
+	       "MODE", "FENCE", "TTL LEFT", wholder, "HOLDER", "WAITERS", "OWNER",
+	       bold ? "\033[0m" : "");
+	for (size_t i = 0; i < n; i++) {
+		const dlock_lock_status *l = &st[i];
+		char mode[32];
+		if (l->nholders == 0) {
+			char fence[32];
+			snprintf(fence, sizeof fence, "%llu", (unsigned long long)l->last_fence);
+			printf("%-*s  %-10s  %8s  %9s  %-*s  %7zu  %s\n", wname, l->name, "free",
+			       l->last_fence ? fence : "-", "-", wholder, "-", l->waiters, "-");
+			continue;
+		}
+		for (size_t j = 0; j < l->nholders; j++) {
+			const dlock_holder *h = &l->holders[j];
+			char ttl[32], holder[300];
+			if (h->mode == DLOCK_SHARED)
+				snprintf(mode, sizeof mode, "shared");
+			else if (l->permits > 1)
+				snprintf(mode, sizeof mode, "sem/%u", l->permits);
+			else
+				snprintf(mode, sizeof mode, "exclusive");
+			if (h->ttl_left_ms < 0)
+				snprintf(ttl, sizeof ttl, "?");
+			else
+				snprintf(ttl, sizeof ttl, "%.1fs", (double)h->ttl_left_ms / 1000.0);
+			snprintf(holder, sizeof holder, "%s:%d", h->host && *h->host ? h->host : "?",
+				 h->pid);
+			if (j == 0)
+				printf("%-*s  %-10s  %8llu  %9s  %-*s  %7zu  %s\n", wname, l->name, mode,
+				       (unsigned long long)h->fence, ttl, wholder, holder, l->waiters,
+				       h->owner ? h->owner : "");
+			else
+				printf("%-*s  %-10s  %8llu  %9s  %-*s  %7s  %s\n", wname, "", mode,
+				       (unsigned long long)h->fence, ttl, wholder, holder, "",
+				       h->owner ? h->owner : "");
+		}
+	}
+}
+
+int cli_status(cli_global *g, int argc, char **argv)
+{
+	cli_args a;
+	int rc = cli_parse(g, argc, argv, NULL, NULL, NULL, &a);
+	if (rc == 0 && a.help) {
+		printf(help, cli_global_help);
+		free(a.pos);
+		return 0;
+	}
+	for (int i = 0; rc == 0 && a.dashdash && i < a.nrest; i++)
+		a.pos[a.npos++] = a.rest[i];
+	for (int i = 0; rc == 0 && i < a.npos; i++)
+		rc = cli_name(g, a.pos[i]);
+	if (rc != 0) {
+		free(a.pos);
+		return rc;
+	}
+
+	dlock_store *store = NULL;
+	if ((rc = cli_store_open(g, &store)) != 0) {
+		free(a.pos);
+		return rc;
+	}
+	dlock_lock_status *st = NULL;
+	size_t n = 0;
+	int err = dlock_store_status(store, a.npos ? (const char *const *)a.pos : NULL,
+				     (size_t)a.npos, &st, &n);
+	free(a.pos);
+	if (err == DLOCK_ENOTSUPPORTED && a.npos == 0) {
+		cli_error(g, "the %s store cannot list its locks; name them: dlock status NAME...",
+			  dlock_store_kind(store));
+		rc = CLI_EXIT_UNAVAILABLE;
+	} else if (err != 0) {
+		rc = cli_fail(g, err, "status");
+	} else if (g->json) {
+		print_json(store, st, n);
+	} else {
+		print_table(store, st, n, isatty(STDOUT_FILENO), g->verbosity);
+	}
+	dlock_status_free(st, n);
+	dlock_store_close(store);
+	if (rc == 0 && fflush(stdout) != 0)
+		rc = CLI_EXIT_FAIL;
+	return rc;
+}

@@ -1,0 +1,56 @@
+#!/bin/bash
+# A `dlock run` whose lease runs out while it is stopped (SIGSTOP, short --ttl
+# on the embedded store) loses the lock to another client; when it continues
+# it says the lock was lost and when, SIGTERMs the command's process group,
+# SIGKILLs it after --kill-after if it ignores SIGTERM, and exits 76.
+. "$(dirname "$0")/lib.sh" "$@"
+
+# lose CHILD_SCRIPT KILL_AFTER: start a run, steal its lock, report via globals.
+lose() {
+	local script=$1 kill_after=$2
+	rm -f "$T/ready" "$T/child.pid"
+	mkfifo "$T/ready"
+	"$DLOCK" run --ttl 1s --kill-after "$kill_after" victim -- \
+		sh -c "echo \$\$ >'$T/child.pid'; $script" 2>"$T/run.err" &
+	run_pid=$!
+	read -r _ <"$T/ready"      # the command runs and holds the lock
+	child=$(cat "$T/child.pid")
+	kill -STOP "$run_pid"      # no renewals from here on
+	# Another client takes the lock as soon as the 1 s lease has run out.
+	t0=$(now_ms)
+	"$DLOCK" acquire --ttl 60s --wait 20s victim >"$T/thief" 2>"$T/thief.err"
+	thief_rc=$?
+	stolen_ms=$(( $(now_ms) - t0 ))
+	t0=$(now_ms)
+	kill -CONT "$run_pid"
+	wait "$run_pid"
+	run_rc=$?
+	exit_ms=$(( $(now_ms) - t0 ))
+}
+
+# 1. A command that ignores SIGTERM (so do its children): SIGKILL after 1 s.
+lose "trap '' TERM; echo go >'$T/ready'; while :; do sleep 0.1; done" 1s
+check "the thief got the lock (exit $thief_rc: $(cat "$T/thief.err"))" [ "$thief_rc" -eq 0 ]
+check "the lease ran out within a few seconds ($stolen_ms ms)" [ "$stolen_ms" -lt 5000 ]
+check "dlock run exited 76 (got $run_rc)" [ "$run_rc" -eq 76 ]
+check "the TERM-ignoring command is gone" sh -c "! kill -0 $child 2>/dev/null"
+check "no process of its group is left" sh -c "! pgrep -g $child >/dev/null"
+check "it waited --kill-after before SIGKILL ($exit_ms ms)" test "$exit_ms" -ge 900
+check "message says the lock was lost, and when" \
+	grep -Eq "lock 'victim' was LOST at [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z" "$T/run.err"
+check "message says SIGKILL was sent" grep -q "SIGKILL" "$T/run.err"
+# The thief still holds the lock: the loser did not release it on the way out.
+"$DLOCK" --json status victim >"$T/st"
+check "the lock is held by the thief" \
+	grep -q "\"fence\":$(json_num fence "$T/st")" "$T/st"
+check "the thief's hold is intact" sh -c "'$DLOCK' release victim '$(cat "$T/thief")'"
+
+# 2. A command that obeys SIGTERM goes at once, long before --kill-after.
+lose "echo go >'$T/ready'; exec sleep 600" 30s
+check "thief 2 got the lock" [ "$thief_rc" -eq 0 ]
+check "dlock run exited 76 (got $run_rc)" [ "$run_rc" -eq 76 ]
+check "the command is gone" sh -c "! kill -0 $child 2>/dev/null"
+check "no SIGKILL needed: exited in ${exit_ms} ms" test "$exit_ms" -lt 10000
+check "no SIGKILL message" sh -c "! grep -q 'SIGKILL$' '$T/run.err'"
+"$DLOCK" release victim "$(cat "$T/thief")"
+finish

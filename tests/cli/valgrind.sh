@@ -1,0 +1,57 @@
+#!/bin/bash
+# The CLI paths under valgrind (a build without sanitizers): no invalid
+# accesses, no definite or possible leaks. valgrind's own error exit is 99 so
+# it cannot be mistaken for one of dlock's exit codes.
+. "$(dirname "$0")/lib.sh" "$1"
+VG=${2:-valgrind}
+VGOPTS=(-q --leak-check=full --errors-for-leak-kinds=definite,possible --error-exitcode=99
+	--child-silent-after-fork=yes --log-file="$T/vg.%p")
+vg() { "$VG" "${VGOPTS[@]}" "$DLOCK" "$@"; }
+vg_clean() {
+	local desc=$1
+	if cat "$T"/vg.* 2>/dev/null | grep -q .; then
+		fail "$desc: valgrind reported: $(cat "$T"/vg.* | head -40)"
+	else
+		ok
+	fi
+	rm -f "$T"/vg.*
+}
+
+expect_rc 0 "acquire" vg acquire --ttl 30s v
+H=$(cat "$T/out"); vg_clean acquire
+expect_rc 75 "acquire --no-wait held" vg acquire --no-wait v; vg_clean "acquire --no-wait"
+expect_rc 75 "acquire --wait 300ms held" vg acquire --wait 300ms v; vg_clean "acquire --wait"
+expect_rc 0 "status" vg status; vg_clean status
+expect_rc 0 "status --json NAME" vg --json status v nothere; vg_clean "status --json"
+expect_rc 0 "extend" vg extend --ttl 30s v "$H"
+H=$(cat "$T/out"); vg_clean extend
+expect_rc 1 "release wrong handle" vg release v "${H%-*}-999"; vg_clean "release wrong"
+expect_rc 64 "release malformed handle" vg release v junk; vg_clean "release malformed"
+expect_rc 0 "release" vg release v "$H"; vg_clean release
+# The holder-process path (stores whose holds die with their session).
+DLOCK_TEST_HOLDER=1 expect_rc 0 "holder acquire" vg acquire --ttl 30s hv
+H=$(cat "$T/out"); vg_clean "holder acquire"
+expect_rc 0 "holder extend" vg extend hv "$H"
+H=$(cat "$T/out"); vg_clean "holder extend"
+expect_rc 1 "holder release, wrong name" vg release nothv "$H"; vg_clean "holder release wrong"
+expect_rc 0 "holder release" vg release hv "$H"; vg_clean "holder release"
+expect_rc 0 "run" vg run --ttl 3s v -- sh -c 'exit 0'; vg_clean run
+expect_rc 3 "run exit 3" vg run v -- sh -c 'exit 3'; vg_clean "run exit 3"
+expect_rc 127 "run not found" vg run v -- /no/such/cmd; vg_clean "run not found"
+expect_rc 64 "run usage" vg run v true; vg_clean "run usage"
+# Loss under valgrind: renewal stops while dlock is stopped; another client
+# takes the lock; dlock continues, kills its command, exits 76.
+mkfifo "$T/ready"
+# Not through vg(): $! must be valgrind itself, not a subshell around it.
+"$VG" "${VGOPTS[@]}" "$DLOCK" run --ttl 1s --kill-after 1s v -- \
+	sh -c "echo go >'$T/ready'; exec sleep 600" >"$T/run.out" 2>"$T/run.err" &
+pid=$!
+read -r _ <"$T/ready"
+kill -STOP $pid
+expect_rc 0 "steal after the lease" "$DLOCK" acquire --wait 20s v
+kill -CONT $pid
+wait $pid
+rc=$?
+check "lost run exits 76 under valgrind (got $rc: $(cat "$T/run.err"))" [ "$rc" -eq 76 ]
+vg_clean "run lost"
+finish
