@@ -493,12 +493,23 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 	}
 	sqlite3_busy_timeout(b->db, (int)busy_ms);
 	char *err = NULL;
-	r = sqlite3_exec(b->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, &err);
-	if (r == SQLITE_OK)
-		r = sqlite3_exec(b->db, "BEGIN IMMEDIATE;", NULL, NULL, &err);
-	if (r == SQLITE_OK) {
-		r = sqlite3_exec(b->db, schema, NULL, NULL, &err);
-		sqlite3_exec(b->db, r == SQLITE_OK ? "COMMIT;" : "ROLLBACK;", NULL, NULL, NULL);
+	/* Switching a new file to WAL does not always go through the busy
+	 * handler: when several processes open a fresh file at once, retry. */
+	int64_t setup_until = dlock_clock_ms() + busy_ms;
+	for (;;) {
+		r = sqlite3_exec(b->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, &err);
+		if (r == SQLITE_OK)
+			r = sqlite3_exec(b->db, "BEGIN IMMEDIATE;", NULL, NULL, &err);
+		if (r == SQLITE_OK) {
+			r = sqlite3_exec(b->db, schema, NULL, NULL, &err);
+			sqlite3_exec(b->db, r == SQLITE_OK ? "COMMIT;" : "ROLLBACK;", NULL, NULL, NULL);
+		}
+		bool busy = (r & 0xff) == SQLITE_BUSY || (r & 0xff) == SQLITE_LOCKED;
+		if (!busy || dlock_clock_ms() >= setup_until)
+			break;
+		sqlite3_free(err);
+		err = NULL;
+		dlock__sleep_ms(dlock__rand_between(5, 25));
 	}
 	sqlite3_free(err);
 	if (r != SQLITE_OK) {
