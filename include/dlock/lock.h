@@ -116,8 +116,10 @@ DLOCK_EXTERN int dlock_lock_detach(dlock_lock *lock, char **handle);
  * the store checks the owner on extend/release, so a wrong handle gets
  * DLOCK_ENOTHELD there and never touches another holder's lock. The hold is
  * not renewed in the background.
- * @return 0; DLOCK_EINVAL (malformed handle, or mode/permits differ from
- *         the lock's options); DLOCK_EBUSY (this handle already holds).
+ * The handle's mode and permits replace those of the lock's options (the
+ * handle describes a hold that exists), so a script need not repeat them.
+ * @return 0; DLOCK_EINVAL (malformed handle); DLOCK_EBUSY (this handle
+ *         already holds).
  */
 DLOCK_EXTERN int dlock_lock_attach(dlock_lock *lock, const char *handle);
 

@@ -405,19 +405,7 @@ int cli_handle_attach(const cli_global *g, dlock_store *store, const char *name,
 	cli_lockopts_apply(lo, &o);
 	o.no_renew = 1;
 	*out = NULL;
-	char mode;
-	unsigned int permits;
-	if (!lo->shared && lo->permits == 1 &&
-	    sscanf(handle, "dl1.%c.%u.", &mode, &permits) == 2 && permits >= 1) {
-		/*
-		 * dlock_lock_attach wants the lock opened with the handle's mode
-		 * and permits; they are in the handle (format of src/core/handle.c),
-		 * so scripts need not repeat --shared/--permits. A handle of another
-		 * format just fails in attach below.
-		 */
-		o.mode = mode == 's' ? DLOCK_SHARED : DLOCK_EXCLUSIVE;
-		o.permits = mode == 's' ? 1 : permits;
-	}
+	/* dlock_lock_attach takes mode and permits from the handle itself. */
 	dlock_lock *lock = NULL;
 	int err = dlock_lock_new(&lock, store, name, &o);
 	if (err != 0)

@@ -69,17 +69,17 @@ int dlock_lock_attach(dlock_lock *l, const char *handle)
 	    !owner_ok(owner))
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
 				       "malformed lock handle (expected what 'dlock acquire' printed)");
-	if ((mode == 's') != (l->opts.mode == DLOCK_SHARED) || permits != l->opts.permits)
-		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
-				       "the handle is for a %s lock with %u permit(s); the lock was opened as %s with %u",
-				       mode == 's' ? "shared" : "exclusive", permits,
-				       l->opts.mode == DLOCK_SHARED ? "shared" : "exclusive", l->opts.permits);
+	if (mode == 's' && permits != 1)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "malformed lock handle (a shared hold with permits)");
 	pthread_mutex_lock(&l->mu);
 	if (l->state == DLOCK__HELD) {
 		pthread_mutex_unlock(&l->mu);
 		return dlock_error_set(DLOCK_EBUSY, NULL, NULL, "this lock handle already holds '%s'", l->name);
 	}
 	snprintf(l->owner, sizeof(l->owner), "%s", owner);
+	/* The handle describes an existing hold: its mode and permits win. */
+	l->opts.mode = mode == 's' ? DLOCK_SHARED : DLOCK_EXCLUSIVE;
+	l->opts.permits = permits;
 	l->ttl_ms = ttl;
 	l->state = DLOCK__HELD;
 	l->attached = true;

@@ -352,7 +352,10 @@ static void test_handles(void)
 	/* found by fuzz_handle: a TTL that overflows the deadline */
 	CHECK_RC(dlock_lock_attach(m, "dl1.x.1.7.99999999999999999999999.0123456789abcdef0123456789abcdef-12"),
 		 DLOCK_EINVAL);
-	CHECK_RC(dlock_lock_attach(m, "dl1.s.1.1.30000.0123456789abcdef0123456789abcdef-1"), DLOCK_EINVAL);
+	CHECK_RC(dlock_lock_attach(m, "dl1.s.3.1.30000.0123456789abcdef0123456789abcdef-1"), DLOCK_EINVAL);
+	/* a shared handle on an exclusive-looking lock: the handle's mode wins; not ours in the store */
+	CHECK_RC(dlock_lock_attach(m, "dl1.s.1.1.30000.0123456789abcdef0123456789abcdef-1"), 0);
+	CHECK_RC(dlock_release(m), DLOCK_ENOTHELD);
 	CHECK_RC(dlock_lock_attach(m, "dl1.x.1.1.30000.0123456789abcdef0123456789abcdef-1"), 0);
 	CHECK_RC(dlock_extend(m, 0), DLOCK_ENOTHELD); /* not the owner: the store refuses */
 	CHECK_RC(dlock_release(m), DLOCK_ENOTHELD);
