@@ -171,6 +171,9 @@ int cli_extend(cli_global *g, int argc, char **argv);
 int cli_release(cli_global *g, int argc, char **argv);
 int cli_status(cli_global *g, int argc, char **argv);
 int cli_demo(cli_global *g, int argc, char **argv);
+int cli_check(cli_global *g, int argc, char **argv);
+/* check_report.c: write the HTML report of `check` around its JSON (0 or -1). */
+int cli_check_report(FILE *out, const char *json);
 
 /* SIGPIPE as dlock found it (main ignores it); `run` restores it for its command. */
 extern struct sigaction cli_sigpipe_orig;

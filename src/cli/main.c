@@ -22,6 +22,7 @@ static const command commands[] = {
 	{ "release", cli_release, "release a handle from 'acquire'" },
 	{ "status", cli_status, "show holders, fences, TTLs and waiters" },
 	{ "demo", cli_demo, "the access-token race, without and with a lock" },
+	{ "check", cli_check, "test a store's safety with faults; report overlaps and lost updates" },
 	{ NULL, NULL, NULL },
 };
 

@@ -1,0 +1,1367 @@
+/*
+ * check.c — `dlock check`: a safety checker with fault injection, in the
+ * spirit of Jepsen's lock tests, run on one machine.
+ *
+ * Worker processes (forked before any store is opened here, each opening its
+ * own store) contend for one exclusive lock and, while they believe they hold
+ * it, do a read-modify-write of a *fenced register*: a file outside the store,
+ * guarded by flock, holding a value, the highest fence it has seen and its own
+ * counters. With --fencing on the register refuses any access (read or write)
+ * whose fence is below the highest it has seen — the read counts too: a
+ * resource that checks tokens only on write lets a paused holder overwrite a
+ * newer holder that has read but not yet written.
+ *
+ * Between the read and the write a worker sleeps until grant + --hold and then
+ * writes without asking whether it still holds the lock: a process stopped by
+ * a GC pause (here SIGSTOP) does exactly that when it wakes up.
+ *
+ * Every worker appends one line per event to one log (O_APPEND, one write(2)
+ * per line, so lines from many processes never interleave and a SIGKILL loses
+ * nothing already written); times are CLOCK_MONOTONIC microseconds since the
+ * run started (one machine, one clock). The parent injects faults on a seeded
+ * schedule, then reads the log and checks:
+ *   - overlapping exclusive holds: pairs whose believed intervals intersect
+ *     (grant → release, or → the lost signal, or → the SIGKILL); an overlap
+ *     whose earlier holder was SIGSTOPped by a `pause` fault is "explained"
+ *     (leases cannot prevent it: only fences can), any other is a violation;
+ *   - fences not strictly increasing in grant order;
+ *   - lost updates: accepted writes − final value (from the register itself);
+ *   - stale writes accepted: writes accepted although the register had already
+ *     seen a higher fence;
+ *   - liveness: time from each fault's end to the next grant.
+ *
+ * `--store broken:` (test only, not in --help) is a fake store that grants
+ * every request: the checker must catch it.
+ */
+#include "cli.h"
+
+#include <dlock/sys/backend.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_CLIENTS 64
+#define MAX_FAULTS 256
+#define MAX_SHOWN 20 /* violations printed one by one (all are counted) */
+
+static const char help[] =
+	"Usage: dlock check [OPTIONS]\n"
+	"\n"
+	"Test what the store really guarantees: --clients worker processes contend\n"
+	"for one exclusive lock and, while holding it, read and then write a fenced\n"
+	"register (a file outside the store that refuses tokens lower than the\n"
+	"highest it has seen). Faults are injected on a seeded schedule. Then the\n"
+	"log is checked for overlapping holds, fences out of order, lost updates,\n"
+	"stale writes accepted, and the time from each fault's end to the next grant.\n"
+	"\n"
+	"Options:\n"
+	"  --clients N          worker processes (default 3, at most 64)\n"
+	"  --duration D         how long to run (default 10s)\n"
+	"  --ttl D              lease of the lock (default 1s)\n"
+	"  --hold D             how long a worker holds the lock (default 100ms)\n"
+	"  --faults LIST        comma-separated: pause, kill, restart, member (default none)\n"
+	"                         pause:   SIGSTOP a holder for --pause (longer than the TTL), then SIGCONT\n"
+	"                         kill:    SIGKILL a holder; a new worker takes its place\n"
+	"                         restart: restart the store server (needs --server-script/--server-dir)\n"
+	"                         member:  kill and restart one member of an ensemble (ZooKeeper\n"
+	"                                  restart-member, Redis/Redlock kill+restart I)\n"
+	"  --fault-every D      time between faults (default 2*ttl + 4*hold, at least 500ms)\n"
+	"  --pause D            how long a pause lasts (default 2*ttl)\n"
+	"  --fencing on|off     the register checks fences (default on)\n"
+	"  --seed N             seed of the fault schedule (default: from the clock; printed)\n"
+	"  --name NAME          the lock name (default dlock-check/HOST/PID)\n"
+	"  --server-script F    tests/servers/<kind>.sh that started the server\n"
+	"  --server-dir DIR     the DIR that script was started with\n"
+	"  --report FILE.html   write a self-contained HTML report with an SVG timeline\n"
+	"  --work-dir DIR       keep the event log and register in DIR (default: a temp dir,\n"
+	"                       removed afterwards)\n"
+	"\n%s"
+	"\nWith --json: one object with the counts, the faults and the verdict.\n"
+	"Exit codes: 0 no safety property was violated; 1 at least one was (each is\n"
+	"printed with the holds involved); 64 bad usage; 69 store unavailable;\n"
+	"130 interrupted (SIGINT/SIGTERM) before the end, nothing violated so far.\n";
+
+/* ---- options ---------------------------------------------------------- */
+
+enum { F_PAUSE = 1, F_KILL = 2, F_RESTART = 4, F_MEMBER = 8 };
+
+typedef struct check_opts {
+	unsigned int clients;
+	int64_t duration_ms, ttl_ms, hold_ms, every_ms, pause_ms;
+	unsigned faults;
+	bool fencing;
+	uint64_t seed;
+	bool seed_set;
+	const char *name, *server_script, *server_dir, *report, *work_dir;
+	const cli_global *g;
+} check_opts;
+
+enum { O_CLIENTS = 1, O_DURATION, O_TTL, O_HOLD, O_FAULTS, O_EVERY, O_PAUSE, O_FENCING, O_SEED,
+       O_NAME, O_SCRIPT, O_SDIR, O_REPORT, O_WORKDIR };
+
+static const cli_opt opts_table[] = {
+	{ "clients", 0, true, O_CLIENTS },   { "duration", 0, true, O_DURATION },
+	{ "ttl", 0, true, O_TTL },           { "hold", 0, true, O_HOLD },
+	{ "faults", 0, true, O_FAULTS },     { "fault-every", 0, true, O_EVERY },
+	{ "pause", 0, true, O_PAUSE },       { "fencing", 0, true, O_FENCING },
+	{ "seed", 0, true, O_SEED },         { "name", 0, true, O_NAME },
+	{ "server-script", 0, true, O_SCRIPT }, { "server-dir", 0, true, O_SDIR },
+	{ "report", 0, true, O_REPORT },     { "work-dir", 0, true, O_WORKDIR },
+	{ NULL, 0, false, 0 },
+};
+
+static int parse_faults(check_opts *o, const char *v)
+{
+	o->faults = 0;
+	char buf[256];
+	snprintf(buf, sizeof buf, "%s", v);
+	char *save = NULL;
+	for (char *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+		if (strcmp(w, "pause") == 0)
+			o->faults |= F_PAUSE;
+		else if (strcmp(w, "kill") == 0)
+			o->faults |= F_KILL;
+		else if (strcmp(w, "restart") == 0)
+			o->faults |= F_RESTART;
+		else if (strcmp(w, "member") == 0)
+			o->faults |= F_MEMBER;
+		else if (strcmp(w, "none") != 0)
+			return cli_usage_error(o->g, "--faults: unknown fault '%s' (pause, kill, restart, member)", w);
+	}
+	return 0;
+}
+
+static int on_opt(void *ctx, int id, const char *v)
+{
+	check_opts *o = ctx;
+	const cli_global *g = o->g;
+	switch (id) {
+	case O_CLIENTS:
+		return cli_uint(g, "--clients", v, MAX_CLIENTS, &o->clients);
+	case O_DURATION:
+		return cli_duration(g, "--duration", v, &o->duration_ms);
+	case O_TTL:
+		return cli_duration(g, "--ttl", v, &o->ttl_ms);
+	case O_HOLD:
+		return cli_duration(g, "--hold", v, &o->hold_ms);
+	case O_FAULTS:
+		return parse_faults(o, v);
+	case O_EVERY:
+		return cli_duration(g, "--fault-every", v, &o->every_ms);
+	case O_PAUSE:
+		return cli_duration(g, "--pause", v, &o->pause_ms);
+	case O_FENCING:
+		if (strcmp(v, "on") == 0)
+			o->fencing = true;
+		else if (strcmp(v, "off") == 0)
+			o->fencing = false;
+		else
+			return cli_usage_error(g, "--fencing: expected on or off, got '%s'", v);
+		return 0;
+	case O_SEED: {
+		char *end;
+		errno = 0;
+		unsigned long long s = strtoull(v, &end, 10);
+		if (!*v || *v == '-' || *end || errno)
+			return cli_usage_error(g, "--seed: expected a whole number, got '%s'", v);
+		o->seed = s;
+		o->seed_set = true;
+		return 0;
+	}
+	case O_NAME:
+		o->name = v;
+		return cli_name(g, v);
+	case O_SCRIPT:
+		o->server_script = v;
+		return 0;
+	case O_SDIR:
+		o->server_dir = v;
+		return 0;
+	case O_REPORT:
+		o->report = v;
+		return 0;
+	case O_WORKDIR:
+		o->work_dir = v;
+		return 0;
+	}
+	return 0;
+}
+
+/* ---- time, randomness ------------------------------------------------- */
+
+static int64_t t0_us; /* the run's origin on CLOCK_MONOTONIC; inherited by workers */
+static volatile sig_atomic_t interrupted; /* SIGINT/SIGTERM/SIGHUP to the parent */
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	interrupted = 1;
+}
+
+static int64_t mono_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int64_t now_us(void)
+{
+	return mono_us() - t0_us;
+}
+
+/* Sleep until run time `at_us`; an absolute deadline, so a SIGSTOP in the middle
+ * does not stretch it: the sleeper wakes at once after SIGCONT if it is late. */
+static void sleep_until(int64_t at_us)
+{
+	int64_t abs_us = at_us + t0_us;
+	struct timespec ts = { (time_t)(abs_us / 1000000), (long)(abs_us % 1000000) * 1000 };
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+
+static void sleep_ms(int64_t ms)
+{
+	sleep_until(now_us() + ms * 1000);
+}
+
+/* The parent's sleeps during a fault: cut short by SIGINT/SIGTERM, so that a
+ * stopped worker is never left behind. */
+static void fault_sleep_ms(int64_t ms)
+{
+	int64_t until = now_us() + ms * 1000;
+	while (!interrupted && now_us() < until)
+		sleep_ms(until - now_us() > 10000 ? 10 : (until - now_us() + 999) / 1000);
+}
+
+/* splitmix64: small, seedable, the same sequence on every machine. */
+static uint64_t rnd_next(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+	return z ^ (z >> 31);
+}
+
+static uint64_t rnd_below(uint64_t *s, uint64_t n)
+{
+	return n ? rnd_next(s) % n : 0;
+}
+
+/* ---- state shared between the parent and the workers ------------------- */
+
+typedef struct shared_state {
+	atomic_int stop;
+	atomic_llong holding[MAX_CLIENTS]; /* seq of the hold a worker is in, 0 when none */
+	atomic_ullong broken_fence;        /* the broken: store's fence counter */
+} shared_state;
+
+typedef struct run_ctx {
+	check_opts *o;
+	const char *uri;     /* what workers open; NULL = default store */
+	bool broken;
+	int log_fd;
+	char reg_path[PATH_MAX];
+	shared_state *sh;
+	int64_t deadline_us;
+} run_ctx;
+
+/* The register file: fixed-size binary record, read and written under flock. */
+typedef struct reg_state {
+	int64_t value;
+	uint64_t highest;          /* highest fence seen (on any access) */
+	int64_t accepted, rejected;
+	int64_t stale_accepted;    /* writes accepted although a higher fence had been seen */
+} reg_state;
+
+static void logf_line(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_line(int fd, const char *fmt, ...)
+{
+	char buf[256];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if ((size_t)n >= sizeof buf)
+		n = sizeof buf - 1;
+	/* One write per line: O_APPEND keeps lines of many processes whole. */
+	ssize_t w;
+	do
+		w = write(fd, buf, (size_t)n);
+	while (w < 0 && errno == EINTR);
+}
+
+/*
+ * One access to the register. write=false: read (value into *value);
+ * write=true: store *value. Returns 1 accepted, 0 refused (stale fence),
+ * -1 on an I/O error. *highest_before gets the highest fence seen before.
+ */
+static int reg_access(const char *path, bool fencing, bool write_op, uint64_t fence,
+		      int64_t *value, uint64_t *highest_before)
+{
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	int ok = -1;
+	while (flock(fd, LOCK_EX) != 0)
+		if (errno != EINTR)
+			goto out;
+	reg_state r;
+	if (pread(fd, &r, sizeof r, 0) != (ssize_t)sizeof r)
+		goto out;
+	*highest_before = r.highest;
+	bool stale = fence < r.highest;
+	if (fencing && stale) {
+		if (write_op)
+			r.rejected++;
+		ok = 0;
+	} else {
+		if (fence > r.highest)
+			r.highest = fence;
+		if (write_op) {
+			r.value = *value;
+			r.accepted++;
+			if (stale)
+				r.stale_accepted++;
+		} else {
+			*value = r.value;
+		}
+		ok = 1;
+	}
+	if (pwrite(fd, &r, sizeof r, 0) != (ssize_t)sizeof r)
+		ok = -1;
+out:
+	close(fd); /* drops the flock */
+	return ok;
+}
+
+/* ---- the broken: store (test only) -------------------------------------- */
+
+/* Grants every request, ignoring exclusivity: proves the checker can fail. */
+typedef struct broken_backend {
+	dlock_backend base;
+	shared_state *sh;
+} broken_backend;
+
+static int broken_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+{
+	(void)req;
+	(void)retry_ms;
+	*fence = atomic_fetch_add(&((broken_backend *)be)->sh->broken_fence, 1) + 1;
+	return 0;
+}
+
+static int broken_release(dlock_backend *be, dlock_request *req)
+{
+	(void)be;
+	(void)req;
+	return 0;
+}
+
+static int broken_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
+{
+	(void)be;
+	(void)req;
+	(void)ttl_ms;
+	return 0;
+}
+
+static void broken_close(dlock_backend *be)
+{
+	free(be);
+}
+
+static int open_store(const run_ctx *c, dlock_store **out)
+{
+	if (!c->broken)
+		return dlock_store_open(out, c->uri);
+	broken_backend *b = calloc(1, sizeof *b);
+	if (!b)
+		return DLOCK_ENOMEM;
+	b->base.version = DLOCK_BACKEND_VERSION;
+	b->base.kind = "broken";
+	b->base.acquire = broken_acquire;
+	b->base.release = broken_release;
+	b->base.extend = broken_extend;
+	b->base.close = broken_close;
+	b->sh = c->sh;
+	return dlock_store_open_backend(out, &b->base, "broken:", c->o->ttl_ms);
+}
+
+/* ---- workers ------------------------------------------------------------ */
+
+typedef struct worker_id {
+	int log_fd;
+	int slot, inc;
+	atomic_llong seq;
+} worker_id;
+
+static void on_lost(dlock_lock *lock, void *payload)
+{
+	(void)lock;
+	worker_id *w = payload;
+	logf_line(w->log_fd, "L %d %d %lld %lld\n", w->slot, w->inc, (long long)atomic_load(&w->seq),
+		  (long long)now_us());
+}
+
+static int worker_main(const run_ctx *c, int slot, int inc)
+{
+	const check_opts *o = c->o;
+	worker_id w = { c->log_fd, slot, inc, 0 };
+	dlock_store *store = NULL;
+	dlock_lock *lock = NULL;
+	uint64_t rs = (uint64_t)getpid() * 7919u + (uint64_t)inc;
+	int rc = open_store(c, &store);
+	if (rc == 0) {
+		dlock_lock_options lo = DLOCK_LOCK_OPTIONS_INIT;
+		lo.ttl_ms = o->ttl_ms;
+		lo.on_lost = on_lost;
+		lo.payload = &w;
+		rc = dlock_lock_new(&lock, store, o->name, &lo);
+	}
+	if (rc != 0) {
+		logf_line(c->log_fd, "E %d %d 0 %lld %d\n", slot, inc, (long long)now_us(), rc);
+		dlock_store_close(store);
+		sleep_ms(100); /* the parent replaces us: not in a tight loop */
+		return CLI_EXIT_FAIL;
+	}
+	long long seq = 0;
+	while (!atomic_load(&c->sh->stop)) {
+		int64_t left_ms = (c->deadline_us - now_us()) / 1000;
+		if (left_ms <= 0)
+			break;
+		seq++;
+		atomic_store(&w.seq, seq);
+		int64_t t_req = now_us();
+		rc = dlock_acquire(lock, left_ms);
+		if (rc == DLOCK_ETIMEOUT)
+			break;
+		if (rc != 0) {
+			/* The store is down (a restart fault): note it and try again. */
+			logf_line(c->log_fd, "E %d %d %lld %lld %d\n", slot, inc, seq, (long long)now_us(), rc);
+			sleep_ms(50);
+			continue;
+		}
+		int64_t t_grant = now_us();
+		uint64_t fence = dlock_fence(lock);
+		logf_line(c->log_fd, "A %d %d %lld %lld %lld %" PRIu64 "\n", slot, inc, seq,
+			  (long long)t_req, (long long)t_grant, fence);
+		int64_t v = 0;
+		uint64_t hb = 0;
+		int ok = reg_access(c->reg_path, o->fencing, false, fence, &v, &hb);
+		logf_line(c->log_fd, "W %d %d %lld %lld r %d %" PRIu64 " %lld %" PRIu64 "\n", slot, inc,
+			  seq, (long long)now_us(), ok, fence, (long long)v, hb);
+		/* Announced after the read: a pause then falls between read and write. */
+		atomic_store(&c->sh->holding[slot], seq);
+		/* The work; a SIGSTOP here is the GC pause: on waking, write at once. */
+		sleep_until(t_grant + o->hold_ms * 1000);
+		if (ok == 1) {
+			int64_t nv = v + 1;
+			ok = reg_access(c->reg_path, o->fencing, true, fence, &nv, &hb);
+			logf_line(c->log_fd, "W %d %d %lld %lld w %d %" PRIu64 " %lld %" PRIu64 "\n", slot,
+				  inc, seq, (long long)now_us(), ok, fence, (long long)nv, hb);
+		}
+		atomic_store(&c->sh->holding[slot], 0);
+		int64_t t_rel = now_us();
+		rc = dlock_release(lock);
+		logf_line(c->log_fd, "R %d %d %lld %lld %d\n", slot, inc, seq, (long long)t_rel, rc);
+		/* A short think time, so that the releasing worker does not always win again. */
+		sleep_ms((int64_t)rnd_below(&rs, (uint64_t)(o->hold_ms / 2 + 1)));
+	}
+	dlock_lock_free(lock);
+	dlock_store_close(store);
+	return 0;
+}
+
+static pid_t spawn_worker(const run_ctx *c, int slot, int inc)
+{
+	atomic_store(&c->sh->holding[slot], 0); /* a killed predecessor may have left it set */
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		signal(SIGINT, SIG_DFL);
+		signal(SIGTERM, SIG_DFL);
+		signal(SIGHUP, SIG_DFL);
+		_exit(worker_main(c, slot, inc));
+	}
+	return pid;
+}
+
+/* ---- faults --------------------------------------------------------------- */
+
+typedef struct fault {
+	unsigned kind;
+	int slot, inc;          /* target worker (pause/kill), -1 otherwise */
+	int member;             /* member index (member), -1 otherwise */
+	int64_t start_us, end_us;
+	int64_t heal_to_grant_us; /* -1: no grant after it */
+	int ok;                 /* the fault was carried out */
+	char note[160];
+} fault;
+
+static const char *fault_name(unsigned k)
+{
+	switch (k) {
+	case F_PAUSE:
+		return "pause";
+	case F_KILL:
+		return "kill";
+	case F_RESTART:
+		return "restart";
+	case F_MEMBER:
+		return "member";
+	}
+	return "?";
+}
+
+/* Run `bash SCRIPT ARG...` with output appended to WORK/server.log; its exit code. */
+static int run_script(const char *work, const char *script, const char *a1, const char *a2,
+		      const char *a3)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		char path[PATH_MAX];
+		snprintf(path, sizeof path, "%.4000s/server.log", work);
+		int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		execlp("bash", "bash", script, a1, a2, a3, (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Members for the `member` fault: DIR/members (ZooKeeper, etcd) or DIR/<i>/ (Redis). */
+static int count_members(const char *dir, bool *members_file)
+{
+	char path[PATH_MAX];
+	snprintf(path, sizeof path, "%.4000s/members", dir);
+	FILE *f = fopen(path, "r");
+	int n = 0;
+	if (f) {
+		char line[PATH_MAX + 64];
+		while (fgets(line, sizeof line, f))
+			n++;
+		fclose(f);
+		*members_file = true;
+		return n;
+	}
+	*members_file = false;
+	for (;; n++) {
+		struct stat st;
+		snprintf(path, sizeof path, "%.4000s/%d", dir, n);
+		if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+			break;
+	}
+	return n;
+}
+
+static pid_t member_pid(const char *dir, int i)
+{
+	char path[PATH_MAX];
+	snprintf(path, sizeof path, "%.4000s/members", dir);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	char line[PATH_MAX + 64], want[32], name[32], pidfile[PATH_MAX];
+	int port;
+	pid_t pid = -1;
+	snprintf(want, sizeof want, "m%d", i);
+	while (fgets(line, sizeof line, f)) {
+		if (sscanf(line, "%31s %d %4095s", name, &port, pidfile) == 3 && strcmp(name, want) == 0) {
+			FILE *p = fopen(pidfile, "r");
+			int v;
+			if (p && fscanf(p, "%d", &v) == 1)
+				pid = v;
+			if (p)
+				fclose(p);
+		}
+	}
+	fclose(f);
+	return pid;
+}
+
+/* ---- the log, read back ---------------------------------------------------- */
+
+typedef struct hold {
+	int slot, inc;
+	long long seq;
+	int64_t t_req, t_grant, t_read, t_write, t_rel, t_lost, t_end;
+	uint64_t fence;
+	int read_ok, write_ok;  /* 1 accepted, 0 refused, -1 error, -2 not tried */
+	int64_t read_val, write_val;
+	bool stale_write;       /* accepted although a higher fence had been seen */
+	int rel_rc;
+	bool released, killed, paused;
+	bool overlapped;
+} hold;
+
+typedef struct pair {
+	int a, b; /* indexes into holds, a granted first */
+	int64_t from_us, to_us;
+	bool explained;
+} pair;
+
+typedef struct results {
+	hold *holds;
+	size_t nholds;
+	pair *overlaps;
+	size_t noverlaps, unexplained;
+	pair *fence_bad;
+	size_t nfence_bad;
+	size_t stale_writes;    /* from the log */
+	size_t errors;
+	reg_state reg;
+	int64_t lost_updates;
+	int64_t end_us;
+	size_t nfaults;
+	fault *faults;
+	int64_t worst_heal_us;
+	bool liveness_gap;      /* a fault was followed by no grant at all */
+	bool pass;
+} results;
+
+static int by_grant(const void *x, const void *y)
+{
+	const hold *a = x, *b = y;
+	return (a->t_grant > b->t_grant) - (a->t_grant < b->t_grant);
+}
+
+static hold *find_hold(results *r, int slot, int inc, long long seq)
+{
+	/* Recent holds are the likely match: search backwards. */
+	for (size_t i = r->nholds; i-- > 0;)
+		if (r->holds[i].slot == slot && r->holds[i].inc == inc && r->holds[i].seq == seq)
+			return &r->holds[i];
+	return NULL;
+}
+
+static int read_log(const char *path, results *r)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	size_t cap = 0;
+	char line[512];
+	while (fgets(line, sizeof line, f)) {
+		char t;
+		int slot, inc;
+		long long seq, a, b;
+		if (sscanf(line, "%c %d %d %lld %lld", &t, &slot, &inc, &seq, &a) != 5)
+			continue;
+		if (t == 'A') {
+			unsigned long long fence;
+			if (sscanf(line, "A %*d %*d %*d %*d %lld %llu", &b, &fence) != 2)
+				continue;
+			if (r->nholds == cap) {
+				cap = cap ? cap * 2 : 256;
+				hold *n = realloc(r->holds, cap * sizeof *n);
+				if (!n) {
+					fclose(f);
+					return -1;
+				}
+				r->holds = n;
+			}
+			hold *h = &r->holds[r->nholds++];
+			memset(h, 0, sizeof *h);
+			h->slot = slot;
+			h->inc = inc;
+			h->seq = seq;
+			h->t_req = a;
+			h->t_grant = b;
+			h->fence = fence;
+			h->read_ok = h->write_ok = -2;
+			h->t_lost = h->t_rel = h->t_read = h->t_write = -1;
+			continue;
+		}
+		if (t == 'E') {
+			r->errors++;
+			continue;
+		}
+		hold *h = find_hold(r, slot, inc, seq);
+		if (!h)
+			continue;
+		if (t == 'W') {
+			char op;
+			int ok;
+			unsigned long long fence, hb;
+			long long v;
+			if (sscanf(line, "W %*d %*d %*d %*d %c %d %llu %lld %llu", &op, &ok, &fence, &v, &hb) != 5)
+				continue;
+			if (op == 'r') {
+				h->t_read = a;
+				h->read_ok = ok;
+				h->read_val = v;
+			} else {
+				h->t_write = a;
+				h->write_ok = ok;
+				h->write_val = v;
+				h->stale_write = ok == 1 && fence < hb;
+			}
+		} else if (t == 'L') {
+			if (h->t_lost < 0)
+				h->t_lost = a;
+		} else if (t == 'R') {
+			int rc = 0;
+			sscanf(line, "R %*d %*d %*d %*d %d", &rc);
+			h->t_rel = a;
+			h->rel_rc = rc;
+			h->released = true;
+		}
+	}
+	fclose(f);
+	return 0;
+}
+
+static void analyse(results *r, const check_opts *o)
+{
+	/* The end of what each holder believed: release, lost signal, or death. */
+	for (size_t i = 0; i < r->nholds; i++) {
+		hold *h = &r->holds[i];
+		int64_t end = h->released ? h->t_rel : r->end_us;
+		if (h->t_lost >= 0 && h->t_lost < end)
+			end = h->t_lost;
+		for (size_t k = 0; k < r->nfaults; k++) {
+			const fault *f = &r->faults[k];
+			if (f->slot != h->slot || f->inc != h->inc)
+				continue;
+			if (f->kind == F_KILL && f->ok && !h->released && f->start_us >= h->t_grant &&
+			    f->start_us < end) {
+				end = f->start_us;
+				h->killed = true;
+			}
+		}
+		if (end < h->t_grant)
+			end = h->t_grant;
+		h->t_end = end;
+		for (size_t k = 0; k < r->nfaults; k++) {
+			const fault *f = &r->faults[k];
+			if (f->kind == F_PAUSE && f->ok && f->slot == h->slot && f->inc == h->inc &&
+			    f->start_us >= h->t_grant && f->start_us <= h->t_end)
+				h->paused = true;
+		}
+	}
+	qsort(r->holds, r->nholds, sizeof *r->holds, by_grant);
+
+	size_t cap_o = 0, cap_f = 0;
+	uint64_t max_fence = 0;
+	size_t max_at = 0;
+	for (size_t i = 0; i < r->nholds; i++) {
+		hold *b = &r->holds[i];
+		/* Every earlier grant whose believed interval reaches past our grant. */
+		for (size_t j = 0; j < i; j++) {
+			hold *a = &r->holds[j];
+			if (a->t_end <= b->t_grant)
+				continue;
+			if (r->noverlaps == cap_o) {
+				cap_o = cap_o ? cap_o * 2 : 64;
+				pair *n = realloc(r->overlaps, cap_o * sizeof *n);
+				if (!n)
+					break;
+				r->overlaps = n;
+			}
+			pair *p = &r->overlaps[r->noverlaps++];
+			p->a = (int)j;
+			p->b = (int)i;
+			p->from_us = b->t_grant;
+			p->to_us = a->t_end < b->t_end ? a->t_end : b->t_end;
+			/* A paused holder's lease ran out while it was stopped: no lease can
+			 * prevent that overlap; only the fence can make it harmless. */
+			p->explained = a->paused;
+			if (!p->explained)
+				r->unexplained++;
+			a->overlapped = b->overlapped = true;
+		}
+		if (i > 0 && b->fence <= max_fence) {
+			if (r->nfence_bad == cap_f) {
+				cap_f = cap_f ? cap_f * 2 : 16;
+				pair *n = realloc(r->fence_bad, cap_f * sizeof *n);
+				if (n)
+					r->fence_bad = n;
+			}
+			if (r->nfence_bad < cap_f) {
+				pair *p = &r->fence_bad[r->nfence_bad++];
+				p->a = (int)max_at;
+				p->b = (int)i;
+				p->from_us = p->to_us = b->t_grant;
+				p->explained = false;
+			}
+		}
+		if (i == 0 || b->fence > max_fence) {
+			max_fence = b->fence;
+			max_at = i;
+		}
+		if (b->stale_write)
+			r->stale_writes++;
+	}
+	r->lost_updates = r->reg.accepted - r->reg.value;
+
+	r->worst_heal_us = 0;
+	for (size_t k = 0; k < r->nfaults; k++) {
+		fault *f = &r->faults[k];
+		f->heal_to_grant_us = -1;
+		for (size_t i = 0; i < r->nholds; i++) {
+			if (r->holds[i].t_grant >= f->end_us) {
+				f->heal_to_grant_us = r->holds[i].t_grant - f->end_us;
+				break;
+			}
+		}
+		if (f->heal_to_grant_us < 0 && f->ok)
+			r->liveness_gap = true;
+		if (f->heal_to_grant_us > r->worst_heal_us)
+			r->worst_heal_us = f->heal_to_grant_us;
+	}
+	(void)o;
+	r->pass = r->unexplained == 0 && r->nfence_bad == 0 && r->lost_updates == 0 &&
+		  r->stale_writes == 0 && r->reg.stale_accepted == 0;
+}
+
+/* ---- output --------------------------------------------------------------- */
+
+static double ms(int64_t us)
+{
+	return (double)us / 1000.0;
+}
+
+static void hold_text(char *buf, size_t len, const hold *h)
+{
+	snprintf(buf, len, "worker %d hold %lld (fence %" PRIu64 ", %.1f-%.1f ms%s%s)", h->slot,
+		 h->seq, h->fence, ms(h->t_grant), ms(h->t_end), h->paused ? ", paused" : "",
+		 h->killed ? ", killed" : h->t_lost >= 0 && h->t_lost <= h->t_end ? ", lost" : "");
+}
+
+static void print_text(const check_opts *o, const char *shown, const results *r)
+{
+	size_t reads_refused = 0;
+	for (size_t i = 0; i < r->nholds; i++)
+		reads_refused += r->holds[i].read_ok == 0;
+	printf("dlock check: store %s, %u clients, %.1fs, ttl %.0fms, hold %.0fms, fencing %s, seed %" PRIu64 "\n",
+	       shown, o->clients, ms(r->end_us) / 1000.0, (double)o->ttl_ms, (double)o->hold_ms,
+	       o->fencing ? "on" : "off", o->seed);
+	printf("  grants %zu, writes accepted %lld, refused %lld (reads refused %zu), errors %zu, faults %zu\n",
+	       r->nholds, (long long)r->reg.accepted, (long long)r->reg.rejected, reads_refused, r->errors, r->nfaults);
+	for (size_t k = 0; k < r->nfaults; k++) {
+		const fault *f = &r->faults[k];
+		char heal[32] = "no grant after it";
+		if (f->heal_to_grant_us >= 0)
+			snprintf(heal, sizeof heal, "next grant %.0fms later", ms(f->heal_to_grant_us));
+		char target[32] = "server";
+		if (f->slot >= 0)
+			snprintf(target, sizeof target, "worker %d", f->slot);
+		else if (f->member >= 0)
+			snprintf(target, sizeof target, "member %d", f->member);
+		printf("  fault %-7s %-9s %.0f-%.0fms: %s%s\n", fault_name(f->kind), target, ms(f->start_us),
+		       ms(f->end_us), f->ok ? heal : "FAILED: ", f->ok ? "" : f->note);
+	}
+	printf("\n  %-40s %8s\n", "property", "count");
+	printf("  %-40s %8zu%s\n", "overlapping holds (store at fault)", r->unexplained,
+	       r->unexplained ? "  VIOLATED" : "");
+	printf("  %-40s %8zu\n", "overlaps after a pause (lease ran out)", r->noverlaps - r->unexplained);
+	printf("  %-40s %8zu%s\n", "fences out of grant order", r->nfence_bad, r->nfence_bad ? "  VIOLATED" : "");
+	printf("  %-40s %8lld%s\n", "lost updates", (long long)r->lost_updates,
+	       r->lost_updates ? "  VIOLATED" : "");
+	printf("  %-40s %8zu%s\n", "stale writes accepted", r->stale_writes,
+	       r->stale_writes ? "  VIOLATED" : "");
+	printf("  %-40s %8.0f\n", "worst fault end -> next grant (ms)", ms(r->worst_heal_us));
+	size_t shown_n = 0;
+	char a[160], b[160];
+	for (size_t i = 0; i < r->noverlaps && shown_n < MAX_SHOWN; i++) {
+		const pair *p = &r->overlaps[i];
+		hold_text(a, sizeof a, &r->holds[p->a]);
+		hold_text(b, sizeof b, &r->holds[p->b]);
+		printf("  %s: %s and %s overlap for %.1f ms\n", p->explained ? "overlap after pause" : "OVERLAP",
+		       a, b, ms(p->to_us - p->from_us));
+		shown_n++;
+	}
+	for (size_t i = 0; i < r->nfence_bad && i < MAX_SHOWN; i++) {
+		hold_text(a, sizeof a, &r->holds[r->fence_bad[i].a]);
+		hold_text(b, sizeof b, &r->holds[r->fence_bad[i].b]);
+		printf("  FENCE ORDER: %s was granted after %s with a fence not greater\n", b, a);
+	}
+	shown_n = 0;
+	for (size_t i = 0; i < r->nholds && shown_n < MAX_SHOWN; i++) {
+		if (!r->holds[i].stale_write)
+			continue;
+		hold_text(a, sizeof a, &r->holds[i]);
+		printf("  STALE WRITE: %s wrote %lld at %.1f ms after a higher fence had been used\n", a,
+		       (long long)r->holds[i].write_val, ms(r->holds[i].t_write));
+		shown_n++;
+	}
+	if (r->lost_updates)
+		printf("  LOST UPDATES: %lld writes were accepted but the register holds %lld\n",
+		       (long long)r->reg.accepted, (long long)r->reg.value);
+	printf("\nverdict: %s\n", r->pass ? "PASS: no safety property was violated"
+					 : "FAIL: at least one safety property was violated");
+}
+
+/* The run as one JSON object; `full` adds every hold (for the report). */
+static void print_json(FILE *f, const check_opts *o, const char *shown, const results *r, bool full)
+{
+	fputs("{\"store\":", f);
+	cli_json_str(f, shown);
+	fputs(",\"name\":", f);
+	cli_json_str(f, o->name);
+	fprintf(f,
+		",\"clients\":%u,\"duration_ms\":%.1f,\"ttl_ms\":%lld,\"hold_ms\":%lld,\"fencing\":%s,"
+		"\"seed\":%" PRIu64 ",\"grants\":%zu,\"writes\":{\"accepted\":%lld,\"refused\":%lld,"
+		"\"stale_accepted\":%zu},\"final_value\":%lld,\"errors\":%zu,"
+		"\"overlaps\":%zu,\"overlaps_after_pause\":%zu,\"fence_order_violations\":%zu,"
+		"\"lost_updates\":%lld,\"stale_writes_accepted\":%zu,\"worst_heal_to_grant_ms\":%.1f,"
+		"\"faults\":[",
+		o->clients, ms(r->end_us), (long long)o->ttl_ms, (long long)o->hold_ms,
+		o->fencing ? "true" : "false", o->seed, r->nholds, (long long)r->reg.accepted,
+		(long long)r->reg.rejected, r->stale_writes, (long long)r->reg.value, r->errors,
+		r->unexplained, r->noverlaps - r->unexplained, r->nfence_bad, (long long)r->lost_updates,
+		r->stale_writes, ms(r->worst_heal_us));
+	for (size_t k = 0; k < r->nfaults; k++) {
+		const fault *x = &r->faults[k];
+		fprintf(f, "%s{\"kind\":\"%s\",\"worker\":%d,\"member\":%d,\"start_ms\":%.1f,\"end_ms\":%.1f,"
+			   "\"ok\":%s,\"heal_to_grant_ms\":%.1f,\"note\":",
+			k ? "," : "", fault_name(x->kind), x->slot, x->member, ms(x->start_us), ms(x->end_us),
+			x->ok ? "true" : "false", x->heal_to_grant_us < 0 ? -1.0 : ms(x->heal_to_grant_us));
+		cli_json_str(f, x->note);
+		fputc('}', f);
+	}
+	fputs("],\"violations\":[", f);
+	size_t n = 0;
+	for (size_t i = 0; i < r->noverlaps; i++) {
+		const pair *p = &r->overlaps[i];
+		if (p->explained)
+			continue;
+		const hold *a = &r->holds[p->a], *b = &r->holds[p->b];
+		fprintf(f, "%s{\"kind\":\"overlap\",\"a\":{\"worker\":%d,\"fence\":%" PRIu64 ",\"grant_ms\":%.1f,"
+			   "\"end_ms\":%.1f},\"b\":{\"worker\":%d,\"fence\":%" PRIu64 ",\"grant_ms\":%.1f,\"end_ms\":%.1f}}",
+			n++ ? "," : "", a->slot, a->fence, ms(a->t_grant), ms(a->t_end), b->slot, b->fence,
+			ms(b->t_grant), ms(b->t_end));
+		if (n >= 100)
+			break; /* all are counted above; a sample is enough here */
+	}
+	for (size_t i = 0; i < r->nfence_bad; i++) {
+		const hold *a = &r->holds[r->fence_bad[i].a], *b = &r->holds[r->fence_bad[i].b];
+		fprintf(f, "%s{\"kind\":\"fence_order\",\"a\":{\"worker\":%d,\"fence\":%" PRIu64 ",\"grant_ms\":%.1f},"
+			   "\"b\":{\"worker\":%d,\"fence\":%" PRIu64 ",\"grant_ms\":%.1f}}",
+			n++ ? "," : "", a->slot, a->fence, ms(a->t_grant), b->slot, b->fence, ms(b->t_grant));
+	}
+	for (size_t i = 0; i < r->nholds; i++) {
+		const hold *h = &r->holds[i];
+		if (!h->stale_write)
+			continue;
+		fprintf(f, "%s{\"kind\":\"stale_write\",\"a\":{\"worker\":%d,\"fence\":%" PRIu64 ",\"write_ms\":%.1f}}",
+			n++ ? "," : "", h->slot, h->fence, ms(h->t_write));
+	}
+	fputc(']', f);
+	if (full) {
+		fputs(",\"holds\":[", f);
+		for (size_t i = 0; i < r->nholds; i++) {
+			const hold *h = &r->holds[i];
+			fprintf(f, "%s{\"w\":%d,\"inc\":%d,\"fence\":%" PRIu64 ",\"req\":%.1f,\"grant\":%.1f,"
+				   "\"end\":%.1f,\"write\":%.1f,\"write_ok\":%d,\"stale\":%s,\"paused\":%s,"
+				   "\"killed\":%s,\"lost\":%s}",
+				i ? "," : "", h->slot, h->inc, h->fence, ms(h->t_req), ms(h->t_grant),
+				ms(h->t_end), h->t_write < 0 ? -1.0 : ms(h->t_write), h->write_ok,
+				h->stale_write ? "true" : "false", h->paused ? "true" : "false",
+				h->killed ? "true" : "false",
+				h->t_lost >= 0 && h->t_lost <= h->t_end ? "true" : "false");
+		}
+		fputs("],\"overlap_pairs\":[", f);
+		for (size_t i = 0; i < r->noverlaps; i++)
+			fprintf(f, "%s[%d,%d,%.1f,%.1f,%s]", i ? "," : "", r->overlaps[i].a, r->overlaps[i].b,
+				ms(r->overlaps[i].from_us), ms(r->overlaps[i].to_us),
+				r->overlaps[i].explained ? "true" : "false");
+		fputc(']', f);
+	}
+	fprintf(f, ",\"verdict\":\"%s\"}\n", r->pass ? "pass" : "fail");
+}
+
+/* ---- the run ----------------------------------------------------------------- */
+
+static bool pick_holder(run_ctx *c, uint64_t *rs, int *slot)
+{
+	int cand[MAX_CLIENTS], n = 0;
+	for (unsigned i = 0; i < c->o->clients; i++)
+		if (atomic_load(&c->sh->holding[i]) != 0)
+			cand[n++] = (int)i;
+	if (n == 0)
+		return false;
+	*slot = cand[rnd_below(rs, (uint64_t)n)];
+	return true;
+}
+
+/* Collect exited workers; one that failed on its own (store down during a
+ * restart) is replaced, a bounded number of times so a dead store cannot make
+ * us fork in a loop. */
+static void reap(run_ctx *c, pid_t *pids, int *incs, bool respawn)
+{
+	int st;
+	pid_t p;
+	while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
+		for (unsigned i = 0; i < c->o->clients; i++) {
+			if (pids[i] != p)
+				continue;
+			pids[i] = 0;
+			bool failed = !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+			if (respawn && failed && incs[i] < 100 && now_us() < c->deadline_us)
+				pids[i] = spawn_worker(c, (int)i, ++incs[i]);
+		}
+	}
+}
+
+/* Carry out one fault; fills f. */
+static void do_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *incs, fault *f)
+{
+	const check_opts *o = c->o;
+	memset(f, 0, sizeof *f);
+	f->kind = kind;
+	f->slot = f->inc = f->member = -1;
+	if (kind == F_PAUSE || kind == F_KILL) {
+		/* Wait (briefly) for someone to hold the lock: the fault is aimed at a holder. */
+		int slot = -1;
+		int64_t until = now_us() + (o->ttl_ms + o->hold_ms) * 1000;
+		while (!pick_holder(c, rs, &slot) && now_us() < until)
+			sleep_ms(5);
+		f->start_us = now_us();
+		if (slot < 0 || pids[slot] <= 0) {
+			snprintf(f->note, sizeof f->note, "no holder to aim at");
+			f->end_us = f->start_us;
+			return;
+		}
+		f->slot = slot;
+		f->inc = incs[slot];
+		if (kind == F_PAUSE) {
+			kill(pids[slot], SIGSTOP);
+			f->start_us = now_us();
+			fault_sleep_ms(o->pause_ms);
+			f->end_us = now_us();
+			kill(pids[slot], SIGCONT);
+		} else {
+			f->start_us = now_us();
+			kill(pids[slot], SIGKILL);
+			int st;
+			while (waitpid(pids[slot], &st, 0) < 0 && errno == EINTR)
+				;
+			f->end_us = now_us();
+			pids[slot] = spawn_worker(c, slot, ++incs[slot]);
+		}
+		f->ok = 1;
+		return;
+	}
+	f->start_us = now_us();
+	if (!o->server_script || !o->server_dir) {
+		snprintf(f->note, sizeof f->note, "needs --server-script and --server-dir");
+		f->end_us = f->start_us;
+		return;
+	}
+	if (kind == F_RESTART) {
+		/* Redis needs a kill before its restart; others refuse `kill` (harmless). */
+		run_script(o->work_dir, o->server_script, "kill", o->server_dir, NULL);
+		int rc = run_script(o->work_dir, o->server_script, "restart", o->server_dir, NULL);
+		f->end_us = now_us();
+		f->ok = rc == 0;
+		if (rc != 0)
+			snprintf(f->note, sizeof f->note, "%s restart exited %d (see server.log)",
+				 o->server_script, rc);
+		return;
+	}
+	bool mfile;
+	int n = count_members(o->server_dir, &mfile);
+	if (n < 1) {
+		snprintf(f->note, sizeof f->note, "no members listed in %s", o->server_dir);
+		f->end_us = f->start_us;
+		return;
+	}
+	char idx[16];
+	int rc;
+	if (mfile) {
+		int i = 1 + (int)rnd_below(rs, (uint64_t)n);
+		f->member = i;
+		snprintf(idx, sizeof idx, "%d", i);
+		pid_t p = member_pid(o->server_dir, i);
+		if (p > 0)
+			kill(p, SIGKILL);
+		fault_sleep_ms(o->pause_ms);
+		rc = run_script(o->work_dir, o->server_script, "restart-member", o->server_dir, idx);
+	} else {
+		int i = (int)rnd_below(rs, (uint64_t)n);
+		f->member = i;
+		snprintf(idx, sizeof idx, "%d", i);
+		run_script(o->work_dir, o->server_script, "kill", o->server_dir, idx);
+		fault_sleep_ms(o->pause_ms);
+		rc = run_script(o->work_dir, o->server_script, "restart", o->server_dir, idx);
+	}
+	f->end_us = now_us();
+	f->ok = rc == 0;
+	if (rc != 0)
+		snprintf(f->note, sizeof f->note, "restarting member %s exited %d (see server.log)", idx, rc);
+}
+
+static void rm_work(const char *dir)
+{
+	const char *files[] = { "log", "register", "server.log" };
+	char path[PATH_MAX];
+	for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+		snprintf(path, sizeof path, "%.4000s/%s", dir, files[i]);
+		unlink(path);
+	}
+	rmdir(dir);
+}
+
+int cli_check(cli_global *g, int argc, char **argv)
+{
+	check_opts o = { 0 };
+	o.g = g;
+	o.clients = 3;
+	o.duration_ms = 10000;
+	o.ttl_ms = 1000;
+	o.hold_ms = 100;
+	o.fencing = true;
+	o.every_ms = -1;
+	o.pause_ms = -1;
+	cli_args a;
+	int rc = cli_parse(g, argc, argv, opts_table, on_opt, &o, &a);
+	if (rc == 0 && a.help) {
+		printf(help, cli_global_help);
+		free(a.pos);
+		return 0;
+	}
+	if (rc == 0 && (a.npos || a.dashdash))
+		rc = cli_usage_error(g, "check takes no arguments (options only)");
+	free(a.pos);
+	if (rc != 0)
+		return rc;
+	if (o.ttl_ms < 50)
+		return cli_usage_error(g, "--ttl must be at least 50ms");
+	if (o.duration_ms < 100)
+		return cli_usage_error(g, "--duration must be at least 100ms");
+	if (o.pause_ms < 0)
+		o.pause_ms = 2 * o.ttl_ms;
+	if (o.every_ms < 0)
+		o.every_ms = 2 * o.ttl_ms + 4 * o.hold_ms;
+	if (o.every_ms < 500)
+		o.every_ms = 500;
+	if ((o.faults & F_PAUSE) && o.pause_ms <= o.ttl_ms)
+		cli_info(g, "warning: --pause %lldms is not longer than --ttl: pauses will not outlast leases",
+			 (long long)o.pause_ms);
+	if ((o.faults & (F_RESTART | F_MEMBER)) && (!o.server_script || !o.server_dir))
+		return cli_usage_error(g, "--faults restart/member need --server-script and --server-dir");
+	if (!o.seed_set) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		o.seed = (uint64_t)ts.tv_sec * 1000003u ^ (uint64_t)ts.tv_nsec;
+	}
+	char host[128] = "host", defname[256];
+	gethostname(host, sizeof host - 1);
+	if (!o.name) {
+		snprintf(defname, sizeof defname, "dlock-check/%s/%d", host, (int)getpid());
+		o.name = defname;
+	}
+
+	run_ctx c = { 0 };
+	c.o = &o;
+	c.uri = cli_store_choice(g);
+	c.broken = c.uri && strcmp(c.uri, "broken:") == 0;
+	char *shown = NULL;
+	if (c.broken) {
+		shown = strdup("broken: (test-only store that grants every request)");
+	} else {
+		/* Open once so a bad store fails before any worker starts; close it
+		 * again: a store with threads must not cross fork(). */
+		dlock_store *store = NULL;
+		if ((rc = cli_store_open(g, &store)) != 0)
+			return rc;
+		shown = strdup(dlock_store_uri(store));
+		dlock_store_close(store);
+	}
+	char tmpdir[PATH_MAX];
+	bool own_dir = !o.work_dir;
+	if (own_dir) {
+		const char *tmp = getenv("TMPDIR");
+		snprintf(tmpdir, sizeof tmpdir, "%.4000s/dlock-check.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+		o.work_dir = mkdtemp(tmpdir);
+		if (!o.work_dir) {
+			cli_error(g, "cannot make a temp dir %s: %s", tmpdir, strerror(errno));
+			free(shown);
+			return CLI_EXIT_FAIL;
+		}
+	} else if (strlen(o.work_dir) > 4000) {
+		free(shown);
+		return cli_usage_error(g, "--work-dir: path too long");
+	} else if (mkdir(o.work_dir, 0755) != 0 && errno != EEXIST) {
+		cli_error(g, "--work-dir %s: %s", o.work_dir, strerror(errno));
+		free(shown);
+		return CLI_EXIT_FAIL;
+	}
+	char log_path[PATH_MAX];
+	snprintf(log_path, sizeof log_path, "%.4000s/log", o.work_dir);
+	snprintf(c.reg_path, sizeof c.reg_path, "%.4000s/register", o.work_dir);
+	c.log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+	int reg_fd = open(c.reg_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	reg_state zero = { 0 };
+	c.sh = mmap(NULL, sizeof *c.sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (c.log_fd < 0 || reg_fd < 0 || write(reg_fd, &zero, sizeof zero) != (ssize_t)sizeof zero ||
+	    c.sh == MAP_FAILED || !shown) {
+		cli_error(g, "cannot set up the work dir %s: %s", o.work_dir, strerror(errno));
+		if (c.log_fd >= 0)
+			close(c.log_fd);
+		if (reg_fd >= 0)
+			close(reg_fd);
+		free(shown);
+		return CLI_EXIT_FAIL;
+	}
+	close(reg_fd);
+	memset(c.sh, 0, sizeof *c.sh);
+
+	cli_info(g, "%u workers on %s for %.1fs (ttl %lldms, hold %lldms, fencing %s, seed %" PRIu64
+		 "); work dir %s",
+		 o.clients, shown, (double)o.duration_ms / 1000.0, (long long)o.ttl_ms,
+		 (long long)o.hold_ms, o.fencing ? "on" : "off", o.seed, o.work_dir);
+
+	t0_us = mono_us();
+	c.deadline_us = o.duration_ms * 1000;
+	pid_t pids[MAX_CLIENTS] = { 0 };
+	int incs[MAX_CLIENTS] = { 0 };
+	for (unsigned i = 0; i < o.clients; i++)
+		pids[i] = spawn_worker(&c, (int)i, 0);
+
+	unsigned kinds[4];
+	int nkinds = 0;
+	for (unsigned k = F_PAUSE; k <= F_MEMBER; k <<= 1)
+		if (o.faults & k)
+			kinds[nkinds++] = k;
+	fault *faults = calloc(MAX_FAULTS, sizeof *faults);
+	size_t nfaults = 0;
+	/* Two streams: the schedule (kinds, times) repeats exactly for a seed even
+	 * though which worker holds the lock at a fault's time does not. */
+	uint64_t rs = o.seed, rt = o.seed ^ 0x5DEECE66Dull;
+	int64_t next_fault = (o.every_ms / 2 + (int64_t)rnd_below(&rs, (uint64_t)o.every_ms / 4 + 1)) * 1000;
+	struct sigaction sa = { .sa_handler = on_signal }, old_int, old_term, old_hup;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, &old_int);
+	sigaction(SIGTERM, &sa, &old_term);
+	sigaction(SIGHUP, &sa, &old_hup);
+	while (now_us() < c.deadline_us && !interrupted) {
+		reap(&c, pids, incs, true);
+		if (nkinds && faults && nfaults < MAX_FAULTS && now_us() >= next_fault &&
+		    now_us() + o.pause_ms * 1000 < c.deadline_us) {
+			unsigned kind = kinds[rnd_below(&rs, (uint64_t)nkinds)];
+			do_fault(&c, kind, &rt, pids, incs, &faults[nfaults]);
+			cli_debug(g, "fault %s at %.0fms: %s", fault_name(kind), ms(faults[nfaults].start_us),
+				  faults[nfaults].ok ? "done" : faults[nfaults].note);
+			nfaults++;
+			next_fault = now_us() + (o.every_ms + (int64_t)rnd_below(&rs, (uint64_t)o.every_ms / 4 + 1)) * 1000;
+			continue;
+		}
+		sleep_ms(10);
+	}
+	atomic_store(&c.sh->stop, 1);
+	if (interrupted) {
+		cli_error(g, "interrupted: stopping the workers; results so far follow");
+		for (unsigned i = 0; i < o.clients; i++)
+			if (pids[i] > 0) {
+				kill(pids[i], SIGCONT);
+				kill(pids[i], SIGTERM);
+			}
+	}
+	/* Workers finish their hold and leave; one stuck past ttl+hold+10s is killed. */
+	int64_t give_up = now_us() + (2 * o.ttl_ms + o.hold_ms + 10000) * 1000;
+	for (;;) {
+		reap(&c, pids, incs, false);
+		bool any = false;
+		for (unsigned i = 0; i < o.clients; i++)
+			any |= pids[i] > 0;
+		if (!any)
+			break;
+		if (now_us() > give_up) {
+			for (unsigned i = 0; i < o.clients; i++)
+				if (pids[i] > 0) {
+					cli_error(g, "worker %u did not stop; killing it", i);
+					kill(pids[i], SIGKILL);
+				}
+			give_up = INT64_MAX;
+		}
+		sleep_ms(10);
+	}
+	int64_t end_us = now_us();
+	close(c.log_fd);
+	sigaction(SIGINT, &old_int, NULL);
+	sigaction(SIGTERM, &old_term, NULL);
+	sigaction(SIGHUP, &old_hup, NULL);
+
+	results r = { 0 };
+	r.end_us = end_us;
+	r.faults = faults;
+	r.nfaults = nfaults;
+	int fd = open(c.reg_path, O_RDONLY | O_CLOEXEC);
+	bool reg_ok = fd >= 0 && pread(fd, &r.reg, sizeof r.reg, 0) == (ssize_t)sizeof r.reg;
+	if (fd >= 0)
+		close(fd);
+	if (!reg_ok || read_log(log_path, &r) != 0) {
+		cli_error(g, "cannot read back %s: %s", o.work_dir, strerror(errno));
+		rc = CLI_EXIT_FAIL;
+		goto out;
+	}
+	analyse(&r, &o);
+	if (r.nholds == 0 && r.errors > 0) {
+		cli_error(g, "no worker ever got the lock (%zu errors; see %s/log)", r.errors, o.work_dir);
+		own_dir = false;
+	}
+	if (g->json)
+		print_json(stdout, &o, shown, &r, false);
+	else
+		print_text(&o, shown, &r);
+	if (o.report) {
+		char *buf = NULL;
+		size_t len = 0;
+		FILE *mf = open_memstream(&buf, &len);
+		FILE *rf = NULL;
+		if (mf) {
+			print_json(mf, &o, shown, &r, true);
+			fclose(mf);
+		}
+		if (buf)
+			rf = fopen(o.report, "w");
+		if (!rf || cli_check_report(rf, buf) != 0 || fclose(rf) != 0) {
+			cli_error(g, "--report %s: %s", o.report, strerror(errno));
+			rc = CLI_EXIT_FAIL;
+		} else {
+			cli_info(g, "report written to %s", o.report);
+		}
+		free(buf);
+	}
+	if (rc == 0)
+		rc = r.pass ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+	if (interrupted && rc == CLI_EXIT_OK)
+		rc = 128 + SIGINT;
+out:
+	if (own_dir)
+		rm_work(o.work_dir);
+	free(r.holds);
+	free(r.overlaps);
+	free(r.fence_bad);
+	free(faults);
+	munmap(c.sh, sizeof *c.sh);
+	free(shown);
+	return rc;
+}

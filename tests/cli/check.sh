@@ -1,0 +1,124 @@
+#!/bin/bash
+# `dlock check` on the embedded SQLite store, kept short (a few seconds per
+# run): bad usage is refused; a clean run passes; a SIGSTOP pause longer than
+# the TTL makes holds overlap, which fences render harmless (fencing on: exit
+# 0, stale writes refused) and which corrupt the register without them
+# (fencing off: exit 1, stale write accepted, lost update); a SIGKILLed holder
+# is replaced and the lock is granted again within about one TTL; a seed
+# repeats the fault schedule; a store that grants twice is caught; SIGTERM
+# mid-run prints the results so far and leaves no worker behind.
+. "$(dirname "$0")/lib.sh" "$@"
+
+# jfield KEY: first value of "KEY": in $T/out (numbers, true/false, strings unquoted).
+jfield() { grep -o "\"$1\":\"\?[^,\"}]*" "$T/out" | head -1 | sed 's/^"[^"]*":"\{0,1\}//'; }
+
+expect_rc 64 "unknown fault" "$DLOCK" check --faults nap
+check "names the bad fault" grep -q "unknown fault 'nap'" "$T/err"
+expect_rc 64 "bad --fencing" "$DLOCK" check --fencing maybe
+expect_rc 64 "bad --clients" "$DLOCK" check --clients 0
+expect_rc 64 "positional argument" "$DLOCK" check extra
+expect_rc 64 "restart without a server script" "$DLOCK" check --faults restart
+check "says what restart needs" grep -q -- "--server-script" "$T/err"
+expect_rc 69 "unreachable store" "$DLOCK" --store "postgres://u:p@127.0.0.1:1/x?connect_timeout=1s" check --duration 1s
+expect_rc 0 "--help" "$DLOCK" check --help
+check "help lists the faults" grep -q "pause, kill, restart, member" "$T/out"
+check "help hides the test-only store" bash -c "! grep -q broken '$T/out'"
+
+# The runs below are independent (each its own SQLite file) and mostly
+# asleep, so they run at the same time: the whole test takes ~4 s.
+O=(--json check --clients 3 --ttl 300ms --hold 40ms)
+# bg NAME ARGS...: run dlock check on its own store in the background;
+# output in $T/NAME.out, exit code in $T/NAME.rc.
+bg() {
+	local n=$1; shift
+	( "$DLOCK" --store "sqlite://$T/$n.db" "${O[@]}" "$@" >"$T/$n.out" 2>"$T/$n.err"; echo $? >"$T/$n.rc" ) &
+}
+# use NAME WANT-RC DESC: make NAME's output the current one ($T/out), check its exit code.
+use() {
+	cp "$T/$1.out" "$T/out"
+	local rc; rc=$(cat "$T/$1.rc")
+	if [ "$rc" = "$2" ]; then ok; else fail "$3: exit $rc, want $2; stderr: $(head -c 400 "$T/$1.err")"; fi
+}
+bg clean --duration 1500ms --seed 7
+bg pon --duration 3s --faults pause --seed 11
+bg poff --duration 3s --faults pause --fencing off --seed 11
+bg s1 --duration 3s --faults pause,kill --seed 5
+bg s2 --duration 3s --faults pause,kill --seed 5
+bg kill --duration 2500ms --faults kill --seed 3
+wait
+
+# No faults: every grant exclusive, the register exact.
+use clean 0 "clean run"
+g=$(jfield grants)
+check "clean run: grants happened ($g)" [ "${g:-0}" -gt 5 ]
+check "clean run: final value = accepted writes" [ "$(jfield final_value)" = "$(jfield accepted)" ]
+check "clean run: no overlaps" [ "$(jfield overlaps)" = 0 ]
+check "clean run: verdict pass" [ "$(jfield verdict)" = pass ]
+
+# Pause, fencing on: the lease runs out under the stopped holder (overlaps
+# that no lease can prevent), but its late write is refused: still safe.
+use pon 0 "pause, fencing on"
+check "pause/on: a pause happened" grep -q '"kind":"pause","worker":[0-9]' "$T/out"
+check "pause/on: overlaps after the pause ($(jfield overlaps_after_pause))" [ "$(jfield overlaps_after_pause)" -gt 0 ]
+check "pause/on: no store overlaps" [ "$(jfield overlaps)" = 0 ]
+check "pause/on: stale write refused ($(jfield refused))" [ "$(jfield refused)" -gt 0 ]
+check "pause/on: zero stale writes accepted" [ "$(jfield stale_writes_accepted)" = 0 ]
+check "pause/on: zero lost updates" [ "$(jfield lost_updates)" = 0 ]
+
+# Pause, fencing off: the paused holder wakes and writes: corruption, exit 1.
+use poff 1 "pause, fencing off"
+check "pause/off: stale write accepted ($(jfield stale_writes_accepted))" [ "$(jfield stale_writes_accepted)" -gt 0 ]
+check "pause/off: lost update ($(jfield lost_updates))" [ "$(jfield lost_updates)" -gt 0 ]
+check "pause/off: verdict fail" [ "$(jfield verdict)" = fail ]
+check "pause/off: the stale write is listed" grep -q '"kind":"stale_write"' "$T/out"
+
+# The same seed gives the same fault schedule (kinds in order).
+use s1 0 "seed 5, first run"
+use s2 0 "seed 5, second run"
+k1=$(grep -o '"kind":"[a-z]*","worker"' "$T/s1.out" | tr '\n' ' ')
+k2=$(grep -o '"kind":"[a-z]*","worker"' "$T/s2.out" | tr '\n' ' ')
+check "seed 5 gives faults ($k1)" [ -n "$k1" ]
+check "seed 5 repeats its schedule ($k1 / $k2)" [ "$k1" = "$k2" ]
+
+# Kill: the holder dies; a new worker takes its slot; the lock comes back
+# within about a TTL (300 ms) of the kill.
+use kill 0 "kill"
+check "kill: a holder was killed" grep -q '"kind":"kill","worker":[0-9]*,"member":-1,"start_ms":[0-9.]*,"end_ms":[0-9.]*,"ok":true' "$T/out"
+heal=$(grep -o '"kind":"kill"[^}]*"heal_to_grant_ms":[0-9.-]*' "$T/out" | head -1 | sed 's/.*://')
+check "kill: next grant within 1.5 s of the kill ($heal ms)" awk -v h="${heal:--1}" 'BEGIN { exit !(h >= 0 && h < 1500) }'
+check "kill: no lost updates" [ "$(jfield lost_updates)" = 0 ]
+
+# Text output names both holds of a violation; the broken store is caught.
+expect_rc 1 "broken store" "$DLOCK" --store broken: check --clients 2 --duration 600ms --hold 40ms
+check "broken: overlap reported with two holds" grep -Eq '^  OVERLAP: worker [0-9]+ hold [0-9]+ \(fence [0-9]+.*\) and worker [0-9]+ hold [0-9]+ \(fence' "$T/out"
+check "broken: FAIL verdict" grep -q '^verdict: FAIL' "$T/out"
+check "broken: overlap count > 0" grep -Eq 'overlapping holds \(store at fault\) +[1-9]' "$T/out"
+expect_rc 1 "broken store, json" "$DLOCK" --store broken: --json check --clients 2 --duration 600ms --hold 40ms --fencing off
+check "broken/json: overlaps > 0" [ "$(jfield overlaps)" -gt 0 ]
+check "broken/json: violation pair" grep -q '"kind":"overlap","a":{"worker":[0-9]*,"fence":[0-9]*' "$T/out"
+
+# SIGTERM mid-run (a worker may be stopped by a pause right then): results so
+# far, exit 130, and no worker left behind, stopped or running.
+"$DLOCK" --store "sqlite://$T/int.db" check --duration 30s --ttl 300ms --hold 40ms \
+	--faults pause --fault-every 500ms --pause 5s --seed 1 >"$T/int.out" 2>"$T/int.err" &
+ipid=$!
+for _ in $(seq 1 100); do grep -q '^T' <(ps --ppid "$ipid" -o stat= 2>/dev/null) && break; sleep 0.05; done
+check "interrupt: a worker was paused" bash -c "ps --ppid $ipid -o stat= | grep -q '^T'"
+kids=$(ps --ppid "$ipid" -o pid= | tr '\n' ' ')
+kill -TERM "$ipid"
+wait "$ipid"
+irc=$?
+check "interrupt: exit 130 ($irc)" [ "$irc" -eq 130 ]
+check "interrupt: results printed" grep -q '^verdict: ' "$T/int.out"
+left=0; for k in $kids; do kill -0 "$k" 2>/dev/null && left=1; done
+check "interrupt: no worker left ($kids)" [ "$left" = 0 ]
+
+# --work-dir keeps the event log and the register for a look afterwards.
+expect_rc 0 "work dir" "$DLOCK" --store "sqlite://$T/w.db" check --duration 500ms --ttl 300ms --hold 40ms --work-dir "$T/wd"
+check "work dir: the log has grants" grep -q '^A ' "$T/wd/log"
+check "work dir: the register is kept" [ -s "$T/wd/register" ]
+
+# Nothing left behind: the lock is free afterwards.
+expect_rc 0 "status" "$DLOCK" --json --store "sqlite://$T/kill.db" status
+check "no lock left held" grep -q '"locks":\[\]' "$T/out"
+finish
