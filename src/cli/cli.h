@@ -174,6 +174,7 @@ int cli_demo(cli_global *g, int argc, char **argv);
 int cli_check(cli_global *g, int argc, char **argv);
 /* check_report.c: write the HTML report of `check` around its JSON (0 or -1). */
 int cli_check_report(FILE *out, const char *json);
+int cli_bench(cli_global *g, int argc, char **argv);
 
 /* SIGPIPE as dlock found it (main ignores it); `run` restores it for its command. */
 extern struct sigaction cli_sigpipe_orig;

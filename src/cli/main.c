@@ -23,6 +23,7 @@ static const command commands[] = {
 	{ "status", cli_status, "show holders, fences, TTLs and waiters" },
 	{ "demo", cli_demo, "the access-token race, without and with a lock" },
 	{ "check", cli_check, "test a store's safety with faults; report overlaps and lost updates" },
+	{ "bench", cli_bench, "measure lock throughput against the store's own floor" },
 	{ NULL, NULL, NULL },
 };
 

@@ -1,0 +1,42 @@
+/*
+ * bench.h — `dlock bench` internals shared by bench.c and bench_baseline.c.
+ *
+ * A "floor" is the store's own cost for the round trips one acquire+release
+ * needs, done with the store's client library directly on the same kind of
+ * connection the store uses (docs/performance.md lists them). `dlock bench`
+ * interleaves it with the lock loop in the same processes, so machine load
+ * hits both alike and the ratio is meaningful on a busy machine.
+ */
+#ifndef DLOCK_CLI_BENCH_H
+#define DLOCK_CLI_BENCH_H
+
+#include <stddef.h>
+
+typedef struct bench_floor bench_floor;
+
+/*
+ * Connect to the server behind `uri` (a dlock store URI) with its client
+ * library. Returns 0 with *out set; 1 when this store has no floor in this
+ * build (err says why: no client library compiled in, or a kind without
+ * one); -1 on a failure (err says what). Not thread-safe; one per process.
+ */
+int bench_floor_open(bench_floor **out, const char *uri, char *err, size_t errlen);
+
+/* What one step does, e.g. "2 x PING (hiredis)". Static text. */
+const char *bench_floor_what(const bench_floor *f);
+
+/* One step: the round trips of one acquire+release. 0, or -1 (err filled). */
+int bench_floor_step(bench_floor *f, char *err, size_t errlen);
+
+/*
+ * The server's count of request reads so far (Redis: INFO
+ * total_reads_processed, about one per round trip), or -1 when the store
+ * has no such counter.
+ * Used by the renewal workload to count round trips per tick.
+ */
+long long bench_floor_server_ops(bench_floor *f);
+
+/* Close the connection and free f (NULL is fine). */
+void bench_floor_close(bench_floor *f);
+
+#endif
