@@ -200,31 +200,50 @@ static char *find_command(const char *cmd)
 	}
 }
 
-/* environ without DLOCK_NAME/DLOCK_FENCE, plus ours. */
-static char **child_env(const char *name, uint64_t fence)
+/*
+ * environ without DLOCK_NAME/DLOCK_FENCE, plus ours. A password in
+ * DLOCK_STORE never reaches the child. When the store came from DLOCK_STORE
+ * and dlock_store_uri() (which masks a password as "***") differs from it,
+ * the child gets the masked URI: a nested dlock then fails loudly (EAUTH)
+ * instead of quietly using another store. A DLOCK_STORE we did not use
+ * (--store given) that has user info is left out: we cannot vouch for it.
+ */
+static char **child_env(const char *name, uint64_t fence, const cli_global *g, dlock_store *store)
 {
 	size_t n = 0;
 	while (environ && environ[n])
 		n++;
-	char **env = calloc(n + 3, sizeof *env);
+	char **env = calloc(n + 4, sizeof *env);
 	if (!env)
 		return NULL;
+	const char *se = getenv("DLOCK_STORE");
+	const char *masked = dlock_store_uri(store);
+	bool from_env = !g->store && se && *se;
+	bool replace = from_env && masked && strcmp(se, masked) != 0;
+	bool drop = replace || (!from_env && se && strchr(se, '@'));
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++)
 		if (strncmp(environ[i], "DLOCK_NAME=", 11) != 0 &&
-		    strncmp(environ[i], "DLOCK_FENCE=", 12) != 0)
+		    strncmp(environ[i], "DLOCK_FENCE=", 12) != 0 &&
+		    !(drop && strncmp(environ[i], "DLOCK_STORE=", 12) == 0))
 			env[k++] = environ[i];
 	size_t nlen = strlen(name) + sizeof "DLOCK_NAME=";
+	size_t slen = replace ? strlen(masked) + sizeof "DLOCK_STORE=" : 0;
 	env[k] = malloc(nlen);
 	env[k + 1] = malloc(48);
-	if (!env[k] || !env[k + 1]) {
+	if (replace)
+		env[k + 2] = malloc(slen);
+	if (!env[k] || !env[k + 1] || (replace && !env[k + 2])) {
 		free(env[k]);
 		free(env[k + 1]);
+		free(env[k + 2]);
 		free(env);
 		return NULL;
 	}
 	snprintf(env[k], nlen, "DLOCK_NAME=%s", name);
 	snprintf(env[k + 1], 48, "DLOCK_FENCE=%llu", (unsigned long long)fence);
+	if (replace)
+		snprintf(env[k + 2], slen, "DLOCK_STORE=%s", masked);
 	return env;
 }
 
@@ -232,14 +251,12 @@ static void free_env(char **env)
 {
 	if (!env)
 		return;
-	size_t n = 0;
-	while (env[n])
-		n++;
-	/* Only the last two entries are ours; the rest belong to environ. */
-	if (n >= 2) {
-		free(env[n - 2]);
-		free(env[n - 1]);
-	}
+	/* Ours start at DLOCK_NAME= (environ's own DLOCK_NAME was left out). */
+	size_t i = 0;
+	while (env[i] && strncmp(env[i], "DLOCK_NAME=", 11) != 0)
+		i++;
+	for (; env[i]; i++)
+		free(env[i]);
 	free(env);
 }
 
@@ -462,7 +479,7 @@ int cli_run(cli_global *g, int argc, char **argv)
 	pthread_mutex_unlock(&phase_mu);
 	cli_debug(g, "acquired '%s' with fence %llu", name, (unsigned long long)fence);
 
-	env = child_env(name, fence);
+	env = child_env(name, fence, g, store);
 	if (!env) {
 		cli_error(g, "out of memory");
 		rc = CLI_EXIT_FAIL;
