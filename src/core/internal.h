@@ -104,7 +104,7 @@ struct dlock_store {
 
 /* A held lock as the renewal thread sees it; owned by the lock, linked while held. */
 struct dlock__reg {
-	dlock__reg *next;
+	dlock__reg *next, *prev; /* doubly linked: unlinking is O(1) */
 	uint64_t id;            /* unique per hold (never reused) */
 	dlock_lock *lock;
 	int64_t next_renew;     /* CLOCK_MONOTONIC ms */

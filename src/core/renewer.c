@@ -16,14 +16,16 @@
 
 static void unlink_reg(dlock_store *s, dlock__reg *reg)
 {
-	for (dlock__reg **p = &s->regs; *p; p = &(*p)->next) {
-		if (*p == reg) {
-			*p = reg->next;
-			reg->next = NULL;
-			reg->lock->registered = false;
-			return;
-		}
-	}
+	if (!reg->lock->registered)
+		return;
+	if (reg->prev)
+		reg->prev->next = reg->next;
+	else
+		s->regs = reg->next;
+	if (reg->next)
+		reg->next->prev = reg->prev;
+	reg->next = reg->prev = NULL;
+	reg->lock->registered = false;
 }
 
 /* Under reg_mu: run on_lost of reg's lock without reg_mu held. */
@@ -173,7 +175,10 @@ void dlock__renewer_add(dlock_store *s, dlock__reg *reg)
 	pthread_mutex_lock(&s->reg_mu);
 	reg->id = __atomic_add_fetch(&ids, 1, __ATOMIC_RELAXED);
 	reg->in_batch = false;
+	reg->prev = NULL;
 	reg->next = s->regs;
+	if (s->regs)
+		s->regs->prev = reg;
 	s->regs = reg;
 	reg->lock->registered = true;
 	if (!s->renewer_started) {
