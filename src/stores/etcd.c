@@ -19,6 +19,7 @@
  * endpoint and the key slots.
  */
 #include "core/internal.h"
+#include "stores/etcd_parse.h"
 
 #include <curl/curl.h>
 #include <json-c/json.h>
@@ -89,7 +90,7 @@ typedef struct etcd {
 
 static const char b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-static char *b64_encode(const void *data, size_t len)
+char *dlock__etcd_b64_encode(const void *data, size_t len)
 {
 	const unsigned char *p = data;
 	char *out = malloc((len + 2) / 3 * 4 + 1), *o = out;
@@ -117,7 +118,7 @@ static int b64_val(int c)
 }
 
 /* Decode into a NUL-terminated malloc'd buffer; *len gets the byte count. NULL on bad input. */
-static char *b64_decode(const char *s, size_t *len)
+char *dlock__etcd_b64_decode(const char *s, size_t *len)
 {
 	size_t n = strlen(s);
 	char *out = malloc(n / 4 * 3 + 4), *o = out;
@@ -179,7 +180,7 @@ static int jbool(json_object *o, const char *k)
 
 static int jadd_b64(json_object *o, const char *k, const char *data, size_t len)
 {
-	char *b = b64_encode(data, len);
+	char *b = dlock__etcd_b64_encode(data, len);
 	if (!b)
 		return dlock__oom();
 	json_object_object_add(o, k, json_object_new_string(b));
@@ -219,7 +220,7 @@ static char *dir_of(const etcd *e, const char *name)
 	return d;
 }
 
-static char *unescape_name(const char *s, size_t n)
+char *dlock__etcd_unescape_name(const char *s, size_t n)
 {
 	char *out = malloc(n + 1), *o = out;
 	if (!out)
@@ -707,19 +708,7 @@ static json_object *cmp_create(const char *key, const char *end, const char *res
 	return c;
 }
 
-/* One key-value as read from a range answer. */
-typedef struct kv {
-	char *key;
-	int64_t create_rev;
-	int64_t lease;
-	/* from the value */
-	char *owner, *host;
-	int pid;
-	dlock_mode mode;
-	unsigned permits;
-} kv;
-
-static void kv_clear(kv *k)
+void dlock__etcd_kv_clear(kv *k)
 {
 	free(k->key);
 	free(k->owner);
@@ -727,24 +716,24 @@ static void kv_clear(kv *k)
 	memset(k, 0, sizeof(*k));
 }
 
-static void kvs_free(kv *k, size_t n)
+void dlock__etcd_kvs_free(kv *k, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
-		kv_clear(&k[i]);
+		dlock__etcd_kv_clear(&k[i]);
 	free(k);
 }
 
-static int kv_parse(json_object *j, kv *out)
+int dlock__etcd_kv_parse(json_object *j, kv *out)
 {
 	memset(out, 0, sizeof(*out));
 	const char *k = jstr(j, "key"), *v = jstr(j, "value");
 	out->create_rev = jint(j, "create_revision");
 	out->lease = jint(j, "lease");
 	out->permits = 1;
-	if (k && !(out->key = b64_decode(k, NULL)))
+	if (k && !(out->key = dlock__etcd_b64_decode(k, NULL)))
 		return dlock__oom();
 	if (v) {
-		char *text = b64_decode(v, NULL);
+		char *text = dlock__etcd_b64_decode(v, NULL);
 		json_object *val = text ? json_tokener_parse(text) : NULL;
 		free(text);
 		if (val) {
@@ -765,7 +754,7 @@ static int kv_parse(json_object *j, kv *out)
 }
 
 /* The kvs of responses[i] (a response_range) of a Txn answer. */
-static int txn_range(json_object *txn, size_t i, kv **out, size_t *n)
+int dlock__etcd_txn_range(json_object *txn, size_t i, kv **out, size_t *n)
 {
 	json_object *resps = jget(txn, "responses");
 	json_object *r = resps && json_object_is_type(resps, json_type_array) &&
@@ -784,8 +773,8 @@ static int txn_range(json_object *txn, size_t i, kv **out, size_t *n)
 	if (!k)
 		return dlock__oom();
 	for (size_t x = 0; x < cnt; x++) {
-		if (kv_parse(json_object_array_get_idx(arr, x), &k[x]) != 0) {
-			kvs_free(k, x + 1);
+		if (dlock__etcd_kv_parse(json_object_array_get_idx(arr, x), &k[x]) != 0) {
+			dlock__etcd_kvs_free(k, x + 1);
 			return DLOCK_ENOMEM;
 		}
 	}
@@ -1049,7 +1038,7 @@ static int find_by_owner(etcd *e, const dlock_request *req, keyset *n, int64_t *
 	json_object_array_add(ok, op_range(n->dir, n->end, 1, 0, 0));
 	if ((rc = txn(e, e->cmd, NULL, ok, NULL, &resp, NULL)) != 0)
 		return rc;
-	rc = txn_range(resp, 0, &keys, &nk);
+	rc = dlock__etcd_txn_range(resp, 0, &keys, &nk);
 	json_object_put(resp);
 	for (size_t i = 0; rc == 0 && i < nk && !n->key; i++) {
 		if (keys[i].owner && strcmp(keys[i].owner, req->owner) == 0) {
@@ -1058,7 +1047,7 @@ static int find_by_owner(etcd *e, const dlock_request *req, keyset *n, int64_t *
 			*create_rev = keys[i].create_rev;
 		}
 	}
-	kvs_free(keys, nk);
+	dlock__etcd_kvs_free(keys, nk);
 	if (rc == 0 && !n->key)
 		rc = dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "%s: not held by %s", req->name, req->owner);
 	return rc;
@@ -1218,19 +1207,19 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 				mine[0].lease = lease_id;
 				mine[0].mode = req->mode;
 				mine[0].permits = permits;
-				rc = txn_range(resp, 1, &keys, &nkeys);
+				rc = dlock__etcd_txn_range(resp, 1, &keys, &nkeys);
 			}
-		} else if ((rc = txn_range(resp, 0, &mine, &nmine)) == 0) {
-			rc = txn_range(resp, 1, &keys, &nkeys);
+		} else if ((rc = dlock__etcd_txn_range(resp, 0, &mine, &nmine)) == 0) {
+			rc = dlock__etcd_txn_range(resp, 1, &keys, &nkeys);
 		}
 		json_object_put(resp);
 		if (rc != 0) {
-			kvs_free(mine, nmine);
-			kvs_free(keys, nkeys);
+			dlock__etcd_kvs_free(mine, nmine);
+			dlock__etcd_kvs_free(keys, nkeys);
 			break;
 		}
 		if (nmine == 0) {
-			kvs_free(keys, nkeys);
+			dlock__etcd_kvs_free(keys, nkeys);
 			if (queued) { /* our queue key is gone (its lease ended): queue again */
 				queued = 0;
 				attempt--;
@@ -1248,8 +1237,8 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 		int64_t key_lease = mine[0].lease;
 		hold_set_lease(e, req, key_lease);
 		uint64_t rev = (uint64_t)mine[0].create_rev;
-		kvs_free(mine, nmine);
-		kvs_free(keys, nkeys);
+		dlock__etcd_kvs_free(mine, nmine);
+		dlock__etcd_kvs_free(keys, nkeys);
 		if (granted) {
 			lease *kl = lease_find_id(e, key_lease);
 			int64_t left;
@@ -1402,7 +1391,7 @@ static int etcd_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 	json_object_array_add(ok, op_range(nm.key, NULL, 0, 0, 1));
 	if ((rc = txn(e, e->cmd, NULL, ok, NULL, &resp, NULL)) != 0)
 		goto out;
-	rc = txn_range(resp, 0, &mine, &nmine);
+	rc = dlock__etcd_txn_range(resp, 0, &mine, &nmine);
 	json_object_put(resp);
 	if (rc != 0)
 		goto out;
@@ -1445,7 +1434,7 @@ static int etcd_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 			rc = dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "%s: lease expired", req->name);
 	}
 out:
-	kvs_free(mine, nmine);
+	dlock__etcd_kvs_free(mine, nmine);
 	names_free(&nm);
 	return rc;
 }
@@ -1492,10 +1481,10 @@ static int etcd_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, i
 		for (size_t i = 0; i < cnt && rc == 0; i++) {
 			kv *k;
 			size_t nk;
-			if ((rc = txn_range(resp, i, &k, &nk)) != 0)
+			if ((rc = dlock__etcd_txn_range(resp, i, &k, &nk)) != 0)
 				break;
 			leases[from + i] = nk ? k[0].lease : 0;
-			kvs_free(k, nk);
+			dlock__etcd_kvs_free(k, nk);
 		}
 		json_object_put(resp);
 	}
@@ -1527,13 +1516,7 @@ static int etcd_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, i
 /* ------------------------------------------------------------------ */
 /* wait: watch the key we queue behind */
 
-typedef struct watch_ctx {
-	json_tokener *tok;
-	int created;
-	int done;
-} watch_ctx;
-
-static void watch_object(watch_ctx *w, json_object *o)
+void dlock__etcd_watch_object(watch_ctx *w, json_object *o)
 {
 	json_object *r = jget(o, "result");
 	if (!r) {
@@ -1555,7 +1538,7 @@ static void watch_object(watch_ctx *w, json_object *o)
 }
 
 /* The stream is JSON objects separated by newlines; one may span chunks. */
-static size_t watch_write(char *data, size_t size, size_t nmemb, void *ud)
+size_t dlock__etcd_watch_write(char *data, size_t size, size_t nmemb, void *ud)
 {
 	watch_ctx *w = ud;
 	size_t len = size * nmemb, off = 0;
@@ -1570,7 +1553,7 @@ static size_t watch_write(char *data, size_t size, size_t nmemb, void *ud)
 			w->done = 1;
 			break;
 		}
-		watch_object(w, o);
+		dlock__etcd_watch_object(w, o);
 		json_object_put(o);
 		off += used ? used : len - off;
 	}
@@ -1604,7 +1587,7 @@ static int watch(etcd *e, CURL *h, const char *key, const char *end, int64_t sta
 		json_object_put(body);
 		return dlock__oom();
 	}
-	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, watch_write);
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, dlock__etcd_watch_write);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
 	run(e, xs, 1);
 	json_tokener_free(w.tok);
@@ -1649,7 +1632,8 @@ static int etcd_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 	if (rpc(e, h, "/v3/kv/txn", body, &resp, NULL, timeout_ms > 100 ? (long)timeout_ms : 100) != 0)
 		goto out;
 	int64_t rev = jint(jget(resp, "header"), "revision");
-	if (txn_range(resp, 0, &mine, &nmine) != 0 || txn_range(resp, 1, &keys, &nkeys) != 0 || !nmine)
+	if (dlock__etcd_txn_range(resp, 0, &mine, &nmine) != 0 ||
+	    dlock__etcd_txn_range(resp, 1, &keys, &nkeys) != 0 || !nmine)
 		goto out; /* our key is gone: acquire queues again */
 	const kv *target = NULL;
 	unsigned permits = req->permits ? req->permits : 1;
@@ -1667,8 +1651,8 @@ static int etcd_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 		watch(e, h, nm.dir, nm.end, rev + 1, left);
 out:
 	json_object_put(resp);
-	kvs_free(mine, nmine);
-	kvs_free(keys, nkeys);
+	dlock__etcd_kvs_free(mine, nmine);
+	dlock__etcd_kvs_free(keys, nkeys);
 	names_free(&nm);
 	if (h)
 		pool_put(e, h);
@@ -1736,7 +1720,7 @@ static int etcd_status(dlock_backend *be, const char *const *names, size_t nname
 			free(end);
 			if ((rc = txn(e, e->cmd, NULL, ok, NULL, &resp, NULL)) != 0)
 				break;
-			rc = txn_range(resp, 0, &keys, &nk);
+			rc = dlock__etcd_txn_range(resp, 0, &keys, &nk);
 			json_object_put(resp);
 			dlock_lock_status *st = rc == 0 ? dlock__status_add(out, count) : NULL;
 			if (rc == 0 && !st)
@@ -1745,7 +1729,7 @@ static int etcd_status(dlock_backend *be, const char *const *names, size_t nname
 				rc = DLOCK_ENOMEM;
 			if (rc == 0)
 				rc = fill_status(e, st, keys, nk);
-			kvs_free(keys, nk);
+			dlock__etcd_kvs_free(keys, nk);
 		}
 	} else {
 		char *pre = dlock__sprintf("%s/", e->prefix), *end = pre ? range_end(pre) : NULL;
@@ -1760,7 +1744,7 @@ static int etcd_status(dlock_backend *be, const char *const *names, size_t nname
 		json_object_array_add(ok, op_range(pre, end, 1, 0, 0));
 		free(end);
 		if ((rc = txn(e, e->cmd, NULL, ok, NULL, &resp, NULL)) == 0) {
-			rc = txn_range(resp, 0, &keys, &nk);
+			rc = dlock__etcd_txn_range(resp, 0, &keys, &nk);
 			json_object_put(resp);
 		}
 		/* Group by directory, keeping create-revision order inside each group. */
@@ -1789,7 +1773,7 @@ static int etcd_status(dlock_backend *be, const char *const *names, size_t nname
 				}
 			}
 			dlock_lock_status *st = dlock__status_add(out, count);
-			if (!st || !(st->name = unescape_name(keys[i].key + plen, dlen - plen - 1)))
+			if (!st || !(st->name = dlock__etcd_unescape_name(keys[i].key + plen, dlen - plen - 1)))
 				rc = DLOCK_ENOMEM;
 			else
 				rc = fill_status(e, st, grp, ng);
@@ -1797,7 +1781,7 @@ static int etcd_status(dlock_backend *be, const char *const *names, size_t nname
 		}
 		free(done);
 		free(pre);
-		kvs_free(keys, nk);
+		dlock__etcd_kvs_free(keys, nk);
 	}
 	if (rc != 0) {
 		dlock_status_free(*out, *count);

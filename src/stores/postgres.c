@@ -41,6 +41,7 @@ typedef struct mark {
 typedef struct pg_backend {
 	dlock_backend base;
 	char *host, *port, *user, *password, *dbname, *sslmode, *connect_timeout;
+	char *sslrootcert, *sslcert, *sslkey; /* TLS files, passed to libpq as they are */
 	char *ns;
 	int advisory;
 	PGconn *conn; /* under the store mutex */
@@ -120,7 +121,7 @@ static int query_error(PGconn *c, PGresult *res, const char *what)
 
 static PGconn *connect_db(pg_backend *be, int *code)
 {
-	const char *keys[16], *vals[16];
+	const char *keys[24], *vals[24];
 	int n = 0;
 #define KV(k, v)                  \
 	do {                      \
@@ -135,6 +136,9 @@ static PGconn *connect_db(pg_backend *be, int *code)
 	KV("password", be->password);
 	KV("dbname", be->dbname);
 	KV("sslmode", be->sslmode);
+	KV("sslrootcert", be->sslrootcert);
+	KV("sslcert", be->sslcert);
+	KV("sslkey", be->sslkey);
 	KV("connect_timeout", be->connect_timeout);
 	KV("application_name", "dlock");
 	/* A dead client's connection (and its advisory locks) must go away. */
@@ -198,6 +202,8 @@ static int main_conn(pg_backend *be, PGconn **out)
 static int run(PGconn *c, const char *what, const char *sql, int n, const char *const *vals,
 	       PGresult **out)
 {
+	if (out)
+		*out = NULL; /* defined on every path (and -O3 can see it) */
 	PGresult *r = PQexecParams(c, sql, n, NULL, vals, NULL, NULL, 0);
 	ExecStatusType s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
 	if (s != PGRES_TUPLES_OK && s != PGRES_COMMAND_OK) {
@@ -307,7 +313,7 @@ static const char schema_sql[] =
 
 static int ensure_schema(pg_backend *be)
 {
-	PGconn *c;
+	PGconn *c = NULL;
 	int rc = main_conn(be, &c);
 	if (rc)
 		return rc;
@@ -551,7 +557,7 @@ static void i64s(char *buf, size_t n, int64_t v)
 static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	pg_backend *be = (pg_backend *)base;
-	PGconn *c;
+	PGconn *c = NULL;
 	int rc = main_conn(be, &c);
 	if (rc)
 		return rc;
@@ -590,7 +596,7 @@ static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 static int tbl_release(dlock_backend *base, dlock_request *req)
 {
 	pg_backend *be = (pg_backend *)base;
-	PGconn *c;
+	PGconn *c = NULL;
 	int rc = main_conn(be, &c);
 	if (rc)
 		return rc;
@@ -613,7 +619,7 @@ static int tbl_release(dlock_backend *base, dlock_request *req)
 static int tbl_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
 {
 	pg_backend *be = (pg_backend *)base;
-	PGconn *c;
+	PGconn *c = NULL;
 	int rc = main_conn(be, &c);
 	if (rc)
 		return rc;
@@ -696,7 +702,7 @@ static int arr_close(arr *a)
 static int tbl_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
 {
 	pg_backend *be = (pg_backend *)base;
-	PGconn *c;
+	PGconn *c = NULL;
 	int rc = main_conn(be, &c);
 	if (rc)
 		return rc;
@@ -746,7 +752,7 @@ static int tbl_cancel(dlock_backend *base, dlock_request *req)
 {
 	pg_backend *be = (pg_backend *)base;
 	mark_forget(be, req);
-	PGconn *c;
+	PGconn *c = NULL;
 	int rc = main_conn(be, &c);
 	if (rc)
 		return rc;
@@ -784,7 +790,7 @@ static int tbl_status(dlock_backend *base, const char *const *names, size_t nnam
 		      dlock_lock_status **out, size_t *count)
 {
 	pg_backend *be = (pg_backend *)base;
-	PGconn *c;
+	PGconn *c = NULL;
 	int rc = main_conn(be, &c);
 	if (rc)
 		return rc;
@@ -1216,7 +1222,7 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
 				       "advisory mode cannot list lock names (keys are hashes); "
 				       "ask for names");
-	PGconn *c;
+	PGconn *c = NULL;
 	int rc = main_conn(be, &c);
 	if (rc)
 		return rc;
@@ -1330,6 +1336,9 @@ static void pg_close(dlock_backend *base)
 	free(be->password);
 	free(be->dbname);
 	free(be->sslmode);
+	free(be->sslrootcert);
+	free(be->sslcert);
+	free(be->sslkey);
 	free(be->connect_timeout);
 	free(be->ns);
 	free(be);
@@ -1432,6 +1441,12 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 		rc = dup_opt(&be->dbname, db);
 	if (!rc)
 		rc = dup_opt(&be->sslmode, sslmode);
+	if (!rc)
+		rc = dup_opt(&be->sslrootcert, dlock_uri_param(uri, "sslrootcert"));
+	if (!rc)
+		rc = dup_opt(&be->sslcert, dlock_uri_param(uri, "sslcert"));
+	if (!rc)
+		rc = dup_opt(&be->sslkey, dlock_uri_param(uri, "sslkey"));
 	if (!rc)
 		rc = dup_opt(&be->ns, uri->prefix ? uri->prefix : "dlock");
 	dlock_free(hp);

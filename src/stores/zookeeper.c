@@ -28,6 +28,7 @@
  * and zookeeper_close (which joins that thread) is only called without it.
  */
 #include "core/internal.h"
+#include "stores/zookeeper_parse.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -156,7 +157,7 @@ static bool plain(unsigned char c)
 
 /* One znode name component for s: reversible percent-encoding of everything
  * but [A-Za-z0-9._-]; "." and ".." (not valid znode names) become %2E... */
-static char *escape(const char *s)
+char *dlock__zk_escape(const char *s)
 {
 	size_t n = strlen(s);
 	char *out = malloc(3 * n + 1);
@@ -190,7 +191,7 @@ static int hexval(char c)
 }
 
 /* The lock name an escaped component stands for; NULL if it is not one of ours. */
-static char *unescape(const char *s)
+char *dlock__zk_unescape(const char *s)
 {
 	char *out = malloc(strlen(s) + 1), *o = out;
 	if (!out)
@@ -212,22 +213,14 @@ static char *unescape(const char *s)
 	return out;
 }
 
-typedef enum { K_LOCK, K_READ, K_SEM } node_kind;
-
 static const char *kind_word(node_kind k)
 {
 	return k == K_READ ? "read" : k == K_SEM ? "sem" : "lock";
 }
 
-typedef struct child {
-	const char *name;
-	int64_t seq;
-	node_kind kind;
-} child;
-
 /* Parse "<anything>-<kind>-<10 digits>"; a sequential node of another client
  * (Curator's "-lock-", kazoo's "__lock__") counts as exclusive. */
-static bool parse_child(const char *name, child *c)
+bool dlock__zk_parse_child(const char *name, child *c)
 {
 	size_t n = strlen(name);
 	if (n < SEQ_DIGITS + 1)
@@ -508,7 +501,7 @@ static int session_for(zk_store *st, int64_t ttl_ms, zsess **out)
 
 static char *dir_of(zk_store *st, const char *name)
 {
-	char *e = escape(name);
+	char *e = dlock__zk_escape(name);
 	if (!e)
 		return NULL;
 	char *d = dlock__sprintf("%s/%s", st->root, e);
@@ -699,7 +692,8 @@ static int find_own(zk_store *st, hold *h)
 	child best = { NULL, -1, K_LOCK };
 	for (int i = 0; i < sv.count; i++) {
 		child c;
-		if (owned_by(sv.data[i], h->owner) && parse_child(sv.data[i], &c) && (!best.name || c.seq < best.seq))
+		if (owned_by(sv.data[i], h->owner) && dlock__zk_parse_child(sv.data[i], &c) &&
+		    (!best.name || c.seq < best.seq))
 			best = c;
 	}
 	for (int i = 0; i < sv.count && rc == ZOK; i++) {
@@ -818,7 +812,7 @@ static int evaluate_list(hold *h, dlock_request *req, const struct String_vector
 		return dlock__oom();
 	size_t n = 0;
 	for (int i = 0; i < sv->count; i++)
-		if (parse_child(sv->data[i], &cs[n]))
+		if (dlock__zk_parse_child(sv->data[i], &cs[n]))
 			n++;
 	qsort(cs, n, sizeof(*cs), by_seq);
 	const char *mine = base_name(h->node);
@@ -1400,7 +1394,7 @@ static int status_one(zk_store *st, zhandle_t *zh, const char *name, dlock_lock_
 	int rc = cs ? 0 : dlock__oom();
 	size_t n = 0;
 	for (int i = 0; cs && i < sv.count; i++)
-		if (parse_child(sv.data[i], &cs[n]))
+		if (dlock__zk_parse_child(sv.data[i], &cs[n]))
 			n++;
 	if (cs)
 		qsort(cs, n, sizeof(*cs), by_seq);
@@ -1500,7 +1494,7 @@ static int zk_status(dlock_backend *be, const char *const *names, size_t nnames,
 	if (r != ZOK)
 		return zerr(r, "list", st->root);
 	for (int i = 0; i < sv.count && !rc; i++) {
-		char *name = unescape(sv.data[i]);
+		char *name = dlock__zk_unescape(sv.data[i]);
 		if (!name || dlock_name_check(name) != 0) {
 			free(name);
 			continue;
@@ -1639,7 +1633,7 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 			 v6 ? "]" : "", hp[i].port);
 	}
 	dlock_free(hp);
-	char *pre = escape(uri->prefix);
+	char *pre = dlock__zk_escape(uri->prefix);
 	const char *chroot = strcmp(uri->path, "/") == 0 ? "" : uri->path;
 	size_t cl = strlen(chroot);
 	while (cl > 0 && chroot[cl - 1] == '/')

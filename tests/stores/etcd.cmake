@@ -19,3 +19,12 @@ add_test(NAME etcd.auth COMMAND etcd_cases auth)
 add_test(NAME etcd.cluster_failover COMMAND etcd_cases cluster)
 add_test(NAME etcd.tls COMMAND etcd_cases tls)
 set_tests_properties(etcd.auth etcd.cluster_failover etcd.tls PROPERTIES TIMEOUT 300 RUN_SERIAL ON)
+
+# etcd.auth_cli: through the dlock tool, on a member of its own with auth
+# enabled: a wrong password exits 69 and no output, message or child
+# environment ever shows a password (auth_cli.sh starts and stops the member).
+if(TARGET dlock_cli)
+  add_test(NAME etcd.auth_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/auth_cli.sh
+           $<TARGET_FILE:dlock_cli> etcd -)
+  set_tests_properties(etcd.auth_cli PROPERTIES RUN_SERIAL ON TIMEOUT 180)
+endif()

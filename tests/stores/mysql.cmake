@@ -27,3 +27,12 @@ add_test(NAME mysql.clock COMMAND mysql_clock ${FAKETIME})
 set_tests_properties(mysql.clock PROPERTIES
   FIXTURES_REQUIRED server.mysql RUN_SERIAL ON TIMEOUT 120
   ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_mysql}/uri")
+
+# mysql.auth_cli: through the dlock tool, a wrong password exits 69 and no
+# output, message or child environment ever shows a password (auth_cli.sh).
+if(TARGET dlock_cli)
+  add_test(NAME mysql.auth_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/auth_cli.sh
+           $<TARGET_FILE:dlock_cli> mysql ${DLOCK_SERVER_DIR_mysql}/uri)
+  set_tests_properties(mysql.auth_cli PROPERTIES
+    FIXTURES_REQUIRED server.mysql RUN_SERIAL ON TIMEOUT 180)
+endif()

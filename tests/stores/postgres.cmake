@@ -17,8 +17,10 @@ set_tests_properties(conformance.postgres_advisory PROPERTIES
 # not a skip) cannot change when a table-mode lease ends. postgres.errors: wrong
 # password, no server, bad options give EAUTH, EUNAVAILABLE, EINVAL. postgres.wake:
 # NOTIFY hands a lock down a chain of waiting threads without polling.
+# postgres.tls: sslmode require / verify-ca / verify-full against the test
+# server's own CA, a wrong CA refused, plain connections of a TLS-only role refused.
 find_program(FAKETIME faketime)
-foreach(t advisory clock errors wake)
+foreach(t advisory clock errors wake tls)
   add_executable(postgres_${t} postgres_${t}.c)
   target_link_libraries(postgres_${t} PRIVATE dlock_testutil ${LIBPQ_LINK_LIBRARIES})
   target_include_directories(postgres_${t} PRIVATE ${LIBPQ_INCLUDE_DIRS})
@@ -27,3 +29,12 @@ foreach(t advisory clock errors wake)
     FIXTURES_REQUIRED server.postgres RUN_SERIAL ON TIMEOUT 300
     ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_postgres}/uri")
 endforeach()
+
+# postgres.auth_cli: through the dlock tool, a wrong password exits 69 and no
+# output, message or child environment ever shows a password (auth_cli.sh).
+if(TARGET dlock_cli)
+  add_test(NAME postgres.auth_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/auth_cli.sh
+           $<TARGET_FILE:dlock_cli> postgres ${DLOCK_SERVER_DIR_postgres}/uri)
+  set_tests_properties(postgres.auth_cli PROPERTIES
+    FIXTURES_REQUIRED server.postgres RUN_SERIAL ON TIMEOUT 180)
+endif()

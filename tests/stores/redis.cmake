@@ -73,3 +73,18 @@ set_tests_properties(redis.sentinel PROPERTIES
   FIXTURES_REQUIRED server.redis-sentinel
   ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_REDIS_SENTINEL_DIR}/uri"
   TIMEOUT 120)
+
+# redis.auth_cli: through the dlock tool, a wrong password exits 69 and no
+# output, message or child environment ever shows a password (auth_cli.sh).
+if(TARGET dlock_cli)
+  add_test(NAME redis.auth_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/auth_cli.sh
+           $<TARGET_FILE:dlock_cli> redis ${DLOCK_SERVER_DIR_redis}/uri)
+  set_tests_properties(redis.auth_cli PROPERTIES
+    FIXTURES_REQUIRED server.redis RUN_SERIAL ON TIMEOUT 180)
+endif()
+if(TARGET dlock_cli AND DLOCK_WITH_REDLOCK)
+  add_test(NAME redlock.auth_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/auth_cli.sh
+           $<TARGET_FILE:dlock_cli> redlock ${DLOCK_SERVER_DIR_redlock}/uri)
+  set_tests_properties(redlock.auth_cli PROPERTIES
+    FIXTURES_REQUIRED server.redlock RUN_SERIAL ON TIMEOUT 180)
+endif()

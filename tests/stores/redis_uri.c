@@ -1,6 +1,7 @@
 /*
  * redis:// URIs as a user writes them, right and wrong: every mistake gets a
- * clear error code (and never echoes a password); ACL users and SELECT work.
+ * clear error code (and never echoes a password); ACL users, the default
+ * user's password (requirepass) and SELECT work.
  */
 #include "stores/redis_common_test.h"
 
@@ -57,6 +58,23 @@ int main(void)
 	CHECK_RC(try_open("redis://%s:%d,%s:%d", host, port, host, port), DLOCK_EINVAL);
 	CHECK_RC(try_open("redis://127.0.0.1:1"), DLOCK_EUNAVAILABLE);
 	CHECK_RC(try_open("rediss://%s:%d", host, port), DLOCK_ENOTSUPPORTED);
+	CHECK(strstr(dlock_error_last()->message, "stunnel") != NULL); /* names the alternative */
+
+	/* AUTH <password> of the default user (requirepass). raw stays logged in. */
+	r = redisCommand(raw, "CONFIG SET requirepass %s", "s3cr3tPW");
+	CHECK(r && r->type == REDIS_REPLY_STATUS);
+	if (r)
+		freeReplyObject(r);
+	CHECK_RC(try_open("redis://:s3cr3tPW@%s:%d", host, port), 0);
+	CHECK_RC(try_open("redis://:s3cr3tPW@%s:%d/2", host, port), 0);
+	CHECK_RC(try_open("redis://:wrong-s3cr3tPW@%s:%d", host, port), DLOCK_EAUTH);
+	CHECK_RC(try_open("redis://%s:%d", host, port), DLOCK_EAUTH); /* NOAUTH */
+	CHECK_RC(try_open("redis://dlocktest:s3cr3tPW@%s:%d", host, port), 0);
+	r = redisCommand(raw, "CONFIG SET requirepass %s", "");
+	CHECK(r && r->type == REDIS_REPLY_STATUS);
+	if (r)
+		freeReplyObject(r);
+	CHECK_RC(try_open("redis://%s:%d", host, port), 0);
 
 	r = redisCommand(raw, "ACL DELUSER dlocktest");
 	if (r)

@@ -39,3 +39,12 @@ foreach(t zookeeper_faults:zookeeper-own:zookeeper.sh:${DLOCK_ZK_OWN_DIR}
     ENVIRONMENT "DLOCK_TEST_URI_FILE=${dir}/uri"
     TIMEOUT 300)
 endforeach()
+
+# zookeeper.auth_cli: through the dlock tool, a wrong password exits 69 and no
+# output, message or child environment ever shows a password (auth_cli.sh).
+if(TARGET dlock_cli)
+  add_test(NAME zookeeper.auth_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/auth_cli.sh
+           $<TARGET_FILE:dlock_cli> zookeeper ${DLOCK_SERVER_DIR_zookeeper}/uri)
+  set_tests_properties(zookeeper.auth_cli PROPERTIES
+    FIXTURES_REQUIRED server.zookeeper RUN_SERIAL ON TIMEOUT 180)
+endif()
