@@ -121,6 +121,17 @@ enum { CLI_OPT_TTL = 1000, CLI_OPT_WAIT, CLI_OPT_NO_WAIT, CLI_OPT_SHARED, CLI_OP
 int cli_lockopt(const cli_global *g, cli_lockopts *lo, int id, const char *value);
 /* Cross-checks (--wait with --no-wait, --permits with --shared). */
 int cli_lockopts_check(const cli_global *g, const cli_lockopts *lo);
+
+/*
+ * For commands that take exactly NAME HANDLE (extend, release): parse, print
+ * `help` for --help (return CLI_HELP_SHOWN), check the lock options and the
+ * name. *name and *handle point into argv. Returns 0, CLI_HELP_SHOWN or an
+ * exit code (the message is printed).
+ */
+#define CLI_HELP_SHOWN (-1)
+int cli_parse_name_handle(cli_global *g, int argc, char **argv, const cli_opt *opts,
+			  cli_opt_fn fn, void *ctx, const cli_lockopts *lo, const char *help,
+			  const char **name, const char **handle);
 void cli_lockopts_apply(const cli_lockopts *lo, dlock_lock_options *opts);
 
 /*

@@ -430,3 +430,29 @@ void cli_handle_drop(dlock_lock *lock)
 		dlock_free(h);
 	dlock_lock_free(lock);
 }
+
+int cli_parse_name_handle(cli_global *g, int argc, char **argv, const cli_opt *opts,
+			  cli_opt_fn fn, void *ctx, const cli_lockopts *lo, const char *help,
+			  const char **name, const char **handle)
+{
+	cli_args a;
+	int rc = cli_parse(g, argc, argv, opts, fn, ctx, &a);
+	if (rc == 0 && a.help) {
+		printf(help, cli_global_help);
+		free(a.pos);
+		return CLI_HELP_SHOWN;
+	}
+	for (int i = 0; rc == 0 && a.dashdash && i < a.nrest; i++)
+		a.pos[a.npos++] = a.rest[i];
+	if (rc == 0 && a.npos != 2)
+		rc = cli_usage_error(g, "expected NAME HANDLE, got %d argument%s", a.npos,
+				     a.npos == 1 ? "" : "s");
+	if (rc == 0)
+		rc = cli_lockopts_check(g, lo);
+	*name = rc == 0 ? a.pos[0] : NULL;
+	*handle = rc == 0 ? a.pos[1] : NULL;
+	free(a.pos);
+	if (rc == 0)
+		rc = cli_name(g, *name);
+	return rc;
+}

@@ -77,26 +77,10 @@ static int extend_holder(const cli_global *g, const char *name, const char *hand
 int cli_extend(cli_global *g, int argc, char **argv)
 {
 	ctx c = { g, CLI_LOCKOPTS_INIT };
-	cli_args a;
-	int rc = cli_parse(g, argc, argv, opts, on_opt, &c, &a);
-	if (rc == 0 && a.help) {
-		printf(help, cli_global_help);
-		free(a.pos);
-		return 0;
-	}
-	for (int i = 0; rc == 0 && a.dashdash && i < a.nrest; i++)
-		a.pos[a.npos++] = a.rest[i];
-	if (rc == 0 && a.npos != 2)
-		rc = cli_usage_error(g, "expected NAME HANDLE, got %d argument%s", a.npos,
-				     a.npos == 1 ? "" : "s");
-	if (rc == 0)
-		rc = cli_lockopts_check(g, &c.lo);
-	const char *name = rc == 0 ? a.pos[0] : NULL, *handle = rc == 0 ? a.pos[1] : NULL;
-	free(a.pos);
-	if (rc == 0)
-		rc = cli_name(g, name);
+	const char *name, *handle;
+	int rc = cli_parse_name_handle(g, argc, argv, opts, on_opt, &c, &c.lo, help, &name, &handle);
 	if (rc != 0)
-		return rc;
+		return rc == CLI_HELP_SHOWN ? 0 : rc;
 
 	if (cli_holder_handle(handle))
 		return extend_holder(g, name, handle, c.lo.ttl_ms);
