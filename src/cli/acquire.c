@@ -36,22 +36,12 @@ static const cli_opt opts[] = {
 	{ NULL, 0, false, 0 },
 };
 
-typedef struct ctx {
-	cli_global *g;
-	cli_lockopts lo;
-} ctx;
-
-static int on_opt(void *p, int id, const char *value)
-{
-	ctx *c = p;
-	return cli_lockopt(c->g, &c->lo, id, value);
-}
 
 int cli_acquire(cli_global *g, int argc, char **argv)
 {
-	ctx c = { g, CLI_LOCKOPTS_INIT };
+	cli_lockopts_ctx c = { g, CLI_LOCKOPTS_INIT };
 	cli_args a;
-	int rc = cli_parse(g, argc, argv, opts, on_opt, &c, &a);
+	int rc = cli_parse(g, argc, argv, opts, cli_lockopts_on_opt, &c, &a);
 	if (rc == 0 && a.help) {
 		printf(help, cli_global_help);
 		free(a.pos);

@@ -122,6 +122,14 @@ int cli_lockopt(const cli_global *g, cli_lockopts *lo, int id, const char *value
 /* Cross-checks (--wait with --no-wait, --permits with --shared). */
 int cli_lockopts_check(const cli_global *g, const cli_lockopts *lo);
 
+/* The parse context of commands whose only options are lock options. */
+typedef struct cli_lockopts_ctx {
+	cli_global *g;
+	cli_lockopts lo;
+} cli_lockopts_ctx;
+/* cli_opt_fn for a cli_lockopts_ctx: hands each option to cli_lockopt. */
+int cli_lockopts_on_opt(void *ctx, int id, const char *value);
+
 /*
  * For commands that take exactly NAME HANDLE (extend, release): parse, print
  * `help` for --help (return CLI_HELP_SHOWN), check the lock options and the

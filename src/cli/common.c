@@ -456,3 +456,9 @@ int cli_parse_name_handle(cli_global *g, int argc, char **argv, const cli_opt *o
 		rc = cli_name(g, *name);
 	return rc;
 }
+
+int cli_lockopts_on_opt(void *ctx, int id, const char *value)
+{
+	cli_lockopts_ctx *c = ctx;
+	return cli_lockopt(c->g, &c->lo, id, value);
+}

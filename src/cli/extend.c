@@ -28,16 +28,6 @@ static const cli_opt opts[] = {
 	{ NULL, 0, false, 0 },
 };
 
-typedef struct ctx {
-	cli_global *g;
-	cli_lockopts lo;
-} ctx;
-
-static int on_opt(void *p, int id, const char *value)
-{
-	ctx *c = p;
-	return cli_lockopt(c->g, &c->lo, id, value);
-}
 
 static void print_hold(const cli_global *g, const char *name, const char *handle, uint64_t fence,
 		       int64_t ttl_left)
@@ -76,9 +66,9 @@ static int extend_holder(const cli_global *g, const char *name, const char *hand
 
 int cli_extend(cli_global *g, int argc, char **argv)
 {
-	ctx c = { g, CLI_LOCKOPTS_INIT };
+	cli_lockopts_ctx c = { g, CLI_LOCKOPTS_INIT };
 	const char *name, *handle;
-	int rc = cli_parse_name_handle(g, argc, argv, opts, on_opt, &c, &c.lo, help, &name, &handle);
+	int rc = cli_parse_name_handle(g, argc, argv, opts, cli_lockopts_on_opt, &c, &c.lo, help, &name, &handle);
 	if (rc != 0)
 		return rc == CLI_HELP_SHOWN ? 0 : rc;
 
