@@ -117,6 +117,9 @@ void dlock__renewer_remove(dlock_store *store, dlock__reg *reg);
 void dlock__renewer_stop(dlock_store *store);
 
 /* Lock internals shared between lock.c and renewer.c */
+/* Room for an owner token ("<client id hex>-<serial>") and its NUL. */
+#define DLOCK__OWNER_MAX 64
+
 typedef enum { DLOCK__IDLE, DLOCK__HELD, DLOCK__LOST } dlock__state;
 
 struct dlock_lock {
@@ -128,7 +131,7 @@ struct dlock_lock {
 	dlock__state state;
 	unsigned long count;     /* reentrant holds */
 	pthread_t thread;        /* holder thread */
-	char owner[64];
+	char owner[DLOCK__OWNER_MAX];
 	uint64_t fence;
 	int64_t deadline;        /* CLOCK_MONOTONIC ms; lease end minus drift */
 	bool attached;           /* from dlock_lock_attach: not renewed */

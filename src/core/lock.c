@@ -61,6 +61,29 @@ int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
 	return 0;
 }
 
+/* getpid() is a system call; the pid only changes in a fork's child. */
+static _Atomic int self_pid;
+static pthread_once_t self_pid_once = PTHREAD_ONCE_INIT;
+
+static void self_pid_forked(void)
+{
+	self_pid = 0;
+}
+
+static void self_pid_init(void)
+{
+	pthread_atfork(NULL, NULL, self_pid_forked);
+}
+
+static int pid_now(void)
+{
+	pthread_once(&self_pid_once, self_pid_init);
+	int pid = self_pid;
+	if (!pid)
+		self_pid = pid = (int)getpid();
+	return pid;
+}
+
 void dlock__lock_fill_request(dlock_lock *l)
 {
 	dlock_request *r = &l->req;
@@ -74,7 +97,7 @@ void dlock__lock_fill_request(dlock_lock *l)
 	r->ttl_ms = l->ttl_ms;
 	r->queue_ttl_ms = DLOCK__QUEUE_TTL_MS;
 	r->host = l->store->host;
-	r->pid = (int)getpid();
+	r->pid = pid_now();
 	r->slot = slot;
 }
 
@@ -230,6 +253,7 @@ static int release_in_store(dlock_lock *l)
 {
 	dlock_backend *be = l->store->be;
 	pthread_mutex_lock(&l->store->be_mu);
+	l->req.confirm = l->attached;
 	int rc = be->release(be, &l->req);
 	pthread_mutex_unlock(&l->store->be_mu);
 	l->req.slot = NULL;

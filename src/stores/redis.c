@@ -1079,6 +1079,13 @@ int dlock__rnotify_wait(dlock__rnotify *nt, dlock_request *req, const char *chan
 /* the redis:// backend                                                      */
 /* ------------------------------------------------------------------------ */
 
+/* Releases sent without waiting for their replies (release=pipelined). */
+#define PIPELINE_MAX 16
+typedef struct rpending {
+	char key[DLOCK__REDIS_KEY_MAX];
+	char owner[DLOCK__OWNER_MAX];
+} rpending;
+
 typedef struct rstore {
 	dlock_backend base;
 	dlock__rserver *srv; /* one */
@@ -1092,6 +1099,11 @@ typedef struct rstore {
 	dlock__rserver *sentinels; /* redis+sentinel://: where to ask for the master */
 	size_t nsentinels;
 	char *master_name;
+	bool pipelined;      /* release=pipelined */
+	rpending *pend;      /* [PIPELINE_MAX]: sent, reply not read yet, in order */
+	size_t npend;
+	rpending *again;     /* [PIPELINE_MAX]: answered NOSCRIPT, to send again */
+	size_t nagain;
 } rstore;
 
 /*
@@ -1156,6 +1168,67 @@ static bool timed_out(const redisContext *c)
 }
 
 /*
+ * Read the replies of the pipelined releases, which come before the reply of
+ * anything sent after them. A release the server did not run because its
+ * script cache was flushed (NOSCRIPT) goes to s->again, for resend_releases.
+ * @return 0; -1 when the connection broke (s->c->err says why): a release
+ * that did not reach the server ends with its lease.
+ */
+static int read_pending(rstore *s)
+{
+	size_t n = s->npend;
+	s->npend = 0;
+	for (size_t i = 0; i < n; i++) {
+		void *v = NULL;
+		if (redisGetReply(s->c, &v) != REDIS_OK || !v)
+			return -1;
+		redisReply *r = v;
+		if (r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOSCRIPT", 8) && s->nagain < PIPELINE_MAX)
+			s->again[s->nagain++] = s->pend[i];
+		/* any other answer needs nothing: 0 = the hold had already ended */
+		freeReplyObject(r);
+	}
+	return 0;
+}
+
+/* Send one command and read its reply, after the replies of the pipelined
+ * releases sent before it: the release and this command share one round trip. */
+static redisReply *exchange(rstore *s, int argc, const char **argv, const size_t *lens)
+{
+	if (redisAppendCommandArgv(s->c, argc, argv, lens) != REDIS_OK || read_pending(s) != 0)
+		return NULL;
+	void *v = NULL;
+	return redisGetReply(s->c, &v) == REDIS_OK ? v : NULL;
+}
+
+static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, size_t *lens, int *rc);
+
+/* Send again, confirmed this time, the pipelined releases that met a flushed script cache. */
+static void resend_releases(rstore *s)
+{
+	while (s->nagain) {
+		rpending p = s->again[--s->nagain];
+		const char *argv[5] = { NULL, NULL, "1", p.key, p.owner };
+		size_t lens[5] = { 0, 0, 1, strlen(p.key), strlen(p.owner) };
+		int rc;
+		redisReply *r = run_argv(s, DLOCK__RS_RELEASE, 5, argv, lens, &rc);
+		if (r)
+			freeReplyObject(r);
+	}
+}
+
+/* Before using the connection for anything but a script: the pipelined
+ * releases' replies first. */
+static void settle(rstore *s)
+{
+	if (s->c && s->npend && read_pending(s) != 0) {
+		redisFree(s->c);
+		s->c = NULL;
+	}
+	resend_releases(s);
+}
+
+/*
  * Run a script: EVALSHA, EVAL on NOSCRIPT (a restarted or flushed server;
  * EVAL also caches it again). A connection found dead (the server restarted
  * since our last call) is replaced and the call tried once more — every
@@ -1182,7 +1255,7 @@ static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, 
 			argv[1] = eval ? dlock__rscript_text[script] : s->sha[script];
 			lens[0] = strlen(argv[0]);
 			lens[1] = strlen(argv[1]);
-			r = redisCommandArgv(s->c, argc, argv, lens);
+			r = exchange(s, argc, argv, lens);
 			if (!eval && r && r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOSCRIPT", 8)) {
 				freeReplyObject(r);
 				eval = true;
@@ -1204,12 +1277,18 @@ static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, 
 				return NULL;
 			}
 			*rc = 0;
+			if (s->nagain) {
+				bool retried = s->retried;
+				resend_releases(s);
+				s->retried = retried;
+			}
 			return r;
 		}
 		*rc = dlock__rconn_error(s->c, &s->srv[0], KIND);
 		bool timeout = timed_out(s->c);
 		redisFree(s->c);
 		s->c = NULL;
+		s->npend = 0;
 		if (fresh || timeout)
 			return NULL;
 	}
@@ -1246,6 +1325,38 @@ static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	return rc;
 }
 
+/*
+ * release=pipelined: write the release and return without its reply; the
+ * next command on the connection reads it (exchange). The script still checks
+ * the owner; what the caller gives up is the answer ("was it still ours?").
+ * @return false when it could not be sent (no connection): confirm instead.
+ */
+static bool send_release(rstore *s, dlock__rargs *a)
+{
+	if (s->npend == PIPELINE_MAX || !s->sha[DLOCK__RS_RELEASE][0])
+		settle(s);
+	if (!s->c || !s->sha[DLOCK__RS_RELEASE][0])
+		return false;
+	a->argv[0] = "EVALSHA";
+	a->argv[1] = s->sha[DLOCK__RS_RELEASE];
+	a->lens[0] = 7;
+	a->lens[1] = 40;
+	int done = 0;
+	if (redisAppendCommandArgv(s->c, a->argc, a->argv, a->lens) != REDIS_OK)
+		return false;
+	while (!done)
+		if (redisBufferWrite(s->c, &done) != REDIS_OK) {
+			redisFree(s->c); /* unknown whether it arrived: the confirmed path sends it again */
+			s->c = NULL;
+			s->npend = 0;
+			return false;
+		}
+	rpending *p = &s->pend[s->npend++];
+	snprintf(p->key, sizeof(p->key), "%.*s", (int)a->lens[3], a->argv[3]);
+	snprintf(p->owner, sizeof(p->owner), "%.*s", (int)a->lens[4], a->argv[4]);
+	return true;
+}
+
 static int r_release(dlock_backend *be, dlock_request *req)
 {
 	rstore *s = RS(be);
@@ -1254,6 +1365,8 @@ static int r_release(dlock_backend *be, dlock_request *req)
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_owner(&a, &k, req);
 	dlock__rnotify_forget(s->nt, req);
+	if (s->pipelined && !req->confirm && send_release(s, &a))
+		return 0;
 	int rc;
 	redisReply *r = run(s, DLOCK__RS_RELEASE, &a, &rc);
 	if (!r)
@@ -1450,6 +1563,7 @@ static int r_status(dlock_backend *be, const char *const *names, size_t nnames, 
 	}
 	char **all = NULL;
 	size_t n = 0;
+	settle(s);
 	int rc = s->c ? 0 : connect_cmd(s);
 	if (!rc)
 		rc = dlock__rscan_names(&s->c, &s->srv[0], s->prefix, KIND, &all, &n);
@@ -1472,9 +1586,13 @@ static void r_close(dlock_backend *be)
 	rstore *s = RS(be);
 	if (!s)
 		return;
+	if (s->pend)
+		settle(s); /* confirm what is pipelined before the connection goes */
 	dlock__rnotify_free(s->nt);
 	if (s->c)
 		redisFree(s->c);
+	free(s->pend);
+	free(s->again);
 	free(s->srv);
 	free(s->sentinels);
 	free(s->master_name);
@@ -1572,6 +1690,18 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 		goto oom;
 	s->srv[0].user = s->user;
 	s->srv[0].password = s->password;
+	const char *rel = dlock_uri_param(uri, "release");
+	if (rel && strcmp(rel, "confirmed") != 0 && strcmp(rel, "pipelined") != 0) {
+		rc = dlock_error_set(DLOCK_EINVAL, KIND, NULL, "option release: want confirmed or pipelined, not '%s'",
+				     rel);
+		goto fail;
+	}
+	if (rel && !strcmp(rel, "pipelined")) {
+		s->pipelined = true;
+		if (!(s->pend = dlock__calloc(PIPELINE_MAX, sizeof(*s->pend))) ||
+		    !(s->again = dlock__calloc(PIPELINE_MAX, sizeof(*s->again))))
+			goto oom;
+	}
 	if ((rc = dlock__rnotify_new(&s->nt, s->srv, 1, KIND)) != 0)
 		goto fail;
 	if ((rc = connect_cmd(s)) != 0)

@@ -2,6 +2,12 @@
 # real redis-server, plus the store's own cases.
 dlock_store_suite(redis redis.sh)
 
+# The same suite with release=pipelined (releases not waiting for their reply).
+add_test(NAME conformance.redis_pipelined
+  COMMAND sh -c "exec \"$0\" \"$(cat \"$1\")?release=pipelined\"" $<TARGET_FILE:conformance> ${DLOCK_SERVER_DIR_redis}/uri)
+set_tests_properties(conformance.redis_pipelined PROPERTIES
+  FIXTURES_REQUIRED server.redis TIMEOUT ${DLOCK_TEST_TIMEOUT} RUN_SERIAL ON)
+
 # The store's own tests run on a server of their own ("redis-own"): they count
 # commands server-wide and kill/restart it, which must not disturb other tests.
 set(DLOCK_REDIS_OWN_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redis-own)
@@ -12,7 +18,7 @@ add_test(NAME server.redis-own.stop
 set_tests_properties(server.redis-own.start PROPERTIES FIXTURES_SETUP server.redis-own TIMEOUT 120)
 set_tests_properties(server.redis-own.stop PROPERTIES FIXTURES_CLEANUP server.redis-own)
 
-foreach(t redis_wake redis_crash redis_uri)
+foreach(t redis_wake redis_crash redis_uri redis_pipeline)
   add_executable(${t} ${t}.c)
   target_link_libraries(${t} PRIVATE dlock_testutil)
   target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${HIREDIS_INCLUDE_DIRS})

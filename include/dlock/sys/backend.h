@@ -80,6 +80,10 @@ typedef struct dlock_request {
 	int pid;               /**< for status: this process id */
 	void *slot;            /**< the store's own per-hold state; kept by the core from
 				    acquire to release (connection-held locks) */
+	int confirm;           /**< release: the caller needs the store's answer (a hold
+				    attached from a handle, which may not exist); a store
+				    that can send a release without waiting for its reply
+				    must not do so then */
 } dlock_request;
 
 typedef struct dlock_backend dlock_backend;
@@ -99,7 +103,12 @@ struct dlock_backend {
 	 */
 	int (*acquire)(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms);
 
-	/** Release req->owner's hold. @return 0; DLOCK_ENOTHELD (changed nothing). */
+	/**
+	 * Release req->owner's hold. @return 0; DLOCK_ENOTHELD (changed nothing).
+	 * Unless req->confirm, a store may return 0 once the release is sent,
+	 * before the server answers, if the server applies it before anything
+	 * this backend sends later (Redis with release=pipelined).
+	 */
 	int (*release)(dlock_backend *be, dlock_request *req);
 
 	/** Set req->owner's lease to ttl_ms from now. @return 0; DLOCK_ENOTHELD. */
