@@ -14,24 +14,38 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SCHEMA_VERSION 1
+#define SCHEMA_VERSION 2
 
 enum {
 	Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
-	Q_PURGE_HOLDERS, Q_PURGE_WAITERS, Q_HOLDERS, Q_MYSEQ, Q_AHEAD, Q_WRITER_WAITING,
-	Q_ENQUEUE, Q_FENCE, Q_INSERT_HOLDER, Q_DEQUEUE, Q_RELEASE, Q_EXTEND,
+	Q_PURGE_HOLDERS, Q_PURGE_WAITERS, Q_HOLDERS, Q_ANY_WAITERS, Q_MYSEQ, Q_AHEAD, Q_WRITER_WAITING,
+	Q_ENQUEUE, Q_FENCE_BUMP, Q_FENCE_NEW, Q_INSERT_HOLDER, Q_DEQUEUE, Q_RELEASE, Q_EXTEND,
 	Q_STATUS_HOLDERS, Q_STATUS_FENCE, Q_STATUS_WAITERS, Q_STATUS_NAMES,
 	Q_COUNT
 };
+
+/*
+ * A name's fence counter is a row of dlock_holders with owner '' (owner tokens
+ * are never empty) and an expiry no clock reaches, so it sits in the same
+ * B-tree page as the name's holders: a grant dirties one page, not two. Every
+ * query about holders says owner>''. "OR FAIL" on the writes inside BEGIN
+ * IMMEDIATE: a single-row statement has nothing of its own to undo, so SQLite
+ * needs no statement journal for it (ABORT would allocate and copy one).
+ */
+#define FENCE_ROW_EXPIRES "9223372036854775807"
 
 static const char *const sql[Q_COUNT] = {
 	[Q_BEGIN] = "BEGIN IMMEDIATE",
 	[Q_COMMIT] = "COMMIT",
 	[Q_ROLLBACK] = "ROLLBACK",
-	[Q_PURGE_HOLDERS] = "DELETE FROM dlock_holders WHERE ns=?1 AND name=?2 AND expires<=?3",
+	[Q_PURGE_HOLDERS] = "DELETE FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner>'' AND expires<=?3",
 	[Q_PURGE_WAITERS] = "DELETE FROM dlock_waiters WHERE ns=?1 AND name=?2 AND expires<=?3",
-	[Q_HOLDERS] = "SELECT mode, count(*), min(expires) FROM dlock_holders "
-		      "WHERE ns=?1 AND name=?2 GROUP BY mode",
+	/* live holders: shared, other, earliest expiry; and how many expired rows to purge */
+	[Q_HOLDERS] = "SELECT count(CASE WHEN expires>?3 AND mode=1 THEN 1 END),"
+		      " count(CASE WHEN expires>?3 AND mode<>1 THEN 1 END),"
+		      " min(CASE WHEN expires>?3 THEN expires END), count(CASE WHEN expires<=?3 THEN 1 END)"
+		      " FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner>''",
+	[Q_ANY_WAITERS] = "SELECT EXISTS(SELECT 1 FROM dlock_waiters WHERE ns=?1 AND name=?2)",
 	[Q_MYSEQ] = "SELECT seq FROM dlock_waiters WHERE ns=?1 AND name=?2 AND owner=?3",
 	/* waiters ahead of seq ?3 (all when ?3 is NULL): how many, and how many want exclusive */
 	[Q_AHEAD] = "SELECT count(*), coalesce(sum(mode=0),0) FROM dlock_waiters "
@@ -41,18 +55,20 @@ static const char *const sql[Q_COUNT] = {
 	[Q_ENQUEUE] = "INSERT INTO dlock_waiters(ns,name,owner,mode,expires,host,pid) VALUES(?1,?2,?3,?4,?5,?6,?7) "
 		      "ON CONFLICT(ns,name,owner) DO UPDATE SET expires=excluded.expires "
 		      "WHERE expires < excluded.expires - ?8",
-	[Q_FENCE] = "INSERT INTO dlock_fences(ns,name,fence) VALUES(?1,?2,1) "
-		    "ON CONFLICT(ns,name) DO UPDATE SET fence=fence+1 RETURNING fence",
-	[Q_INSERT_HOLDER] = "INSERT INTO dlock_holders(ns,name,owner,mode,permits,fence,expires,host,pid) "
+	[Q_FENCE_BUMP] = "UPDATE OR FAIL dlock_holders SET fence=fence+1 WHERE ns=?1 AND name=?2 AND owner='' "
+			 "RETURNING fence",
+	[Q_FENCE_NEW] = "INSERT OR FAIL INTO dlock_holders(ns,name,owner,mode,permits,fence,expires) "
+			"VALUES(?1,?2,'',0,0,1," FENCE_ROW_EXPIRES ") RETURNING fence",
+	[Q_INSERT_HOLDER] = "INSERT OR FAIL INTO dlock_holders(ns,name,owner,mode,permits,fence,expires,host,pid) "
 			    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
 	[Q_DEQUEUE] = "DELETE FROM dlock_waiters WHERE ns=?1 AND name=?2 AND owner=?3",
 	[Q_RELEASE] = "DELETE FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?4",
 	[Q_EXTEND] = "UPDATE dlock_holders SET expires=?4 WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?5",
 	[Q_STATUS_HOLDERS] = "SELECT owner, host, pid, mode, fence, expires, permits FROM dlock_holders "
-			     "WHERE ns=?1 AND name=?2 AND expires>?3 ORDER BY fence",
-	[Q_STATUS_FENCE] = "SELECT fence FROM dlock_fences WHERE ns=?1 AND name=?2",
+			     "WHERE ns=?1 AND name=?2 AND owner>'' AND expires>?3 ORDER BY fence",
+	[Q_STATUS_FENCE] = "SELECT fence FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner=''",
 	[Q_STATUS_WAITERS] = "SELECT count(*) FROM dlock_waiters WHERE ns=?1 AND name=?2 AND expires>?3",
-	[Q_STATUS_NAMES] = "SELECT name FROM dlock_holders WHERE ns=?1 AND expires>?2 UNION "
+	[Q_STATUS_NAMES] = "SELECT name FROM dlock_holders WHERE ns=?1 AND owner>'' AND expires>?2 UNION "
 			   "SELECT name FROM dlock_waiters WHERE ns=?1 AND expires>?2 ORDER BY 1",
 };
 
@@ -61,13 +77,27 @@ static const char schema[] =
 	"CREATE TABLE IF NOT EXISTS dlock_holders(ns TEXT NOT NULL, name TEXT NOT NULL, owner TEXT NOT NULL,"
 	" mode INTEGER NOT NULL, permits INTEGER NOT NULL, fence INTEGER NOT NULL, expires INTEGER NOT NULL,"
 	" host TEXT, pid INTEGER, PRIMARY KEY(ns,name,owner)) WITHOUT ROWID;"
-	"CREATE TABLE IF NOT EXISTS dlock_fences(ns TEXT NOT NULL, name TEXT NOT NULL, fence INTEGER NOT NULL,"
-	" PRIMARY KEY(ns,name)) WITHOUT ROWID;"
 	"CREATE TABLE IF NOT EXISTS dlock_waiters(seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL,"
 	" name TEXT NOT NULL, owner TEXT NOT NULL, mode INTEGER NOT NULL, expires INTEGER NOT NULL,"
 	" host TEXT, pid INTEGER, UNIQUE(ns,name,owner));"
 	"CREATE INDEX IF NOT EXISTS dlock_waiters_by_name ON dlock_waiters(ns,name,seq);"
 	"INSERT INTO dlock_schema(version) SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_schema);";
+
+/*
+ * Version 1 kept fences in a table dlock_fences. Move them into the fence rows
+ * of dlock_holders and leave a view of that name: a version-1 library then
+ * fails to prepare its fence upsert ("cannot UPSERT a view") and refuses to
+ * open the file, instead of counting fences from a table nobody else reads.
+ */
+static const char migrate_v1[] =
+	"INSERT INTO dlock_holders(ns,name,owner,mode,permits,fence,expires)"
+	" SELECT ns, name, '', 0, 0, fence, " FENCE_ROW_EXPIRES " FROM dlock_fences WHERE true"
+	" ON CONFLICT(ns,name,owner) DO UPDATE SET fence=max(fence,excluded.fence);"
+	"DROP TABLE dlock_fences;";
+
+static const char schema_v2[] =
+	"CREATE VIEW IF NOT EXISTS dlock_fences AS SELECT ns, name, fence FROM dlock_holders WHERE owner='';"
+	"UPDATE dlock_schema SET version=2;";
 
 typedef struct sqlite_backend {
 	dlock_backend base;
@@ -150,72 +180,93 @@ static int64_t step_int(sqlite_backend *b, sqlite3_stmt *s, int col, int64_t dfl
 	return v;
 }
 
+/* Holder rows of the name: live shared and other counts, earliest live expiry. */
+static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *nshared, int64_t *nexcl,
+			int64_t *first_expiry)
+{
+	sqlite3_stmt *s = prep(b, Q_HOLDERS, n, NULL);
+	sqlite3_bind_int64(s, 3, now);
+	int r = sqlite3_step(s);
+	int64_t expired = 0;
+	if (r == SQLITE_ROW) {
+		*nshared = sqlite3_column_int64(s, 0);
+		*nexcl = sqlite3_column_int64(s, 1);
+		*first_expiry = sqlite3_column_type(s, 2) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 2);
+		expired = sqlite3_column_int64(s, 3);
+	}
+	sqlite3_reset(s);
+	if (r != SQLITE_ROW)
+		return fail(b, r, "read holders");
+	if (expired == 0)
+		return 0; /* the common case: nothing to delete, no write */
+	s = prep(b, Q_PURGE_HOLDERS, n, NULL);
+	sqlite3_bind_int64(s, 3, now);
+	return run(b, s, "expire holders");
+}
+
+/* The queue rules, only when the name has waiter rows at all. */
+static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64_t nexcl, bool *conflict,
+		       bool *queued)
+{
+	const char *n = req->name;
+	int rc = 0;
+	*queued = step_int(b, prep(b, Q_ANY_WAITERS, n, NULL), 0, 0, &rc) != 0;
+	if (rc || !*queued)
+		return rc;
+	sqlite3_stmt *s = prep(b, Q_PURGE_WAITERS, n, NULL);
+	sqlite3_bind_int64(s, 3, now);
+	if ((rc = run(b, s, "expire waiters")))
+		return rc;
+	/* Fair order, and readers yield to waiting writers. */
+	s = prep(b, Q_MYSEQ, n, req->owner);
+	int64_t myseq = step_int(b, s, 0, -1, &rc);
+	if (rc)
+		return rc;
+	s = prep(b, Q_AHEAD, n, NULL);
+	if (myseq >= 0)
+		sqlite3_bind_int64(s, 3, myseq);
+	int r = sqlite3_step(s);
+	int64_t ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
+	int64_t excl_ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, 1) : 0;
+	sqlite3_reset(s);
+	if (r != SQLITE_ROW)
+		return fail(b, r, "read waiters");
+	if (req->fair) {
+		if (req->mode == DLOCK_SHARED)
+			*conflict = excl_ahead > 0;
+		else
+			*conflict = ahead + nexcl >= (int64_t)req->permits;
+	} else if (req->mode == DLOCK_SHARED) {
+		s = prep(b, Q_WRITER_WAITING, n, req->owner);
+		*conflict = step_int(b, s, 0, 0, &rc) > 0;
+	}
+	return rc;
+}
+
 static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *fence,
 		  int64_t *retry_ms)
 {
 	const char *n = req->name;
-	int rc = 0;
-	sqlite3_stmt *s = prep(b, Q_PURGE_HOLDERS, n, NULL);
-	sqlite3_bind_int64(s, 3, now);
-	if ((rc = run(b, s, "expire holders")))
-		return rc;
-	s = prep(b, Q_PURGE_WAITERS, n, NULL);
-	sqlite3_bind_int64(s, 3, now);
-	if ((rc = run(b, s, "expire waiters")))
-		return rc;
-
 	int64_t nexcl = 0, nshared = 0, first_expiry = -1;
-	s = prep(b, Q_HOLDERS, n, NULL);
-	int r;
-	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
-		int64_t cnt = sqlite3_column_int64(s, 1), exp = sqlite3_column_int64(s, 2);
-		if (sqlite3_column_int(s, 0) == DLOCK_SHARED)
-			nshared += cnt;
-		else
-			nexcl += cnt;
-		if (first_expiry < 0 || exp < first_expiry)
-			first_expiry = exp;
-	}
-	sqlite3_reset(s);
-	if (r != SQLITE_DONE)
-		return fail(b, r, "read holders");
+	int rc = read_holders(b, n, now, &nshared, &nexcl, &first_expiry);
+	if (rc)
+		return rc;
 
-	bool conflict;
+	bool conflict, queued = true;
 	if (req->mode == DLOCK_SHARED)
 		conflict = nexcl > 0;
 	else
 		conflict = nshared > 0 || nexcl >= (int64_t)req->permits;
+	if (!conflict && (rc = queue_rules(b, req, now, nexcl, &conflict, &queued)))
+		return rc;
 
-	if (!conflict) {
-		/* Queue rules: fair order, and readers yield to waiting writers. */
-		s = prep(b, Q_MYSEQ, n, req->owner);
-		int64_t myseq = step_int(b, s, 0, -1, &rc);
-		if (rc)
-			return rc;
-		s = prep(b, Q_AHEAD, n, NULL);
-		if (myseq >= 0)
-			sqlite3_bind_int64(s, 3, myseq);
-		r = sqlite3_step(s);
-		int64_t ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
-		int64_t excl_ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, 1) : 0;
-		sqlite3_reset(s);
-		if (r != SQLITE_ROW)
-			return fail(b, r, "read waiters");
-		if (req->fair) {
-			if (req->mode == DLOCK_SHARED)
-				conflict = excl_ahead > 0;
-			else
-				conflict = ahead + nexcl >= (int64_t)req->permits;
-		} else if (req->mode == DLOCK_SHARED) {
-			s = prep(b, Q_WRITER_WAITING, n, req->owner);
-			conflict = step_int(b, s, 0, 0, &rc) > 0;
-			if (rc)
-				return rc;
-		}
-	}
-
+	sqlite3_stmt *s;
 	if (conflict) {
 		if (req->waiting) {
+			s = prep(b, Q_PURGE_WAITERS, n, NULL);
+			sqlite3_bind_int64(s, 3, now);
+			if ((rc = run(b, s, "expire waiters")))
+				return rc;
 			s = prep(b, Q_ENQUEUE, n, req->owner);
 			sqlite3_bind_int(s, 4, (int)req->mode);
 			sqlite3_bind_int64(s, 5, now + req->queue_ttl_ms);
@@ -230,8 +281,9 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 		return DLOCK_ELOCKED;
 	}
 
-	s = prep(b, Q_FENCE, n, NULL);
-	int64_t f = step_int(b, s, 0, 0, &rc);
+	int64_t f = step_int(b, prep(b, Q_FENCE_BUMP, n, NULL), 0, 0, &rc);
+	if (!rc && f == 0) /* the name's first grant */
+		f = step_int(b, prep(b, Q_FENCE_NEW, n, NULL), 0, 0, &rc);
 	if (rc)
 		return rc;
 	if (f <= 0)
@@ -245,7 +297,7 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 	sqlite3_bind_int(s, 9, req->pid);
 	if ((rc = run(b, s, "insert holder")))
 		return rc;
-	if ((rc = run(b, prep(b, Q_DEQUEUE, n, req->owner), "dequeue waiter")))
+	if (queued && (rc = run(b, prep(b, Q_DEQUEUE, n, req->owner), "dequeue waiter")))
 		return rc;
 	*fence = (uint64_t)f;
 	return 0;
@@ -409,6 +461,37 @@ static void sq_close(dlock_backend *be)
 	free(b);
 }
 
+/* Inside the schema transaction: bring a version-1 file to version 2, refuse a newer one. */
+static int upgrade(sqlite3 *db, char **err)
+{
+	sqlite3_stmt *s = NULL;
+	int r = sqlite3_prepare_v2(db, "SELECT (SELECT max(version) FROM dlock_schema),"
+				   " (SELECT type FROM sqlite_master WHERE name='dlock_fences')", -1, &s, NULL);
+	if (r != SQLITE_OK)
+		return r;
+	int64_t version = 0;
+	bool fence_table = false;
+	if ((r = sqlite3_step(s)) == SQLITE_ROW) {
+		version = sqlite3_column_int64(s, 0);
+		const unsigned char *t = sqlite3_column_text(s, 1);
+		fence_table = t && strcmp((const char *)t, "table") == 0;
+		r = SQLITE_OK;
+	}
+	sqlite3_finalize(s);
+	if (r != SQLITE_OK)
+		return r;
+	if (version > SCHEMA_VERSION) {
+		*err = sqlite3_mprintf("the file has dlock schema version %lld; this library knows %d",
+				       (long long)version, SCHEMA_VERSION);
+		return SQLITE_ERROR;
+	}
+	if (version == SCHEMA_VERSION && !fence_table)
+		return SQLITE_OK;
+	if (fence_table && (r = sqlite3_exec(db, migrate_v1, NULL, NULL, err)) != SQLITE_OK)
+		return r;
+	return sqlite3_exec(db, schema_v2, NULL, NULL, err);
+}
+
 /* mkdir -p for the parent directories of path, mode 0700. */
 static int make_parents(const char *path)
 {
@@ -502,6 +585,8 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 			r = sqlite3_exec(b->db, "BEGIN IMMEDIATE;", NULL, NULL, &err);
 		if (r == SQLITE_OK) {
 			r = sqlite3_exec(b->db, schema, NULL, NULL, &err);
+			if (r == SQLITE_OK)
+				r = upgrade(b->db, &err);
 			sqlite3_exec(b->db, r == SQLITE_OK ? "COMMIT;" : "ROLLBACK;", NULL, NULL, NULL);
 		}
 		bool busy = (r & 0xff) == SQLITE_BUSY || (r & 0xff) == SQLITE_LOCKED;
@@ -511,11 +596,14 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 		err = NULL;
 		dlock__sleep_ms(dlock__rand_between(5, 25));
 	}
-	sqlite3_free(err);
 	if (r != SQLITE_OK) {
-		rc = fail(b, r, "create schema");
+		rc = err && strstr(err, "dlock schema version")
+			     ? dlock_error_set(DLOCK_ENOTSUPPORTED, "sqlite", NULL, "sqlite: %s: %s", path, err)
+			     : fail(b, r, "create schema");
+		sqlite3_free(err);
 		goto fail;
 	}
+	sqlite3_free(err);
 	for (int i = 0; i < Q_COUNT; i++) {
 		r = sqlite3_prepare_v3(b->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &b->st[i], NULL);
 		if (r != SQLITE_OK) {
