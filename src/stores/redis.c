@@ -147,9 +147,16 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"local W = H .. ':w'\n"
 		"if ARGV[2] == '0' or redis.call('EXISTS', W) == 0 then return 1 end\n"
 		"local msg, Q, X = '*' .. owner, H .. ':q', H .. ':x'\n"
+		LUA_NOW
 		"if redis.call('EXISTS', Q) == 1 then\n"
-		LUA_NOW LUA_HEAD
+		LUA_HEAD
 		"  local h = head()\n"
+		"  if h then msg = h end\n"
+		/* unfair, only writers waiting: wake one, the longest-registered live
+		 * one (one winner anyway; waking all makes a herd). Readers may all go
+		 * together, so they are all woken. */
+		"elseif redis.call('ZCARD', W) == redis.call('ZCARD', X) then\n"
+		"  local h = redis.call('ZRANGEBYSCORE', W, now, '+inf', 'LIMIT', 0, 1)[1]\n"
 		"  if h then msg = h end\n"
 		"end\n"
 		"redis.call('PUBLISH', H .. ':c', msg)\n"

@@ -121,6 +121,70 @@ static void dead_waiter_case(const char *self)
 	dlock_store_close(s);
 }
 
+/* Without a fair queue, a release with only writers waiting wakes one of
+ * them (by name), not every waiter: a raw subscriber on the lock's channel
+ * sees owner names, never the wake-everyone "*". All waiters still get the
+ * lock in turn, each woken by the previous release. */
+static int one_rc[3] = { -100, -100, -100 };
+
+static void *one_waiter(void *arg)
+{
+	int *rc = arg;
+	dlock_store *s = NULL;
+	dlock_lock *l = NULL;
+	CHECK_RC(dlock_store_open(&s, uri), 0);
+	CHECK_RC(dlock_lock_new(&l, s, "wake-one", NULL), 0);
+	*rc = dlock_acquire(l, 10000);
+	if (*rc == 0)
+		CHECK_RC(dlock_release(l), 0);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+	return NULL;
+}
+
+static void wake_one_case(redisContext *raw)
+{
+	const char *chan = "{dlock:wake-one}:c";
+	redisContext *sub = rt_raw(uri);
+	redisReply *r = redisCommand(sub, "SUBSCRIBE %s", chan);
+	CHECK(r && r->type == REDIS_REPLY_ARRAY);
+	if (r)
+		freeReplyObject(r);
+	dlock_store *s = NULL;
+	dlock_lock *h = NULL;
+	CHECK_RC(dlock_store_open(&s, uri), 0);
+	CHECK_RC(dlock_lock_new(&h, s, "wake-one", NULL), 0);
+	CHECK_RC(dlock_acquire(h, 0), 0);
+	pthread_t th[3];
+	for (int i = 0; i < 3; i++)
+		pthread_create(&th[i], NULL, one_waiter, &one_rc[i]);
+	CHECK(await_numsub(raw, chan, 4, 5000) == 4); /* 3 waiters + our subscriber */
+	CHECK_RC(dlock_release(h), 0);
+	int named = 0, all = 0;
+	for (int i = 0; i < 3; i++) { /* one wake-up per release: ours, then each waiter's */
+		void *v = NULL;
+		if (redisGetReply(sub, &v) != REDIS_OK || !v)
+			break;
+		r = v;
+		if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 && r->element[2]->type == REDIS_REPLY_STRING) {
+			if (r->element[2]->str[0] == '*')
+				all++;
+			else
+				named++;
+		}
+		freeReplyObject(r);
+	}
+	for (int i = 0; i < 3; i++) {
+		pthread_join(th[i], NULL);
+		CHECK_RC(one_rc[i], 0);
+	}
+	printf("unfair release with 3 writers waiting: %d named wake-ups, %d wake-everyone\n", named, all);
+	CHECK(named == 3 && all == 0);
+	redisFree(sub);
+	dlock_lock_free(h);
+	dlock_store_close(s);
+}
+
 /* 50 locks held for ~1.2 s with a 900 ms TTL (renewed every 300 ms): the
  * renewals arrive in batches, a handful of script calls in all. */
 static void batch_renew_case(redisContext *raw)
@@ -208,6 +272,7 @@ int main(int argc, char **argv)
 	redisFree(raw);
 	raw = rt_raw(uri);
 	batch_renew_case(raw);
+	wake_one_case(raw);
 	redisFree(raw);
 	dead_waiter_case(argv[0]);
 	return tu_done("redis_wake");
