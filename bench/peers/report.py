@@ -189,6 +189,8 @@ def store_section(store, R, out, targets, chart):
                    f"TTL 3 s, {rn['ticks']:.0f} renewal ticks in {rn['duration_s']:.0f} s: "
                    f"**{rn['cpu_ms_per_tick']:.1f} ms CPU per tick**"
                    + (f", **{so:.1f} server socket reads (≈ round trips) per tick**" if so is not None and so >= 0 else "")
+                   + (f", **{rn['script_calls_per_tick']:.2f} script calls (requests) per tick**"
+                      if rn.get("script_calls_per_tick", -1) >= 0 else "")
                    + f", {rn['lost']} lost.")
     elif rn:
         out.append(f"Renewal: {cell_err(rn)}")

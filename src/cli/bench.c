@@ -11,7 +11,7 @@
  *                one name; grants/s, fairness and the handoff gap;
  *   reentrant    re-acquire of a held lock (no round trip expected);
  *   renewal      --locks K held by one process for --duration: renewal CPU
- *                and (Redis) server reads, about round trips, per renewal tick.
+ *                and (Redis) server reads and script calls (requests) per renewal tick.
  * Clients are processes (fork), each with its own store handle, so one
  * client's stalls cannot hide in another's; they log every grant with
  * CLOCK_MONOTONIC times into shared memory, and the parent does the sums.
@@ -353,7 +353,7 @@ typedef struct result {
 	int floor_state;
 	double floor_rate, floor_cpu_per_k, ideal;
 	/* reentrant / renewal */
-	double acquire_s, release_s, cpu_per_tick_ms, server_reads_per_tick, ticks;
+	double acquire_s, release_s, cpu_per_tick_ms, server_reads_per_tick, server_scripts_per_tick, ticks;
 	long long lost;
 } result;
 
@@ -496,9 +496,9 @@ static void print_json(const config *cfg, const char *kind, const result *r, con
 		       r->gap_p99, r->gap_max, r->inversions, r->hold_mean);
 	if (cfg->w == W_RENEWAL)
 		printf(",\"acquire_all_s\":%.3f,\"release_all_s\":%.3f,\"ticks\":%.1f,\"cpu_ms_per_tick\":%.3f,"
-		       "\"server_reads_per_tick\":%.1f,\"lost\":%lld",
+		       "\"server_reads_per_tick\":%.1f,\"script_calls_per_tick\":%.2f,\"lost\":%lld",
 		       r->acquire_s, r->release_s, r->ticks, r->cpu_per_tick_ms, r->server_reads_per_tick,
-		       r->lost);
+		       r->server_scripts_per_tick, r->lost);
 	printf(",\"baseline\":");
 	if (r->floor_state == 1) {
 		printf("{\"what\":");
@@ -536,6 +536,8 @@ static void print_table(const config *cfg, const char *kind, const result *r, co
 		printf("  %-28s %.2f ms\n", "CPU per tick", r->cpu_per_tick_ms);
 		if (r->server_reads_per_tick >= 0)
 			printf("  %-28s %.1f\n", "server reads per tick", r->server_reads_per_tick);
+		if (r->server_scripts_per_tick >= 0)
+			printf("  %-28s %.2f\n", "script calls per tick", r->server_scripts_per_tick);
 		printf("  %-28s %lld\n", "locks lost", r->lost);
 		return;
 	}
@@ -767,7 +769,7 @@ static int run_renewal(const config *cfg, dlock_store *store, shared *sh, result
 	bench_floor *f = NULL;
 	if (bench_floor_open(&f, cfg->uri, sh->floor_why, sizeof(sh->floor_why)) != 0)
 		f = NULL;
-	long long ops0 = bench_floor_server_ops(f);
+	long long ops0 = bench_floor_server_ops(f), sc0 = bench_floor_server_scripts(f);
 	sh->start = now_ns();
 	sh->end = sh->start + cfg->duration_ms * 1000000;
 	int64_t c0 = cpu_ns();
@@ -777,7 +779,7 @@ static int run_renewal(const config *cfg, dlock_store *store, shared *sh, result
 		sleep_until(next < sh->end ? next : sh->end);
 	}
 	int64_t cpu = cpu_ns() - c0;
-	long long ops1 = bench_floor_server_ops(f);
+	long long ops1 = bench_floor_server_ops(f), sc1 = bench_floor_server_scripts(f);
 	bench_floor_close(f);
 	if (tty)
 		fprintf(stderr, "\r%50s\r", "");
@@ -789,6 +791,7 @@ static int run_renewal(const config *cfg, dlock_store *store, shared *sh, result
 	/* One INFO request sits between the two readings. */
 	r->server_reads_per_tick = ops0 >= 0 && ops1 >= 0 && r->ticks > 0 ? (double)(ops1 - ops0 - 1) / r->ticks
 									  : -1;
+	r->server_scripts_per_tick = sc0 >= 0 && sc1 >= 0 && r->ticks > 0 ? (double)(sc1 - sc0) / r->ticks : -1;
 	r->ops = got;
 out:;
 	int64_t t1 = now_ns();

@@ -36,6 +36,10 @@ int bench_floor_step(bench_floor *f, char *err, size_t errlen);
  */
 long long bench_floor_server_ops(bench_floor *f);
 
+/* Script calls (Redis: EVALSHA + EVAL in INFO commandstats) so far, or -1:
+ * each is one request the client waited for, i.e. one round trip. */
+long long bench_floor_server_scripts(bench_floor *f);
+
 /* Close the connection and free f (NULL is fine). */
 void bench_floor_close(bench_floor *f);
 

@@ -501,6 +501,30 @@ long long bench_floor_server_ops(bench_floor *f)
 	return -1;
 }
 
+long long bench_floor_server_scripts(bench_floor *f)
+{
+#ifdef DLOCK_WITH_REDIS
+	if (f && f->kind == K_REDIS) {
+		redisReply *r = redisCommand(f->redis, "INFO commandstats");
+		long long n = -1;
+		if (r && r->type == REDIS_REPLY_STRING) {
+			static const char *const keys[2] = { "cmdstat_evalsha:calls=", "cmdstat_eval:calls=" };
+			n = 0;
+			for (int i = 0; i < 2; i++) {
+				const char *s = strstr(r->str, keys[i]);
+				if (s)
+					n += strtoll(s + strlen(keys[i]), NULL, 10);
+			}
+		}
+		if (r)
+			freeReplyObject(r);
+		return n;
+	}
+#endif
+	(void)f;
+	return -1;
+}
+
 void bench_floor_close(bench_floor *f)
 {
 	if (!f)
