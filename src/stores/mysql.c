@@ -962,13 +962,12 @@ static int g_release(dlock_backend *be, dlock_request *req)
 		hold_free(b, h, 0);
 		return conn_lost(req);
 	}
+	/* Only RELEASE_LOCK: no InnoDB write, so no commit and no log flush. The
+	 * holder row stays behind as a stale record: status shows a get_lock row
+	 * only while IS_USED_LOCK names its session, and the next grant of the
+	 * name deletes it. */
 	sbuf s = { 0 };
-	sb_add(&s, "SET @dl_r = RELEASE_LOCK(CONVERT(X'%s' USING utf8mb4));DELETE FROM dlock_holder WHERE ",
-	       h->key_hex);
-	where_name(&s, b, req->name);
-	sb_add(&s, " AND owner = ");
-	sb_hex(&s, req->owner);
-	sb_add(&s, ";SELECT @dl_r");
+	sb_add(&s, "SELECT RELEASE_LOCK(CONVERT(X'%s' USING utf8mb4))", h->key_hex);
 	int rc = sb_check(&s);
 	if (rc) {
 		hold_free(b, h, 0); /* closing the connection frees the lock */
