@@ -15,8 +15,8 @@
  * Threading: everything except wait runs under the core's store mutex and
  * uses `cmd` (and `side`, for a keepalive in parallel), reused curl handles
  * on one multi handle (keep-alive connections). wait runs concurrently on
- * handles from a small pool; `mu` guards the pool, the token, the current
- * endpoint and the key slots.
+ * handle pairs (watch + read) from a small pool; `mu` guards the pool, the
+ * token, the current endpoint and the key slots.
  */
 #include "core/internal.h"
 #include "stores/etcd_parse.h"
@@ -57,6 +57,13 @@ typedef struct hold {
 	int64_t lease; /* the lease its key rides on, once known */
 } hold;
 
+/* A waiter's pair of transfers, pooled: the watch stream and a read beside
+ * it, on a multi handle whose connection cache keeps the read's connection. */
+typedef struct waitkit {
+	CURLM *multi;
+	CURL *watch, *read;
+} waitkit;
+
 typedef struct etcd {
 	dlock_backend base;
 	char **urls;
@@ -71,7 +78,7 @@ typedef struct etcd {
 	size_t cur;           /* endpoint in use (failover moves it) */
 	char *token;          /* auth token or NULL */
 	unsigned token_gen;
-	CURL *pool[POOL_MAX];
+	waitkit *pool[POOL_MAX];
 	size_t npool;
 
 	CURL *cmd;            /* under the store mutex */
@@ -301,25 +308,42 @@ static CURL *handle_new(etcd *e)
 	return h;
 }
 
-static CURL *pool_take(etcd *e)
+static void kit_free(waitkit *k)
 {
-	CURL *h = NULL;
-	pthread_mutex_lock(&e->mu);
-	if (e->npool)
-		h = e->pool[--e->npool];
-	pthread_mutex_unlock(&e->mu);
-	return h ? h : handle_new(e);
+	if (!k)
+		return;
+	curl_multi_cleanup(k->multi);
+	curl_easy_cleanup(k->watch);
+	curl_easy_cleanup(k->read);
+	free(k);
 }
 
-static void pool_put(etcd *e, CURL *h)
+static waitkit *kit_take(etcd *e)
+{
+	waitkit *k = NULL;
+	pthread_mutex_lock(&e->mu);
+	if (e->npool)
+		k = e->pool[--e->npool];
+	pthread_mutex_unlock(&e->mu);
+	if (k || !(k = calloc(1, sizeof(*k))))
+		return k;
+	if (!(k->multi = curl_multi_init()) || !(k->watch = handle_new(e)) || !(k->read = handle_new(e))) {
+		kit_free(k);
+		return NULL;
+	}
+	curl_multi_setopt(k->multi, CURLMOPT_MAXCONNECTS, 2L);
+	return k;
+}
+
+static void kit_put(etcd *e, waitkit *k)
 {
 	pthread_mutex_lock(&e->mu);
 	if (e->npool < POOL_MAX) {
-		e->pool[e->npool++] = h;
-		h = NULL;
+		e->pool[e->npool++] = k;
+		k = NULL;
 	}
 	pthread_mutex_unlock(&e->mu);
-	curl_easy_cleanup(h);
+	kit_free(k);
 }
 
 /* Connection-level failures worth trying the next endpoint for. */
@@ -1523,8 +1547,10 @@ void dlock__etcd_watch_object(watch_ctx *w, json_object *o)
 		w->done = 1; /* {"error": ...} */
 		return;
 	}
-	if (jbool(r, "created"))
+	if (jbool(r, "created")) {
 		w->created = 1;
+		w->rev = jint(jget(r, "header"), "revision");
+	}
 	/* Cancelled (e.g. compacted past our start revision): re-read instead. */
 	if (jbool(r, "canceled") || jint(r, "compact_revision") > 0)
 		w->done = 1;
@@ -1560,45 +1586,80 @@ size_t dlock__etcd_watch_write(char *data, size_t size, size_t nmemb, void *ud)
 	return w->done ? 0 : len; /* 0 ends the transfer: we have what we waited for */
 }
 
-static int watch(etcd *e, CURL *h, const char *key, const char *end, int64_t start_rev,
-		 int64_t timeout_ms)
+/*
+ * Read our key and the queue of nm, from the member we ask alone
+ * (serializable), on h. While we wait in line: 1, *rev the revision read and
+ * *target the key to watch (malloc'd; NULL: the whole directory). Nothing to
+ * wait for (we hold, our key is gone) or the read failed: 0, and acquire
+ * finds out which.
+ */
+static int wait_read(etcd *e, CURL *h, const keyset *nm, const dlock_request *req, long timeout_ms,
+		     int64_t *rev, char **target)
+{
+	json_object *ok = json_object_new_array(), *body = json_object_new_object(), *resp = NULL;
+	kv *mine = NULL, *keys = NULL;
+	size_t nmine = 0, nkeys = 0;
+	const kv *behind = NULL;
+	unsigned permits = req->permits ? req->permits : 1;
+	int waiting = 0;
+	*target = NULL;
+	json_object_array_add(ok, op_range(nm->key, NULL, 0, 0, R_SERIALIZABLE));
+	json_object_array_add(ok, op_range(nm->dir, nm->end, 1, 0, R_SERIALIZABLE));
+	json_object_object_add(body, "compare", json_object_new_array());
+	json_object_object_add(body, "success", ok);
+	json_object_object_add(body, "failure", json_object_new_array());
+	if (rpc(e, h, "/v3/kv/txn", body, &resp, NULL, timeout_ms > 100 ? timeout_ms : 100) != 0)
+		return 0;
+	*rev = jint(jget(resp, "header"), "revision");
+	if (dlock__etcd_txn_range(resp, 0, &mine, &nmine) == 0 &&
+	    dlock__etcd_txn_range(resp, 1, &keys, &nkeys) == 0 && nmine &&
+	    !holds(keys, nkeys, &mine[0], req->mode, permits, &behind))
+		waiting = !behind || !behind->key || (*target = dlock__strdup(behind->key)) != NULL;
+	json_object_put(resp);
+	dlock__etcd_kvs_free(mine, nmine);
+	dlock__etcd_kvs_free(keys, nkeys);
+	return waiting;
+}
+
+/* Open a watch of key (or [key, end)) for deletes from now on, on w's stream. */
+static int watch_start(etcd *e, waitkit *k, xfer *x, watch_ctx *w, const char *key, const char *end,
+		       int64_t timeout_ms)
 {
 	json_object *cr = json_object_new_object(), *body = json_object_new_object(),
 		    *filters = json_object_new_array();
-	watch_ctx w = { 0 };
+	int rc = DLOCK_ENOMEM;
+	memset(x, 0, sizeof(*x));
 	if (jadd_b64(cr, "key", key, strlen(key)) != 0 ||
 	    (end && jadd_b64(cr, "range_end", end, strlen(end)) != 0)) {
 		json_object_put(cr);
-		json_object_put(body);
 		json_object_put(filters);
-		return DLOCK_ENOMEM;
+		goto out;
 	}
-	jadd_i64(cr, "start_revision", start_rev);
 	json_object_array_add(filters, json_object_new_string("NOPUT"));
 	json_object_object_add(cr, "filters", filters);
 	json_object_object_add(body, "create_request", cr);
 	const char *text = json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN);
-	xfer x, *xs[1] = { &x };
-	w.tok = json_tokener_new();
-	if (!text || !w.tok || xfer_start(e, &x, h, "/v3/watch", text, (long)(timeout_ms > 1 ? timeout_ms : 1), 1) != 0) {
-		xfer_end(&x);
-		if (w.tok)
-			json_tokener_free(w.tok);
-		json_object_put(body);
-		return dlock__oom();
-	}
-	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, dlock__etcd_watch_write);
-	curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
-	run(e, xs, 1);
-	json_tokener_free(w.tok);
+	/* body goes before the transfer runs: libcurl keeps a copy. */
+	if (!text || xfer_start(e, x, k->watch, "/v3/watch", text, (long)(timeout_ms > 1 ? timeout_ms : 1), 1) != 0)
+		goto out;
+	curl_easy_setopt(k->watch, CURLOPT_COPYPOSTFIELDS, text);
+	curl_easy_setopt(k->watch, CURLOPT_WRITEFUNCTION, dlock__etcd_watch_write);
+	curl_easy_setopt(k->watch, CURLOPT_WRITEDATA, w);
+	rc = curl_multi_add_handle(k->multi, k->watch) == CURLM_OK ? 0 : dlock__oom();
+out:
 	json_object_put(body);
-	/* A timeout is the normal end of a wait; only a broken connection moves us on. */
-	if (x.c != CURLE_OK && x.c != CURLE_WRITE_ERROR && x.c != CURLE_OPERATION_TIMEDOUT && curl_failover(x.c))
-		endpoint_failed(e, x.idx);
-	xfer_end(&x);
-	return 0;
+	return rc;
 }
 
+/*
+ * Wait for the key we queue behind to go (or for a third of the TTL, or
+ * timeout_ms). The watch starts at etcd's current revision, not at the one
+ * we read: etcd serves a watch that starts in the past from its "unsynced"
+ * group, which it catches up only every 100 ms — a delete in that window
+ * reached the waiter up to 100 ms late. A watch from now is live at once;
+ * the read is repeated next to it when the revision moved in between, so a
+ * delete before the watch is not missed either.
+ */
 static int etcd_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 {
 	etcd *e = (etcd *)be;
@@ -1612,50 +1673,61 @@ static int etcd_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 		names_free(&nm);
 		return 0;
 	}
-	CURL *h = pool_take(e);
-	json_object *ok = json_object_new_array(), *resp = NULL;
-	kv *mine = NULL, *keys = NULL;
-	size_t nmine = 0, nkeys = 0;
-	/* A read from this member alone is enough: the watch starts after the
-	 * revision it saw, so a delete it had not seen yet still arrives. */
-	json_object_array_add(ok, op_range(nm.key, NULL, 0, 0, R_SERIALIZABLE));
-	json_object_array_add(ok, op_range(nm.dir, nm.end, 1, 0, R_SERIALIZABLE));
-	json_object *body = json_object_new_object();
-	json_object_object_add(body, "compare", json_object_new_array());
-	json_object_object_add(body, "success", ok);
-	json_object_object_add(body, "failure", json_object_new_array());
-	if (!h) {
-		json_object_put(body);
-		goto out;
-	}
+	waitkit *k = kit_take(e);
+	char *target = NULL, *again = NULL;
+	int64_t rev = 0, rev2 = 0;
+	watch_ctx w = { 0 };
+	xfer x;
+	memset(&x, 0, sizeof(x));
 	/* Bounded by the wait's own timeout: a hung member must not hold us past it. */
-	if (rpc(e, h, "/v3/kv/txn", body, &resp, NULL, timeout_ms > 100 ? (long)timeout_ms : 100) != 0)
+	if (!k || !wait_read(e, k->read, &nm, req, (long)timeout_ms, &rev, &target))
 		goto out;
-	int64_t rev = jint(jget(resp, "header"), "revision");
-	if (dlock__etcd_txn_range(resp, 0, &mine, &nmine) != 0 ||
-	    dlock__etcd_txn_range(resp, 1, &keys, &nkeys) != 0 || !nmine)
-		goto out; /* our key is gone: acquire queues again */
-	const kv *target = NULL;
-	unsigned permits = req->permits ? req->permits : 1;
-	if (holds(keys, nkeys, &mine[0], req->mode, permits, &target))
-		goto out; /* free now: let acquire take it */
-	int64_t left = timeout_ms - (dlock_clock_ms() - start);
-	if (left <= 0)
+	int64_t until = start + timeout_ms, left = until - dlock_clock_ms();
+	if (left <= 0 || !(w.tok = json_tokener_new()))
 		goto out;
 	/* Watch only the key we queue behind (no thundering herd); a semaphore
-	 * waits for any older key to go, so it watches the directory. Start just
-	 * after the revision we read so a delete in between is not missed. */
-	if (target && target->key)
-		watch(e, h, target->key, NULL, rev + 1, left);
-	else
-		watch(e, h, nm.dir, nm.end, rev + 1, left);
+	 * waits for any older key to go, so it watches the directory. */
+	if (watch_start(e, k, &x, &w, target ? target : nm.dir, target ? NULL : nm.end, left) != 0)
+		goto out;
+	int checked = 0;
+	x.c = CURLE_OK;
+	while (!w.done && (left = until - dlock_clock_ms()) > 0) {
+		int running = 0, q;
+		CURLMsg *m;
+		if (curl_multi_perform(k->multi, &running) != CURLM_OK)
+			break;
+		while ((m = curl_multi_info_read(k->multi, &q)))
+			if (m->msg == CURLMSG_DONE && m->easy_handle == k->watch) {
+				x.c = m->data.result;
+				w.done = 1;
+			}
+		if (w.created && !checked && !w.done) {
+			checked = 1;
+			/* Revisions moved between our read and the watch: read again, at
+			 * least at the watch's revision, that we still queue behind the
+			 * same key. Else let acquire look. */
+			if (w.rev > rev && (!wait_read(e, k->read, &nm, req, (long)left, &rev2, &again) ||
+					    rev2 < w.rev || (target && (!again || strcmp(again, target) != 0)) ||
+					    (!target && again)))
+				break;
+			continue;
+		}
+		if (!w.done && curl_multi_poll(k->multi, NULL, 0, (int)(left < 1000 ? left : 1000), NULL) != CURLM_OK)
+			break;
+	}
+	curl_multi_remove_handle(k->multi, k->watch);
+	/* A timeout is the normal end of a wait; only a broken connection moves us on. */
+	if (x.c != CURLE_OK && x.c != CURLE_WRITE_ERROR && x.c != CURLE_OPERATION_TIMEDOUT && curl_failover(x.c))
+		endpoint_failed(e, x.idx);
 out:
-	json_object_put(resp);
-	dlock__etcd_kvs_free(mine, nmine);
-	dlock__etcd_kvs_free(keys, nkeys);
+	xfer_end(&x);
+	if (w.tok)
+		json_tokener_free(w.tok);
+	free(target);
+	free(again);
 	names_free(&nm);
-	if (h)
-		pool_put(e, h);
+	if (k)
+		kit_put(e, k);
 	return 0;
 }
 
@@ -1818,7 +1890,7 @@ static void etcd_close(dlock_backend *be)
 	curl_easy_cleanup(e->cmd);
 	curl_easy_cleanup(e->side);
 	for (size_t i = 0; i < e->npool; i++)
-		curl_easy_cleanup(e->pool[i]);
+		kit_free(e->pool[i]);
 	for (size_t i = 0; i < e->nurls; i++)
 		free(e->urls[i]);
 	free(e->urls);

@@ -31,6 +31,7 @@ typedef struct kv {
 typedef struct watch_ctx {
 	json_tokener *tok; /* carries an object split across chunks */
 	int created;       /* the watch was registered */
+	int64_t rev;       /* header revision of the "created" answer: events after it come */
 	int done;          /* a DELETE, a cancel/compaction, an error or garbage: stop waiting */
 } watch_ctx;
 
