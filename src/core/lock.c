@@ -98,6 +98,7 @@ void dlock__lock_fill_request(dlock_lock *l)
 	r->queue_ttl_ms = DLOCK__QUEUE_TTL_MS;
 	r->host = l->store->host;
 	r->pid = pid_now();
+	r->ticket_us = dlock_wall_ms() * 1000 + dlock__rand_between(0, 999);
 	r->slot = slot;
 }
 

@@ -142,11 +142,18 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"local H, owner = KEYS[1], ARGV[1]\n"
 		LUA_REPL
 		/* Redis deletes the hash with its last field */
-		"if redis.call('HDEL', H, owner) == 0 then return 0 end\n"
+		"local held = redis.call('HDEL', H, owner)\n"
 		/* every waiter is registered in :w (re-registered each try), so no :w, no one to wake */
 		"local W = H .. ':w'\n"
-		"if ARGV[2] == '0' or redis.call('EXISTS', W) == 0 then return 1 end\n"
+		"if ARGV[2] == '0' or redis.call('EXISTS', W) == 0 then return held end\n"
 		"local msg, Q, X = '*' .. owner, H .. ':q', H .. ':x'\n"
+		/* Not held here but still queued: a Redlock holder this master refused
+		 * (it won a quorum elsewhere). It waits no more: leave the queue, or it
+		 * stays the head here and refuses the next waiter until it lapses. */
+		"if held == 0 then\n"
+		"  if redis.call('ZREM', W, owner) == 0 then return 0 end\n"
+		"  redis.call('ZREM', Q, owner) redis.call('ZREM', X, owner)\n"
+		"end\n"
 		LUA_NOW
 		"if redis.call('EXISTS', Q) == 1 then\n"
 		LUA_HEAD
@@ -160,7 +167,7 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"  if h then msg = h end\n"
 		"end\n"
 		"redis.call('PUBLISH', H .. ':c', msg)\n"
-		"return 1\n",
+		"return held\n",
 
 	/* KEYS: H1..Hn; ARGV: owner1, ttl1, owner2, ttl2, ... */
 	[DLOCK__RS_RENEW] =

@@ -284,9 +284,11 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
-	/* one queue ticket for every master (the client's wall clock in us): all
-	 * masters order their fair queues alike, so the first waiter heads a quorum */
-	dlock__rargs_acquire(&a, &k, req, req->fair ? dlock_wall_ms() * 1000 + dlock__rand_between(0, 999) : 0);
+	/* one queue ticket for every master, and for every try of this acquire: all
+	 * masters order their fair queues alike, so the first waiter heads a quorum,
+	 * and a waiter that must rejoin a queue (a partial grant it undid removed it
+	 * from those masters' queues) rejoins at its own place, not behind later ones */
+	dlock__rargs_acquire(&a, &k, req, req->fair ? req->ticket_us : 0);
 	dlock__rnotify_arm(s->nt, req);
 	int64_t t0 = dlock_clock_ms();
 	int64_t tmo = master_timeout(s, req->ttl_ms);

@@ -80,6 +80,10 @@ typedef struct dlock_request {
 	int pid;               /**< for status: this process id */
 	void *slot;            /**< the store's own per-hold state; kept by the core from
 				    acquire to release (connection-held locks) */
+	int64_t ticket_us;     /**< one per acquire call, the same for all its tries: the
+				    wall clock (µs) when it began, plus a random tie-break
+				    below 1 ms. A fair queue ordered by a client-side ticket
+				    (Redlock) keeps a waiter's place with it */
 	int confirm;           /**< release: the caller needs the store's answer (a hold
 				    attached from a handle, which may not exist); a store
 				    that can send a release without waiting for its reply
