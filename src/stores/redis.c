@@ -48,6 +48,15 @@
 	"  end\n"                                                                    \
 	"end\n"
 
+/* Wake one waiter, by its owner token, on its client's own channel
+ * ":c:<client id>" (only that store handle listens there); an owner of
+ * another shape is told on the lock's channel. */
+#define LUA_WAKE                                                                     \
+	"local function wake(h)\n"                                                   \
+	"  local cid = string.match(h, '^(%x+)%-')\n"                                \
+	"  redis.call('PUBLISH', cid and (H .. ':c:' .. cid) or (H .. ':c'), h)\n"   \
+	"end\n"
+
 const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 	/* ARGV: owner, ttl, flags (mode 'x'|'s', fair '0'|'1', reg: '0' not
 	 * waiting, '1' waiting, '2' waiting and registered by an earlier try),
@@ -68,7 +77,7 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"  return {1, f}\n"
 		"end\n"
 		"local W, Q, X = H .. ':w', H .. ':q', H .. ':x'\n"
-		LUA_HEAD
+		LUA_HEAD LUA_WAKE
 		/* prune expired holders; an owner that already holds gets its grant back
 		 * (makes a retried acquire after a lost reply idempotent) */
 		"local live, lmode, limit, soonest, latest = 0, nil, permits, nil, now\n"
@@ -114,7 +123,7 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"    if fair then\n"
 		"      redis.call('ZREM', Q, owner)\n"
 		/* readers queued behind a reader may go too: wake the new head */
-		"      if mode == 's' then local h = head() if h then redis.call('PUBLISH', H .. ':c', h) end end\n"
+		"      if mode == 's' then local h = head() if h then wake(h) end end\n"
 		"    end\n"
 		"  end\n"
 		"  return {1, f}\n"
@@ -140,7 +149,7 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 	 * several masters (Redlock) can tell one release from another. */
 	[DLOCK__RS_RELEASE] =
 		"local H, owner = KEYS[1], ARGV[1]\n"
-		LUA_REPL
+		LUA_REPL LUA_WAKE
 		/* Redis deletes the hash with its last field */
 		"local held = redis.call('HDEL', H, owner)\n"
 		/* every waiter is registered in :w (re-registered each try), so no :w, no one to wake */
@@ -166,7 +175,7 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"  local h = redis.call('ZRANGEBYSCORE', W, now, '+inf', 'LIMIT', 0, 1)[1]\n"
 		"  if h then msg = h end\n"
 		"end\n"
-		"redis.call('PUBLISH', H .. ':c', msg)\n"
+		"if string.sub(msg, 1, 1) == '*' then redis.call('PUBLISH', H .. ':c', msg) else wake(msg) end\n"
 		"return held\n",
 
 	/* KEYS: H1..Hn; ARGV: owner1, ttl1, owner2, ttl2, ... */
@@ -192,12 +201,12 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 	[DLOCK__RS_CANCEL] =
 		"local H, owner = KEYS[1], ARGV[1]\n"
 		"local W, Q, X = H .. ':w', H .. ':q', H .. ':x'\n"
-		LUA_REPL LUA_NOW LUA_HEAD
+		LUA_REPL LUA_NOW LUA_HEAD LUA_WAKE
 		"redis.call('ZREM', W, owner)\n"
 		"local wasx = redis.call('ZREM', X, owner)\n"
 		"if redis.call('ZREM', Q, owner) > 0 then\n"
 		"  local h = head()\n"
-		"  if h then redis.call('PUBLISH', H .. ':c', h) end\n"
+		"  if h then wake(h) end\n"
 		"elseif wasx == 1 and redis.call('ZCARD', X) == 0 then\n"
 		"  redis.call('PUBLISH', H .. ':c', '*')\n"
 		"end\n"
@@ -632,8 +641,10 @@ int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char 
 
 typedef struct rn_chan {
 	struct rn_chan *next;
-	char *name;
+	char *name;            /* the lock's channel "{P:NAME}:c": wake-everyone messages */
 	size_t len;
+	char *direct;          /* "{P:NAME}:c:<client id>": wake-ups naming our waiters */
+	size_t dlen;
 	int refs;              /* waiters that want it */
 	unsigned char *sent;   /* per server: SUBSCRIBE sent (and no UNSUBSCRIBE since) */
 	int *pend;             /* per server: SUBSCRIBE replies still to come */
@@ -707,6 +718,7 @@ static void chan_free(rn_chan *ch)
 {
 	free(ch->last);
 	free(ch->name);
+	free(ch->direct);
 	free(ch->sent);
 	free(ch->pend);
 	free(ch->ok);
@@ -765,6 +777,16 @@ static rn_chan *chan_find(dlock__rnotify *nt, const char *name, size_t len)
 	return NULL;
 }
 
+/* The channel a reply names: the lock's own, or our direct one. */
+static rn_chan *chan_heard(dlock__rnotify *nt, const char *name, size_t len)
+{
+	for (rn_chan *ch = nt->chans; ch; ch = ch->next)
+		if ((ch->len == len && !memcmp(ch->name, name, len)) ||
+		    (ch->direct && ch->dlen == len && !memcmp(ch->direct, name, len)))
+			return ch;
+	return NULL;
+}
+
 static rn_waiter *waiter_find(dlock__rnotify *nt, const dlock_request *req)
 {
 	for (rn_waiter *w = nt->waiters; w; w = w->next)
@@ -802,7 +824,7 @@ static void on_reply(dlock__rnotify *nt, size_t i, redisReply *r)
 	    r->element[1]->type != REDIS_REPLY_STRING)
 		return;
 	const char *what = r->element[0]->str;
-	rn_chan *ch = chan_find(nt, r->element[1]->str, r->element[1]->len);
+	rn_chan *ch = chan_heard(nt, r->element[1]->str, r->element[1]->len);
 	if (!ch)
 		return;
 	if (!strcmp(what, "subscribe")) {
@@ -820,10 +842,16 @@ static void on_reply(dlock__rnotify *nt, size_t i, redisReply *r)
 			free(ch->last);
 			ch->last = strdup(msg);
 		}
+		/* wake the waiting threads only when one of them is meant: a release
+		 * naming another process's waiter is nothing to us */
+		bool woke = false;
 		for (rn_waiter *w = nt->waiters; w; w = w->next)
-			if (w->chan == ch && (all || !strcmp(msg, w->owner)))
+			if (w->chan == ch && (all || !strcmp(msg, w->owner))) {
 				w->gen++;
-		pthread_cond_broadcast(&nt->cv);
+				woke = true;
+			}
+		if (woke)
+			pthread_cond_broadcast(&nt->cv);
 	}
 }
 
@@ -835,18 +863,19 @@ static void sync_subs(dlock__rnotify *nt)
 			continue;
 		for (rn_chan *ch = nt->chans; ch; ch = ch->next) {
 			const char *verb = NULL;
+			int nch = ch->direct ? 2 : 1;
 			if (ch->refs > 0 && !ch->sent[i]) {
 				verb = "SUBSCRIBE";
 				ch->sent[i] = 1;
-				ch->pend[i]++;
+				ch->pend[i] += nch; /* one confirmation per channel */
 			} else if (ch->refs == 0 && ch->sent[i]) {
 				verb = "UNSUBSCRIBE";
 				ch->sent[i] = ch->ok[i] = 0;
 			}
 			if (verb) {
-				const char *argv[2] = { verb, ch->name };
-				size_t lens[2] = { strlen(verb), ch->len };
-				redisAppendCommandArgv(nt->c[i], 2, argv, lens);
+				const char *argv[3] = { verb, ch->name, ch->direct };
+				size_t lens[3] = { strlen(verb), ch->len, ch->dlen };
+				redisAppendCommandArgv(nt->c[i], 1 + nch, argv, lens);
 			}
 		}
 		int done = 0;
@@ -1012,7 +1041,8 @@ void dlock__rnotify_forget(dlock__rnotify *nt, const dlock_request *req)
 	pthread_mutex_unlock(&nt->mu);
 }
 
-static rn_chan *chan_get(dlock__rnotify *nt, const char *name)
+/* The channels of one lock; owner (ours: "<client id>-<serial>") names the direct one. */
+static rn_chan *chan_get(dlock__rnotify *nt, const char *name, const char *owner)
 {
 	size_t len = strlen(name);
 	rn_chan *ch = chan_find(nt, name, len);
@@ -1023,6 +1053,14 @@ static rn_chan *chan_get(dlock__rnotify *nt, const char *name)
 		return NULL;
 	ch->name = dlock__strdup(name);
 	ch->len = len;
+	size_t cid = strspn(owner, "0123456789abcdefABCDEF");
+	if (cid > 0 && owner[cid] == '-') {
+		ch->dlen = len + 1 + cid;
+		if ((ch->direct = malloc(ch->dlen + 1)) != NULL)
+			snprintf(ch->direct, ch->dlen + 1, "%s:%.*s", name, (int)cid, owner);
+		else
+			ch->dlen = 0; /* then only the lock's channel: wake-ups naming us come after a nap */
+	}
 	ch->sent = calloc(nt->n, 1);
 	ch->pend = calloc(nt->n, sizeof(int));
 	ch->ok = calloc(nt->n, 1);
@@ -1054,7 +1092,7 @@ int dlock__rnotify_wait(dlock__rnotify *nt, dlock_request *req, const char *chan
 	}
 	bool first = !w;
 	if (!w) {
-		rn_chan *ch = chan_get(nt, channel);
+		rn_chan *ch = chan_get(nt, channel, req->owner);
 		w = ch ? calloc(1, sizeof(*w)) : NULL;
 		if (!w) {
 			pthread_mutex_unlock(&nt->mu);

@@ -16,12 +16,13 @@
  *   {P:NAME}:w   ZSET  waiters: owner -> registration deadline (server ms)
  *   {P:NAME}:q   ZSET  fair queue: owner -> ticket (arrival time in us); dead heads pruned
  *   {P:NAME}:x   ZSET  waiting writers (exclusive waiters): blocks new readers
- *   {P:NAME}:c   pub/sub channel: a release publishes the owner to wake (the
- *                fair queue's head; without a queue, the longest-registered
- *                live waiter when only writers wait) or "*<releasing owner>"
- *                (wake every waiter: readers wait; the owner lets a Redlock
- *                client drop the copies from the other masters). Nothing when
- *                nobody waits.
+ *   {P:NAME}:c   pub/sub channel: "*<releasing owner>" wakes every waiter
+ *                (readers wait; the owner lets a Redlock client drop the copies
+ *                from the other masters). Nothing when nobody waits.
+ *   {P:NAME}:c:<client id>  pub/sub channel of one client (store handle):
+ *                the owner token of the one waiter to wake (the fair queue's
+ *                head; without a queue, the longest-registered live waiter
+ *                when only writers wait).
  */
 #ifndef DLOCK_STORES_REDIS_COMMON_H
 #define DLOCK_STORES_REDIS_COMMON_H
