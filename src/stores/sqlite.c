@@ -19,7 +19,7 @@
 enum {
 	Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
 	Q_PURGE_HOLDERS, Q_PURGE_WAITERS, Q_HOLDERS, Q_ANY_WAITERS, Q_MYSEQ, Q_AHEAD, Q_WRITER_WAITING,
-	Q_ENQUEUE, Q_FENCE_BUMP, Q_FENCE_NEW, Q_INSERT_HOLDER, Q_DEQUEUE, Q_RELEASE, Q_EXTEND,
+	Q_ENQUEUE, Q_FENCE_SET, Q_FENCE_NEW, Q_INSERT_HOLDER, Q_DEQUEUE, Q_RELEASE, Q_EXTEND,
 	Q_STATUS_HOLDERS, Q_STATUS_FENCE, Q_STATUS_WAITERS, Q_STATUS_NAMES,
 	Q_COUNT
 };
@@ -40,11 +40,15 @@ static const char *const sql[Q_COUNT] = {
 	[Q_ROLLBACK] = "ROLLBACK",
 	[Q_PURGE_HOLDERS] = "DELETE FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner>'' AND expires<=?3",
 	[Q_PURGE_WAITERS] = "DELETE FROM dlock_waiters WHERE ns=?1 AND name=?2 AND expires<=?3",
-	/* live holders: shared, other, earliest expiry; and how many expired rows to purge */
-	[Q_HOLDERS] = "SELECT count(CASE WHEN expires>?3 AND mode=1 THEN 1 END),"
-		      " count(CASE WHEN expires>?3 AND mode<>1 THEN 1 END),"
-		      " min(CASE WHEN expires>?3 THEN expires END), count(CASE WHEN expires<=?3 THEN 1 END)"
-		      " FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner>''",
+	/*
+	 * One read for the whole decision: the name's rows (its fence row and its
+	 * holders, counted in C), each with whether the name has waiter rows at
+	 * all (a constant subquery, evaluated once). Once a name has been granted
+	 * its fence row is always there; before that, Q_ANY_WAITERS.
+	 */
+	[Q_HOLDERS] = "SELECT owner='', mode, fence, expires,"
+		      " EXISTS(SELECT 1 FROM dlock_waiters WHERE ns=?1 AND name=?2)"
+		      " FROM dlock_holders WHERE ns=?1 AND name=?2",
 	[Q_ANY_WAITERS] = "SELECT EXISTS(SELECT 1 FROM dlock_waiters WHERE ns=?1 AND name=?2)",
 	[Q_MYSEQ] = "SELECT seq FROM dlock_waiters WHERE ns=?1 AND name=?2 AND owner=?3",
 	/* waiters ahead of seq ?3 (all when ?3 is NULL): how many, and how many want exclusive */
@@ -55,10 +59,11 @@ static const char *const sql[Q_COUNT] = {
 	[Q_ENQUEUE] = "INSERT INTO dlock_waiters(ns,name,owner,mode,expires,host,pid) VALUES(?1,?2,?3,?4,?5,?6,?7) "
 		      "ON CONFLICT(ns,name,owner) DO UPDATE SET expires=excluded.expires "
 		      "WHERE expires < excluded.expires - ?8",
-	[Q_FENCE_BUMP] = "UPDATE OR FAIL dlock_holders SET fence=fence+1 WHERE ns=?1 AND name=?2 AND owner='' "
-			 "RETURNING fence",
+	/* The fence is read by Q_HOLDERS in the same write transaction: no RETURNING
+	 * (which builds an ephemeral table on every step). */
+	[Q_FENCE_SET] = "UPDATE OR FAIL dlock_holders SET fence=?3 WHERE ns=?1 AND name=?2 AND owner=''",
 	[Q_FENCE_NEW] = "INSERT OR FAIL INTO dlock_holders(ns,name,owner,mode,permits,fence,expires) "
-			"VALUES(?1,?2,'',0,0,1," FENCE_ROW_EXPIRES ") RETURNING fence",
+			"VALUES(?1,?2,'',0,0,1," FENCE_ROW_EXPIRES ")",
 	[Q_INSERT_HOLDER] = "INSERT OR FAIL INTO dlock_holders(ns,name,owner,mode,permits,fence,expires,host,pid) "
 			    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
 	[Q_DEQUEUE] = "DELETE FROM dlock_waiters WHERE ns=?1 AND name=?2 AND owner=?3",
@@ -180,23 +185,42 @@ static int64_t step_int(sqlite_backend *b, sqlite3_stmt *s, int col, int64_t dfl
 	return v;
 }
 
-/* Holder rows of the name: live shared and other counts, earliest live expiry. */
+/* Holder rows of the name: live shared and other counts, earliest live expiry,
+ * the last fence handed out (-1: no fence row yet), whether any waiter rows exist. */
 static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *nshared, int64_t *nexcl,
-			int64_t *first_expiry)
+			int64_t *first_expiry, int64_t *last_fence, bool *any_waiters)
 {
 	sqlite3_stmt *s = prep(b, Q_HOLDERS, n, NULL);
-	sqlite3_bind_int64(s, 3, now);
-	int r = sqlite3_step(s);
-	int64_t expired = 0;
-	if (r == SQLITE_ROW) {
-		*nshared = sqlite3_column_int64(s, 0);
-		*nexcl = sqlite3_column_int64(s, 1);
-		*first_expiry = sqlite3_column_type(s, 2) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 2);
-		expired = sqlite3_column_int64(s, 3);
+	int r;
+	int64_t expired = 0, rows = 0;
+	*nshared = *nexcl = 0;
+	*first_expiry = *last_fence = -1;
+	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
+		rows++;
+		int64_t expires = sqlite3_column_int64(s, 3);
+		*any_waiters = sqlite3_column_int(s, 4) != 0;
+		if (sqlite3_column_int(s, 0)) /* the fence row */
+			*last_fence = sqlite3_column_int64(s, 2);
+		else if (expires <= now)
+			expired++;
+		else {
+			if (sqlite3_column_int(s, 1) == DLOCK_SHARED)
+				++*nshared;
+			else
+				++*nexcl;
+			if (*first_expiry < 0 || expires < *first_expiry)
+				*first_expiry = expires;
+		}
 	}
 	sqlite3_reset(s);
-	if (r != SQLITE_ROW)
+	if (r != SQLITE_DONE)
 		return fail(b, r, "read holders");
+	if (rows == 0) { /* never granted: no row to carry the waiter flag */
+		int rc = 0;
+		*any_waiters = step_int(b, prep(b, Q_ANY_WAITERS, n, NULL), 0, 0, &rc) != 0;
+		if (rc)
+			return rc;
+	}
 	if (expired == 0)
 		return 0; /* the common case: nothing to delete, no write */
 	s = prep(b, Q_PURGE_HOLDERS, n, NULL);
@@ -205,14 +229,10 @@ static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *
 }
 
 /* The queue rules, only when the name has waiter rows at all. */
-static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64_t nexcl, bool *conflict,
-		       bool *queued)
+static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64_t nexcl, bool *conflict)
 {
 	const char *n = req->name;
 	int rc = 0;
-	*queued = step_int(b, prep(b, Q_ANY_WAITERS, n, NULL), 0, 0, &rc) != 0;
-	if (rc || !*queued)
-		return rc;
 	sqlite3_stmt *s = prep(b, Q_PURGE_WAITERS, n, NULL);
 	sqlite3_bind_int64(s, 3, now);
 	if ((rc = run(b, s, "expire waiters")))
@@ -247,17 +267,18 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 		  int64_t *retry_ms)
 {
 	const char *n = req->name;
-	int64_t nexcl = 0, nshared = 0, first_expiry = -1;
-	int rc = read_holders(b, n, now, &nshared, &nexcl, &first_expiry);
+	int64_t nexcl = 0, nshared = 0, first_expiry = -1, last_fence = -1;
+	bool queued = false;
+	int rc = read_holders(b, n, now, &nshared, &nexcl, &first_expiry, &last_fence, &queued);
 	if (rc)
 		return rc;
 
-	bool conflict, queued = true;
+	bool conflict;
 	if (req->mode == DLOCK_SHARED)
 		conflict = nexcl > 0;
 	else
 		conflict = nshared > 0 || nexcl >= (int64_t)req->permits;
-	if (!conflict && (rc = queue_rules(b, req, now, nexcl, &conflict, &queued)))
+	if (!conflict && queued && (rc = queue_rules(b, req, now, nexcl, &conflict)))
 		return rc;
 
 	sqlite3_stmt *s;
@@ -281,12 +302,19 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 		return DLOCK_ELOCKED;
 	}
 
-	int64_t f = step_int(b, prep(b, Q_FENCE_BUMP, n, NULL), 0, 0, &rc);
-	if (!rc && f == 0) /* the name's first grant */
-		f = step_int(b, prep(b, Q_FENCE_NEW, n, NULL), 0, 0, &rc);
-	if (rc)
-		return rc;
+	/* Still inside BEGIN IMMEDIATE: nobody can have moved the counter since it was read. */
+	int64_t f = last_fence < 0 ? 1 : last_fence < INT64_MAX ? last_fence + 1 : 0;
 	if (f <= 0)
+		return dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: fence counter out of range");
+	if (last_fence < 0) { /* the name's first grant */
+		s = prep(b, Q_FENCE_NEW, n, NULL);
+	} else {
+		s = prep(b, Q_FENCE_SET, n, NULL);
+		sqlite3_bind_int64(s, 3, f);
+	}
+	if ((rc = run(b, s, "advance fence")))
+		return rc;
+	if (sqlite3_changes(b->db) != 1)
 		return dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: fence counter did not advance");
 	s = prep(b, Q_INSERT_HOLDER, n, req->owner);
 	sqlite3_bind_int(s, 4, (int)req->mode);
