@@ -4,7 +4,8 @@
  *   etcd_cases single    against the fixture's single member (DLOCK_TEST_URI_FILE):
  *                        killed holder replaced within TTL + 1 s; a waiter stopped
  *                        past its TTL is never told it holds; release wakes a waiter
- *                        by watch (not by polling); names with '/' and '%' stay apart;
+ *                        by watch (not by polling); a waiter in the middle that leaves
+ *                        does not let the last one in; names with '/' and '%' stay apart;
  *                        locks with different TTLs on one store all stay renewed;
  *                        a hold handed over (detach) outlives its store and is
  *                        extended and released through the handle elsewhere.
@@ -277,6 +278,44 @@ static void case_watch_wakeup(void)
 	dlock_lock_free(a);
 	dlock_store_close(s);
 	close(rd);
+}
+
+/* A waiter between the holder and us leaves (killed: its key goes with its
+ * lease). Its delete must not make us think we are first: the wait counts
+ * every key in our way, and the holder's is still there. */
+static void case_middle_leaves(void)
+{
+	const long short_ttl = 1000;
+	char name[128];
+	int rd1, rd2;
+	report r;
+	lock_name(name, sizeof(name), "middle");
+	dlock_store *s = open_uri(uri);
+	dlock_lock *a = new_lock(s, name, 20000);
+	CHECK_RC(dlock_acquire(a, 0), 0);
+	uint64_t fa = dlock_fence(a);
+	pid_t p1 = spawn("wait", name, short_ttl, &rd1);
+	CHECK(await_waiters(s, name, 1, 10000));
+	pid_t p2 = spawn("wait", name, 20000, &rd2);
+	CHECK(await_waiters(s, name, 2, 10000));
+	nap_ms(300); /* let both settle into their watches */
+	kill(p1, SIGKILL);
+	reap(p1);
+	/* The killed waiter's key goes with its lease... */
+	CHECK(await_waiters(s, name, 1, short_ttl + 5000));
+	/* ...and the last waiter stays a waiter while we hold. */
+	struct pollfd pf = { rd2, POLLIN, 0 };
+	CHECK(poll(&pf, 1, 1000) == 0);
+	CHECK(dlock_held(a));
+	CHECK_RC(dlock_release(a), 0);
+	CHECK(read_report(rd2, &r, 10000));
+	CHECK(r.rc == 0);
+	CHECK(r.fence > fa);
+	CHECK(reap(p2) == 0);
+	dlock_lock_free(a);
+	dlock_store_close(s);
+	close(rd1);
+	close(rd2);
 }
 
 static void case_names_apart(void)
@@ -601,6 +640,7 @@ int main(int argc, char **argv)
 			{ "killed_holder", case_killed_holder },
 			{ "stopped_waiter", case_stopped_waiter },
 			{ "watch_wakeup", case_watch_wakeup },
+			{ "middle_leaves", case_middle_leaves },
 			{ "names_apart", case_names_apart },
 			{ "mixed_ttls", case_mixed_ttls },
 			{ "handover", case_handover },
