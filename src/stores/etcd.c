@@ -90,6 +90,8 @@ typedef struct etcd {
 	long op_timeout_ms;   /* per-attempt limit for cmd requests while renewing; 0: request_timeout_ms */
 	lease leases[MAX_LEASES];
 	size_t nleases;
+	char *hot_dir;        /* a name whose last acquire here had to queue (under the store mutex) */
+	int64_t hot_until;    /* CLOCK_MONOTONIC ms until which that counts */
 
 	hold *holds;          /* key slots of our holds and waiters, under mu (wait reads them) */
 	size_t nholds, capholds;
@@ -1227,7 +1229,13 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 		/* The core counts the lease from t0. A shared lease last kept alive
 		 * before t0 would end earlier than it thinks, so keep it alive now, in
 		 * parallel with the Txn (a second connection): no extra round trip. */
-		int need_ka = l->alive_until < t0 + req->ttl_ms;
+		/* Except on a first try at a name that just had to queue here: it will
+		 * most likely queue again, and then its keepalive is wasted (a queued
+		 * key's lease is kept alive below when due). If it is granted after
+		 * all, the grant sends the keepalive it needs, serially. */
+		int hot = !queued && req->waiting && e->hot_dir && t0 < e->hot_until &&
+			  strcmp(e->hot_dir, nm.dir) == 0;
+		int need_ka = !hot && l->alive_until < t0 + req->ttl_ms;
 		int64_t ka_left = -1, ka_sent = dlock_clock_ms();
 		if (need_ka) {
 			int ka_rc;
@@ -1340,6 +1348,10 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 			}
 			*fence = rev;
 			rc = 0;
+			if (!queued && e->hot_dir && strcmp(e->hot_dir, nm.dir) == 0) {
+				free(e->hot_dir); /* free at the first try: not hot any more */
+				e->hot_dir = NULL;
+			}
 			break;
 		}
 		if (!req->waiting) {
@@ -1362,6 +1374,11 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 		}
 		req->slot = QUEUED(e);
 		rc = DLOCK_ELOCKED;
+		if (!e->hot_dir || strcmp(e->hot_dir, nm.dir) != 0) {
+			free(e->hot_dir);
+			e->hot_dir = dlock__strdup(nm.dir);
+		}
+		e->hot_until = dlock_clock_ms() + 1000;
 		break;
 	}
 	if (rc != 0 && rc != DLOCK_ELOCKED && !was_queued) {
@@ -2060,6 +2077,7 @@ static void etcd_close(dlock_backend *be)
 	free(e->cert);
 	free(e->key);
 	free(e->token);
+	free(e->hot_dir);
 	for (size_t i = 0; i < e->nholds; i++)
 		free(e->holds[i].name);
 	free(e->holds);
