@@ -55,9 +55,6 @@ typedef struct hold {
 	char owner[64];
 	unsigned slot;
 	int64_t lease; /* the lease its key rides on, once known */
-	/* Set by wait when it saw the one key we queued behind deleted (see
-	 * etcd_wait): our key's create revision and lease; 0 when not. */
-	int64_t clear_rev, clear_lease;
 } hold;
 
 /* A waiter's pair of transfers, pooled: the watch stream and a read beside
@@ -90,8 +87,6 @@ typedef struct etcd {
 	long op_timeout_ms;   /* per-attempt limit for cmd requests while renewing; 0: request_timeout_ms */
 	lease leases[MAX_LEASES];
 	size_t nleases;
-	char *hot_dir;        /* a name whose last acquire here had to queue (under the store mutex) */
-	int64_t hot_until;    /* CLOCK_MONOTONIC ms until which that counts */
 
 	hold *holds;          /* key slots of our holds and waiters, under mu (wait reads them) */
 	size_t nholds, capholds;
@@ -996,18 +991,6 @@ static void hold_forget(etcd *e, const dlock_request *req)
 	pthread_mutex_unlock(&e->mu);
 }
 
-/* Take (and reset) what wait left for req: see etcd_wait. */
-static void hold_take_clear(etcd *e, const dlock_request *req, int64_t *rev, int64_t *lease_id)
-{
-	pthread_mutex_lock(&e->mu);
-	hold *h = hold_find(e, req->name, req->owner);
-	*rev = h ? h->clear_rev : 0;
-	*lease_id = h ? h->clear_lease : 0;
-	if (h)
-		h->clear_rev = h->clear_lease = 0;
-	pthread_mutex_unlock(&e->mu);
-}
-
 enum { MK_LOOKUP, MK_CREATE };
 
 /*
@@ -1053,7 +1036,6 @@ static int names_make(etcd *e, const dlock_request *req, keyset *n, int how)
 			snprintf(h->owner, sizeof(h->owner), "%s", req->owner);
 			h->slot = slot;
 			h->lease = 0;
-			h->clear_rev = h->clear_lease = 0;
 		} else {
 			rc = DLOCK_ENOMEM;
 		}
@@ -1167,32 +1149,6 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 		return DLOCK_ENOMEM;
 	}
 	req->slot = NULL;
-	int64_t clear_rev, clear_lease;
-	hold_take_clear(e, req, &clear_rev, &clear_lease);
-	if (queued && clear_rev > 0) {
-		/* The wait saw the only key in our way deleted after a read that
-		 * showed our key (see etcd_wait): nothing older than our key is left.
-		 * What remains to prove is what the full re-check proves with its
-		 * keepalive: our lease (so our key) is alive, kept alive after t0.
-		 * If that fails or is unsure, the full re-check below decides. */
-		int64_t left = 0;
-		if (keepalive(e, clear_lease, &left) == 0) {
-			/* left: the TTL etcd just reset the lease to, counted from after
-			 * our send (so from after t0) */
-			if (left * 1000 >= req->ttl_ms &&
-			    dlock_clock_ms() - t0 < req->ttl_ms - dlock__drift_ms(req->ttl_ms)) {
-				hold_set_lease(e, req, clear_lease);
-				*fence = (uint64_t)clear_rev;
-				free(value);
-				names_free(&nm);
-				return 0;
-			}
-			if (left <= 0) { /* our key went with its lease: queue again */
-				lease_drop(e, clear_lease);
-				queued = 0;
-			}
-		}
-	}
 	for (int attempt = 0; attempt < 4; attempt++) {
 		lease *l;
 		json_object *resp = NULL, *ka_resp = NULL;
@@ -1229,13 +1185,7 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 		/* The core counts the lease from t0. A shared lease last kept alive
 		 * before t0 would end earlier than it thinks, so keep it alive now, in
 		 * parallel with the Txn (a second connection): no extra round trip. */
-		/* Except on a first try at a name that just had to queue here: it will
-		 * most likely queue again, and then its keepalive is wasted (a queued
-		 * key's lease is kept alive below when due). If it is granted after
-		 * all, the grant sends the keepalive it needs, serially. */
-		int hot = !queued && req->waiting && e->hot_dir && t0 < e->hot_until &&
-			  strcmp(e->hot_dir, nm.dir) == 0;
-		int need_ka = !hot && l->alive_until < t0 + req->ttl_ms;
+		int need_ka = l->alive_until < t0 + req->ttl_ms;
 		int64_t ka_left = -1, ka_sent = dlock_clock_ms();
 		if (need_ka) {
 			int ka_rc;
@@ -1348,10 +1298,6 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 			}
 			*fence = rev;
 			rc = 0;
-			if (!queued && e->hot_dir && strcmp(e->hot_dir, nm.dir) == 0) {
-				free(e->hot_dir); /* free at the first try: not hot any more */
-				e->hot_dir = NULL;
-			}
 			break;
 		}
 		if (!req->waiting) {
@@ -1374,11 +1320,6 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 		}
 		req->slot = QUEUED(e);
 		rc = DLOCK_ELOCKED;
-		if (!e->hot_dir || strcmp(e->hot_dir, nm.dir) != 0) {
-			free(e->hot_dir);
-			e->hot_dir = dlock__strdup(nm.dir);
-		}
-		e->hot_until = dlock_clock_ms() + 1000;
 		break;
 	}
 	if (rc != 0 && rc != DLOCK_ELOCKED && !was_queued) {
@@ -1597,7 +1538,7 @@ static int etcd_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, i
 }
 
 /* ------------------------------------------------------------------ */
-/* wait: watch the directory, count the keys in our way down */
+/* wait: watch the key we queue behind */
 
 void dlock__etcd_watch_object(watch_ctx *w, json_object *o)
 {
@@ -1615,21 +1556,10 @@ void dlock__etcd_watch_object(watch_ctx *w, json_object *o)
 		w->done = 1;
 	json_object *ev = jget(r, "events");
 	size_t n = ev && json_object_is_type(ev, json_type_array) ? json_object_array_length(ev) : 0;
-	for (size_t i = 0; i < n && !w->done; i++) {
-		json_object *one = json_object_array_get_idx(ev, i), *kvo = jget(one, "kv");
-		const char *type = jstr(one, "type");
-		if (!type || strcmp(type, "DELETE") != 0)
-			continue;
-		if (!w->on_delete) {
+	for (size_t i = 0; i < n; i++) {
+		const char *type = jstr(json_object_array_get_idx(ev, i), "type");
+		if (type && strcmp(type, "DELETE") == 0)
 			w->done = 1;
-			continue;
-		}
-		/* The delete's own revision, not the header's (which may be later). */
-		const char *k64 = jstr(kvo, "key");
-		char *key = k64 ? dlock__etcd_b64_decode(k64, NULL) : NULL;
-		if (!key || w->on_delete(w, key, jint(kvo, "mod_revision")))
-			w->done = 1;
-		free(key);
 	}
 }
 
@@ -1657,74 +1587,22 @@ size_t dlock__etcd_watch_write(char *data, size_t size, size_t nmemb, void *ud)
 }
 
 /*
- * Where a wait read found us: at revision `rev`, our key (`mine`, its create
- * revision and lease) and the keys in our way ("blockers": every older key
- * for a mutex or semaphore, every older writer for a reader). We may hold
- * once fewer than `need` of them are left (1 for a mutex or a reader, N for
- * a semaphore of N).
- */
-typedef struct wait_pos {
-	int64_t rev, my_rev, my_lease;
-	const char *mine;
-	char **blk;  /* malloc'd; an entry is freed and set NULL once its key is deleted after rev */
-	size_t nblk, left, need;
-	int64_t clear_rev; /* the revision at which fewer than `need` were left; 0: not yet */
-} wait_pos;
-
-static void pos_free(wait_pos *p)
-{
-	for (size_t i = 0; i < p->nblk; i++)
-		free(p->blk[i]);
-	free(p->blk);
-	memset(p, 0, sizeof(*p));
-}
-
-/*
- * A DELETE in the directory (the watch's on_delete). A delete of a blocker
- * at a revision after our read ends the incarnation of that key we read (one
- * created later under the same name is younger than our key: behind us).
- * No key older than ours can appear after the read: create revisions only
- * grow. So when fewer than `need` blockers are left, nothing in our way is
- * left, from the latest of those deletes on, for good. Returns 1 to stop
- * watching: then, or when our own key went (acquire finds that out).
- */
-static int pos_on_delete(watch_ctx *w, const char *key, int64_t rev)
-{
-	wait_pos *p = w->ud;
-	if (rev <= 0 || strcmp(key, p->mine) == 0)
-		return 1; /* unsure, or our own key went: acquire looks */
-	if (rev <= p->rev)
-		return 0; /* the read already saw it */
-	for (size_t i = 0; i < p->nblk; i++) {
-		if (p->blk[i] && strcmp(p->blk[i], key) == 0) {
-			free(p->blk[i]);
-			p->blk[i] = NULL;
-			p->left--;
-			if (rev > p->clear_rev)
-				p->clear_rev = rev;
-			break;
-		}
-	}
-	if (p->left < p->need)
-		return 1;
-	return 0;
-}
-
-/*
  * Read our key and the queue of nm, from the member we ask alone
- * (serializable), on h. While we wait in line: 1 and *pos. Nothing to wait
- * for (we hold, our key is gone) or the read failed: 0, and acquire finds
- * out which.
+ * (serializable), on h. While we wait in line: 1, *rev the revision read and
+ * *target the key to watch (malloc'd; NULL: the whole directory). Nothing to
+ * wait for (we hold, our key is gone) or the read failed: 0, and acquire
+ * finds out which.
  */
 static int wait_read(etcd *e, CURL *h, const keyset *nm, const dlock_request *req, long timeout_ms,
-		     wait_pos *pos)
+		     int64_t *rev, char **target)
 {
 	json_object *ok = json_object_new_array(), *body = json_object_new_object(), *resp = NULL;
 	kv *mine = NULL, *keys = NULL;
 	size_t nmine = 0, nkeys = 0;
+	const kv *behind = NULL;
 	unsigned permits = req->permits ? req->permits : 1;
-	int shared = req->mode == DLOCK_SHARED, waiting = 0;
-	memset(pos, 0, sizeof(*pos));
+	int waiting = 0;
+	*target = NULL;
 	json_object_array_add(ok, op_range(nm->key, NULL, 0, 0, R_SERIALIZABLE));
 	json_object_array_add(ok, op_range(nm->dir, nm->end, 1, 0, R_SERIALIZABLE));
 	json_object_object_add(body, "compare", json_object_new_array());
@@ -1732,30 +1610,11 @@ static int wait_read(etcd *e, CURL *h, const keyset *nm, const dlock_request *re
 	json_object_object_add(body, "failure", json_object_new_array());
 	if (rpc(e, h, "/v3/kv/txn", body, &resp, NULL, timeout_ms > 100 ? timeout_ms : 100) != 0)
 		return 0;
-	pos->rev = jint(jget(resp, "header"), "revision");
+	*rev = jint(jget(resp, "header"), "revision");
 	if (dlock__etcd_txn_range(resp, 0, &mine, &nmine) == 0 &&
 	    dlock__etcd_txn_range(resp, 1, &keys, &nkeys) == 0 && nmine &&
-	    !holds(keys, nkeys, &mine[0], req->mode, permits, NULL) &&
-	    (pos->blk = calloc(nkeys ? nkeys : 1, sizeof(char *))) != NULL) {
-		waiting = 1;
-		for (size_t i = 0; i < nkeys && keys[i].create_rev < mine[0].create_rev; i++) {
-			if (shared && keys[i].mode != DLOCK_EXCLUSIVE)
-				continue;
-			if (!keys[i].key) {
-				waiting = 0;
-				break;
-			}
-			pos->blk[pos->nblk++] = keys[i].key;
-			keys[i].key = NULL;
-		}
-		pos->left = pos->nblk;
-		pos->need = shared ? 1 : permits;
-		pos->mine = nm->key;
-		pos->my_rev = mine[0].create_rev;
-		pos->my_lease = mine[0].lease;
-		if (!waiting)
-			pos_free(pos);
-	}
+	    !holds(keys, nkeys, &mine[0], req->mode, permits, &behind))
+		waiting = !behind || !behind->key || (*target = dlock__strdup(behind->key)) != NULL;
 	json_object_put(resp);
 	dlock__etcd_kvs_free(mine, nmine);
 	dlock__etcd_kvs_free(keys, nkeys);
@@ -1793,19 +1652,13 @@ out:
 }
 
 /*
- * Wait until the keys in our way are gone (or for a third of the TTL, or
- * timeout_ms). We watch the name's directory for deletes and count the keys
- * in our way down (pos_on_delete), so the wait ends once, when we are first,
- * and acquire needs no re-read then ("clear", below). The price: every
- * waiter's stream carries every delete of the name, a small event, instead
- * of one request more per grant on the critical path.
- *
- * The watch starts at etcd's current revision, not at the one we read: etcd
- * serves a watch that starts in the past from its "unsynced" group, which it
- * catches up only every 100 ms — a delete in that window reached the waiter
- * up to 100 ms late. A watch from now is live at once; the read is repeated
- * next to it when the revision moved in between, so a delete before the
- * watch is not missed either.
+ * Wait for the key we queue behind to go (or for a third of the TTL, or
+ * timeout_ms). The watch starts at etcd's current revision, not at the one
+ * we read: etcd serves a watch that starts in the past from its "unsynced"
+ * group, which it catches up only every 100 ms — a delete in that window
+ * reached the waiter up to 100 ms late. A watch from now is live at once;
+ * the read is repeated next to it when the revision moved in between, so a
+ * delete before the watch is not missed either.
  */
 static int etcd_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 {
@@ -1821,20 +1674,20 @@ static int etcd_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 		return 0;
 	}
 	waitkit *k = kit_take(e);
-	wait_pos pos, pos2;
+	char *target = NULL, *again = NULL;
+	int64_t rev = 0, rev2 = 0;
 	watch_ctx w = { 0 };
 	xfer x;
 	memset(&x, 0, sizeof(x));
-	memset(&pos, 0, sizeof(pos));
 	/* Bounded by the wait's own timeout: a hung member must not hold us past it. */
-	if (!k || !wait_read(e, k->read, &nm, req, (long)timeout_ms, &pos))
+	if (!k || !wait_read(e, k->read, &nm, req, (long)timeout_ms, &rev, &target))
 		goto out;
 	int64_t until = start + timeout_ms, left = until - dlock_clock_ms();
 	if (left <= 0 || !(w.tok = json_tokener_new()))
 		goto out;
-	w.on_delete = pos_on_delete;
-	w.ud = &pos;
-	if (watch_start(e, k, &x, &w, nm.dir, nm.end, left) != 0)
+	/* Watch only the key we queue behind (no thundering herd); a semaphore
+	 * waits for any older key to go, so it watches the directory. */
+	if (watch_start(e, k, &x, &w, target ? target : nm.dir, target ? NULL : nm.end, left) != 0)
 		goto out;
 	int checked = 0;
 	x.c = CURLE_OK;
@@ -1851,45 +1704,18 @@ static int etcd_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 		if (w.created && !checked && !w.done) {
 			checked = 1;
 			/* Revisions moved between our read and the watch: read again, at
-			 * least at the watch's revision, and count from that read. If we
-			 * no longer wait (or the read lags), let acquire look. */
-			if (w.rev > pos.rev) {
-				if (!wait_read(e, k->read, &nm, req, (long)left, &pos2))
-					break;
-				if (pos2.rev < w.rev) {
-					pos_free(&pos2);
-					break;
-				}
-				pos_free(&pos);
-				pos = pos2;
-				if (pos.left < pos.need) /* cannot be: we would hold */
-					break;
-			}
+			 * least at the watch's revision, that we still queue behind the
+			 * same key. Else let acquire look. */
+			if (w.rev > rev && (!wait_read(e, k->read, &nm, req, (long)left, &rev2, &again) ||
+					    rev2 < w.rev || (target && (!again || strcmp(again, target) != 0)) ||
+					    (!target && again)))
+				break;
 			continue;
 		}
 		if (!w.done && curl_multi_poll(k->multi, NULL, 0, (int)(left < 1000 ? left : 1000), NULL) != CURLM_OK)
 			break;
 	}
 	curl_multi_remove_handle(k->multi, k->watch);
-	/*
-	 * "Clear" (see pos_on_delete): at pos.clear_rev nothing in our way was
-	 * left, for good. That is what etcd's concurrency.Mutex learns from the
-	 * read it does after a delete event (it must read: it watches only the
-	 * newest older key, not knowing whether others remain); we counted every
-	 * one. Our key: it was there at pos.rev; it only goes with its lease (or
-	 * our own release or cancel, which do not run during a wait), and acquire
-	 * grants on "clear" only after a keepalive sent after its start finds that
-	 * lease alive (lease IDs are not reused), as the full re-check does.
-	 */
-	if (pos.clear_rev > pos.rev && pos.left < pos.need && pos.my_rev > 0 && pos.my_lease != 0) {
-		pthread_mutex_lock(&e->mu);
-		hold *h = hold_find(e, req->name, req->owner);
-		if (h) {
-			h->clear_rev = pos.my_rev;
-			h->clear_lease = pos.my_lease;
-		}
-		pthread_mutex_unlock(&e->mu);
-	}
 	/* A timeout is the normal end of a wait; only a broken connection moves us on. */
 	if (x.c != CURLE_OK && x.c != CURLE_WRITE_ERROR && x.c != CURLE_OPERATION_TIMEDOUT && curl_failover(x.c))
 		endpoint_failed(e, x.idx);
@@ -1897,7 +1723,8 @@ out:
 	xfer_end(&x);
 	if (w.tok)
 		json_tokener_free(w.tok);
-	pos_free(&pos);
+	free(target);
+	free(again);
 	names_free(&nm);
 	if (k)
 		kit_put(e, k);
@@ -2077,7 +1904,6 @@ static void etcd_close(dlock_backend *be)
 	free(e->cert);
 	free(e->key);
 	free(e->token);
-	free(e->hot_dir);
 	for (size_t i = 0; i < e->nholds; i++)
 		free(e->holds[i].name);
 	free(e->holds);

@@ -33,10 +33,6 @@ typedef struct watch_ctx {
 	int created;       /* the watch was registered */
 	int64_t rev;       /* header revision of the "created" answer: events after it come */
 	int done;          /* a DELETE, a cancel/compaction, an error or garbage: stop waiting */
-	/* Optional: called for each DELETE event with its decoded key and its
-	 * mod_revision (0 if absent); nonzero ends the wait. NULL: any DELETE does. */
-	int (*on_delete)(struct watch_ctx *w, const char *key, int64_t rev);
-	void *ud;          /* for on_delete */
 } watch_ctx;
 
 /* Standard base64 (with '=' padding) of len bytes; malloc'd, NULL on OOM. */
