@@ -478,24 +478,36 @@ int bench_floor_step(bench_floor *f, char *err, size_t errlen)
 	}
 }
 
+#ifdef DLOCK_WITH_REDIS
+/* The sum of the counters named by keys ("name:") in one INFO section; -1
+ * when the server did not answer. A counter not listed yet counts 0. */
+static long long redis_info_sum(bench_floor *f, const char *section, const char *const *keys, int nkeys)
+{
+	redisReply *r = redisCommand(f->redis, "INFO %s", section);
+	long long n = -1;
+	if (r && r->type == REDIS_REPLY_STRING) {
+		n = 0;
+		for (int i = 0; i < nkeys; i++) {
+			const char *s = strstr(r->str, keys[i]);
+			if (s)
+				n += strtoll(s + strlen(keys[i]), NULL, 10);
+		}
+	}
+	if (r)
+		freeReplyObject(r);
+	return n;
+}
+#endif
+
 long long bench_floor_server_ops(bench_floor *f)
 {
 #ifdef DLOCK_WITH_REDIS
-	if (f && f->kind == K_REDIS) {
-		/* Socket reads, not commands: a pipelined batch is one read (or a
-		 * few for a large one), and redis.call() inside a script counts as
-		 * a command. Reads are the closest thing to round trips. */
-		redisReply *r = redisCommand(f->redis, "INFO stats");
-		long long n = -1;
-		if (r && r->type == REDIS_REPLY_STRING) {
-			const char *s = strstr(r->str, "total_reads_processed:");
-			if (s)
-				n = strtoll(s + strlen("total_reads_processed:"), NULL, 10);
-		}
-		if (r)
-			freeReplyObject(r);
-		return n;
-	}
+	/* Socket reads, not commands: a pipelined batch is one read (or a few
+	 * for a large one), and redis.call() inside a script counts as a
+	 * command. Reads are the closest thing to round trips. */
+	static const char *const keys[1] = { "total_reads_processed:" };
+	if (f && f->kind == K_REDIS)
+		return redis_info_sum(f, "stats", keys, 1);
 #endif
 	(void)f;
 	return -1;
@@ -504,22 +516,9 @@ long long bench_floor_server_ops(bench_floor *f)
 long long bench_floor_server_scripts(bench_floor *f)
 {
 #ifdef DLOCK_WITH_REDIS
-	if (f && f->kind == K_REDIS) {
-		redisReply *r = redisCommand(f->redis, "INFO commandstats");
-		long long n = -1;
-		if (r && r->type == REDIS_REPLY_STRING) {
-			static const char *const keys[2] = { "cmdstat_evalsha:calls=", "cmdstat_eval:calls=" };
-			n = 0;
-			for (int i = 0; i < 2; i++) {
-				const char *s = strstr(r->str, keys[i]);
-				if (s)
-					n += strtoll(s + strlen(keys[i]), NULL, 10);
-			}
-		}
-		if (r)
-			freeReplyObject(r);
-		return n;
-	}
+	static const char *const keys[2] = { "cmdstat_evalsha:calls=", "cmdstat_eval:calls=" };
+	if (f && f->kind == K_REDIS)
+		return redis_info_sum(f, "commandstats", keys, 2);
 #endif
 	(void)f;
 	return -1;
