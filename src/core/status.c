@@ -48,6 +48,37 @@ void dlock_status_free(dlock_lock_status *st, size_t count)
 	free(st);
 }
 
+static int cmp_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* be->status for every name be->list gives: valid lock names, once each. */
+static int status_listed(dlock_backend *be, dlock_lock_status **out, size_t *count)
+{
+	char **all = NULL;
+	size_t n = 0, u = 0;
+	int rc = be->list(be, &all, &n);
+	if (!rc && n) {
+		qsort(all, n, sizeof(*all), cmp_name);
+		for (size_t i = 0; i < n; i++) {
+			if ((u && !strcmp(all[u - 1], all[i])) || dlock_name_check(all[i]) != 0)
+				free(all[i]); /* a duplicate, or a key under the prefix that is not ours */
+			else
+				all[u++] = all[i];
+		}
+		rc = u ? be->status(be, (const char *const *)all, u, out, count) : 0;
+	} else {
+		u = n;
+	}
+	for (size_t i = 0; i < u; i++)
+		free(all[i]);
+	free(all);
+	if (!rc)
+		dlock_error_clear(); /* a name check that failed above is not this call's error */
+	return rc;
+}
+
 int dlock_store_status(dlock_store *s, const char *const *names, size_t nnames,
 		       dlock_lock_status **out, size_t *count)
 {
@@ -66,7 +97,8 @@ int dlock_store_status(dlock_store *s, const char *const *names, size_t nnames,
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->be->kind, NULL,
 				       "the %s store cannot report lock status", s->be->kind);
 	pthread_mutex_lock(&s->be_mu);
-	int rc = s->be->status(s->be, nnames ? names : NULL, nnames, out, count);
+	int rc = !nnames && s->be->list ? status_listed(s->be, out, count)
+					: s->be->status(s->be, nnames ? names : NULL, nnames, out, count);
 	pthread_mutex_unlock(&s->be_mu);
 	if (rc) {
 		dlock_status_free(*out, *count);

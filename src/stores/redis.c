@@ -769,6 +769,7 @@ static bool chan_ok(const dlock__rnotify *nt, const rn_chan *ch)
 	return false;
 }
 
+
 static rn_chan *chan_find(dlock__rnotify *nt, const char *name, size_t len)
 {
 	for (rn_chan *ch = nt->chans; ch; ch = ch->next)
@@ -1505,11 +1506,6 @@ static int status_one(rstore *s, const char *name, dlock_lock_status **out, size
 	return rc;
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* Escape glob characters of the prefix for SCAN MATCH. */
 static void glob_escape(char *out, size_t cap, const char *s)
 {
@@ -1587,50 +1583,25 @@ int dlock__rscan_names(redisContext **cp, const dlock__rserver *srv, const char 
 	return rc;
 }
 
-void dlock__rnames_unique(char **names, size_t *n)
-{
-	if (*n)
-		qsort(names, *n, sizeof(*names), cmp_str);
-	size_t u = 0;
-	for (size_t i = 0; i < *n; i++) {
-		if (u && !strcmp(names[u - 1], names[i]))
-			free(names[i]);
-		else
-			names[u++] = names[i];
-	}
-	*n = u;
-}
-
+/* The core lists through r_list, so names is never NULL here. */
 static int r_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
 		    size_t *count)
 {
 	rstore *s = RS(be);
-	if (names) {
-		for (size_t i = 0; i < nnames; i++) {
-			int rc = status_one(s, names[i], out, count);
-			if (rc)
-				return rc;
-		}
-		return 0;
+	for (size_t i = 0; i < nnames; i++) {
+		int rc = status_one(s, names[i], out, count);
+		if (rc)
+			return rc;
 	}
-	char **all = NULL;
-	size_t n = 0;
+	return 0;
+}
+
+static int r_list(dlock_backend *be, char ***names, size_t *n)
+{
+	rstore *s = RS(be);
 	settle(s);
 	int rc = s->c ? 0 : connect_cmd(s);
-	if (!rc)
-		rc = dlock__rscan_names(&s->c, &s->srv[0], s->prefix, KIND, &all, &n);
-	dlock__rnames_unique(all, &n);
-	for (size_t i = 0; i < n && !rc; i++) {
-		if (dlock_name_check(all[i]) != 0)
-			continue; /* a key that is not ours under the prefix */
-		rc = status_one(s, all[i], out, count); /* the core drops idle names */
-	}
-	for (size_t i = 0; i < n; i++)
-		free(all[i]);
-	free(all);
-	if (!rc)
-		dlock_error_clear();
-	return rc;
+	return rc ? rc : dlock__rscan_names(&s->c, &s->srv[0], s->prefix, KIND, names, n);
 }
 
 static void r_close(dlock_backend *be)
@@ -1732,6 +1703,7 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 	s->base.wait = r_wait;
 	s->base.cancel = r_cancel;
 	s->base.status = r_status;
+	s->base.list = r_list;
 	s->base.close = r_close;
 	/* the URI outlives nothing: keep our own copies of what srv borrows */
 	if (uri->user && *uri->user && !(s->user = dlock__strdup(uri->user)))

@@ -126,11 +126,10 @@ void dlock__rbatch_free(dlock__rbatch *b);
 int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char *kind);
 
 /* Append to *names (of *n) the lock names with holders or waiters under prefix on one
- * server (SCAN; connects *c if NULL). Free each name and the array with free(). */
+ * server (SCAN; connects *c if NULL; duplicates and foreign keys possible: be->list).
+ * Free each name and the array with free(). */
 int dlock__rscan_names(redisContext **c, const dlock__rserver *srv, const char *prefix, const char *kind,
 		       char ***names, size_t *n);
-/* Sort and drop duplicates (freeing them). */
-void dlock__rnames_unique(char **names, size_t *n);
 
 /* ---- notifier: pub/sub wake-ups for waiters (one per store handle) ---- */
 typedef struct dlock__rnotify dlock__rnotify;

@@ -599,35 +599,26 @@ static int rl_status(dlock_backend *be, const char *const *names, size_t nnames,
 		     size_t *count)
 {
 	rlock *s = RL(be);
-	if (names) {
-		for (size_t i = 0; i < nnames; i++) {
-			int rc = status_one(s, names[i], out, count);
-			if (rc)
-				return rc;
-		}
-		return 0;
+	for (size_t i = 0; i < nnames; i++) { /* the core lists through rl_list: names is never NULL */
+		int rc = status_one(s, names[i], out, count);
+		if (rc)
+			return rc;
 	}
-	char **all = NULL;
-	size_t n = 0, reached = 0;
-	int rc = 0;
+	return 0;
+}
+
+/* Every master's names; a quorum must answer, or a lock held on it could be missed. */
+static int rl_list(dlock_backend *be, char ***names, size_t *n)
+{
+	rlock *s = RL(be);
+	size_t reached = 0;
 	for (size_t i = 0; i < s->n; i++)
-		if (dlock__rscan_names(&s->c[i], &s->srv[i], s->prefix, KIND, &all, &n) == 0)
+		if (dlock__rscan_names(&s->c[i], &s->srv[i], s->prefix, KIND, names, n) == 0)
 			reached++;
-	dlock__rnames_unique(all, &n);
 	if (reached < s->quorum)
-		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "only %zu of %zu redlock masters answered SCAN",
-				     reached, s->n);
-	for (size_t i = 0; i < n && !rc; i++) {
-		if (dlock_name_check(all[i]) != 0)
-			continue;
-		rc = status_one(s, all[i], out, count); /* the core drops idle names */
-	}
-	for (size_t i = 0; i < n; i++)
-		free(all[i]);
-	free(all);
-	if (!rc)
-		dlock_error_clear();
-	return rc;
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "only %zu of %zu redlock masters answered SCAN",
+				       reached, s->n);
+	return 0;
 }
 
 static void rl_close(dlock_backend *be)
@@ -728,6 +719,7 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 	s->base.wait = rl_wait;
 	s->base.cancel = rl_cancel;
 	s->base.status = rl_status;
+	s->base.list = rl_list;
 	s->base.close = rl_close;
 	if (!(s->c = calloc(n, sizeof(*s->c))) || !(s->quiet_until = calloc(n, sizeof(int64_t))) || (uri->user && !(s->user = dlock__strdup(uri->user))) ||
 	    (uri->password && !(s->password = dlock__strdup(uri->password))) ||

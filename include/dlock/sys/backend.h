@@ -145,6 +145,17 @@ struct dlock_backend {
 
 	/** DLOCK_BACKEND_F_* bits (appended in version 1; zero by default). */
 	unsigned int flags;
+
+	/**
+	 * Optional (appended in version 1; NULL by default). For
+	 * dlock_store_status without names: list the names that may have
+	 * holders or waiters; the core then calls status with them (dropping
+	 * duplicates, names that are not valid lock names, and idle locks).
+	 * *names (of *n): strings from malloc in an array from malloc, freed by
+	 * the core, also on error. A store without it lists in status itself.
+	 * @return 0; an error (nothing is reported).
+	 */
+	int (*list)(dlock_backend *be, char ***names, size_t *n);
 };
 
 /**
