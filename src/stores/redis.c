@@ -770,16 +770,9 @@ static bool chan_ok(const dlock__rnotify *nt, const rn_chan *ch)
 }
 
 
+/* A lock's channels by either name: the lock's own, or our direct one (the
+ * two never collide: a lock's channel ends in "}:c", a direct one in hex). */
 static rn_chan *chan_find(dlock__rnotify *nt, const char *name, size_t len)
-{
-	for (rn_chan *ch = nt->chans; ch; ch = ch->next)
-		if (ch->len == len && !memcmp(ch->name, name, len))
-			return ch;
-	return NULL;
-}
-
-/* The channel a reply names: the lock's own, or our direct one. */
-static rn_chan *chan_heard(dlock__rnotify *nt, const char *name, size_t len)
 {
 	for (rn_chan *ch = nt->chans; ch; ch = ch->next)
 		if ((ch->len == len && !memcmp(ch->name, name, len)) ||
@@ -825,7 +818,7 @@ static void on_reply(dlock__rnotify *nt, size_t i, redisReply *r)
 	    r->element[1]->type != REDIS_REPLY_STRING)
 		return;
 	const char *what = r->element[0]->str;
-	rn_chan *ch = chan_heard(nt, r->element[1]->str, r->element[1]->len);
+	rn_chan *ch = chan_find(nt, r->element[1]->str, r->element[1]->len);
 	if (!ch)
 		return;
 	if (!strcmp(what, "subscribe")) {
