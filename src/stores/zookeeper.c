@@ -1474,40 +1474,40 @@ static int status_one(zk_store *st, zhandle_t *zh, const char *name, dlock_lock_
 	return rc;
 }
 
+/* The core lists through zk_list, so names is never NULL here. */
 static int zk_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
 		     size_t *count)
 {
 	zk_store *st = (zk_store *)be;
 	zsess *z;
 	int rc = get_session(st, session_key(st, st->default_ttl), &z);
+	for (size_t i = 0; i < nnames && !rc; i++)
+		rc = status_one(st, z->zh, names[i], out, count);
+	return rc;
+}
+
+/* The name nodes under the root (a name node with nobody in it, about to be
+ * reaped, shows as an idle lock: the core drops it). */
+static int zk_list(dlock_backend *be, char ***names, size_t *n)
+{
+	zk_store *st = (zk_store *)be;
+	zsess *z;
+	int rc = get_session(st, session_key(st, st->default_ttl), &z);
 	if (rc)
 		return rc;
-	if (names && nnames) {
-		for (size_t i = 0; i < nnames && !rc; i++)
-			rc = status_one(st, z->zh, names[i], out, count);
-		return rc;
-	}
 	struct String_vector sv = { 0, NULL };
 	int r = zoo_get_children(z->zh, st->root, 0, &sv);
 	if (r == ZNONODE)
 		return 0;
 	if (r != ZOK)
 		return zerr(r, "list", st->root);
-	for (int i = 0; i < sv.count && !rc; i++) {
-		char *name = dlock__zk_unescape(sv.data[i]);
-		if (!name || dlock_name_check(name) != 0) {
-			free(name);
-			continue;
-		}
-		size_t before = *count;
-		rc = status_one(st, z->zh, name, out, count);
-		free(name);
-		/* a name node with nobody in it (about to be reaped): not a lock */
-		if (!rc && *count == before + 1 && (*out)[before].nholders == 0 && (*out)[before].waiters == 0) {
-			free((*out)[before].name);
-			(*count)--;
-		}
-	}
+	char **all = sv.count > 0 ? calloc((size_t)sv.count, sizeof(*all)) : NULL;
+	if (sv.count > 0 && !all)
+		rc = dlock__oom();
+	for (int i = 0; i < sv.count && all; i++)
+		if ((all[*n] = dlock__zk_unescape(sv.data[i])) != NULL) /* NULL: not a name of ours */
+			(*n)++;
+	*names = all;
 	deallocate_String_vector(&sv);
 	return rc;
 }
@@ -1612,6 +1612,7 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	st->base.wait = zk_wait;
 	st->base.cancel = zk_cancel;
 	st->base.status = zk_status;
+	st->base.list = zk_list;
 	st->base.close = zk_close;
 	st->base.flags = DLOCK_BACKEND_F_SESSION; /* ephemeral nodes live with our session */
 	st->fixed_session = fixed;
