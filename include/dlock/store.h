@@ -30,8 +30,10 @@ DLOCK_BEGIN_DECLS
  *
  * Query options every store accepts: `ttl` (default lease for locks opened
  * with ttl_ms = 0; a duration such as 30s), `prefix` (namespace, default
- * "dlock"), `connect_timeout` (a duration, default 5s). Unknown options are
- * an error. A NULL or empty `uri` opens the default store (dlock_default_uri).
+ * "dlock"), `connect_timeout` (a duration, default 5s: the bound of the whole
+ * open), `timeout` (the bound of one request — a release, an extend, a
+ * renewal, one try of an acquire; default the smaller of connect_timeout and
+ * 2s). Unknown options are an error. A NULL or empty `uri` opens the default store (dlock_default_uri).
  *
  * @param out  receives the store; the caller frees it with dlock_store_close
  * @param uri  copied; may contain a password, which is never echoed
@@ -41,6 +43,15 @@ DLOCK_BEGIN_DECLS
  *         DLOCK_EAUTH if it refused our credentials; DLOCK_ENOMEM.
  */
 DLOCK_EXTERN int dlock_store_open(dlock_store **out, const char *uri);
+
+/**
+ * dlock_store_open that returns within `timeout_ms` (+ a few ms) whatever the
+ * network does: the URI's connect_timeout is cut to it. For a caller with a
+ * deadline of its own (`dlock acquire --wait 1s` opens, then waits for what
+ * is left). A timeout_ms <= 0 is the same as dlock_store_open.
+ * @return as dlock_store_open; DLOCK_EUNAVAILABLE when the time ran out.
+ */
+DLOCK_EXTERN int dlock_store_open_timeout(dlock_store **out, const char *uri, int64_t timeout_ms);
 
 /**
  * Close a store. Locks still held through it are released first (best

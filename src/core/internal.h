@@ -14,6 +14,7 @@
 
 #define DLOCK__DEFAULT_TTL_MS 30000
 #define DLOCK__DEFAULT_CONNECT_TIMEOUT_MS 5000
+#define DLOCK__DEFAULT_REQUEST_TIMEOUT_MS 2000
 /* A waiter's registration in the store lives this long without a retry. */
 #define DLOCK__QUEUE_TTL_MS 3000
 
@@ -90,6 +91,7 @@ struct dlock_store {
 	char client_id[33];
 	char host[256];
 	int64_t default_ttl_ms;
+	int64_t request_timeout_ms; /* bound of one request (URI timeout=) */
 	uint64_t next_serial;   /* owner serials, under reg_mu */
 
 	/* renewal registry and thread (renewer.c) */

@@ -121,10 +121,18 @@ static void new_owner(dlock_lock *l)
 	snprintf(l->owner, sizeof(l->owner), "%s-%llu", s->client_id, (unsigned long long)serial);
 }
 
-static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry)
+/* The deadline of one request started now, cut to `until`. */
+static int64_t request_deadline(const dlock_store *s, int64_t until)
+{
+	int64_t d = dlock_clock_ms() + s->request_timeout_ms;
+	return d < until ? d : until;
+}
+
+static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t until)
 {
 	dlock_backend *be = l->store->be;
 	pthread_mutex_lock(&l->store->be_mu);
+	l->req.deadline_ms = request_deadline(l->store, until);
 	int rc = be->acquire(be, &l->req, fence, retry);
 	pthread_mutex_unlock(&l->store->be_mu);
 	return rc;
@@ -138,6 +146,7 @@ static void call_cancel(dlock_lock *l)
 	dlock__saved_error saved; /* cancel is cleanup: keep the caller's error */
 	dlock__error_save(&saved);
 	pthread_mutex_lock(&l->store->be_mu);
+	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
 	be->cancel(be, &l->req);
 	pthread_mutex_unlock(&l->store->be_mu);
 	l->req.slot = NULL; /* the store freed its per-attempt state */
@@ -212,7 +221,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		int64_t retry = -1;
 		int64_t t0 = dlock_clock_ms(); /* the lease counts from before the request */
 		l->req.waiting = wait_ms != 0;
-		int rc = call_acquire(l, &fence, &retry);
+		int rc = call_acquire(l, &fence, &retry, until);
 		if (rc == 0) {
 			granted(l, fence, t0);
 			return 0;
@@ -255,6 +264,7 @@ static int release_in_store(dlock_lock *l)
 	dlock_backend *be = l->store->be;
 	pthread_mutex_lock(&l->store->be_mu);
 	l->req.confirm = l->attached;
+	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
 	int rc = be->release(be, &l->req);
 	pthread_mutex_unlock(&l->store->be_mu);
 	l->req.slot = NULL;
@@ -322,6 +332,7 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 	dlock_backend *be = l->store->be;
 	int64_t t0 = dlock_clock_ms();
 	pthread_mutex_lock(&l->store->be_mu);
+	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
 	int rc = be->extend(be, &l->req, ttl_ms);
 	if (rc == 0)
 		l->req.ttl_ms = ttl_ms; /* under be_mu: the renewer reads it there */

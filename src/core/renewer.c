@@ -90,6 +90,8 @@ static void renew_batch(dlock_store *s, int64_t now)
 	int64_t t0 = dlock_clock_ms();
 	dlock_backend *be = s->be;
 	pthread_mutex_lock(&s->be_mu);
+	for (i = 0; i < n; i++)
+		reqs[i]->deadline_ms = t0 + s->request_timeout_ms;
 	int all = 0;
 	if (be->renew) {
 		all = be->renew(be, reqs, n, results);
@@ -218,6 +220,7 @@ void dlock__renewer_stop(dlock_store *s)
 		dlock__reg *r = s->regs;
 		unlink_reg(s, r);
 		pthread_mutex_lock(&s->be_mu);
+		r->lock->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
 		s->be->release(s->be, &r->lock->req);
 		pthread_mutex_unlock(&s->be_mu);
 		pthread_mutex_lock(&r->lock->mu);

@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 static int store_init(dlock_store **out, dlock_backend *be, const char *display_uri,
-		      int64_t default_ttl_ms)
+		      int64_t default_ttl_ms, int64_t request_timeout_ms)
 {
 	dlock_store *s = dlock__calloc(1, sizeof(*s));
 	if (!s) {
@@ -21,6 +21,7 @@ static int store_init(dlock_store **out, dlock_backend *be, const char *display_
 		return DLOCK_ENOMEM;
 	}
 	s->default_ttl_ms = default_ttl_ms > 0 ? default_ttl_ms : DLOCK__DEFAULT_TTL_MS;
+	s->request_timeout_ms = request_timeout_ms > 0 ? request_timeout_ms : DLOCK__DEFAULT_REQUEST_TIMEOUT_MS;
 	unsigned char id[16];
 	dlock_random(id, sizeof(id));
 	dlock__hex(s->client_id, id, sizeof(id));
@@ -51,10 +52,15 @@ int dlock_store_open_backend(dlock_store **out, dlock_backend *be, const char *d
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
 				       "backend version %d or its required methods are not supported", v);
 	}
-	return store_init(out, be, display_uri, default_ttl_ms);
+	return store_init(out, be, display_uri, default_ttl_ms, 0);
 }
 
 int dlock_store_open(dlock_store **out, const char *text)
+{
+	return dlock_store_open_timeout(out, text, 0);
+}
+
+int dlock_store_open_timeout(dlock_store **out, const char *text, int64_t timeout_ms)
 {
 	if (!out)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_store_open: out is NULL");
@@ -83,11 +89,13 @@ int dlock_store_open(dlock_store **out, const char *text)
 				     "library was not found at build time)", uri->scheme, sc->build_option);
 	} else {
 		dlock_backend *be = NULL;
+		if (timeout_ms > 0 && timeout_ms < uri->connect_timeout_ms)
+			uri->connect_timeout_ms = timeout_ms;
 		rc = sc->open(&be, uri);
 		if (rc == 0 && (rc = dlock__uri_check_unused(uri)) != 0)
 			be->close(be);
 		else if (rc == 0)
-			rc = store_init(out, be, text, uri->ttl_ms);
+			rc = store_init(out, be, text, uri->ttl_ms, uri->request_timeout_ms);
 	}
 	dlock__uri_free(uri);
 	free(dflt);

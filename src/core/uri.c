@@ -112,6 +112,14 @@ static int common_options(dlock_uri *uri)
 		if (uri->connect_timeout_ms <= 0)
 			return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "store URI option connect_timeout must be positive");
 	}
+	uri->request_timeout_ms = uri->connect_timeout_ms < 2000 ? uri->connect_timeout_ms : 2000;
+	if ((v = dlock_uri_param(uri, "timeout"))) {
+		if (dlock_duration_parse(&uri->request_timeout_ms, v) != 0)
+			return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "store URI option timeout: %s",
+					       dlock_error_last()->message);
+		if (uri->request_timeout_ms <= 0)
+			return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "store URI option timeout must be positive");
+	}
 	if ((v = dlock_uri_param(uri, "prefix"))) {
 		if (dlock_name_check(v) != 0 || strlen(v) > 64)
 			return dlock_error_set(DLOCK_EINVAL, NULL, NULL,

@@ -15,6 +15,35 @@
  * its store, except `wait`, which is called WITHOUT that mutex (so a blocked
  * waiter does not stop renewal) and may run in several threads at once and
  * concurrently with any other method.
+ *
+ * Time (version 2). The core owns time: every call that carries a request
+ * carries `req->deadline_ms`, an absolute CLOCK_MONOTONIC instant
+ * (dlock_clock_ms) by which the call must return whatever the network or
+ * the server does. A store bounds every socket wait of the call by it
+ * (non-blocking I/O and poll, or its client library's per-call timeout cut
+ * to the time left) and, when it runs out, returns DLOCK_EUNAVAILABLE with a
+ * "timed out" message and leaves the connection where no late reply can be
+ * taken for the answer to a later request (drop it; reconnect next call).
+ * `wait` is bounded by its timeout_ms; `status` and `list` by the store's
+ * request timeout (dlock_uri.request_timeout_ms) from when they are called;
+ * the open function by dlock_uri.connect_timeout_ms for the whole open
+ * (connect, handshake, authentication, setup).
+ *
+ * Unknown outcomes (version 2). An acquire that returns anything but 0,
+ * DLOCK_ELOCKED, DLOCK_EINVAL, DLOCK_EAUTH or DLOCK_ENOTSUPPORTED may have
+ * been applied by the server (its reply was lost). The core then:
+ *  - counts the lease of a later grant from the start of the EARLIEST try of
+ *    that acquire call whose outcome was unknown (a store's "owner already
+ *    holds" answer may carry the expiry that earlier try set), and refuses a
+ *    grant whose reply arrives after that start + ttl − drift;
+ *  - undoes an acquire call that ends without a grant by calling `release`
+ *    (confirm = 1) for its owner, and keeps retrying that release in the
+ *    background until it succeeds or the lease it may have set has ended.
+ * So `release` must accept an owner that holds nothing (DLOCK_ENOTHELD,
+ * changing nothing) and may be called with slot == NULL for a hold whose
+ * earlier release failed. A store whose hold lives on a session or a
+ * connection (DLOCK_BACKEND_F_SESSION) ends that session or connection when a
+ * release cannot be confirmed, so that nothing outlives it.
  */
 #ifndef DLOCK_SYS_BACKEND_H
 #define DLOCK_SYS_BACKEND_H
@@ -24,7 +53,7 @@
 
 DLOCK_BEGIN_DECLS
 
-#define DLOCK_BACKEND_VERSION 1
+#define DLOCK_BACKEND_VERSION 2
 
 /** One `key=value` query option of a URI. */
 typedef struct dlock_uri_option {
@@ -46,6 +75,9 @@ typedef struct dlock_uri {
 	int64_t ttl_ms;             /**< default lease (30000 unless ttl=) */
 	int64_t connect_timeout_ms; /**< 5000 unless connect_timeout= */
 	const char *prefix;         /**< namespace, "dlock" unless prefix= */
+	int64_t request_timeout_ms; /**< v2: bound of one request when the core gives no
+				         deadline (status, list): timeout=, default
+				         min(connect_timeout, 2 s) */
 } dlock_uri;
 
 /** The value of query option `key` (marking it used), or NULL. */
@@ -88,6 +120,9 @@ typedef struct dlock_request {
 				    attached from a handle, which may not exist); a store
 				    that can send a release without waiting for its reply
 				    must not do so then */
+	int64_t deadline_ms;   /**< v2: CLOCK_MONOTONIC ms (dlock_clock_ms) by which this
+				    call must return; set by the core before every call
+				    (see "Time" above). For renew, the same for the batch */
 } dlock_request;
 
 typedef struct dlock_backend dlock_backend;
