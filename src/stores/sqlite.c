@@ -6,7 +6,7 @@
 #include "core/internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -543,6 +543,31 @@ static int make_parents(const char *path)
 	return 0;
 }
 
+static pthread_mutex_t umask_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/*
+ * Only SQLite opens the file. On Linux a close() of ANY descriptor of a file
+ * drops every POSIX lock the process holds on it, those of our other
+ * connections to it included (another store handle of this process): another
+ * process could then checkpoint and delete the WAL under them (SQLite's
+ * "how to corrupt", 2.2). A new file is made private by creating it under a
+ * umask of 077 (SQLite's -wal and -shm files copy the database's mode).
+ */
+static int open_db(sqlite3 **db, const char *path)
+{
+	int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+	struct stat st;
+	if (stat(path, &st) == 0)
+		return sqlite3_open_v2(path, db, flags, NULL);
+	/* umask is the process's: other threads creating files meanwhile get 0600 too. */
+	pthread_mutex_lock(&umask_mu);
+	mode_t old = umask(077);
+	int r = sqlite3_open_v2(path, db, flags, NULL);
+	umask(old);
+	pthread_mutex_unlock(&umask_mu);
+	return r;
+}
+
 int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 {
 	if (uri->hosts && *uri->hosts)
@@ -589,15 +614,7 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 		goto fail;
 	if ((rc = make_parents(path)))
 		goto fail;
-	/* Create the file ourselves so it is private (0600); WAL files copy its mode. */
-	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (fd < 0) {
-		rc = dlock_error_set(DLOCK_EUNAVAILABLE, "sqlite", NULL, "sqlite: cannot open %s: %s", path,
-				     strerror(errno));
-		goto fail;
-	}
-	close(fd);
-	int r = sqlite3_open_v2(path, &b->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+	int r = open_db(&b->db, path);
 	if (r != SQLITE_OK) {
 		rc = fail(b, r, "open");
 		goto fail;
