@@ -104,12 +104,80 @@ static const char schema_v2[] =
 	"CREATE VIEW IF NOT EXISTS dlock_fences AS SELECT ns, name, fence FROM dlock_holders WHERE owner='';"
 	"UPDATE dlock_schema SET version=2;";
 
+/* The database and the two files SQLite keeps beside it in WAL mode. */
+#define NFILES 3
+static const char *const file_suffix[NFILES] = { "", "-wal", "-shm" };
+
+typedef struct file_id {
+	dev_t dev;
+	ino_t ino;
+	bool known;
+} file_id;
+
 typedef struct sqlite_backend {
 	dlock_backend base;
-	sqlite3 *db;
+	sqlite3 *db;   /* NULL once the files moved, until the next acquire or status reopens them */
 	char *ns;
+	char *paths[NFILES];
+	file_id ids[NFILES]; /* of the files this connection has open */
+	int64_t busy_ms;
+	int64_t request_timeout_ms;
 	sqlite3_stmt *st[Q_COUNT];
 } sqlite_backend;
+
+static void disconnect(sqlite_backend *b, bool moved)
+{
+	for (int i = 0; i < Q_COUNT; i++) {
+		sqlite3_finalize(b->st[i]);
+		b->st[i] = NULL;
+	}
+	/* Closing the last connection to a file checkpoints it and deletes the
+	 * -wal and -shm by NAME: after a move those names may be another file's. */
+	if (b->db && moved)
+		sqlite3_db_config(b->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
+	sqlite3_close(b->db);
+	b->db = NULL;
+}
+
+/* Is any of the three files at its path no longer the one we have open? */
+static bool files_moved(const sqlite_backend *b)
+{
+	for (int i = 0; i < NFILES; i++) {
+		struct stat st;
+		if (b->ids[i].known &&
+		    (stat(b->paths[i], &st) != 0 || st.st_dev != b->ids[i].dev || st.st_ino != b->ids[i].ino))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Before every call: are we still on the files at the path? A database
+ * deleted or replaced under us (or its -wal), and every hold we have in it, is
+ * gone for everyone else: others open a new file there. Drop the connection
+ * at once (it must not write into, nor checkpoint from, files nobody else
+ * reads) and say DLOCK_ENOTHELD, so the core reports our holds lost.
+ */
+static int check_files(sqlite_backend *b)
+{
+	if (b->db && !files_moved(b))
+		return 0;
+	if (b->db)
+		disconnect(b, true);
+	return dlock_error_set(DLOCK_ENOTHELD, "sqlite", NULL,
+			       "sqlite: %s was deleted or replaced since it was opened: holds made in the old file are gone",
+			       b->paths[0]);
+}
+
+static int connect_db(sqlite_backend *b, int64_t deadline);
+
+/* For acquire and status: on moved files, open the path again (bounded by deadline). */
+static int reopen_if_moved(sqlite_backend *b, int64_t deadline)
+{
+	if (check_files(b) == 0)
+		return 0;
+	return connect_db(b, deadline);
+}
 
 static int fail(sqlite_backend *b, int rc, const char *what)
 {
@@ -334,8 +402,8 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
-	int rc = begin(b);
-	if (rc)
+	int rc = reopen_if_moved(b, req->deadline_ms);
+	if (rc || (rc = begin(b)))
 		return rc;
 	return finish(b, decide(b, req, dlock_wall_ms(), fence, retry_ms));
 }
@@ -343,9 +411,12 @@ static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 static int sq_release(dlock_backend *be, dlock_request *req)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
+	int rc = check_files(b);
+	if (rc)
+		return rc;
 	sqlite3_stmt *s = prep(b, Q_RELEASE, req->name, req->owner);
 	sqlite3_bind_int64(s, 4, dlock_wall_ms());
-	int rc = run(b, s, "release");
+	rc = run(b, s, "release");
 	if (rc)
 		return rc;
 	if (sqlite3_changes(b->db) == 0)
@@ -371,14 +442,21 @@ static int extend_one(sqlite_backend *b, dlock_request *req, int64_t ttl_ms, int
 
 static int sq_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 {
-	return extend_one((sqlite_backend *)be, req, ttl_ms, dlock_wall_ms());
+	sqlite_backend *b = (sqlite_backend *)be;
+	int rc = check_files(b);
+	return rc ? rc : extend_one(b, req, ttl_ms, dlock_wall_ms());
 }
 
 static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
-	int rc = begin(b);
-	if (rc)
+	int rc = check_files(b);
+	if (rc == DLOCK_ENOTHELD) {
+		for (size_t i = 0; i < n; i++)
+			results[i] = DLOCK_ENOTHELD;
+		return 0;
+	}
+	if ((rc = begin(b)))
 		return rc;
 	int64_t now = dlock_wall_ms();
 	for (size_t i = 0; i < n; i++) {
@@ -392,6 +470,8 @@ static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 static int sq_cancel(dlock_backend *be, dlock_request *req)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
+	if (check_files(b))
+		return 0; /* the queue we were in went with the old file */
 	return run(b, prep(b, Q_DEQUEUE, req->name, req->owner), "cancel waiter");
 }
 
@@ -442,8 +522,10 @@ static int sq_status(dlock_backend *be, const char *const *names, size_t nnames,
 		     dlock_lock_status **out, size_t *count)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
+	int rc = reopen_if_moved(b, dlock_clock_ms() + b->request_timeout_ms);
+	if (rc)
+		return rc;
 	int64_t now = dlock_wall_ms();
-	int rc = 0;
 	if (names) {
 		for (size_t i = 0; i < nnames && !rc; i++)
 			rc = status_one(b, names[i], now, out, count);
@@ -482,9 +564,9 @@ static int sq_status(dlock_backend *be, const char *const *names, size_t nnames,
 static void sq_close(dlock_backend *be)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
-	for (int i = 0; i < Q_COUNT; i++)
-		sqlite3_finalize(b->st[i]);
-	sqlite3_close(b->db);
+	disconnect(b, false);
+	for (int i = 0; i < NFILES; i++)
+		free(b->paths[i]);
 	free(b->ns);
 	free(b);
 }
@@ -568,11 +650,81 @@ static int open_db(sqlite3 **db, const char *path)
 	return r;
 }
 
+/* Under the open's deadline: open the file, set it up (WAL, schema), prepare. */
+static int connect_db(sqlite_backend *b, int64_t deadline)
+{
+	const char *path = b->paths[0];
+	int rc = make_parents(path);
+	if (rc)
+		return rc;
+	int r = open_db(&b->db, path);
+	if (r != SQLITE_OK) {
+		rc = fail(b, r, "open");
+		goto out;
+	}
+	sqlite3_busy_timeout(b->db, (int)b->busy_ms);
+	char *err = NULL;
+	/* Switching a new file to WAL does not always go through the busy
+	 * handler: when several processes open a fresh file at once, retry. */
+	for (;;) {
+		r = sqlite3_exec(b->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, &err);
+		if (r == SQLITE_OK)
+			r = sqlite3_exec(b->db, "BEGIN IMMEDIATE;", NULL, NULL, &err);
+		if (r == SQLITE_OK) {
+			r = sqlite3_exec(b->db, schema, NULL, NULL, &err);
+			if (r == SQLITE_OK)
+				r = upgrade(b->db, &err);
+			sqlite3_exec(b->db, r == SQLITE_OK ? "COMMIT;" : "ROLLBACK;", NULL, NULL, NULL);
+		}
+		bool busy = (r & 0xff) == SQLITE_BUSY || (r & 0xff) == SQLITE_LOCKED;
+		if (!busy || dlock_clock_ms() >= deadline)
+			break;
+		sqlite3_free(err);
+		err = NULL;
+		dlock__sleep_ms(dlock__rand_between(5, 25));
+	}
+	if (r != SQLITE_OK) {
+		rc = err && strstr(err, "dlock schema version")
+			     ? dlock_error_set(DLOCK_ENOTSUPPORTED, "sqlite", NULL, "sqlite: %s: %s", path, err)
+			     : fail(b, r, "create schema");
+		sqlite3_free(err);
+		goto out;
+	}
+	sqlite3_free(err);
+	for (int i = 0; i < Q_COUNT; i++) {
+		r = sqlite3_prepare_v3(b->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &b->st[i], NULL);
+		if (r != SQLITE_OK) {
+			rc = fail(b, r, "prepare");
+			goto out;
+		}
+	}
+	/* The files' identities, now that SQLite has all three open (the setup
+	 * wrote through the WAL); the database's is checked against SQLite's own
+	 * descriptor, so a file replaced during the open is not taken for ours. */
+	for (int i = 0; i < NFILES; i++) {
+		struct stat st;
+		b->ids[i].known = stat(b->paths[i], &st) == 0;
+		b->ids[i].dev = st.st_dev;
+		b->ids[i].ino = st.st_ino;
+	}
+	int moved_now = 0;
+	if (sqlite3_file_control(b->db, "main", SQLITE_FCNTL_HAS_MOVED, &moved_now) != SQLITE_OK)
+		moved_now = 0; /* a VFS without the check: our stat of the path stands */
+	if (moved_now || !b->ids[0].known)
+		rc = dlock_error_set(DLOCK_EUNAVAILABLE, "sqlite", NULL,
+				     "sqlite: %s was deleted or replaced while it was being opened", path);
+out:
+	if (rc)
+		disconnect(b, true);
+	return rc;
+}
+
 int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 {
 	if (uri->hosts && *uri->hosts)
 		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
 				       "sqlite URIs name a file, not a host: use sqlite:///abs/path.db or sqlite:rel.db");
+	int64_t deadline = dlock_clock_ms() + uri->connect_timeout_ms;
 	char *dflt = NULL;
 	const char *path = uri->path;
 	if (!*path) {
@@ -592,8 +744,10 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 	}
 	int64_t busy_ms = 10000;
 	const char *v = dlock_uri_param(uri, "busy_timeout");
-	if (v && (dlock_duration_parse(&busy_ms, v) != 0 || busy_ms > INT32_MAX))
+	if (v && (dlock_duration_parse(&busy_ms, v) != 0 || busy_ms > INT32_MAX)) {
+		free(dflt);
 		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL, "sqlite: bad busy_timeout '%s'", v);
+	}
 
 	sqlite_backend *b = dlock__calloc(1, sizeof(*b));
 	if (!b) {
@@ -609,53 +763,16 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 	b->base.cancel = sq_cancel;
 	b->base.status = sq_status;
 	b->base.close = sq_close;
+	b->busy_ms = busy_ms;
+	b->request_timeout_ms = uri->request_timeout_ms;
 	int rc = DLOCK_ENOMEM;
 	if (!(b->ns = dlock__strdup(uri->prefix)))
 		goto fail;
-	if ((rc = make_parents(path)))
-		goto fail;
-	int r = open_db(&b->db, path);
-	if (r != SQLITE_OK) {
-		rc = fail(b, r, "open");
-		goto fail;
-	}
-	sqlite3_busy_timeout(b->db, (int)busy_ms);
-	char *err = NULL;
-	/* Switching a new file to WAL does not always go through the busy
-	 * handler: when several processes open a fresh file at once, retry. */
-	int64_t setup_until = dlock_clock_ms() + busy_ms;
-	for (;;) {
-		r = sqlite3_exec(b->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, &err);
-		if (r == SQLITE_OK)
-			r = sqlite3_exec(b->db, "BEGIN IMMEDIATE;", NULL, NULL, &err);
-		if (r == SQLITE_OK) {
-			r = sqlite3_exec(b->db, schema, NULL, NULL, &err);
-			if (r == SQLITE_OK)
-				r = upgrade(b->db, &err);
-			sqlite3_exec(b->db, r == SQLITE_OK ? "COMMIT;" : "ROLLBACK;", NULL, NULL, NULL);
-		}
-		bool busy = (r & 0xff) == SQLITE_BUSY || (r & 0xff) == SQLITE_LOCKED;
-		if (!busy || dlock_clock_ms() >= setup_until)
-			break;
-		sqlite3_free(err);
-		err = NULL;
-		dlock__sleep_ms(dlock__rand_between(5, 25));
-	}
-	if (r != SQLITE_OK) {
-		rc = err && strstr(err, "dlock schema version")
-			     ? dlock_error_set(DLOCK_ENOTSUPPORTED, "sqlite", NULL, "sqlite: %s: %s", path, err)
-			     : fail(b, r, "create schema");
-		sqlite3_free(err);
-		goto fail;
-	}
-	sqlite3_free(err);
-	for (int i = 0; i < Q_COUNT; i++) {
-		r = sqlite3_prepare_v3(b->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &b->st[i], NULL);
-		if (r != SQLITE_OK) {
-			rc = fail(b, r, "prepare");
+	for (int i = 0; i < NFILES; i++)
+		if (!(b->paths[i] = dlock__sprintf("%s%s", path, file_suffix[i])))
 			goto fail;
-		}
-	}
+	if ((rc = connect_db(b, deadline)))
+		goto fail;
 	free(dflt);
 	*out = &b->base;
 	return 0;

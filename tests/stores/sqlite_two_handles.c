@@ -43,7 +43,7 @@ int main(int argc, char **argv)
 	char path[600], uri[700];
 	snprintf(path, sizeof(path), "%s/two.db", argv[1]);
 	files_gone(path);
-	snprintf(uri, sizeof(uri), "sqlite://%s?ttl=%d", path, TTL_MS);
+	snprintf(uri, sizeof(uri), "sqlite://%s?ttl=%dms", path, TTL_MS);
 
 	dlock_store *s1 = NULL, *s2 = NULL;
 	CHECK_RC(dlock_store_open(&s1, uri), 0);
