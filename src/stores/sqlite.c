@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SCHEMA_VERSION 2
+#define SCHEMA_VERSION 3
 
 enum {
 	Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
@@ -25,7 +25,7 @@ enum {
 };
 
 /*
- * A name's fence counter is a row of dlock_holders with owner '' (owner tokens
+ * A name's fence counter is a row of dlock_holds with owner '' (owner tokens
  * are never empty) and an expiry no clock reaches, so it sits in the same
  * B-tree page as the name's holders: a grant dirties one page, not two. Every
  * query about holders says owner>''. "OR FAIL" on the writes inside BEGIN
@@ -38,8 +38,8 @@ static const char *const sql[Q_COUNT] = {
 	[Q_BEGIN] = "BEGIN IMMEDIATE",
 	[Q_COMMIT] = "COMMIT",
 	[Q_ROLLBACK] = "ROLLBACK",
-	[Q_PURGE_HOLDERS] = "DELETE FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner>'' AND expires<=?3",
-	[Q_PURGE_WAITERS] = "DELETE FROM dlock_waiters WHERE ns=?1 AND name=?2 AND expires<=?3",
+	[Q_PURGE_HOLDERS] = "DELETE FROM dlock_holds WHERE ns=?1 AND name=?2 AND owner>'' AND expires<=?3",
+	[Q_PURGE_WAITERS] = "DELETE FROM dlock_queue WHERE ns=?1 AND name=?2 AND expires<=?3",
 	/*
 	 * One read for the whole decision: the name's rows (its fence row and its
 	 * holders, counted in C), each with whether the name has waiter rows at
@@ -47,62 +47,74 @@ static const char *const sql[Q_COUNT] = {
 	 * its fence row is always there; before that, Q_ANY_WAITERS.
 	 */
 	[Q_HOLDERS] = "SELECT owner='', mode, fence, expires,"
-		      " EXISTS(SELECT 1 FROM dlock_waiters WHERE ns=?1 AND name=?2)"
-		      " FROM dlock_holders WHERE ns=?1 AND name=?2",
-	[Q_ANY_WAITERS] = "SELECT EXISTS(SELECT 1 FROM dlock_waiters WHERE ns=?1 AND name=?2)",
-	[Q_MYSEQ] = "SELECT seq FROM dlock_waiters WHERE ns=?1 AND name=?2 AND owner=?3",
+		      " EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2)"
+		      " FROM dlock_holds WHERE ns=?1 AND name=?2",
+	[Q_ANY_WAITERS] = "SELECT EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2)",
+	[Q_MYSEQ] = "SELECT seq FROM dlock_queue WHERE ns=?1 AND name=?2 AND owner=?3",
 	/* waiters ahead of seq ?3 (all when ?3 is NULL): how many, and how many want exclusive */
-	[Q_AHEAD] = "SELECT count(*), coalesce(sum(mode=0),0) FROM dlock_waiters "
+	[Q_AHEAD] = "SELECT count(*), coalesce(sum(mode=0),0) FROM dlock_queue "
 		    "WHERE ns=?1 AND name=?2 AND (?3 IS NULL OR seq<?3)",
-	[Q_WRITER_WAITING] = "SELECT count(*) FROM dlock_waiters WHERE ns=?1 AND name=?2 AND mode=0 AND owner<>?3",
+	[Q_WRITER_WAITING] = "SELECT count(*) FROM dlock_queue WHERE ns=?1 AND name=?2 AND mode=0 AND owner<>?3",
 	/* refresh only when half the registration has passed: most retries then write nothing */
-	[Q_ENQUEUE] = "INSERT INTO dlock_waiters(ns,name,owner,mode,expires,host,pid) VALUES(?1,?2,?3,?4,?5,?6,?7) "
+	[Q_ENQUEUE] = "INSERT INTO dlock_queue(ns,name,owner,mode,expires,host,pid) VALUES(?1,?2,?3,?4,?5,?6,?7) "
 		      "ON CONFLICT(ns,name,owner) DO UPDATE SET expires=excluded.expires "
 		      "WHERE expires < excluded.expires - ?8",
 	/* The fence is read by Q_HOLDERS in the same write transaction: no RETURNING
 	 * (which builds an ephemeral table on every step). */
-	[Q_FENCE_SET] = "UPDATE OR FAIL dlock_holders SET fence=?3 WHERE ns=?1 AND name=?2 AND owner=''",
-	[Q_FENCE_NEW] = "INSERT OR FAIL INTO dlock_holders(ns,name,owner,mode,permits,fence,expires) "
+	[Q_FENCE_SET] = "UPDATE OR FAIL dlock_holds SET fence=?3 WHERE ns=?1 AND name=?2 AND owner=''",
+	[Q_FENCE_NEW] = "INSERT OR FAIL INTO dlock_holds(ns,name,owner,mode,permits,fence,expires) "
 			"VALUES(?1,?2,'',0,0,1," FENCE_ROW_EXPIRES ")",
-	[Q_INSERT_HOLDER] = "INSERT OR FAIL INTO dlock_holders(ns,name,owner,mode,permits,fence,expires,host,pid) "
+	[Q_INSERT_HOLDER] = "INSERT OR FAIL INTO dlock_holds(ns,name,owner,mode,permits,fence,expires,host,pid) "
 			    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
-	[Q_DEQUEUE] = "DELETE FROM dlock_waiters WHERE ns=?1 AND name=?2 AND owner=?3",
-	[Q_RELEASE] = "DELETE FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?4",
-	[Q_EXTEND] = "UPDATE dlock_holders SET expires=?4 WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?5",
-	[Q_STATUS_HOLDERS] = "SELECT owner, host, pid, mode, fence, expires, permits FROM dlock_holders "
+	[Q_DEQUEUE] = "DELETE FROM dlock_queue WHERE ns=?1 AND name=?2 AND owner=?3",
+	[Q_RELEASE] = "DELETE FROM dlock_holds WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?4",
+	[Q_EXTEND] = "UPDATE dlock_holds SET expires=?4 WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?5",
+	[Q_STATUS_HOLDERS] = "SELECT owner, host, pid, mode, fence, expires, permits FROM dlock_holds "
 			     "WHERE ns=?1 AND name=?2 AND owner>'' AND expires>?3 ORDER BY fence",
-	[Q_STATUS_FENCE] = "SELECT fence FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner=''",
-	[Q_STATUS_WAITERS] = "SELECT count(*) FROM dlock_waiters WHERE ns=?1 AND name=?2 AND expires>?3",
-	[Q_STATUS_NAMES] = "SELECT name FROM dlock_holders WHERE ns=?1 AND owner>'' AND expires>?2 UNION "
-			   "SELECT name FROM dlock_waiters WHERE ns=?1 AND expires>?2 ORDER BY 1",
+	[Q_STATUS_FENCE] = "SELECT fence FROM dlock_holds WHERE ns=?1 AND name=?2 AND owner=''",
+	[Q_STATUS_WAITERS] = "SELECT count(*) FROM dlock_queue WHERE ns=?1 AND name=?2 AND expires>?3",
+	[Q_STATUS_NAMES] = "SELECT name FROM dlock_holds WHERE ns=?1 AND owner>'' AND expires>?2 UNION "
+			   "SELECT name FROM dlock_queue WHERE ns=?1 AND expires>?2 ORDER BY 1",
 };
 
-static const char schema[] =
-	"CREATE TABLE IF NOT EXISTS dlock_schema(version INTEGER NOT NULL);"
-	"CREATE TABLE IF NOT EXISTS dlock_holders(ns TEXT NOT NULL, name TEXT NOT NULL, owner TEXT NOT NULL,"
+/*
+ * Schema version 3. The tables have names no earlier version used, and the
+ * old names are read-only views: a process of an older library that is
+ * still running when a file is migrated fails loudly at its next write
+ * ("cannot modify dlock_holders because it is a view") instead of reading
+ * the fence rows as holders (phantom holders with an empty owner, forever)
+ * and queueing behind them; an older library that opens the file later fails
+ * in its schema step (an index on a view) or its version check.
+ */
+static const char schema_v3[] =
+	"CREATE TABLE dlock_holds(ns TEXT NOT NULL, name TEXT NOT NULL, owner TEXT NOT NULL,"
 	" mode INTEGER NOT NULL, permits INTEGER NOT NULL, fence INTEGER NOT NULL, expires INTEGER NOT NULL,"
 	" host TEXT, pid INTEGER, PRIMARY KEY(ns,name,owner)) WITHOUT ROWID;"
-	"CREATE TABLE IF NOT EXISTS dlock_waiters(seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL,"
+	"CREATE TABLE dlock_queue(seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL,"
 	" name TEXT NOT NULL, owner TEXT NOT NULL, mode INTEGER NOT NULL, expires INTEGER NOT NULL,"
-	" host TEXT, pid INTEGER, UNIQUE(ns,name,owner));"
-	"CREATE INDEX IF NOT EXISTS dlock_waiters_by_name ON dlock_waiters(ns,name,seq);"
-	"INSERT INTO dlock_schema(version) SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_schema);";
+	" host TEXT, pid INTEGER, UNIQUE(ns,name,owner));";
 
-/*
- * Version 1 kept fences in a table dlock_fences. Move them into the fence rows
- * of dlock_holders and leave a view of that name: a version-1 library then
- * fails to prepare its fence upsert ("cannot UPSERT a view") and refuses to
- * open the file, instead of counting fences from a table nobody else reads.
- */
-static const char migrate_v1[] =
-	"INSERT INTO dlock_holders(ns,name,owner,mode,permits,fence,expires)"
+static const char views_v3[] =
+	"CREATE INDEX dlock_queue_by_name ON dlock_queue(ns,name,seq);"
+	"CREATE VIEW dlock_holders AS SELECT ns, name, owner, mode, permits, fence, expires, host, pid"
+	" FROM dlock_holds WHERE owner>'';"
+	"CREATE VIEW dlock_fences AS SELECT ns, name, fence FROM dlock_holds WHERE owner='';"
+	"CREATE VIEW dlock_waiters AS SELECT seq, ns, name, owner, mode, expires, host, pid FROM dlock_queue;"
+	"DELETE FROM dlock_schema; INSERT INTO dlock_schema(version) VALUES(3);";
+
+/* Versions 1 and 2 had tables dlock_holders and dlock_waiters: rename them
+ * (their rows, the queue's sequence and its numbering stay). */
+static const char rename_v2[] =
+	"ALTER TABLE dlock_holders RENAME TO dlock_holds;"
+	"DROP INDEX IF EXISTS dlock_waiters_by_name;"
+	"ALTER TABLE dlock_waiters RENAME TO dlock_queue;";
+
+/* Version 1 kept fences in a table dlock_fences: into fence rows. */
+static const char fences_v1[] =
+	"INSERT INTO dlock_holds(ns,name,owner,mode,permits,fence,expires)"
 	" SELECT ns, name, '', 0, 0, fence, " FENCE_ROW_EXPIRES " FROM dlock_fences WHERE true"
 	" ON CONFLICT(ns,name,owner) DO UPDATE SET fence=max(fence,excluded.fence);"
 	"DROP TABLE dlock_fences;";
-
-static const char schema_v2[] =
-	"CREATE VIEW IF NOT EXISTS dlock_fences AS SELECT ns, name, fence FROM dlock_holders WHERE owner='';"
-	"UPDATE dlock_schema SET version=2;";
 
 /* The database and the two files SQLite keeps beside it in WAL mode. */
 #define NFILES 3
@@ -571,35 +583,57 @@ static void sq_close(dlock_backend *be)
 	free(b);
 }
 
-/* Inside the schema transaction: bring a version-1 file to version 2, refuse a newer one. */
-static int upgrade(sqlite3 *db, char **err)
+/* The type ("table", "view") of schema object `name`, or "" (into buf). */
+static int object_type(sqlite3 *db, const char *name, char *buf, size_t len)
 {
 	sqlite3_stmt *s = NULL;
-	int r = sqlite3_prepare_v2(db, "SELECT (SELECT max(version) FROM dlock_schema),"
-				   " (SELECT type FROM sqlite_master WHERE name='dlock_fences')", -1, &s, NULL);
+	int r = sqlite3_prepare_v2(db, "SELECT type FROM sqlite_master WHERE name=?1", -1, &s, NULL);
 	if (r != SQLITE_OK)
 		return r;
-	int64_t version = 0;
-	bool fence_table = false;
-	if ((r = sqlite3_step(s)) == SQLITE_ROW) {
-		version = sqlite3_column_int64(s, 0);
-		const unsigned char *t = sqlite3_column_text(s, 1);
-		fence_table = t && strcmp((const char *)t, "table") == 0;
-		r = SQLITE_OK;
-	}
+	sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
+	buf[0] = '\0';
+	if ((r = sqlite3_step(s)) == SQLITE_ROW)
+		snprintf(buf, len, "%s", (const char *)sqlite3_column_text(s, 0));
 	sqlite3_finalize(s);
+	return r == SQLITE_ROW || r == SQLITE_DONE ? SQLITE_OK : r;
+}
+
+/* Inside the setup transaction: create a new file's schema, bring a version-1
+ * or 2 file to version 3, refuse a newer one. */
+static int setup_schema(sqlite3 *db, char **err)
+{
+	char type[16];
+	int r = object_type(db, "dlock_schema", type, sizeof(type));
 	if (r != SQLITE_OK)
 		return r;
-	if (version > SCHEMA_VERSION) {
+	if (!*type) { /* a new file */
+		r = sqlite3_exec(db, "CREATE TABLE dlock_schema(version INTEGER NOT NULL);", NULL, NULL, err);
+		if (r == SQLITE_OK)
+			r = sqlite3_exec(db, schema_v3, NULL, NULL, err);
+		return r == SQLITE_OK ? sqlite3_exec(db, views_v3, NULL, NULL, err) : r;
+	}
+	sqlite3_stmt *s = NULL;
+	if ((r = sqlite3_prepare_v2(db, "SELECT max(version) FROM dlock_schema", -1, &s, NULL)) != SQLITE_OK)
+		return r;
+	int64_t version = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
+	sqlite3_finalize(s);
+	if (version == SCHEMA_VERSION)
+		return SQLITE_OK;
+	if (version > SCHEMA_VERSION || version < 1) {
 		*err = sqlite3_mprintf("the file has dlock schema version %lld; this library knows %d",
 				       (long long)version, SCHEMA_VERSION);
 		return SQLITE_ERROR;
 	}
-	if (version == SCHEMA_VERSION && !fence_table)
-		return SQLITE_OK;
-	if (fence_table && (r = sqlite3_exec(db, migrate_v1, NULL, NULL, err)) != SQLITE_OK)
+	if ((r = object_type(db, "dlock_fences", type, sizeof(type))) != SQLITE_OK)
 		return r;
-	return sqlite3_exec(db, schema_v2, NULL, NULL, err);
+	bool fence_table = strcmp(type, "table") == 0;
+	if (strcmp(type, "view") == 0 && (r = sqlite3_exec(db, "DROP VIEW dlock_fences;", NULL, NULL, err)))
+		return r;
+	if ((r = sqlite3_exec(db, rename_v2, NULL, NULL, err)) != SQLITE_OK)
+		return r;
+	if (fence_table && (r = sqlite3_exec(db, fences_v1, NULL, NULL, err)) != SQLITE_OK)
+		return r;
+	return sqlite3_exec(db, views_v3, NULL, NULL, err);
 }
 
 /* mkdir -p for the parent directories of path, mode 0700. */
@@ -671,9 +705,7 @@ static int connect_db(sqlite_backend *b, int64_t deadline)
 		if (r == SQLITE_OK)
 			r = sqlite3_exec(b->db, "BEGIN IMMEDIATE;", NULL, NULL, &err);
 		if (r == SQLITE_OK) {
-			r = sqlite3_exec(b->db, schema, NULL, NULL, &err);
-			if (r == SQLITE_OK)
-				r = upgrade(b->db, &err);
+			r = setup_schema(b->db, &err);
 			sqlite3_exec(b->db, r == SQLITE_OK ? "COMMIT;" : "ROLLBACK;", NULL, NULL, NULL);
 		}
 		bool busy = (r & 0xff) == SQLITE_BUSY || (r & 0xff) == SQLITE_LOCKED;
