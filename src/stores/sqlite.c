@@ -47,7 +47,7 @@ static const char *const sql[Q_COUNT] = {
 	 * its fence row is always there; before that, Q_ANY_WAITERS.
 	 */
 	[Q_HOLDERS] = "SELECT owner='', mode, fence, expires,"
-		      " EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2)"
+		      " EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2), permits"
 		      " FROM dlock_holds WHERE ns=?1 AND name=?2",
 	[Q_ANY_WAITERS] = "SELECT EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2)",
 	[Q_MYSEQ] = "SELECT seq FROM dlock_queue WHERE ns=?1 AND name=?2 AND owner=?3",
@@ -265,15 +265,18 @@ static int64_t step_int(sqlite_backend *b, sqlite3_stmt *s, int col, int64_t dfl
 	return v;
 }
 
-/* Holder rows of the name: live shared and other counts, earliest live expiry,
- * the last fence handed out (-1: no fence row yet), whether any waiter rows exist. */
+/* Holder rows of the name: live shared and other counts, the smallest limit
+ * (permits) among the live exclusive holders (INT64_MAX: none), earliest live
+ * expiry, the last fence handed out (-1: no fence row yet), whether any waiter
+ * rows exist. */
 static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *nshared, int64_t *nexcl,
-			int64_t *first_expiry, int64_t *last_fence, bool *any_waiters)
+			int64_t *limit, int64_t *first_expiry, int64_t *last_fence, bool *any_waiters)
 {
 	sqlite3_stmt *s = prep(b, Q_HOLDERS, n, NULL);
 	int r;
 	int64_t expired = 0, rows = 0;
 	*nshared = *nexcl = 0;
+	*limit = INT64_MAX;
 	*first_expiry = *last_fence = -1;
 	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
 		rows++;
@@ -284,10 +287,14 @@ static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *
 		else if (expires <= now)
 			expired++;
 		else {
-			if (sqlite3_column_int(s, 1) == DLOCK_SHARED)
+			if (sqlite3_column_int(s, 1) == DLOCK_SHARED) {
 				++*nshared;
-			else
+			} else {
 				++*nexcl;
+				int64_t p = sqlite3_column_int64(s, 5);
+				if (p < *limit)
+					*limit = p < 1 ? 1 : p;
+			}
 			if (*first_expiry < 0 || expires < *first_expiry)
 				*first_expiry = expires;
 		}
@@ -309,7 +316,8 @@ static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *
 }
 
 /* The queue rules, only when the name has waiter rows at all. */
-static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64_t nexcl, bool *conflict)
+static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64_t nexcl, int64_t limit,
+		       bool *conflict)
 {
 	const char *n = req->name;
 	int rc = 0;
@@ -335,7 +343,7 @@ static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64
 		if (req->mode == DLOCK_SHARED)
 			*conflict = excl_ahead > 0;
 		else
-			*conflict = ahead + nexcl >= (int64_t)req->permits;
+			*conflict = ahead + nexcl >= limit;
 	} else if (req->mode == DLOCK_SHARED) {
 		s = prep(b, Q_WRITER_WAITING, n, req->owner);
 		*conflict = step_int(b, s, 0, 0, &rc) > 0;
@@ -347,18 +355,22 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 		  int64_t *retry_ms)
 {
 	const char *n = req->name;
-	int64_t nexcl = 0, nshared = 0, first_expiry = -1, last_fence = -1;
+	int64_t nexcl = 0, nshared = 0, limit, first_expiry = -1, last_fence = -1;
 	bool queued = false;
-	int rc = read_holders(b, n, now, &nshared, &nexcl, &first_expiry, &last_fence, &queued);
+	int rc = read_holders(b, n, now, &nshared, &nexcl, &limit, &first_expiry, &last_fence, &queued);
 	if (rc)
 		return rc;
 
+	/* The smallest limit among the holders and the requester applies: a
+	 * mutex (permits 1) excludes every semaphore caller and the reverse. */
+	if ((int64_t)req->permits < limit)
+		limit = req->permits;
 	bool conflict;
 	if (req->mode == DLOCK_SHARED)
 		conflict = nexcl > 0;
 	else
-		conflict = nshared > 0 || nexcl >= (int64_t)req->permits;
-	if (!conflict && queued && (rc = queue_rules(b, req, now, nexcl, &conflict)))
+		conflict = nshared > 0 || nexcl >= limit;
+	if (!conflict && queued && (rc = queue_rules(b, req, now, nexcl, limit, &conflict)))
 		return rc;
 
 	sqlite3_stmt *s;
