@@ -132,8 +132,10 @@ typedef struct sqlite_backend {
 	char *ns;
 	char *paths[NFILES];
 	file_id ids[NFILES]; /* of the files this connection has open */
-	int64_t busy_ms;
+	int64_t busy_ms;     /* busy_timeout=: a further cap on one wait for the write lock */
 	int64_t request_timeout_ms;
+	int64_t deadline;    /* of the call in progress (dlock_clock_ms): the busy handler's limit */
+	bool timed_out;      /* the busy handler gave up at the deadline */
 	sqlite3_stmt *st[Q_COUNT];
 } sqlite_backend;
 
@@ -191,10 +193,41 @@ static int reopen_if_moved(sqlite_backend *b, int64_t deadline)
 	return connect_db(b, deadline);
 }
 
+/*
+ * SQLite's own busy_timeout counts from each wait and knows nothing of the
+ * call: this handler waits for the write lock (SQLite's schedule: 1, 2, 5 ...
+ * 100 ms naps) only until the deadline of the call in progress.
+ */
+static int on_busy(void *arg, int count)
+{
+	static const int naps[] = { 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100 };
+	sqlite_backend *b = arg;
+	int64_t left = b->deadline - dlock_clock_ms();
+	if (left <= 0) {
+		b->timed_out = true;
+		return 0;
+	}
+	int64_t nap = naps[count < (int)(sizeof(naps) / sizeof(*naps)) ? count : (int)(sizeof(naps) / sizeof(*naps)) - 1];
+	dlock__sleep_ms(nap < left ? nap : left);
+	return 1;
+}
+
+/* Every call starts here: its deadline, cut by busy_timeout= if that is shorter. */
+static void set_deadline(sqlite_backend *b, int64_t deadline)
+{
+	int64_t cap = b->busy_ms > 0 ? dlock_clock_ms() + b->busy_ms : INT64_MAX;
+	b->deadline = deadline < cap ? deadline : cap;
+	b->timed_out = false;
+}
+
 static int fail(sqlite_backend *b, int rc, const char *what)
 {
 	char code[32];
 	snprintf(code, sizeof(code), "%d", rc);
+	if (((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) && b->timed_out)
+		return dlock_error_set(DLOCK_EUNAVAILABLE, "sqlite", code,
+				       "sqlite: %s timed out: another connection holds the database's write lock",
+				       what);
 	int err = (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED ? DLOCK_EUNAVAILABLE
 		: (rc & 0xff) == SQLITE_NOMEM ? DLOCK_ENOMEM
 		: (rc & 0xff) == SQLITE_CANTOPEN || (rc & 0xff) == SQLITE_PERM ||
@@ -426,6 +459,7 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
+	set_deadline(b, req->deadline_ms);
 	int rc = reopen_if_moved(b, req->deadline_ms);
 	if (rc || (rc = begin(b)))
 		return rc;
@@ -435,6 +469,7 @@ static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 static int sq_release(dlock_backend *be, dlock_request *req)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
+	set_deadline(b, req->deadline_ms);
 	int rc = check_files(b);
 	if (rc)
 		return rc;
@@ -467,6 +502,7 @@ static int extend_one(sqlite_backend *b, dlock_request *req, int64_t ttl_ms, int
 static int sq_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
+	set_deadline(b, req->deadline_ms);
 	int rc = check_files(b);
 	return rc ? rc : extend_one(b, req, ttl_ms, dlock_wall_ms());
 }
@@ -474,6 +510,9 @@ static int sq_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
+	if (n == 0)
+		return 0;
+	set_deadline(b, reqs[0]->deadline_ms); /* the same for the batch */
 	int rc = check_files(b);
 	if (rc == DLOCK_ENOTHELD) {
 		for (size_t i = 0; i < n; i++)
@@ -494,6 +533,7 @@ static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 static int sq_cancel(dlock_backend *be, dlock_request *req)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
+	set_deadline(b, req->deadline_ms);
 	if (check_files(b))
 		return 0; /* the queue we were in went with the old file */
 	return run(b, prep(b, Q_DEQUEUE, req->name, req->owner), "cancel waiter");
@@ -546,7 +586,8 @@ static int sq_status(dlock_backend *be, const char *const *names, size_t nnames,
 		     dlock_lock_status **out, size_t *count)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
-	int rc = reopen_if_moved(b, dlock_clock_ms() + b->request_timeout_ms);
+	set_deadline(b, dlock_clock_ms() + b->request_timeout_ms);
+	int rc = reopen_if_moved(b, b->deadline);
 	if (rc)
 		return rc;
 	int64_t now = dlock_wall_ms();
@@ -608,6 +649,16 @@ static int object_type(sqlite3 *db, const char *name, char *buf, size_t len)
 		snprintf(buf, len, "%s", (const char *)sqlite3_column_text(s, 0));
 	sqlite3_finalize(s);
 	return r == SQLITE_ROW || r == SQLITE_DONE ? SQLITE_OK : r;
+}
+
+/* Does the file already have this version's schema? (A read: WAL readers do not wait.) */
+static bool schema_current(sqlite3 *db)
+{
+	sqlite3_stmt *s = NULL;
+	bool ok = sqlite3_prepare_v2(db, "SELECT max(version) FROM dlock_schema", -1, &s, NULL) == SQLITE_OK &&
+		  sqlite3_step(s) == SQLITE_ROW && sqlite3_column_int64(s, 0) == SCHEMA_VERSION;
+	sqlite3_finalize(s);
+	return ok;
 }
 
 /* Inside the setup transaction: create a new file's schema, bring a version-1
@@ -700,6 +751,7 @@ static int open_db(sqlite3 **db, const char *path)
 static int connect_db(sqlite_backend *b, int64_t deadline)
 {
 	const char *path = b->paths[0];
+	set_deadline(b, deadline);
 	int rc = make_parents(path);
 	if (rc)
 		return rc;
@@ -708,12 +760,14 @@ static int connect_db(sqlite_backend *b, int64_t deadline)
 		rc = fail(b, r, "open");
 		goto out;
 	}
-	sqlite3_busy_timeout(b->db, (int)b->busy_ms);
+	sqlite3_busy_handler(b->db, on_busy, b);
 	char *err = NULL;
 	/* Switching a new file to WAL does not always go through the busy
 	 * handler: when several processes open a fresh file at once, retry. */
 	for (;;) {
 		r = sqlite3_exec(b->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, &err);
+		if (r == SQLITE_OK && schema_current(b->db))
+			break; /* nothing to write: no wait for the write lock */
 		if (r == SQLITE_OK)
 			r = sqlite3_exec(b->db, "BEGIN IMMEDIATE;", NULL, NULL, &err);
 		if (r == SQLITE_OK) {
@@ -786,9 +840,9 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 			return DLOCK_ENOMEM;
 		path = dflt;
 	}
-	int64_t busy_ms = 10000;
+	int64_t busy_ms = 0; /* none: each call's own deadline */
 	const char *v = dlock_uri_param(uri, "busy_timeout");
-	if (v && (dlock_duration_parse(&busy_ms, v) != 0 || busy_ms > INT32_MAX)) {
+	if (v && (dlock_duration_parse(&busy_ms, v) != 0 || busy_ms <= 0)) {
 		free(dflt);
 		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL, "sqlite: bad busy_timeout '%s'", v);
 	}
