@@ -799,11 +799,23 @@ static int connect_db(sqlite_backend *b, int64_t deadline)
 	/* The files' identities, now that SQLite has all three open (the setup
 	 * wrote through the WAL); the database's is checked against SQLite's own
 	 * descriptor, so a file replaced during the open is not taken for ours. */
+	nlink_t links = 1;
 	for (int i = 0; i < NFILES; i++) {
 		struct stat st;
 		b->ids[i].known = stat(b->paths[i], &st) == 0;
 		b->ids[i].dev = st.st_dev;
 		b->ids[i].ino = st.st_ino;
+		if (i == 0 && b->ids[0].known)
+			links = st.st_nlink;
+	}
+	/* SQLite names the -wal and -shm after the name it was given: processes
+	 * opening one database through two hard links would keep two WALs. */
+	if (links > 1) {
+		rc = dlock_error_set(DLOCK_EUNAVAILABLE, "sqlite", NULL,
+				     "sqlite: %s has %lu hard links: processes opening it by different names "
+				     "would not see each other's locks; remove the extra links",
+				     path, (unsigned long)links);
+		goto out;
 	}
 	int moved_now = 0;
 	if (sqlite3_file_control(b->db, "main", SQLITE_FCNTL_HAS_MOVED, &moved_now) != SQLITE_OK)

@@ -6,7 +6,8 @@
  * fire within one renewal interval (plus slack), well before the lease
  * would end, and dlock_held() turn false; another process is then granted
  * the name on the file now at the path, and the first process's next
- * acquire (which reopens the path) sees that holder and changes nothing. */
+ * acquire (which reopens the path) sees that holder and changes nothing.
+ * A database with a second hard link is refused under either name. */
 #include "unit/testutil.h"
 #include "sqlite_proc.h"
 
@@ -146,5 +147,26 @@ int main(int argc, char **argv)
 	const char *faults[] = { "unlink", "clean", "rename", "wal" };
 	for (size_t i = 0; i < sizeof(faults) / sizeof(*faults); i++)
 		one_case(argv[1], faults[i]);
+
+	/* A database with a second hard link is refused by either name: SQLite
+	 * would keep a -wal per name, and the two names would not see each other. */
+	char path[600], link_path[600], uri[700];
+	snprintf(path, sizeof(path), "%s/linked.db", argv[1]);
+	snprintf(link_path, sizeof(link_path), "%s/linked-too.db", argv[1]);
+	unlink(path);
+	unlink(link_path);
+	snprintf(uri, sizeof(uri), "sqlite://%s", path);
+	dlock_store *s = NULL;
+	CHECK_RC(dlock_store_open(&s, uri), 0);
+	dlock_store_close(s);
+	CHECK(link(path, link_path) == 0);
+	s = NULL;
+	CHECK_RC(dlock_store_open(&s, uri), DLOCK_EUNAVAILABLE);
+	CHECK(strstr(dlock_error_last()->message, "hard link") != NULL);
+	dlock_store_close(s);
+	snprintf(uri, sizeof(uri), "sqlite://%s", link_path);
+	s = NULL;
+	CHECK_RC(dlock_store_open(&s, uri), DLOCK_EUNAVAILABLE);
+	dlock_store_close(s);
 	return tu_done("sqlite.moved");
 }
