@@ -136,6 +136,7 @@ typedef struct sqlite_backend {
 	int64_t request_timeout_ms;
 	int64_t deadline;    /* of the call in progress (dlock_clock_ms): the busy handler's limit */
 	bool timed_out;      /* the busy handler gave up at the deadline */
+	unsigned fork_gen;   /* fork_gen when the connection was opened */
 	sqlite3_stmt *st[Q_COUNT];
 } sqlite_backend;
 
@@ -151,6 +152,20 @@ static void disconnect(sqlite_backend *b, bool moved)
 		sqlite3_db_config(b->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
 	sqlite3_close(b->db);
 	b->db = NULL;
+}
+
+/* Bumped in the child of every fork(): a connection opened before it is the parent's. */
+static unsigned fork_gen;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void forked(void)
+{
+	fork_gen++;
+}
+
+static void watch_forks(void)
+{
+	pthread_atfork(NULL, NULL, forked);
 }
 
 /* Is any of the three files at its path no longer the one we have open? */
@@ -174,8 +189,17 @@ static bool files_moved(const sqlite_backend *b)
  */
 static int check_files(sqlite_backend *b)
 {
-	if (b->db && !files_moved(b))
+	if (b->db && b->fork_gen == fork_gen && !files_moved(b))
 		return 0;
+	if (b->db && b->fork_gen != fork_gen) {
+		/* A fork()'s child must not use the parent's connection (the
+		 * parent's POSIX locks are not the child's: SQLite's "how to
+		 * corrupt", 2.6), nor touch the parent's holds. */
+		disconnect(b, true);
+		return dlock_error_set(DLOCK_ENOTHELD, "sqlite", NULL,
+				       "sqlite: this process is a fork() child of the one that opened the store: "
+				       "holds taken before the fork are the parent's");
+	}
 	if (b->db)
 		disconnect(b, true);
 	return dlock_error_set(DLOCK_ENOTHELD, "sqlite", NULL,
@@ -755,6 +779,8 @@ static int connect_db(sqlite_backend *b, int64_t deadline)
 	int rc = make_parents(path);
 	if (rc)
 		return rc;
+	pthread_once(&fork_once, watch_forks);
+	b->fork_gen = fork_gen;
 	int r = open_db(&b->db, path);
 	if (r != SQLITE_OK) {
 		rc = fail(b, r, "open");

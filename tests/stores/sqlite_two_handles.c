@@ -5,12 +5,14 @@
  * `dlock status` does. Nothing of that may drop the first handle's file locks:
  * for as many leases as it keeps renewing, no other process is granted the
  * name, the holder's renewals land where everyone reads them, and after its
- * release another process is granted with the next fence. */
+ * release another process is granted with the next fence. A fork()'s child
+ * cannot release the parent's hold through the handles it inherited. */
 #include "unit/testutil.h"
 #include "sqlite_proc.h"
 
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -103,6 +105,32 @@ int main(int argc, char **argv)
 	CHECK(sp_finish(&c) == 0);
 	CHECK_RC(dlock_acquire(held, 0), 0);
 	CHECK(dlock_fence(held) == 3);
+
+	/* A fork()'s child (no exec) has the parent's handles: it must not use
+	 * the parent's connection nor release the parent's hold; it may still
+	 * look and take locks of its own. (The renewer sleeps: TTL 600 ms, just
+	 * renewed, so no mutex of the store is held across the fork.) */
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		int bad = 0;
+		bad += dlock_release(held) == 0;
+		dlock_lock *mine = NULL;
+		bad += dlock_lock_new(&mine, s1, "job", NULL) != 0;
+		bad += mine && dlock_acquire(mine, 0) != DLOCK_ELOCKED;
+		const char *names[] = { "job" };
+		dlock_lock_status *js = NULL;
+		size_t jn = 0;
+		bad += dlock_store_status(s1, names, 1, &js, &jn) != 0 || jn != 1 || js[0].nholders != 1;
+		if (bad)
+			fprintf(stderr, "fork child: %d wrong answer(s); last error: %s\n", bad,
+				dlock_error_last()->message);
+		_exit(bad ? 1 : 0); /* no store close: the renewer thread is the parent's */
+	}
+	int wst = 0;
+	CHECK(pid > 0 && waitpid(pid, &wst, 0) == pid && WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+	CHECK(dlock_held(held));
+	CHECK(sp_run("try", uri, "job") == 1);
 	CHECK_RC(dlock_release(held), 0);
 	dlock_lock_free(held);
 	dlock_store_close(s1);
