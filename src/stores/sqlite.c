@@ -193,6 +193,9 @@ static bool files_moved(const sqlite_backend *b)
  */
 #define RECHECK_MS 10
 
+/* The least time a try-once may wait for the write lock (see sq_acquire). */
+#define TRY_GRACE_MS 40
+
 static int check_files(sqlite_backend *b, bool always)
 {
 	if (b->db && b->fork_gen == fork_gen) {
@@ -497,9 +500,28 @@ static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 {
 	sqlite_backend *b = (sqlite_backend *)be;
 	set_deadline(b, req->deadline_ms);
-	int rc = reopen_if_moved(b, req->deadline_ms);
-	if (rc || (rc = begin(b)))
+	/* A try-once (wait 0: not waiting) comes with a deadline that has
+	 * already passed: the core gives it no time. Other processes'
+	 * transactions hold the write lock for microseconds to milliseconds, so
+	 * it may wait up to TRY_GRACE_MS for it (inside the core's 50 ms slack):
+	 * without that, one try-once in a hundred was refused under contention
+	 * on unrelated names. */
+	int64_t now = dlock_clock_ms();
+	if (!req->waiting && b->deadline - now < TRY_GRACE_MS)
+		b->deadline = now + TRY_GRACE_MS;
+	int rc = reopen_if_moved(b, b->deadline);
+	if (rc)
 		return rc;
+	if ((rc = begin(b))) {
+		/* Nothing was written: the outcome is known. Say "not now" (the
+		 * core backs off and tries again until the wait ends) rather than
+		 * a failure the core must treat as maybe applied and undo. */
+		if (rc == DLOCK_EUNAVAILABLE && b->timed_out)
+			rc = dlock_error_set(DLOCK_ELOCKED, "sqlite", "5",
+					     "sqlite: lock '%s' not tried: another connection kept the database's "
+					     "write lock until the deadline", req->name);
+		return rc;
+	}
 	return finish(b, decide(b, req, dlock_wall_ms(), fence, retry_ms));
 }
 
