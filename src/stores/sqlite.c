@@ -688,7 +688,9 @@ static int sq_status(dlock_backend *be, const char *const *names, size_t nnames,
 static void sq_close(dlock_backend *be)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
-	disconnect(b, false);
+	/* A close after the files moved (or in a fork's child) must not
+	 * checkpoint and delete the -wal and -shm by name either. */
+	disconnect(b, b->db && (b->fork_gen != fork_gen || files_moved(b)));
 	for (int i = 0; i < NFILES; i++)
 		free(b->paths[i]);
 	free(b->ns);
