@@ -193,9 +193,6 @@ static bool files_moved(const sqlite_backend *b)
  */
 #define RECHECK_MS 10
 
-/* The least time a try-once may wait for the write lock (see sq_acquire). */
-#define TRY_GRACE_MS 40
-
 static int check_files(sqlite_backend *b, bool always)
 {
 	if (b->db && b->fork_gen == fork_gen) {
@@ -241,13 +238,14 @@ static int reopen_if_moved(sqlite_backend *b, int64_t deadline)
 static int on_busy(void *arg, int count)
 {
 	static const int naps[] = { 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100 };
+	const int last = (int)(sizeof(naps) / sizeof(*naps)) - 1;
 	sqlite_backend *b = arg;
 	int64_t left = b->deadline - dlock_clock_ms();
 	if (left <= 0) {
 		b->timed_out = true;
 		return 0;
 	}
-	int64_t nap = naps[count < (int)(sizeof(naps) / sizeof(*naps)) ? count : (int)(sizeof(naps) / sizeof(*naps)) - 1];
+	int64_t nap = naps[count < last ? count : last];
 	dlock__sleep_ms(nap < left ? nap : left);
 	return 1;
 }
@@ -495,6 +493,9 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 	*fence = (uint64_t)f;
 	return 0;
 }
+
+/* The least time a try-once may wait for the write lock. */
+#define TRY_GRACE_MS 40
 
 static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
