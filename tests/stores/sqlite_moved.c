@@ -1,9 +1,9 @@
 /* The database file deleted or replaced under a holder (issue 20 row 2).
- * A process holds a lock (TTL 900 ms, renewed every 300 ms) with an on_lost
+ * A process holds a lock (TTL 1500 ms, renewed every 500 ms) with an on_lost
  * callback; then, one case each: the database file is unlinked; the file and
  * its -wal and -shm are unlinked (a cleaned state directory); another dlock
  * file is renamed over it; only its -wal is unlinked. Each time on_lost must
- * fire within one renewal interval (plus slack), well before the lease
+ * fire within one renewal interval (plus 300 ms of slack), before the lease
  * would end, and dlock_held() turn false; another process is then granted
  * the name on the file now at the path, and the first process's next
  * acquire (which reopens the path) sees that holder and changes nothing.
@@ -18,7 +18,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TTL_MS 900
+/* Renewal every 500 ms. The earliest the lease itself could end after the
+ * fault is TTL - TTL/3 - drift (~980 ms): an on_lost before that was the
+ * renewal seeing the fault, not the lease running out. */
+#define TTL_MS 1500
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
@@ -106,7 +109,7 @@ static void one_case(const char *dir, const char *fault)
 	CHECK(at != 0);
 	CHECK(!dlock_held(l));
 	if (at) {
-		CHECK(at - t0 <= TTL_MS / 3 + 150);
+		CHECK(at - t0 <= TTL_MS / 3 + 300);
 		fprintf(stderr, "%s: on_lost %lld ms after the fault\n", fault, at - t0);
 	} else {
 		fprintf(stderr, "%s: on_lost did not fire within %d ms; held=%d\n", fault, 2 * TTL_MS,
