@@ -494,22 +494,10 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 	return 0;
 }
 
-/* The least time a try-once may wait for the write lock. */
-#define TRY_GRACE_MS 40
-
 static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
 	set_deadline(b, req->deadline_ms);
-	/* A try-once (wait 0: not waiting) comes with a deadline that has
-	 * already passed: the core gives it no time. Other processes'
-	 * transactions hold the write lock for microseconds to milliseconds, so
-	 * it may wait up to TRY_GRACE_MS for it (inside the core's 50 ms slack):
-	 * without that, one try-once in a hundred was refused under contention
-	 * on unrelated names. */
-	int64_t now = dlock_clock_ms();
-	if (!req->waiting && b->deadline - now < TRY_GRACE_MS)
-		b->deadline = now + TRY_GRACE_MS;
 	int rc = reopen_if_moved(b, b->deadline);
 	if (rc)
 		return rc;
