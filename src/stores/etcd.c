@@ -1368,13 +1368,10 @@ static int drop_key(etcd *e, const dlock_request *req, const char *key, int64_t 
 	return rc;
 }
 
-/* Set the deadline of a call (under the store mutex). A deadline already
- * past when the call starts is the core's try-once (wait 0 gives
- * deadline = start): one request's time. */
+/* Set the deadline of a call (under the store mutex). */
 static void call_begin(etcd *e, int64_t deadline)
 {
-	int64_t now = dlock_clock_ms();
-	e->deadline = deadline > now ? deadline : now + e->request_timeout_ms;
+	e->deadline = deadline > 0 ? deadline : dlock_clock_ms() + e->request_timeout_ms;
 }
 
 static int lease_retired(etcd *e, int64_t id)
@@ -1409,7 +1406,9 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 		return DLOCK_ENOMEM;
 	}
 	req->slot = NULL;
-	call_begin(e, req->deadline_ms);
+	/* A try-once gets deadline = its start from the core (wait 0): give it
+	 * one request's time. A waiter past its deadline sends nothing. */
+	call_begin(e, !req->waiting && req->deadline_ms <= t0 ? 0 : req->deadline_ms);
 	rescue(e);
 	for (int attempt = 0; attempt < 4; attempt++) {
 		lease *l;
