@@ -1405,9 +1405,15 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 		names_free(&nm);
 		return DLOCK_ENOMEM;
 	}
-	req->slot = NULL;
 	/* A try-once gets deadline = its start from the core (wait 0): give it
-	 * one request's time. A waiter past its deadline sends nothing. */
+	 * one request's time. A queued waiter past its deadline sends nothing
+	 * and stays queued: not granted in time (the core cancels). */
+	if (req->waiting && queued && req->deadline_ms > 0 && req->deadline_ms <= t0) {
+		free(value);
+		names_free(&nm);
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "%s is held", req->name);
+	}
+	req->slot = NULL;
 	call_begin(e, !req->waiting && req->deadline_ms <= t0 ? 0 : req->deadline_ms);
 	rescue(e);
 	for (int attempt = 0; attempt < 4; attempt++) {
