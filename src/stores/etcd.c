@@ -1746,8 +1746,9 @@ static int etcd_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, i
 	int rc = 0;
 	if (!leases)
 		return dlock__oom();
-	/* A member that hangs must not eat the whole lease: give each attempt at
-	 * most half of the shortest TTL, then try the next member. */
+	/* With several members, one that hangs must not eat the whole lease:
+	 * give each attempt at most 3/5 of the shortest TTL, then try the next
+	 * member (a link as slow as TTL/2 a round trip still gets through). */
 	int64_t min_ttl = INT64_MAX, deadline = INT64_MAX;
 	for (size_t i = 0; i < n; i++) {
 		if (reqs[i]->ttl_ms < min_ttl)
@@ -1757,13 +1758,24 @@ static int etcd_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, i
 	}
 	call_begin(e, deadline == INT64_MAX ? 0 : deadline);
 	rescue(e);
-	int64_t half = min_ttl / 2;
-	e->op_timeout_ms = half < 500 ? 500 : half > e->request_timeout_ms ? e->request_timeout_ms : (long)half;
+	int64_t cap = min_ttl / 5 * 3;
+	e->op_timeout_ms = e->nurls < 2 ? 0 : cap < 500 ? 500 : (long)cap;
 	/* One Txn reads every hold's key (which lease it rides on, whether it is
-	 * still there); then one keepalive per distinct lease covers them all.
+	 * still there); one keepalive per distinct lease covers them all. The
+	 * keepalive of the lease our holds are known to ride on goes in
+	 * parallel with the read (one round trip, so a link as slow as TTL/2
+	 * keeps its locks); a lease the read finds unexpected gets its own.
 	 * The read is serializable so that it needs no leader (it must not eat
 	 * the lease during an election); the keepalive, which the leader
 	 * answers, is what proves the lease. */
+	int64_t ka_id = 0, ka_left = -1;
+	pthread_mutex_lock(&e->mu);
+	for (size_t i = 0; i < n && !ka_id; i++) {
+		hold *h = hold_find(e, reqs[i]->name, reqs[i]->owner);
+		if (h && h->lease && !h->maybe && !lease_retired(e, h->lease))
+			ka_id = h->lease;
+	}
+	pthread_mutex_unlock(&e->mu);
 	for (size_t from = 0; from < n && rc == 0; from += TXN_MAX_OPS) {
 		size_t cnt = n - from < TXN_MAX_OPS ? n - from : TXN_MAX_OPS;
 		json_object *ok = json_object_new_array(), *resp;
@@ -1781,7 +1793,29 @@ static int etcd_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, i
 			json_object_put(ok);
 			break;
 		}
-		if ((rc = txn(e, e->cmd, NULL, ok, NULL, &resp, NULL)) != 0)
+		json_object *body = json_object_new_object();
+		json_object_object_add(body, "compare", json_object_new_array());
+		json_object_object_add(body, "success", ok);
+		json_object_object_add(body, "failure", json_object_new_array());
+		if (from == 0 && ka_id) {
+			json_object *ka_resp = NULL;
+			rpc_result res;
+			int ka_rc;
+			int64_t sent = dlock_clock_ms();
+			json_object_get(body);
+			rpc_pair(e, "/v3/kv/txn", body, &resp, &rc, &res, "/v3/lease/keepalive",
+				 keepalive_body(ka_id), &ka_resp, &ka_rc);
+			if (ka_rc != 0 || keepalive_read(e, ka_id, ka_resp, sent, &ka_left) != 0)
+				ka_left = -1;
+			/* One attempt only: fail over or re-authenticate through rpc(). */
+			if (rc != 0 && (rc == DLOCK_EUNAVAILABLE || res.grpc == GRPC_UNAUTHENTICATED))
+				rc = rpc(e, e->cmd, "/v3/kv/txn", body, &resp, NULL);
+			else
+				json_object_put(body);
+		} else {
+			rc = rpc(e, e->cmd, "/v3/kv/txn", body, &resp, NULL);
+		}
+		if (rc != 0)
 			break;
 		for (size_t i = 0; i < cnt && rc == 0; i++) {
 			kv *k;
@@ -1804,7 +1838,7 @@ static int etcd_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, i
 		if (results[i] != 1)
 			continue;
 		int64_t left = 0;
-		int krc = keepalive(e, leases[i], &left);
+		int krc = leases[i] == ka_id && ka_left >= 0 ? (left = ka_left, 0) : keepalive(e, leases[i], &left);
 		int r = krc != 0 ? krc : left > 0 ? 0 : DLOCK_ENOTHELD;
 		for (size_t j = i; j < n; j++)
 			if (results[j] == 1 && leases[j] == leases[i])

@@ -37,3 +37,4 @@ target_compile_definitions(etcd_net PRIVATE
   ETCD_SCRIPT="${PROJECT_SOURCE_DIR}/tests/servers/etcd.sh")
 add_test(NAME etcd.net COMMAND etcd_net)
 set_tests_properties(etcd.net PROPERTIES TIMEOUT 300 RUN_SERIAL ON)
+target_include_directories(etcd_net PRIVATE ${PROJECT_SOURCE_DIR}/src)
