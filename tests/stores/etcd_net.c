@@ -21,6 +21,8 @@
  *              its bound; the direct client is refused while that key stands;
  *              a retry by the same handle gets the lock; never two holders,
  *              fences increase.
+ *   slowlink   a link with TTL/5 each way: the holder keeps its lock through
+ *              renewals for three TTLs, nobody else is granted.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -522,6 +524,51 @@ static void case_lost_reply(void)
 	dlock_store_close(direct);
 }
 
+/*
+ * A slow link, TTL/5 each way (a round trip of 0.4 TTL): a renewal is one
+ * round trip (the keepalive goes next to the read), so the holder keeps its
+ * lock for three TTLs and the direct client is never granted. (With two
+ * round trips a renewal took 0.8 TTL and the next one could not land before
+ * the deadline of the one before.)
+ */
+static void case_slow_link(void)
+{
+	char name[128];
+	const long ttl = 2000;
+	lock_name(name, sizeof(name), "slowlink");
+	dlock_store *direct = open_uri(uri);
+	dlock_store *s = open_proxied(3000, 10000);
+	dlock_lock *a = new_lock(s, name, ttl, 1), *d = new_lock(direct, name, ttl, 0);
+	lost_at = 0;
+	CHECK_RC(dlock_acquire(a, 5000), 0);
+	char mode[32];
+	snprintf(mode, sizeof(mode), "delay %ld", ttl / 5);
+	px_set(mode);
+	long long until = tu_now_ms() + 3 * ttl;
+	int tries = 0, stolen = 0;
+	while (tu_now_ms() < until) {
+		if (dlock_acquire(d, 0) == 0) {
+			stolen++;
+			dlock_release(d);
+		}
+		tries++;
+		nap_ms(50);
+	}
+	printf("  %d tries by the direct client over %ld ms of a %ld ms round trip: %d granted; on_lost %s\n",
+	       tries, 3 * ttl, 2 * ttl / 5, stolen, lost_at ? "fired" : "did not fire");
+	CHECK(stolen == 0);
+	CHECK(!lost_at);
+	CHECK(dlock_held(a));
+	px_set("pass");
+	CHECK_RC(dlock_release(a), 0);
+	CHECK_RC(dlock_acquire(d, 0), 0);
+	CHECK_RC(dlock_release(d), 0);
+	dlock_lock_free(a);
+	dlock_lock_free(d);
+	dlock_store_close(s);
+	dlock_store_close(direct);
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -541,6 +588,7 @@ int main(int argc, char **argv)
 		{ "orphan", case_orphan },
 		{ "orphanstore", case_orphan_store },
 		{ "lostreply", case_lost_reply },
+		{ "slowlink", case_slow_link },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		int want = argc < 2;
