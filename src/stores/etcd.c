@@ -12,6 +12,11 @@
  * distinct TTL (in whole seconds) per store handle, shared by every hold and
  * waiter of that TTL, kept alive by the core's renewal thread.
  *
+ * Time: every call keeps its deadline (e->deadline under the store mutex;
+ * wait its own): each curl transfer's limits are cut to the time left.
+ * Orphans: a key whose delete failed retires its lease (never kept alive
+ * again); rescue() moves our live keys off it and revokes it.
+ *
  * Threading: everything except wait runs under the core's store mutex and
  * uses `cmd` (and `side`, for a keepalive in parallel), reused curl handles
  * on one multi handle (keep-alive connections). wait runs concurrently on
@@ -424,10 +429,10 @@ typedef struct xfer {
 	int64_t until; /* its deadline */
 } xfer;
 
-static int timed_out(const char *what, int64_t ms)
+static int timed_out(const char *what)
 {
-	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out (%lld ms left)", what,
-			       (long long)ms);
+	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out (no time left to send it)",
+			       what);
 }
 
 /* Prepare one exchange that must end by `until` (CLOCK_MONOTONIC ms): curl's
@@ -438,7 +443,7 @@ static int xfer_start(etcd *e, xfer *x, CURL *h, const char *path, const char *t
 	int64_t left = until - dlock_clock_ms();
 	memset(x, 0, sizeof(*x));
 	if (left <= 0)
-		return timed_out(path, 0);
+		return timed_out(path);
 	x->h = h;
 	x->url = endpoint_url(e, &x->idx, path);
 	x->hd = curl_slist_append(NULL, "Content-Type: application/json");
