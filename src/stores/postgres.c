@@ -187,13 +187,24 @@ static int timed_out(const char *what, const char *detail)
 	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out %s", what, detail);
 }
 
-/* The deadline of a call: the core's. A try-once (wait 0) comes with a deadline
- * equal to its start (core: request_deadline(until = start)); give such a
- * call one request timeout instead of failing it unseen. */
-static int64_t call_deadline(const pg_backend *be, int64_t deadline)
+/*
+ * The deadline of an acquire: the core's. Two cases come without time:
+ * a try-once (wait 0) gets a deadline equal to its start (the core cuts it to
+ * start + wait): give it one request timeout rather than fail it unsent; the
+ * last try of a wait that has run out (the core tries once more at the end of
+ * its wait): send nothing and say "not acquired" (nothing was applied).
+ */
+static int acquire_deadline(const pg_backend *be, const dlock_request *req, int64_t *deadline)
 {
 	int64_t now = dlock_clock_ms();
-	return deadline > now ? deadline : now + be->request_timeout_ms;
+	*deadline = req->deadline_ms;
+	if (*deadline > now)
+		return 0;
+	if (!req->waiting) {
+		*deadline = now + be->request_timeout_ms;
+		return 0;
+	}
+	return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "acquire: no time left for another try");
 }
 
 static int poll_ms(int64_t deadline)
@@ -819,10 +830,10 @@ static void i64s(char *buf, size_t n, int64_t v)
 static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	pg_backend *be = (pg_backend *)base;
-	int64_t deadline = call_deadline(be, req->deadline_ms);
+	int64_t deadline;
+	int rc = acquire_deadline(be, req, &deadline);
 	PGconn *c = NULL;
-	int rc = main_conn(be, deadline, &c);
-	if (rc)
+	if (rc || (rc = main_conn(be, deadline, &c)))
 		return rc;
 	if (req->waiting)
 		mark_before_try(be, req, deadline);
@@ -856,7 +867,7 @@ static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 static int tbl_release(dlock_backend *base, dlock_request *req)
 {
 	pg_backend *be = (pg_backend *)base;
-	int64_t deadline = call_deadline(be, req->deadline_ms);
+	int64_t deadline = req->deadline_ms;
 	PGconn *c = NULL;
 	int rc = main_conn(be, deadline, &c);
 	if (rc)
@@ -874,7 +885,7 @@ static int tbl_release(dlock_backend *base, dlock_request *req)
 static int tbl_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
 {
 	pg_backend *be = (pg_backend *)base;
-	int64_t deadline = call_deadline(be, req->deadline_ms);
+	int64_t deadline = req->deadline_ms;
 	PGconn *c = NULL;
 	int rc = main_conn(be, deadline, &c);
 	if (rc)
@@ -958,7 +969,7 @@ static int arr_close(arr *a)
 static int tbl_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
 {
 	pg_backend *be = (pg_backend *)base;
-	int64_t deadline = call_deadline(be, n ? reqs[0]->deadline_ms : 0);
+	int64_t deadline = n ? reqs[0]->deadline_ms : dlock_clock_ms();
 	PGconn *c = NULL;
 	int rc = main_conn(be, deadline, &c);
 	if (rc)
@@ -1009,7 +1020,7 @@ static int tbl_cancel(dlock_backend *base, dlock_request *req)
 {
 	pg_backend *be = (pg_backend *)base;
 	mark_forget(be, req);
-	int64_t deadline = call_deadline(be, req->deadline_ms);
+	int64_t deadline = req->deadline_ms;
 	PGconn *c = NULL;
 	int rc = main_conn(be, deadline, &c);
 	if (rc)
@@ -1227,7 +1238,10 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	if (req->fair)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
 				       "fair locks need mode=table: advisory try-locks have no queue");
-	int64_t deadline = call_deadline(be, req->deadline_ms);
+	int64_t deadline;
+	int rc = acquire_deadline(be, req, &deadline);
+	if (rc)
+		return rc;
 	int shared = req->mode == DLOCK_SHARED;
 	unsigned permits = shared || !req->permits ? 1 : req->permits;
 	int64_t intent_key = adv_key(be->ns, req->name, "writer-intent");
@@ -1241,7 +1255,6 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	 */
 	PGconn *c = NULL;
 	intent **ip = intent_find(be, req->owner), *in = *ip;
-	int rc;
 	if (in) {
 		c = in->conn; /* a waiting writer retries on the connection holding its intent */
 		in->conn = NULL;
@@ -1365,7 +1378,7 @@ static int adv_release(dlock_backend *base, dlock_request *req)
 		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL,
 				       "the lock's connection was closed earlier (and the lock with it)");
 	}
-	int64_t deadline = call_deadline(be, req->deadline_ms);
+	int64_t deadline = req->deadline_ms;
 	char k[24];
 	i64s(k, sizeof k, h->key);
 	const char *v[] = { k, be->ns, req->name };
@@ -1412,11 +1425,11 @@ static void key_oids(int64_t key, char *hi, char *lo)
  * must not be read later) and with it the lock: DLOCK_ENOTHELD. */
 static int adv_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
 {
-	pg_backend *be = (pg_backend *)base;
+	(void)base;
 	adv_hold *h = req->slot;
 	if (!h || !h->conn)
 		return DLOCK_ENOTHELD;
-	int64_t deadline = call_deadline(be, req->deadline_ms);
+	int64_t deadline = req->deadline_ms;
 	char hi[16], lo[16], ttl[24];
 	key_oids(h->key, hi, lo);
 	ms_setting(ttl_ms, ttl, sizeof ttl);
@@ -1445,8 +1458,8 @@ static int adv_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
  */
 static int adv_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
 {
-	pg_backend *be = (pg_backend *)base;
-	int64_t deadline = call_deadline(be, n ? reqs[0]->deadline_ms : 0);
+	(void)base;
+	int64_t deadline = n ? reqs[0]->deadline_ms : dlock_clock_ms();
 	struct pend {
 		PGresult *last;
 		int code;
@@ -1525,7 +1538,7 @@ static int adv_cancel(dlock_backend *base, dlock_request *req)
 	if (!in)
 		return 0;
 	*ip = in->next;
-	int64_t deadline = call_deadline(be, req->deadline_ms);
+	int64_t deadline = req->deadline_ms;
 	char ik[24];
 	i64s(ik, sizeof ik, adv_key(be->ns, req->name, "writer-intent"));
 	const char *v[] = { ik, be->ns, req->name };

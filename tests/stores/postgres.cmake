@@ -52,3 +52,14 @@ add_test(NAME postgres.hang COMMAND postgres_hang)
 set_tests_properties(postgres.hang PROPERTIES
   FIXTURES_REQUIRED server.postgres RUN_SERIAL ON TIMEOUT 300
   ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_postgres}/uri")
+
+# postgres.net: the same bounds through the fault proxy (blackhole), in both
+# modes; an unconfirmed advisory release frees the lock with its session;
+# table mode: a try whose reply was lost ("drop") and its retry never make
+# two holders, fences increase (postgres_net.c).
+add_executable(postgres_net postgres_net.c)
+target_link_libraries(postgres_net PRIVATE dlock_testutil)
+add_test(NAME postgres.net COMMAND postgres_net)
+set_tests_properties(postgres.net PROPERTIES
+  FIXTURES_REQUIRED server.postgres RUN_SERIAL ON TIMEOUT 300
+  ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_postgres}/uri")
