@@ -441,8 +441,9 @@ static void test_lost_hung(void)
 			break;
 		}
 		/* Advisory: nobody else can get a key a stopped backend holds; resume it
-		 * after the deadline (its connection was given up: the session ends). */
-		if (!resumed && tu_now_ms() > deadline + 300) {
+		 * once the holder has been told (its connection is given up: the
+		 * session ends). */
+		if (!resumed && (atomic_load(&lost_at) || tu_now_ms() > deadline + 2000)) {
 			cont_all();
 			resumed = 1;
 		}
