@@ -107,12 +107,6 @@ static int64_t wall_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Runs on the library's renewal thread: record when, wake the main loop, return. */
 static void on_lost(dlock_lock *lock, void *payload)
@@ -315,7 +309,7 @@ static void drain(const cli_global *g, child *ch, bool *lost, int64_t *kill_at, 
 					kill(-ch->pid, SIGTERM);
 					kill(-ch->pid, SIGCONT); /* a stopped group must see the TERM */
 				}
-				*kill_at = mono_ms() + kill_after;
+				*kill_at = cli_mono_ms() + kill_after;
 			} else if (ev != SIGCHLD && ch->pid > 0 && !ch->exited) {
 				cli_debug(g, "forwarding signal %d to the command", ev);
 				kill(-ch->pid, ev);
@@ -358,7 +352,7 @@ static int supervise(const cli_global *g, child *ch, int64_t kill_after, const c
 			break;
 		int timeout = -1;
 		if (*lost) {
-			int64_t left = (killed ? kill_at + 5000 : kill_at) - mono_ms();
+			int64_t left = (killed ? kill_at + 5000 : kill_at) - cli_mono_ms();
 			if (killed && left <= 0)
 				break; /* SIGKILLed and still there: unkillable (D state); give up */
 			timeout = left < 0 ? 0 : (int)(left > 100000 ? 100000 : left);
@@ -372,7 +366,7 @@ static int supervise(const cli_global *g, child *ch, int64_t kill_after, const c
 			return -1;
 		if (pr > 0)
 			drain(g, ch, lost, &kill_at, kill_after, name);
-		if (*lost && !killed && mono_ms() >= kill_at) {
+		if (*lost && !killed && cli_mono_ms() >= kill_at) {
 			char d[32];
 			if (group_alive(ch->pid)) {
 				cli_error(g, "the command is still running %s after SIGTERM: sending SIGKILL",
@@ -451,7 +445,7 @@ int cli_run(cli_global *g, int argc, char **argv)
 		return CLI_EXIT_FAIL;
 	}
 
-	if ((rc = cli_store_open(g, &store)) != 0)
+	if ((rc = cli_store_open_within(g, &store, &c.lo.wait_ms)) != 0)
 		goto out;
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
 	cli_lockopts_apply(&c.lo, &o);
