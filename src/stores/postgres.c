@@ -1188,6 +1188,21 @@ static const char *no_lease(PGconn *c)
 	return PQserverVersion(c) >= 140000 ? ", set_config('idle_session_timeout', '0', false)" : "";
 }
 
+/*
+ * Every statement of a hold's session starts with "/\* dlock-hold <owner> *\/":
+ * pg_stat_activity.query keeps a session's last statement, so status can
+ * name the holder's owner (application_name has no room for it). Owners are
+ * "<hex client id>-<serial>"; anything else is left out.
+ */
+static void hold_tag(char *buf, size_t n, const char *owner)
+{
+	buf[0] = 0;
+	if (!owner || !*owner || strspn(owner, "0123456789abcdefABCDEF-") != strlen(owner) ||
+	    strlen(owner) > 96)
+		return;
+	snprintf(buf, n, "/* dlock-hold %s */ ", owner);
+}
+
 /* Try one advisory key on *cp by `deadline`; on success *fence is the name's
  * next fence. On an error the connection may hold the key: the caller
  * closes it (a timeout has already dropped it: *cp == NULL). */
@@ -1208,9 +1223,10 @@ static int adv_try(pg_backend *be, PGconn **cp, int64_t deadline, dlock_request 
 	 * set the session's idle timeout to the lease, so that a hung or cut-off
 	 * client loses the lock on the server once a TTL passes without renewal.
 	 */
-	char sql[1024];
+	char sql[1280], tag[128];
+	hold_tag(tag, sizeof tag, req->owner);
 	snprintf(sql, sizeof sql,
-		 "WITH l AS MATERIALIZED (SELECT %s($1::bigint) AS ok),"
+		 "%sWITH l AS MATERIALIZED (SELECT %s($1::bigint) AS ok),"
 		 " f AS (INSERT INTO dlock_locks AS d (ns, name, fence) SELECT $2, $3, 1 FROM l WHERE l.ok"
 		 "  ON CONFLICT (ns, name) DO UPDATE SET fence = d.fence + 1 RETURNING d.fence)"
 		 " SELECT l.ok, (SELECT fence FROM f),"
@@ -1219,7 +1235,7 @@ static int adv_try(pg_backend *be, PGconn **cp, int64_t deadline, dlock_request 
 		 /* what status shows of this holder (application_name is visible to all) */
 		 " CASE WHEN l.ok THEN set_config('application_name', 'dlock ' || $6 || ' ' ||"
 		 "  (SELECT fence FROM f) || ' ' || $4 || ' ' || $7, false) END FROM l",
-		 shared ? "pg_try_advisory_lock_shared" : "pg_try_advisory_lock",
+		 tag, shared ? "pg_try_advisory_lock_shared" : "pg_try_advisory_lock",
 		 lease ? "true" : "false");
 	PGresult *r;
 	int rc = run(cp, deadline, "acquire", sql, 7, v, &r);
@@ -1436,12 +1452,13 @@ static int adv_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
 	int lease = PQserverVersion(h->conn) >= 140000;
 	const char *v[] = { hi, lo, ttl };
 	PGresult *r;
-	char sql[512];
+	char sql[768], tag[128];
+	hold_tag(tag, sizeof tag, req->owner);
 	/* Field 4 of application_name is the lease that status reports. */
 	snprintf(sql, sizeof sql,
-		 "SELECT (%s) > 0%s, set_config('application_name', regexp_replace("
+		 "%sSELECT (%s) > 0%s, set_config('application_name', regexp_replace("
 		 "current_setting('application_name'), '^(dlock \\S+ \\S+) \\S+', '\\1 ' || $3), false)",
-		 held_sql, lease ? ", set_config('idle_session_timeout', $3, false)" : ", $3");
+		 tag, held_sql, lease ? ", set_config('idle_session_timeout', $3, false)" : ", $3");
 	int rc = run(&h->conn, deadline, "extend", sql, 3, v, &r);
 	if (rc)
 		return h->conn && PQstatus(h->conn) == CONNECTION_OK ? rc : DLOCK_ENOTHELD;
@@ -1479,7 +1496,10 @@ static int adv_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, 
 		char hi[16], lo[16];
 		key_oids(h->key, hi, lo);
 		const char *v[] = { hi, lo };
-		if (PQsendQueryParams(h->conn, held_sql, 2, NULL, v, NULL, NULL, 0))
+		char sql[512], tag[128];
+		hold_tag(tag, sizeof tag, reqs[i]->owner);
+		snprintf(sql, sizeof sql, "%s%s", tag, held_sql);
+		if (PQsendQueryParams(h->conn, sql, 2, NULL, v, NULL, NULL, 0))
 			pd[i].state = 1;
 		else
 			drop_conn(&h->conn, 0);
@@ -1584,13 +1604,15 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 		const char *v[] = { hi, lo, be->ns, names[i], ihi, ilo };
 		PGresult *r;
 		/* application_name of a holder: "dlock <pid> <fence> <lease ms> <host>";
-		 * the lease counts from the session's last statement (idle_session_timeout). */
+		 * the lease counts from the session's last statement (idle_session_timeout),
+		 * whose text names the owner (hold_tag; visible to the same role). */
 		rc = run(&be->conn, deadline, "status",
 			 "SELECT l.pid, l.mode, a.application_name,"
 			 " floor(extract(epoch FROM (clock_timestamp() - a.state_change)) * 1000)::bigint,"
 			 " (SELECT fence FROM dlock_locks WHERE ns = $3 AND name = $4),"
 			 " (SELECT count(*) FROM pg_locks w WHERE w.locktype = 'advisory' AND w.granted"
-			 "  AND w.objsubid = 1 AND w.classid = $5::oid AND w.objid = $6::oid)"
+			 "  AND w.objsubid = 1 AND w.classid = $5::oid AND w.objid = $6::oid),"
+			 " substring(a.query FROM '^/\\* dlock-hold ([0-9a-fA-F-]+) \\*/')"
 			 " FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted"
 			 " AND l.objsubid = 1 AND l.classid = $1::oid AND l.objid = $2::oid"
 			 " LEFT JOIN pg_stat_activity a ON a.pid = l.pid",
@@ -1604,7 +1626,9 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 			if (PQgetisnull(r, row, 0))
 				continue;
 			dlock_holder *h = dlock__status_add_holder(s);
-			if (!h || !(h->owner = dlock__sprintf("backend-%s", PQgetvalue(r, row, 0)))) {
+			if (!h || !(h->owner = PQgetisnull(r, row, 6)
+						       ? dlock__sprintf("backend-%s", PQgetvalue(r, row, 0))
+						       : dlock__strdup(PQgetvalue(r, row, 6)))) {
 				PQclear(r);
 				rc = DLOCK_ENOMEM;
 				goto fail;
