@@ -60,7 +60,7 @@ typedef struct pg_backend {
 	pthread_mutex_t lmu;
 	pthread_cond_t lcv;
 	PGconn *lconn;
-	int lthread_on, lstop, lconnecting;
+	int lthread_on, lstop;
 	pthread_t lthread;
 	int wakefd[2];
 	uint64_t gen;
@@ -708,43 +708,21 @@ static void *listener(void *arg)
 }
 
 /*
- * Make sure we LISTEN (before an acquire whose refusal we may wait on), by
- * `deadline`. Called without lmu: one thread connects, others wait for it
- * on lcv no longer than their own deadline.
+ * Make sure the LISTEN thread runs (before an acquire whose refusal we may
+ * wait on). It connects on its own, so no call waits for that connect: a
+ * notification sent before its LISTEN is in place is covered by the
+ * wake-up of every waiter that follows each (re)connect.
  */
-static int listen_ensure(pg_backend *be, int64_t deadline)
+static int listen_ensure(pg_backend *be)
 {
+	int rc = 0;
 	pthread_mutex_lock(&be->lmu);
-	while (!be->lthread_on && be->lconnecting) {
-		int ms = poll_ms(deadline);
-		if (ms == 0) {
-			pthread_mutex_unlock(&be->lmu);
-			return timed_out("LISTEN", "waiting for another thread's connect");
-		}
-		struct timespec ts;
-		dlock__abstime(&ts, ms);
-		pthread_cond_timedwait(&be->lcv, &be->lmu, &ts);
-	}
-	if (be->lthread_on) {
-		pthread_mutex_unlock(&be->lmu);
-		return 0;
-	}
-	be->lconnecting = 1;
-	pthread_mutex_unlock(&be->lmu);
-	PGconn *c = NULL;
-	int rc = listen_connect(be, deadline, &c);
-	pthread_mutex_lock(&be->lmu);
-	be->lconnecting = 0;
-	if (rc == 0) {
-		be->lconn = c;
-		if (pthread_create(&be->lthread, NULL, listener, be) == 0) {
+	if (!be->lthread_on && !be->lstop) {
+		if (pthread_create(&be->lthread, NULL, listener, be) == 0)
 			be->lthread_on = 1;
-		} else {
-			drop_conn(&be->lconn, 0);
+		else
 			rc = dlock_error_set(DLOCK_ESTORE, KIND, NULL, "cannot start the LISTEN thread");
-		}
 	}
-	pthread_cond_broadcast(&be->lcv);
 	pthread_mutex_unlock(&be->lmu);
 	return rc;
 }
@@ -769,12 +747,12 @@ static mark *mark_find(pg_backend *be, const char *owner, int create)
  * acquire is sent: a release after the acquire's check notifies after this
  * point, so wait() sees it even if it arrived before wait() was called.
  */
-static void mark_before_try(pg_backend *be, const dlock_request *req, int64_t deadline)
+static void mark_before_try(pg_backend *be, const dlock_request *req)
 {
-	/* Without LISTEN (it failed in time) the waiter falls back to its timeout. */
+	/* Without a LISTEN thread the waiter falls back to its timeout. */
 	dlock__saved_error saved;
 	dlock__error_save(&saved);
-	int rc = listen_ensure(be, deadline);
+	int rc = listen_ensure(be);
 	dlock__error_restore(&saved);
 	if (rc)
 		return;
@@ -798,8 +776,8 @@ static int pg_wait(dlock_backend *base, dlock_request *req, int64_t timeout_ms)
 {
 	pg_backend *be = (pg_backend *)base;
 	int64_t end = dlock_clock_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
-	if (listen_ensure(be, end) != 0) {
-		/* No LISTEN connection: the core backs off by timeout alone. */
+	if (listen_ensure(be) != 0) {
+		/* No LISTEN thread: the core backs off by timeout alone. */
 		int64_t left = end - dlock_clock_ms();
 		dlock__sleep_ms(left < 0 ? 0 : left < 100 ? left : 100);
 		return 0;
@@ -836,7 +814,7 @@ static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	if (rc || (rc = main_conn(be, deadline, &c)))
 		return rc;
 	if (req->waiting)
-		mark_before_try(be, req, deadline);
+		mark_before_try(be, req);
 	char mode[4], permits[16], ttl[24], qttl[24], pid[16];
 	snprintf(mode, sizeof mode, "%d", req->mode == DLOCK_SHARED ? 1 : 0);
 	snprintf(permits, sizeof permits, "%u", req->permits ? req->permits : 1);
@@ -1262,7 +1240,7 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	unsigned permits = shared || !req->permits ? 1 : req->permits;
 	int64_t intent_key = adv_key(be->ns, req->name, "writer-intent");
 	if (req->waiting)
-		mark_before_try(be, req, deadline);
+		mark_before_try(be, req);
 
 	/*
 	 * Unknown outcomes: any statement that fails here may have taken a key
