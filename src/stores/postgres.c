@@ -1801,6 +1801,12 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 		pg_close(&be->base);
 		return rc;
 	}
+	/* Advisory: the first acquire takes the open's connection from the pool
+	 * (no second connect inside a short wait); status connects when asked. */
+	if (advisory && be->conn && PQtransactionStatus(be->conn) == PQTRANS_IDLE) {
+		be->pool[be->npool++] = be->conn;
+		be->conn = NULL;
+	}
 	*out = &be->base;
 	return 0;
 }
