@@ -358,14 +358,17 @@ static void test_lost_reply(void)
 	atomic_store(&probe_max_fence, 0);
 	dlock_lock *p = new_lock(pd, name, 5000);
 	CHECK_RC(dlock_release(c), 0);
-	pthread_t pt;
-	pthread_create(&pt, NULL, probe_main, p);
 	/* The server grants the proxied client; it never hears the answer. */
 	int seen = 0;
 	until = tu_now_ms() + 10000;
 	while (!(seen = held_by(d, name, dlock_store_client_id(a))) && tu_now_ms() < until)
 		usleep(2000);
 	CHECK(seen);
+	/* From here on another client probes all the time: the unanswered grant,
+	 * the retry that finds it, and the hold must keep it out. */
+	pthread_t pt;
+	pthread_create(&pt, NULL, probe_main, p);
+	usleep(300 * 1000); /* the proxied client retries, unanswered, meanwhile */
 	long long dropped = 0;
 	tu_proxy_stats(px, 0, NULL, NULL, NULL, NULL, &dropped);
 	net("pass", 0);
