@@ -588,6 +588,8 @@ typedef struct fault {
 	int member;             /* member index (member), -1 otherwise */
 	int64_t start_us, end_us;
 	int64_t heal_to_grant_us; /* -1: no grant after it */
+	int64_t split_us;       /* fault end -> end of the last store-at-fault overlap that began
+				 * between its start and the next fault's; -1: none */
 	long long dropped;      /* bytes the proxy discarded (partition, lose-reply), -1 n/a */
 	int ok;                 /* the fault was carried out */
 	char note[200];
@@ -1271,6 +1273,16 @@ static void analyse(results *r, const check_opts *o)
 		}
 		if (f->heal_to_grant_us < 0 && f->ok)
 			r->liveness_gap = true;
+		/* How long the store stayed split: a bounded window (the holder learns
+		 * of the fault at its next renewal) or for good (two worlds). */
+		int64_t until = k + 1 < r->nfaults ? r->faults[k + 1].start_us : INT64_MAX;
+		f->split_us = -1;
+		for (size_t i = 0; i < r->noverlaps; i++) {
+			const pair *p = &r->overlaps[i];
+			if (!p->explained && p->from_us >= f->start_us && p->from_us < until &&
+			    p->to_us - f->end_us > f->split_us)
+				f->split_us = p->to_us - f->end_us;
+		}
 		if (f->heal_to_grant_us > r->worst_heal_us)
 			r->worst_heal_us = f->heal_to_grant_us;
 	}
@@ -1305,9 +1317,12 @@ static void print_text(const check_opts *o, const char *shown, const results *r)
 	       r->nholds, (long long)r->reg.accepted, (long long)r->reg.rejected, reads_refused, r->errors, r->nfaults);
 	for (size_t k = 0; k < r->nfaults; k++) {
 		const fault *f = &r->faults[k];
-		char heal[32] = "no grant after it";
+		char heal[96] = "no grant after it";
 		if (f->heal_to_grant_us >= 0)
 			snprintf(heal, sizeof heal, "next grant %.0fms later", ms(f->heal_to_grant_us));
+		if (f->split_us >= 0)
+			snprintf(heal + strlen(heal), sizeof heal - strlen(heal), ", OVERLAPS until %.0fms after",
+				 ms(f->split_us));
 		char target[32] = "server";
 		if (f->slot >= 0)
 			snprintf(target, sizeof target, "worker %d", f->slot);
@@ -1381,9 +1396,10 @@ static void print_json(FILE *f, const check_opts *o, const char *shown, const re
 	for (size_t k = 0; k < r->nfaults; k++) {
 		const fault *x = &r->faults[k];
 		fprintf(f, "%s{\"kind\":\"%s\",\"worker\":%d,\"member\":%d,\"start_ms\":%.1f,\"end_ms\":%.1f,"
-			   "\"ok\":%s,\"heal_to_grant_ms\":%.1f,\"dropped_bytes\":%lld,\"note\":",
+			   "\"ok\":%s,\"heal_to_grant_ms\":%.1f,\"split_ms\":%.1f,\"dropped_bytes\":%lld,\"note\":",
 			k ? "," : "", fault_name(x->kind), x->slot, x->member, ms(x->start_us), ms(x->end_us),
-			x->ok ? "true" : "false", x->heal_to_grant_us < 0 ? -1.0 : ms(x->heal_to_grant_us), x->dropped);
+			x->ok ? "true" : "false", x->heal_to_grant_us < 0 ? -1.0 : ms(x->heal_to_grant_us),
+			x->split_us < 0 ? -1.0 : ms(x->split_us), x->dropped);
 		cli_json_str(f, x->note);
 		fputc('}', f);
 	}
