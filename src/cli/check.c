@@ -903,7 +903,9 @@ out:
 
 /* ---- the server's processes (server-pause) ------------------------------------ */
 
-/* Whether the server script has a `WORD)` case: what it offers. */
+/* Whether the server script offers the command WORD: a `WORD)` case, or
+ * WORD in the a|b|c list of its usage comment (redlock.sh hands its commands
+ * on to redis.sh). */
 static bool script_offers(const char *script, const char *word)
 {
 	FILE *f = fopen(script, "r");
@@ -914,7 +916,15 @@ static bool script_offers(const char *script, const char *word)
 	bool found = false;
 	while (!found && fgets(line, sizeof line, f)) {
 		const char *q = line + strspn(line, " \t");
-		found = strncmp(q, word, wl) == 0 && q[wl] == ')';
+		if (strncmp(q, word, wl) == 0 && q[wl] == ')') {
+			found = true;
+		} else if (*q == '#') {
+			for (const char *w = strstr(q, word); w && !found; w = strstr(w + 1, word)) {
+				char before = w[-1], after = w[wl];
+				found = (before == '|' && (after == '|' || after == ' ')) ||
+					(before == ' ' && after == '|');
+			}
+		}
 	}
 	fclose(f);
 	return found;

@@ -12,7 +12,8 @@
 # partition, lose-reply, delay and server-pause on every network store;
 # restart on MySQL and Redis; member on the ensembles; member-restart on
 # Redlock (masters without persistence, holds of 1.5 × TTL so that one hold
-# spans several restarts); failover on Redis + Sentinel.
+# spans several restarts, and runs 3 × as long: one rolling restart of 5
+# masters takes about 10 s); failover on Redis + Sentinel.
 # Env: CHECK_DURATION (default 10s), CHECK_TTL (1s), CHECK_HOLD (100ms), CHECK_SEED (42).
 set -u
 DLOCK=${1:?usage: check_matrix.sh PATH/TO/dlock [STORE...]}
@@ -77,9 +78,10 @@ for store in "${stores[@]}"; do
 	for fault in $faults; do
 		for fencing in on off; do
 			out=$T/$store-$fault-$fencing.json
-			h=$hold label=$fault
+			h=$hold label=$fault d=$dur
 			if [ "$fault" = member-restart ]; then
-				h=$(( $(to_ms "$ttl") * 3 / 2 ))ms label="member-restart (hold $h)"
+				# one sweep of 5 masters takes ~10 s (redis.sh kill waits ~1 s for the pid to go)
+				h=$(( $(to_ms "$ttl") * 3 / 2 ))ms d=$(( $(to_ms "$dur") * 3 ))ms label="member-restart (hold $h, $d)"
 			fi
 			if [ "$fresh" = 1 ] && [ "$runs" -gt 0 ]; then
 				bash "$script" stop "$dir" >/dev/null 2>&1
@@ -90,7 +92,7 @@ for store in "${stores[@]}"; do
 				uri=$(cat "$dir/uri")
 			fi
 			echo "  $store $fault fencing $fencing" >&2
-			"$DLOCK" --store "$uri" --json check --clients 3 --duration "$dur" --ttl "$ttl" --hold "$h" \
+			"$DLOCK" --store "$uri" --json check --clients 3 --duration "$d" --ttl "$ttl" --hold "$h" \
 				--faults "$fault" --fencing "$fencing" --seed "$seed" "${extra[@]}" >"$out" 2>"$out.err"
 			rc=$?
 			runs=$((runs + 1))
