@@ -558,9 +558,10 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 				  inc, seq, (long long)now_us(), ok, fence, (long long)nv, hb);
 		}
 		atomic_store(&c->sh->holding[slot], 0);
-		int64_t t_rel = now_us();
-		rc = dlock_release(lock);
-		logf_line(c->log_fd, "R %d %d %lld %lld %d\n", slot, inc, seq, (long long)t_rel, rc);
+		/* Logged before the call: the work is done here, and a release that
+		 * hangs (a black hole) must not make the hold look longer. */
+		logf_line(c->log_fd, "R %d %d %lld %lld 0\n", slot, inc, seq, (long long)now_us());
+		dlock_release(lock);
 		/* A short think time, so that the releasing worker does not always win again. */
 		sleep_ms((int64_t)rnd_below(&rs, (uint64_t)(o->hold_ms / 2 + 1)));
 	}
@@ -1100,6 +1101,7 @@ typedef struct results {
 	size_t nfaults;
 	fault *faults;
 	int64_t worst_heal_us;
+	size_t stuck;           /* workers still in a call ttl+hold+10s after the end: killed */
 	bool liveness_gap;      /* a fault was followed by no grant at all */
 	bool pass;
 } results;
@@ -1361,6 +1363,8 @@ static void print_text(const check_opts *o, const char *shown, const results *r)
 	printf("  %-40s %8zu%s\n", "stale writes accepted", r->stale_writes,
 	       r->stale_writes ? "  VIOLATED" : "");
 	printf("  %-40s %8.0f\n", "worst fault end -> next grant (ms)", ms(r->worst_heal_us));
+	if (r->stuck)
+		printf("  %-40s %8zu\n", "workers stuck in a call at the end", r->stuck);
 	size_t shown_n = 0;
 	char a[160], b[160];
 	for (size_t i = 0; i < r->noverlaps && shown_n < MAX_SHOWN; i++) {
@@ -1404,13 +1408,13 @@ static void print_json(FILE *f, const check_opts *o, const char *shown, const re
 		"\"seed\":%" PRIu64 ",\"grants\":%zu,\"writes\":{\"accepted\":%lld,\"refused\":%lld,"
 		"\"stale_accepted\":%zu},\"final_value\":%lld,\"errors\":%zu,"
 		"\"overlaps\":%zu,\"overlaps_after_pause\":%zu,\"fence_order_violations\":%zu,"
-		"\"lost_updates\":%lld,\"stale_writes_accepted\":%zu,\"worst_heal_to_grant_ms\":%.1f,"
+		"\"lost_updates\":%lld,\"stale_writes_accepted\":%zu,\"worst_heal_to_grant_ms\":%.1f,\"workers_stuck\":%zu,"
 		"\"faults\":[",
 		o->clients, ms(r->end_us), (long long)o->ttl_ms, (long long)o->hold_ms,
 		o->fencing ? "true" : "false", o->seed, r->nholds, (long long)r->reg.accepted,
 		(long long)r->reg.rejected, r->stale_writes, (long long)r->reg.value, r->errors,
 		r->unexplained, r->noverlaps - r->unexplained, r->nfence_bad, (long long)r->lost_updates,
-		r->stale_writes, ms(r->worst_heal_us));
+		r->stale_writes, ms(r->worst_heal_us), r->stuck);
 	for (size_t k = 0; k < r->nfaults; k++) {
 		const fault *x = &r->faults[k];
 		fprintf(f, "%s{\"kind\":\"%s\",\"worker\":%d,\"member\":%d,\"start_ms\":%.1f,\"end_ms\":%.1f,"
@@ -1990,6 +1994,7 @@ int cli_check(cli_global *g, int argc, char **argv)
 	}
 	/* Workers finish their hold and leave; one stuck past ttl+hold+10s is killed. */
 	int64_t give_up = now_us() + (2 * o.ttl_ms + o.hold_ms + 10000) * 1000;
+	size_t stuck = 0;
 	for (;;) {
 		reap(&c, pids, incs, false);
 		bool any = false;
@@ -2000,8 +2005,9 @@ int cli_check(cli_global *g, int argc, char **argv)
 		if (now_us() > give_up) {
 			for (unsigned i = 0; i < o.clients; i++)
 				if (pids[i] > 0) {
-					cli_error(g, "worker %u did not stop; killing it", i);
+					cli_error(g, "worker %u did not stop (a call into the store hangs?); killing it", i);
 					kill(pids[i], SIGKILL);
+					stuck++;
 				}
 			give_up = INT64_MAX;
 		}
@@ -2015,6 +2021,7 @@ int cli_check(cli_global *g, int argc, char **argv)
 
 	results r = { 0 };
 	r.end_us = end_us;
+	r.stuck = stuck;
 	r.faults = faults;
 	r.nfaults = nfaults;
 	int fd = open(c.reg_path, O_RDONLY | O_CLOEXEC);

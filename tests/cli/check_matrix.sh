@@ -50,8 +50,8 @@ start() {
 }
 
 net="partition lose-reply delay server-pause"
-echo "| store | fault | fencing | grants | overlaps (store at fault) | overlaps after pause | stale writes accepted | lost updates | fences out of order | worst fault end → next grant (ms) | longest overlap after a fault's end (ms) | exit |"
-echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| store | fault | fencing | grants | overlaps (store at fault) | overlaps after pause | stale writes accepted | lost updates | fences out of order | worst fault end → next grant (ms) | longest overlap after a fault's end (ms) | workers stuck at the end | exit |"
+echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for store in "${stores[@]}"; do
 	script= n= fresh=0 runs=0
 	case $store in
@@ -69,7 +69,7 @@ for store in "${stores[@]}"; do
 	if [ -n "$script" ]; then
 		echo "starting $store" >&2
 		if ! start "$script" "$dir" $n; then
-			echo "| $store | — | — | server failed to start | | | | | | | | |"
+			echo "| $store | — | — | server failed to start | | | | | | | | | |"
 			continue
 		fi
 		uri=$(cat "$dir/uri")
@@ -86,7 +86,7 @@ for store in "${stores[@]}"; do
 			if [ "$fresh" = 1 ] && [ "$runs" -gt 0 ]; then
 				bash "$script" stop "$dir" >/dev/null 2>&1
 				if ! start "$script" "$dir"; then
-					echo "| $store | $label | $fencing | server failed to start | | | | | | | | |"
+					echo "| $store | $label | $fencing | server failed to start | | | | | | | | | |"
 					continue
 				fi
 				uri=$(cat "$dir/uri")
@@ -97,11 +97,11 @@ for store in "${stores[@]}"; do
 			rc=$?
 			runs=$((runs + 1))
 			if [ ! -s "$out" ]; then
-				echo "| $store | $label | $fencing | error: $(head -c 200 "$out.err" | tr '\n|' '  ') | | | | | | | | $rc |"
+				echo "| $store | $label | $fencing | error: $(head -c 200 "$out.err" | tr '\n|' '  ') | | | | | | | | | $rc |"
 				continue
 			fi
 			nf=$(grep -o "\"kind\":\"$fault\",[^}]*\"ok\":true" "$out" | wc -l)
-			echo "| $store | ${label/$fault/$fault ×$nf} | $fencing | $(field grants "$out") | $(field overlaps "$out") | $(field overlaps_after_pause "$out") | $(field stale_writes_accepted "$out") | $(field lost_updates "$out") | $(field fence_order_violations "$out") | $(field worst_heal_to_grant_ms "$out") | $(worst split_ms "$out") | $rc |"
+			echo "| $store | ${label/$fault/$fault ×$nf} | $fencing | $(field grants "$out") | $(field overlaps "$out") | $(field overlaps_after_pause "$out") | $(field stale_writes_accepted "$out") | $(field lost_updates "$out") | $(field fence_order_violations "$out") | $(field worst_heal_to_grant_ms "$out") | $(worst split_ms "$out") | $(field workers_stuck "$out") | $rc |"
 		done
 	done
 	if [ -n "$script" ]; then
