@@ -25,7 +25,7 @@ fvals() { grep -o "\"$1\":[0-9.-]*" | cut -d: -f2; }
 
 if [ -n "${DLOCK_STORE:-}" ]; then
 	servers=$(cd "$(dirname "$0")/../servers" && pwd)
-	N=(--json check --clients 3 --ttl 500ms --hold 50ms --duration 4s --fault-every 1s)
+	N=(--json check --clients 3 --ttl 500ms --hold 50ms --duration 5s --fault-every 1s)
 	# nbg NAME ARGS...: dlock check on $DLOCK_STORE in the background (own lock name each).
 	nbg() {
 		local n=$1; shift
@@ -36,7 +36,7 @@ if [ -n "${DLOCK_STORE:-}" ]; then
 	nbg delay --faults delay --delay 150ms --seed 3
 	rs=$T/redis-own
 	if bash "$servers/redis.sh" start "$rs" >"$T/rs.log" 2>&1; then
-		( "$DLOCK" --store "$(cat "$rs/uri")" "${N[@]}" --faults server-pause --pause 1s --seed 4 \
+		( "$DLOCK" --store "$(cat "$rs/uri")" "${N[@]}" --faults server-pause --pause 700ms --seed 4 \
 			--server-script "$servers/redis.sh" --server-dir "$rs" >"$T/spause.out" 2>"$T/spause.err"
 		  echo $? >"$T/spause.rc" ) &
 	else
@@ -67,7 +67,7 @@ if [ -n "${DLOCK_STORE:-}" ]; then
 	d=$(faults_of lose-reply "$T/lose.out" | fvals dropped_bytes | awk '{ s += $1 } END { print s + 0 }')
 	check "lose-reply: replies discarded ($d)" [ "$d" -gt 0 ]
 	check "delay: 150ms each way" grep -q '"note":"150ms each way' "$T/delay.out"
-	check "server-pause: the server was stopped" grep -q '"note":"1 server process stopped for 1000ms"' "$T/spause.out"
+	check "server-pause: the server was stopped" grep -q '"note":"1 server process stopped for 700ms"' "$T/spause.out"
 	finish
 fi
 
