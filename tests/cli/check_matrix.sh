@@ -33,6 +33,13 @@ trap cleanup EXIT
 
 # field KEY FILE: first value of "KEY": in FILE.
 field() { grep -o "\"$1\":\"\?[^,\"}]*" "$2" | head -1 | sed 's/^"[^"]*":"\{0,1\}//'; }
+# heal FAULT FILE: the worst time from that fault's end to the next grant over
+# the faults carried out; "no grant after one" when a fault had none.
+heal() {
+	grep -o "\"kind\":\"$1\",[^}]*\"ok\":true,\"heal_to_grant_ms\":[0-9.-]*" "$2" | sed 's/.*://' |
+		awk 'BEGIN { m = 0; none = 0; n = 0 } { n++; if ($1 < 0) none = 1; else if ($1 > m) m = $1 }
+		     END { if (n == 0) print "—"; else if (none) print "no grant after one"; else print m }'
+}
 # worst KEY FILE: the largest value of KEY over the faults in FILE ("—" when none is >= 0).
 worst() { grep -o "\"$1\":[0-9.-]*" "$2" | cut -d: -f2 | awk 'BEGIN { m = -1 } $1 > m { m = $1 } END { if (m < 0) print "—"; else print m }'; }
 
@@ -101,7 +108,7 @@ for store in "${stores[@]}"; do
 				continue
 			fi
 			nf=$(grep -o "\"kind\":\"$fault\",[^}]*\"ok\":true" "$out" | wc -l)
-			echo "| $store | ${label/$fault/$fault ×$nf} | $fencing | $(field grants "$out") | $(field overlaps "$out") | $(field overlaps_after_pause "$out") | $(field stale_writes_accepted "$out") | $(field lost_updates "$out") | $(field fence_order_violations "$out") | $(field worst_heal_to_grant_ms "$out") | $(worst split_ms "$out") | $(field workers_stuck "$out") | $rc |"
+			echo "| $store | ${label/$fault/$fault ×$nf} | $fencing | $(field grants "$out") | $(field overlaps "$out") | $(field overlaps_after_pause "$out") | $(field stale_writes_accepted "$out") | $(field lost_updates "$out") | $(field fence_order_violations "$out") | $(heal "$fault" "$out") | $(worst split_ms "$out") | $(field workers_stuck "$out") | $rc |"
 		done
 	done
 	if [ -n "$script" ]; then
