@@ -134,14 +134,18 @@ static int arm(mc_backend *be, const char *what)
 	return 0;
 }
 
-/* The deadline of an acquire try. The core's last try of a wait comes when the
- * wait is already over: it still gets MIN_TRY_MS, or it could never tell
- * "held" (DLOCK_ETIMEOUT) from "unreachable". */
-#define MIN_TRY_MS 25
-static int64_t try_deadline(int64_t deadline)
+/*
+ * The deadline of an acquire try. Two kinds come without time (deadline =
+ * now): a try-once (wait 0; the core cuts its deadline to start + wait) gets
+ * one request timeout rather than fail unsent; the last try of a wait that
+ * has run out gets 0: send nothing, "not acquired" (nothing was applied).
+ */
+static int64_t try_deadline(const mc_backend *be, const dlock_request *req)
 {
-	int64_t floor = dlock_clock_ms() + MIN_TRY_MS;
-	return deadline > floor ? deadline : floor;
+	int64_t now = dlock_clock_ms();
+	if (req->deadline_ms > now)
+		return req->deadline_ms;
+	return req->waiting ? 0 : now + be->request_timeout_ms;
 }
 
 /* memcached_fetch_result with the time left; NULL and MEMCACHED_TIMEOUT when none is. */
@@ -451,6 +455,25 @@ static int set_lease(mc_backend *be, const char *lk, int64_t ttl_ms)
 	return rc == MEMCACHED_SUCCESS ? 0 : mc_error(be, rc, "set lease");
 }
 
+/* Refresh our own lease key if it still exists (see mc_renew); *gone = 1 if not. */
+static int refresh_lease(mc_backend *be, const char *lk, int64_t ttl_ms, int *gone)
+{
+	char v[64];
+	int n = snprintf(v, sizeof v, "%" PRId64 " %" PRId64, dlock_wall_ms(), ttl_ms);
+	*gone = 0;
+	int err = arm(be, "replace lease");
+	if (err)
+		return err;
+	memcached_return_t rc = memcached_replace(be->mc, lk, strlen(lk), v, (size_t)n, lease_s(ttl_ms), 0);
+	if (rc == MEMCACHED_SUCCESS)
+		return 0;
+	if (rc == MEMCACHED_NOTSTORED || rc == MEMCACHED_NOTFOUND) {
+		*gone = 1;
+		return 0;
+	}
+	return mc_error(be, rc, "replace lease");
+}
+
 /*
  * The next fence: incr K/f, creating it on first use. It starts at the
  * client's wall clock in microseconds rather than 1, so that a counter lost
@@ -533,7 +556,10 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 {
 	mc_backend *be = (mc_backend *)base;
 	char k[MAX_ENCODED + 64], lk[320];
-	be->deadline = try_deadline(req->deadline_ms);
+	be->deadline = try_deadline(be, req);
+	if (!be->deadline)
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
+				       req->name);
 	be->dropped = 0;
 	base_key(be, req->name, k, sizeof k);
 	lease_key(k, req->owner, lk, sizeof lk);
@@ -551,10 +577,18 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 		}
 		entry *h = find(&l, req->owner, 'H');
 		if (h) {
-			/* Already ours (a retried request): keep the grant, refresh the lease. */
-			*fence = h->fence;
+			/* Already ours (a try whose reply was lost): keep that grant and
+			 * refresh its lease, unless the lease ended since we read it (a
+			 * set would revive a hold someone may have pruned): read again. */
+			uint64_t f = h->fence;
+			int gone = 0;
 			list_free(&l);
-			return set_lease(be, lk, req->ttl_ms);
+			if ((rc = refresh_lease(be, lk, req->ttl_ms, &gone)) != 0)
+				return rc;
+			if (gone)
+				continue;
+			*fence = f;
+			return 0;
 		}
 		if (may_grant(&l, req)) {
 			entry *q = find(&l, req->owner, 'Q');
@@ -709,77 +743,28 @@ static int mc_cancel(dlock_backend *base, dlock_request *req)
 }
 
 /*
- * Renew = gets + cas of each hold's own lease key. cas fails with NOT_FOUND
- * once the key expired, so a lease that ended can never be revived, and
- * nothing but the owner ever writes that key.
+ * Renew = replace of each hold's own lease key: one round trip, and replace
+ * stores only if the key is still there (NOT_STORED once it expired), so a
+ * lease that ended can never be revived; nothing but the owner ever writes
+ * that key. One round trip matters: a renewal must come back well inside
+ * the lease even on a slow link.
  */
 static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
 {
 	mc_backend *be = (mc_backend *)base;
 	if (n == 0)
 		return 0;
-	char (*names)[320] = calloc(n, sizeof *names);
-	const char **keys = calloc(n, sizeof *keys);
-	size_t *lens = calloc(n, sizeof *lens);
-	uint64_t *cas = calloc(n, sizeof *cas);
-	int err = 0;
-	if (!names || !keys || !lens || !cas) {
-		err = dlock__oom();
-		goto out;
-	}
-	for (size_t i = 0; i < n; i++) {
-		char k[MAX_ENCODED + 64];
-		base_key(be, reqs[i]->name, k, sizeof k);
-		lease_key(k, reqs[i]->owner, names[i], sizeof names[i]);
-		keys[i] = names[i];
-		lens[i] = strlen(names[i]);
-		results[i] = DLOCK_ENOTHELD;
-	}
 	be->deadline = reqs[0]->deadline_ms;
-	if ((err = arm(be, "gets leases")))
-		goto out;
-	memcached_return_t rc = memcached_mget(be->mc, keys, lens, n);
-	if (rc != MEMCACHED_SUCCESS) {
-		err = mc_error(be, rc, "gets leases");
-		goto out;
-	}
-	memcached_result_st *res;
-	while ((res = fetch(be, &rc))) {
-		const char *key = memcached_result_key_value(res);
-		size_t kl = memcached_result_key_length(res);
-		for (size_t i = 0; i < n; i++)
-			if (lens[i] == kl && memcmp(names[i], key, kl) == 0) {
-				cas[i] = memcached_result_cas(res);
-				results[i] = 1; /* present */
-			}
-		memcached_result_free(res);
-	}
-	if (rc != MEMCACHED_END && rc != MEMCACHED_SUCCESS && rc != MEMCACHED_NOTFOUND) {
-		err = mc_error(be, rc, "gets leases");
-		goto out;
-	}
 	for (size_t i = 0; i < n; i++) {
-		if (results[i] != 1)
-			continue;
-		char v[64];
-		int vl = snprintf(v, sizeof v, "%" PRId64 " %" PRId64, dlock_wall_ms(), reqs[i]->ttl_ms);
-		if ((results[i] = arm(be, "cas lease")) != 0)
-			continue;
-		rc = memcached_cas(be->mc, keys[i], lens[i], v, (size_t)vl, lease_s(reqs[i]->ttl_ms), 0,
-				   cas[i]);
-		if (rc == MEMCACHED_SUCCESS)
-			results[i] = 0;
-		else if (rc == MEMCACHED_NOTFOUND || rc == MEMCACHED_DATA_EXISTS)
+		char k[MAX_ENCODED + 64], lk[320];
+		base_key(be, reqs[i]->name, k, sizeof k);
+		lease_key(k, reqs[i]->owner, lk, sizeof lk);
+		int gone = 0;
+		results[i] = refresh_lease(be, lk, reqs[i]->ttl_ms, &gone);
+		if (results[i] == 0 && gone)
 			results[i] = DLOCK_ENOTHELD;
-		else
-			results[i] = mc_error(be, rc, "cas lease");
 	}
-out:
-	free(names);
-	free(keys);
-	free(lens);
-	free(cas);
-	return err;
+	return 0;
 }
 
 static int mc_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)

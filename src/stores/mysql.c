@@ -655,16 +655,23 @@ static long long us(int64_t ms)
 }
 
 /*
- * The deadline of an acquire try. The core's last try of a wait comes when
- * the wait is already over (deadline = now): it still gets MIN_TRY_MS, or it
- * could never tell "held" (DLOCK_ETIMEOUT) from "unreachable", and would cost
- * a connection each time. acquire's own bound is its wait plus a small slack.
+ * The deadline of an acquire try. Two kinds come without time (deadline =
+ * now): a try-once (wait 0; the core cuts its deadline to start + wait) gets
+ * one request timeout rather than fail unsent; the last try of a wait that
+ * has run out gets 0: send nothing, "not acquired" (nothing was applied).
  */
-#define MIN_TRY_MS 25
-static int64_t call_deadline(int64_t deadline)
+static int64_t try_deadline(const mysql_be *b, const dlock_request *req)
 {
-	int64_t floor = dlock_clock_ms() + MIN_TRY_MS;
-	return deadline > floor ? deadline : floor;
+	int64_t now = dlock_clock_ms();
+	if (req->deadline_ms > now)
+		return req->deadline_ms;
+	return req->waiting ? 0 : now + b->request_timeout_ms;
+}
+
+static int too_late(const dlock_request *req)
+{
+	return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
+			       req->name);
 }
 
 /* ================= mode=table ================= */
@@ -758,7 +765,12 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	sb_add(&s, ");COMMIT;SELECT @dl_ok, @dl_f, @dl_left");
 
 	MYSQL_RES *res;
-	int rc = run(b, &s, &res, "acquire", 1, call_deadline(req->deadline_ms));
+	int64_t deadline = try_deadline(b, req);
+	if (!deadline) {
+		free(s.p);
+		return too_late(req);
+	}
+	int rc = run(b, &s, &res, "acquire", 1, deadline);
 	free(s.p);
 	if (rc)
 		return rc;
@@ -984,6 +996,43 @@ static void sb_touch(sbuf *s, const mysql_be *b, const gl_hold *h, const dlock_r
 	sb_add(s, ";SELECT @dl_ok");
 }
 
+/*
+ * The statements after "SET @dl_got = GET_LOCK(...)" (1 when this session now
+ * holds the key): count the fence and write the holder record if got, and
+ * keep the waiter record. Ends with the transaction open: the caller adds
+ * COMMIT and its SELECT. nm: the name as a hex literal.
+ */
+static void sb_grant(sbuf *s, const mysql_be *b, const dlock_request *req, const char *nm, int waiting)
+{
+	/* The fence is counted while the lock is already ours, so fences grow in
+	 * grant order. The holder row is a record for status; older rows of this
+	 * name are of sessions that no longer hold it (we do). */
+	sb_add(s, "START TRANSACTION;"
+		  "INSERT INTO dlock_lock (ns, name, fence) SELECT %s, %s, LAST_INSERT_ID(1) FROM DUAL "
+		  "WHERE @dl_got = 1 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(dlock_lock.fence + 1);"
+		  "SET @dl_f = IF(@dl_got = 1, LAST_INSERT_ID(), 0);"
+		  "DELETE FROM dlock_holder WHERE @dl_got = 1 AND ns = %s AND name = %s AND conn_id <> 0;"
+		  "INSERT INTO dlock_holder (ns, name, owner, mode, permits, fence, expires, host, pid, conn_id) "
+		  "SELECT %s, %s, ",
+	       b->ns_hex, nm, b->ns_hex, nm, b->ns_hex, nm);
+	sb_hex(s, req->owner);
+	sb_add(s, ", 0, 1, @dl_f, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND, ", us(req->ttl_ms));
+	sb_hex(s, req->host ? req->host : "");
+	sb_add(s, ", %d, CONNECTION_ID() FROM DUAL WHERE @dl_got = 1;", req->pid);
+	/* A waiter is a record for status (the queue itself is the server's
+	 * GET_LOCK wait): refused and waiting, register or refresh; granted, leave. */
+	sb_add(s, "DELETE FROM dlock_waiter WHERE @dl_got = 1 AND ns = %s AND name = %s AND owner = ", b->ns_hex, nm);
+	sb_hex(s, req->owner);
+	sb_add(s, ";");
+	if (waiting) {
+		sb_add(s, "INSERT INTO dlock_waiter (ns, name, owner, mode, expires) SELECT %s, %s, ", b->ns_hex, nm);
+		sb_hex(s, req->owner);
+		sb_add(s, ", 0, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND FROM DUAL WHERE @dl_got <> 1 "
+			  "ON DUPLICATE KEY UPDATE expires = VALUES(expires);",
+		       us(req->queue_ttl_ms > 0 ? req->queue_ttl_ms : DLOCK__QUEUE_TTL_MS));
+	}
+}
+
 static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	mysql_be *b = (mysql_be *)be;
@@ -1012,24 +1061,10 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 		return rc;
 	sb_add(&s, "SET SESSION wait_timeout = %ld;SET @dl_k = ", wait_timeout_s(req->ttl_ms));
 	sb_key(&s, b, nm.p);
-	/* The fence is counted while the lock is already ours, so fences grow in
-	 * grant order. The holder row is a record for status; older rows of this
-	 * name are of sessions that no longer hold it (we do). */
 	/* GET_LOCK nests: a session that already holds the key (from g_wait) must not take it twice. */
-	sb_add(&s, ";SET @dl_got = IF(IS_USED_LOCK(@dl_k) <=> CONNECTION_ID(), 1, GET_LOCK(@dl_k, 0));"
-		   "START TRANSACTION;"
-		   "INSERT INTO dlock_lock (ns, name, fence) SELECT %s, %s, LAST_INSERT_ID(1) FROM DUAL "
-		   "WHERE @dl_got = 1 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(dlock_lock.fence + 1);"
-		   "SET @dl_f = IF(@dl_got = 1, LAST_INSERT_ID(), 0);"
-		   "DELETE FROM dlock_holder WHERE @dl_got = 1 AND ns = %s AND name = %s AND conn_id <> 0;"
-		   "INSERT INTO dlock_holder (ns, name, owner, mode, permits, fence, expires, host, pid, conn_id) "
-		   "SELECT %s, %s, ",
-	       b->ns_hex, nm.p, b->ns_hex, nm.p, b->ns_hex, nm.p);
-	sb_hex(&s, req->owner);
-	sb_add(&s, ", 0, 1, @dl_f, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND, ", us(req->ttl_ms));
-	sb_hex(&s, req->host ? req->host : "");
-	sb_add(&s, ", %d, CONNECTION_ID() FROM DUAL WHERE @dl_got = 1;COMMIT;"
-		   "SELECT @dl_got, @dl_f, HEX(@dl_k), CONNECTION_ID()", req->pid);
+	sb_add(&s, ";SET @dl_got = IF(IS_USED_LOCK(@dl_k) <=> CONNECTION_ID(), 1, GET_LOCK(@dl_k, 0));");
+	sb_grant(&s, b, req, nm.p, req->waiting);
+	sb_add(&s, "COMMIT;SELECT @dl_got, @dl_f, HEX(@dl_k), CONNECTION_ID()");
 	free(nm.p);
 	if ((rc = sb_check(&s)) != 0) {
 		if (waited)
@@ -1038,13 +1073,23 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	}
 	MYSQL *c = NULL;
 	MYSQL_RES *res = NULL;
-	int64_t deadline = call_deadline(req->deadline_ms);
+	/* A grant g_wait got at the very end of the wait is completed all the same
+	 * (one batch on its open connection), within the acquire slack. */
+	int64_t deadline = try_deadline(b, req);
+	if (!deadline && waited)
+		deadline = dlock_clock_ms() + 50;
+	if (!deadline) {
+		free(s.p);
+		return too_late(req);
+	}
 	for (int attempt = 0; attempt < 2; attempt++) {
-		int pooled = !waited && b->npool > 0;
+		int pooled = !waited && (b->npool > 0 || b->conn);
 		if (waited)
 			c = waited, waited = NULL;
-		else if (pooled)
+		else if (b->npool > 0)
 			c = b->pool[--b->npool];
+		else if (b->conn) /* the open's session: status reconnects when it needs one */
+			c = b->conn, b->conn = NULL;
 		else if ((rc = conn_open(b, &c, deadline)) != 0)
 			break;
 		rc = exec(b, c, s.p, s.len, &res, "GET_LOCK", deadline);
@@ -1127,7 +1172,11 @@ static int g_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 		/* If ever nobody completes the grant, the server frees it after a lease. */
 		sb_add(&s, "SET SESSION wait_timeout = %ld;SET @dl_k = ", wait_timeout_s(req->ttl_ms));
 		sb_key(&s, b, nm.p);
-		sb_add(&s, ";SELECT GET_LOCK(@dl_k, %.3f), HEX(@dl_k)", (double)server_ms / 1000.0);
+		/* A grant is recorded (fence, holder record) in the same batch, so that
+		 * a grant whose reply is lost is seen in status like any other. */
+		sb_add(&s, ";SET @dl_got = GET_LOCK(@dl_k, %.3f);", (double)server_ms / 1000.0);
+		sb_grant(&s, b, req, nm.p, 0);
+		sb_add(&s, "COMMIT;SELECT @dl_got, HEX(@dl_k)");
 	}
 	free(nm.p);
 	MYSQL_RES *res = NULL;
@@ -1211,6 +1260,33 @@ static int g_release(dlock_backend *be, dlock_request *req)
 	hold_free(b, h, ok);
 	return ok ? 0 : dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s' was no longer held by our connection",
 					req->name);
+}
+
+/* Leave the waiters' record (status) of a wait that ended without a grant. */
+static int g_cancel(dlock_backend *be, dlock_request *req)
+{
+	mysql_be *b = (mysql_be *)be;
+	MYSQL *c = NULL;
+	if (b->npool > 0)
+		c = b->pool[--b->npool];
+	else if (b->conn)
+		c = b->conn, b->conn = NULL;
+	else
+		return 0; /* no session at hand: the record expires by itself (queue_ttl_ms) */
+	sbuf s = { 0 };
+	sb_add(&s, "DELETE FROM dlock_waiter WHERE ");
+	where_name(&s, b, req->name);
+	sb_add(&s, " AND owner = ");
+	sb_hex(&s, req->owner);
+	int rc = sb_check(&s);
+	if (rc == 0)
+		rc = exec(b, c, s.p, s.len, NULL, "cancel", req->deadline_ms);
+	free(s.p);
+	if (rc)
+		mysql_close(c);
+	else
+		pool_put(b, c);
+	return rc;
 }
 
 static int g_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
@@ -1576,6 +1652,7 @@ int dlock__mysql_open(dlock_backend **out, dlock_uri *uri)
 			b->base.release = g_release;
 			b->base.extend = g_extend;
 			b->base.renew = g_renew;
+			b->base.cancel = g_cancel;
 			b->base.status = be_status;
 		}
 		rc = conn_open(b, &b->conn, deadline);
