@@ -139,13 +139,20 @@ static int arm(mc_backend *be, const char *what)
  * now): a try-once (wait 0; the core cuts its deadline to start + wait) gets
  * one request timeout rather than fail unsent; the last try of a wait that
  * has run out gets 0: send nothing, "not acquired" (nothing was applied).
+ * So does a waiting try left with less than LAST_TRY_MIN_MS (or half of
+ * timeout=): it would only time out, and turn the caller's "not acquired in
+ * time" into "unavailable".
  */
+#define LAST_TRY_MIN_MS 50
 static int64_t try_deadline(const mc_backend *be, const dlock_request *req)
 {
 	int64_t now = dlock_clock_ms();
-	if (req->deadline_ms > now)
-		return req->deadline_ms;
-	return req->waiting ? 0 : now + be->request_timeout_ms;
+	if (!req->waiting && req->deadline_ms <= now)
+		return now + be->request_timeout_ms;
+	int64_t least = be->request_timeout_ms / 2 < LAST_TRY_MIN_MS ? be->request_timeout_ms / 2 : LAST_TRY_MIN_MS;
+	if (req->waiting && req->deadline_ms - now < least)
+		return 0;
+	return req->deadline_ms;
 }
 
 /* memcached_fetch_result with the time left; NULL and MEMCACHED_TIMEOUT when none is. */

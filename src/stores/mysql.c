@@ -659,13 +659,20 @@ static long long us(int64_t ms)
  * now): a try-once (wait 0; the core cuts its deadline to start + wait) gets
  * one request timeout rather than fail unsent; the last try of a wait that
  * has run out gets 0: send nothing, "not acquired" (nothing was applied).
+ * So does a waiting try left with less than LAST_TRY_MIN_MS (or half of
+ * timeout=): it would only time out, and turn the caller's "not acquired in
+ * time" into "unavailable".
  */
+#define LAST_TRY_MIN_MS 50
 static int64_t try_deadline(const mysql_be *b, const dlock_request *req)
 {
 	int64_t now = dlock_clock_ms();
-	if (req->deadline_ms > now)
-		return req->deadline_ms;
-	return req->waiting ? 0 : now + b->request_timeout_ms;
+	if (!req->waiting && req->deadline_ms <= now)
+		return now + b->request_timeout_ms;
+	int64_t least = b->request_timeout_ms / 2 < LAST_TRY_MIN_MS ? b->request_timeout_ms / 2 : LAST_TRY_MIN_MS;
+	if (req->waiting && req->deadline_ms - now < least)
+		return 0;
+	return req->deadline_ms;
 }
 
 static int too_late(const dlock_request *req)

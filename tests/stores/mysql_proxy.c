@@ -106,7 +106,8 @@ static void *loop(void *arg)
 				if (r <= 0) {
 					closed = 1;
 				} else if (s == 0 && mode == MP_DROP_ON && memmem(buf, (size_t)r, p->needle, strlen(p->needle))) {
-					mode = p->mode = MP_DROP;
+					p->mode = MP_DROP;
+					mode = MP_DROP;
 					if (write_all(p->pairs[i][1], buf, r) != 0)
 						closed = 1;
 				} else if (s == 1 && mode == MP_DROP) {
