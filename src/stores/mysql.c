@@ -1594,8 +1594,9 @@ static int parse(mysql_be *b, dlock_uri *uri)
 	b->connect_timeout_ms = t;
 	b->timeout_s = (unsigned)((t + 999) / 1000);
 	b->request_timeout_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : DLOCK__DEFAULT_REQUEST_TIMEOUT_MS;
-	/* Whole seconds: MariaDB takes fractions, MySQL does not. */
-	b->lock_wait_s = b->request_timeout_ms < 2000 ? 1 : (unsigned)(b->request_timeout_ms / 1000);
+	/* Whole seconds (the variable is an integer), under the request bound
+	 * where it can be: the server's "lock wait timeout" then comes first. */
+	b->lock_wait_s = b->request_timeout_ms <= 2000 ? 1 : (unsigned)((b->request_timeout_ms - 1) / 1000);
 
 	int rc;
 	if ((rc = opt_dup(&b->ssl_ca, dlock_uri_param(uri, "ssl_ca"))) ||
