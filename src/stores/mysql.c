@@ -223,6 +223,12 @@ static int sql_fail(const mysql_be *b, MYSQL *c, const char *what)
  * the connection; the next call opens a new one, bounded by its own deadline.
  */
 static _Thread_local int tl_timed_out;
+/* An acquire's answer (its SELECT) comes before its COMMIT's OK. When only the
+ * OK is missing at the deadline, a refusal is still known for sure (a refused
+ * try grants nothing, committed or not): read_all keeps the last result set
+ * here for a caller that set tl_want_partial, which takes and frees it. */
+static _Thread_local int tl_want_partial;
+static _Thread_local MYSQL_RES *tl_partial;
 
 /* The events libmariadb asked for (status), once they happen; 0 when the deadline passed first. */
 static int nb_wait(MYSQL *c, int status, int64_t deadline)
@@ -360,6 +366,8 @@ static int read_all(mysql_be *b, MYSQL *c, MYSQL_RES **out, const char *what, in
 	for (;;) {
 		MYSQL_RES *r = NULL;
 		if (nb_store(c, &r, deadline) < 0) {
+			if (tl_want_partial && !tl_partial)
+				tl_partial = last, last = NULL;
 			mysql_free_result(last);
 			return timed_out(c, what);
 		}
@@ -374,6 +382,8 @@ static int read_all(mysql_be *b, MYSQL *c, MYSQL_RES **out, const char *what, in
 		if (st == -1)
 			break;
 		if (st == -2) {
+			if (tl_want_partial && !tl_partial)
+				tl_partial = last, last = NULL;
 			mysql_free_result(last);
 			return timed_out(c, what);
 		}
@@ -681,6 +691,20 @@ static int too_late(const dlock_request *req)
 			       req->name);
 }
 
+/* After a try that timed out: 1 if its answer (the result set whose first
+ * column is `flag`, not an earlier one of the batch) had arrived and said
+ * "refused" — then nothing was granted, whatever became of the COMMIT. */
+static int refused_before_timeout(const char *flag)
+{
+	MYSQL_RES *res = tl_partial;
+	tl_partial = NULL;
+	MYSQL_FIELD *f = res && mysql_num_fields(res) > 0 ? mysql_fetch_field_direct(res, 0) : NULL;
+	MYSQL_ROW row = f && f->name && strcmp(f->name, flag) == 0 ? mysql_fetch_row(res) : NULL;
+	int refused = row && row[0] && strcmp(row[0], "1") != 0;
+	mysql_free_result(res);
+	return refused;
+}
+
 /* ================= mode=table ================= */
 
 static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
@@ -769,7 +793,9 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	}
 	sb_add(&s, "SET @dl_left = (SELECT TIMESTAMPDIFF(MICROSECOND, @dl_now, MIN(expires)) FROM dlock_holder WHERE ");
 	where_name(&s, b, req->name);
-	sb_add(&s, ");COMMIT;SELECT @dl_ok, @dl_f, @dl_left");
+	/* The answer before COMMIT: once the grant or the waiter row is visible to
+	 * others, only the COMMIT's OK is still on its way to us. */
+	sb_add(&s, ");SELECT @dl_ok, @dl_f, @dl_left;COMMIT");
 
 	MYSQL_RES *res;
 	int64_t deadline = try_deadline(b, req);
@@ -777,8 +803,15 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 		free(s.p);
 		return too_late(req);
 	}
+	tl_want_partial = 1;
 	int rc = run(b, &s, &res, "acquire", 1, deadline);
+	tl_want_partial = 0;
 	free(s.p);
+	if (rc && tl_timed_out && refused_before_timeout("@dl_ok"))
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' is held (the answer came, its commit's did not)",
+				       req->name);
+	mysql_free_result(tl_partial); /* a partial answer that says nothing for sure */
+	tl_partial = NULL;
 	if (rc)
 		return rc;
 	MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
@@ -1071,7 +1104,7 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	/* GET_LOCK nests: a session that already holds the key (from g_wait) must not take it twice. */
 	sb_add(&s, ";SET @dl_got = IF(IS_USED_LOCK(@dl_k) <=> CONNECTION_ID(), 1, GET_LOCK(@dl_k, 0));");
 	sb_grant(&s, b, req, nm.p, req->waiting);
-	sb_add(&s, "COMMIT;SELECT @dl_got, @dl_f, HEX(@dl_k), CONNECTION_ID()");
+	sb_add(&s, "SELECT @dl_got, @dl_f, HEX(@dl_k), CONNECTION_ID();COMMIT");
 	free(nm.p);
 	if ((rc = sb_check(&s)) != 0) {
 		if (waited)
@@ -1099,7 +1132,9 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 			c = b->conn, b->conn = NULL;
 		else if ((rc = conn_open(b, &c, deadline)) != 0)
 			break;
+		tl_want_partial = 1;
 		rc = exec(b, c, s.p, s.len, &res, "GET_LOCK", deadline);
+		tl_want_partial = 0;
 		if (rc == 0)
 			break;
 		/* A pooled session the server ended meanwhile (wait_timeout): use a new one. */
@@ -1112,6 +1147,13 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 			break;
 	}
 	free(s.p);
+	/* Refused, and only the COMMIT's OK missing: refused (the connection, which
+	 * holds nothing, is closed already). */
+	if (rc && tl_timed_out && refused_before_timeout("@dl_got"))
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' is held (the answer came, its commit's did not)",
+				       req->name);
+	mysql_free_result(tl_partial);
+	tl_partial = NULL;
 	if (rc)
 		return rc;
 	MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
@@ -1183,7 +1225,7 @@ static int g_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 		 * a grant whose reply is lost is seen in status like any other. */
 		sb_add(&s, ";SET @dl_got = GET_LOCK(@dl_k, %.3f);", (double)server_ms / 1000.0);
 		sb_grant(&s, b, req, nm.p, 0);
-		sb_add(&s, "COMMIT;SELECT @dl_got, HEX(@dl_k)");
+		sb_add(&s, "SELECT @dl_got, HEX(@dl_k);COMMIT");
 	}
 	free(nm.p);
 	MYSQL_RES *res = NULL;
