@@ -1165,6 +1165,14 @@ static void case_net_lost_reply(void)
 		net_stop(&nt);
 		return;
 	}
+	if (strncmp(uri, "memcached:", 10) == 0) {
+		/* A grant is several round trips (read the holders, then cas): with
+		 * every reply dropped none is ever applied. memcached.net drops the
+		 * reply of the final cas instead. */
+		printf("  (memcached: a grant needs several answered round trips; see memcached.net)\n");
+		net_stop(&nt);
+		return;
+	}
 	dlock_store *direct = open_store();
 	dlock_store *faulty = open_uri(nt.uri);
 	dlock_lock *c = new_lock(direct, name, DLOCK_EXCLUSIVE, 1, 0, 10000);
