@@ -106,7 +106,8 @@ typedef struct rlock {
 	int64_t retry_ms;
 	int64_t request_timeout_ms; /* status and list, from their start */
 	redisContext **c;
-	int64_t *quiet_until; /* a master that just timed out is left alone until then */
+	int64_t *quiet_until; /* a master whose connect just failed is left alone until then */
+	int *owed;            /* replies still to come on a master's connection, to be skipped */
 	char sha[RL_NSCRIPTS][41];
 	dlock__rnotify *nt;
 } rlock;
@@ -140,15 +141,17 @@ static struct timeval ms_tv(int64_t ms)
 	return tv;
 }
 
-/* Per-master timeout: the configured one, but at most a tenth of the TTL so a
- * hung master costs a small part of the lease (at least 5 ms). */
-static int64_t master_timeout(const rlock *s, int64_t ttl_ms)
+/* Longest wait for one master's answer: the `timeout` option. A round does
+ * not wait that long for a slow master once the answers it has decide the
+ * request (see rl_round), so a hung master costs little. */
+static int64_t master_timeout(const rlock *s)
 {
-	int64_t t = ttl_ms / 10;
-	if (t < 5)
-		t = 5;
-	return t < s->srv[0].timeout_ms ? t : s->srv[0].timeout_ms;
+	return s->srv[0].timeout_ms;
 }
+
+/* Replies owed on one connection before it may carry a new request's answer:
+ * beyond this the master is treated as gone (its connection dropped). */
+#define OWED_MAX 64
 
 static int64_t min64(int64_t a, int64_t b)
 {
@@ -160,6 +163,7 @@ static void drop(rlock *s, size_t i)
 	if (s->c[i])
 		redisFree(s->c[i]);
 	s->c[i] = NULL;
+	s->owed[i] = 0;
 }
 
 /* A request that got no answer; `keep` when nothing was sent on the
@@ -224,10 +228,18 @@ static bool flush(redisContext *c)
 	return true;
 }
 
+/* Whether the answers so far decide a round (the rest may be left owed). */
+typedef bool (*rl_enough)(const rlock *s, const rl_op *ops, void *arg);
+
 /*
  * Send one command to every master (ops[i].want) at once and collect the
  * answers until each has answered, `tmo` ms passed, or `deadline` (absolute,
- * dlock_clock_ms) came, whichever is first. script >= 0: EVALSHA of that
+ * dlock_clock_ms) came, whichever is first. When `enough` says the answers
+ * so far decide the request, the round waits only as long again as it took
+ * for the others (slow but alive masters still count when in step); a master
+ * still silent then keeps its connection and its reply is skipped when it
+ * comes (owed): its outcome is unknown to the caller (ops[i].sent, no
+ * answer), like a timeout's, but the master is not treated as hung. script >= 0: EVALSHA of that
  * script (argv[0..1] are filled in here); script < 0: argv as it is. A
  * master that times out loses its connection (a late reply would answer the
  * next request) and is left alone for QUIET_MS unless ops[i].force; it is
@@ -236,10 +248,11 @@ static bool flush(redisContext *c)
  * reconnect costs no extra round trip.
  */
 static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **argv, size_t *lens, int64_t tmo,
-		     int64_t deadline)
+		     int64_t deadline, rl_enough enough, void *arg)
 {
 	int64_t now = dlock_clock_ms();
 	int64_t end = min64(now + tmo, deadline);
+	bool decided = false;
 	for (size_t i = 0; i < s->n; i++) {
 		rl_op *op = &ops[i];
 		op->reply = NULL;
@@ -253,7 +266,7 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 		if (op->done)
 			continue;
 		if (!s->c[i] && !op->force && dlock_clock_ms() < s->quiet_until[i]) {
-			op_fail(s, op, i, "timed out recently; not asked again yet");
+			op_fail(s, op, i, "cannot connect (timed out recently; not tried again yet)");
 			continue;
 		}
 		int64_t left = end - dlock_clock_ms();
@@ -263,6 +276,7 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 		}
 		if (!s->c[i]) {
 			int64_t ct = min64(s->srv[i].connect_timeout_ms, left);
+			int64_t tc = dlock_clock_ms();
 			redisContext *c = redisConnectWithTimeout(s->srv[i].host, s->srv[i].port, ms_tv(ct));
 			if (!c || c->err) {
 				char what[160];
@@ -270,6 +284,11 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 				if (c)
 					redisFree(c);
 				op_fail(s, op, i, what);
+				/* the connect is blocking: a master whose connects time out (SYNs
+				 * dropped) would cost every round its wait; try it again after
+				 * QUIET_MS (a refused connect fails at once: no need) */
+				if (dlock_clock_ms() - tc >= ct)
+					s->quiet_until[i] = dlock_clock_ms() + QUIET_MS;
 				continue;
 			}
 			redisSetTimeout(c, ms_tv(s->srv[i].timeout_ms));
@@ -316,16 +335,30 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 			}
 		if (!np)
 			break;
-		int64_t left = end - dlock_clock_ms();
+		int64_t t = dlock_clock_ms();
+		if (enough && !decided && enough(s, ops, arg)) {
+			decided = true;
+			end = min64(end, t + (t - now) + 2);
+		}
+		int64_t left = end - t;
+		if (left <= 0 && decided) {
+			for (size_t k = 0; k < np; k++) {
+				size_t i = idx[k];
+				ops[i].rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "EIO",
+							    "redlock master %s:%d: slower than the others", s->srv[i].host,
+							    s->srv[i].port);
+				ops[i].done = true;
+				if (++s->owed[i] > OWED_MAX)
+					drop(s, i);
+			}
+			break;
+		}
 		if (left <= 0) {
 			for (size_t k = 0; k < np; k++) {
 				char what[80];
 				snprintf(what, sizeof(what), "timed out (no answer within %lld ms)",
 					 (long long)(end - now));
 				op_fail(s, &ops[idx[k]], idx[k], what);
-				/* hung, not refusing (SIGSTOP, overload, a dead link): do not make every
-				 * request wait for it again; try it again after QUIET_MS */
-				s->quiet_until[idx[k]] = dlock_clock_ms() + QUIET_MS;
 			}
 			break;
 		}
@@ -348,6 +381,11 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 			while (!op->done && redisGetReplyFromReader(s->c[i], &v) == REDIS_OK && v) {
 				redisReply *r = v;
 				v = NULL;
+				if (s->owed[i] > 0) { /* the answer to an earlier round that did not wait for it */
+					s->owed[i]--;
+					freeReplyObject(r);
+					continue;
+				}
 				if (op->skip > 0) {
 					bool auth = op->auth;
 					op->skip--;
@@ -425,6 +463,65 @@ static int64_t drift_ms(const rlock *s, int64_t ttl_ms)
 	return (int64_t)((double)ttl_ms * s->drift) + 2;
 }
 
+/* acquire: a quorum granted, or so many refused that none can. */
+static bool acquire_decided(const rlock *s, const rl_op *ops, void *arg)
+{
+	(void)arg;
+	size_t grants = 0, refused = 0;
+	for (size_t i = 0; i < s->n; i++) {
+		uint64_t f;
+		int64_t retry;
+		if (!ops[i].reply)
+			continue;
+		int r = dlock__racquire_reply(ops[i].reply, &f, &retry, KIND);
+		grants += r == 0;
+		refused += r == DLOCK_ELOCKED;
+	}
+	return grants >= s->quorum || s->n - refused < s->quorum;
+}
+
+/* raise: a quorum confirmed the token. */
+static bool raise_decided(const rlock *s, const rl_op *ops, void *arg)
+{
+	uint64_t top = *(const uint64_t *)arg;
+	size_t raised = 0;
+	for (size_t i = 0; i < s->n; i++)
+		raised += ops[i].reply && ops[i].reply->type == REDIS_REPLY_INTEGER && ops[i].reply->integer >= 0 &&
+			  (uint64_t)ops[i].reply->integer >= top;
+	return raised >= s->quorum;
+}
+
+/* release, cancel: no quorum can still hold it (N - Q + 1 answered). */
+static bool release_decided(const rlock *s, const rl_op *ops, void *arg)
+{
+	(void)arg;
+	size_t answered = 0;
+	for (size_t i = 0; i < s->n; i++)
+		answered += ops[i].answered;
+	return answered >= s->n - s->quorum + 1;
+}
+
+/* renew: every lock of the batch renewed by a quorum, or out of its reach. */
+static bool renew_decided(const rlock *s, const rl_op *ops, void *arg)
+{
+	size_t n = *(const size_t *)arg;
+	for (size_t j = 0; j < n; j++) {
+		size_t yes = 0, no = 0;
+		for (size_t i = 0; i < s->n; i++) {
+			const redisReply *r = ops[i].reply;
+			if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != n)
+				continue;
+			if (r->element[j]->type == REDIS_REPLY_INTEGER && r->element[j]->integer > 0)
+				yes++;
+			else
+				no++;
+		}
+		if (yes < s->quorum && s->n - no >= s->quorum)
+			return false;
+	}
+	return true;
+}
+
 /*
  * Undo a try of owner req->owner on the masters marked in `maybe` (those that
  * granted it, and those whose answer never came: the request may have been
@@ -448,7 +545,7 @@ static size_t undo(rlock *s, rl_op *ops, const dlock__rkeys *k, const dlock_requ
 	}
 	if (!want)
 		return 0;
-	rl_round(s, ops, DLOCK__RS_RELEASE, r.argc, r.argv, r.lens, tmo, req->deadline_ms);
+	rl_round(s, ops, DLOCK__RS_RELEASE, r.argc, r.argv, r.lens, tmo, req->deadline_ms, NULL, NULL);
 	size_t left = 0;
 	for (size_t i = 0; i < s->n; i++)
 		left += maybe[i] && !ops[i].answered;
@@ -479,14 +576,21 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	dlock__rargs_acquire(&a, &k, req, req->fair ? req->ticket_us : 0);
 	dlock__rnotify_arm(s->nt, req);
 	int64_t t0 = dlock_clock_ms();
-	int64_t tmo = master_timeout(s, req->ttl_ms);
+	if (req->deadline_ms <= t0) { /* nothing sent, nothing to undo */
+		free(ops);
+		free(maybe);
+		return dlock_error_set(DLOCK_ETIMEOUT, KIND, NULL, "lock '%s': timed out before the try was sent",
+				       req->name);
+	}
 	int64_t drift = drift_ms(s, req->ttl_ms);
+	/* a grant later than the validity is of no use: wait no longer for one */
+	int64_t tmo = min64(master_timeout(s), req->ttl_ms - drift);
 	/* the try itself may use the time up to the deadline less what an undo
 	 * needs (a third of the time left, at most one per-master timeout) */
 	int64_t left = req->deadline_ms - t0;
 	int64_t try_end = req->deadline_ms - (left > 0 ? min64(left / 3, tmo) : 0);
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens, tmo, try_end);
+	rl_round(s, ops, DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens, tmo, try_end, acquire_decided, NULL);
 	size_t grants = 0, refused = 0, at_top = 0, unknown = 0;
 	uint64_t top = 0;
 	int64_t soonest = -1;
@@ -540,7 +644,7 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		lens[4] = (size_t)snprintf(tok, sizeof(tok), "%llu", (unsigned long long)top);
 		argv[4] = tok;
 		ops_all(s, ops);
-		rl_round(s, ops, DLOCK__RS_RAISE, 5, argv, lens, tmo, try_end);
+		rl_round(s, ops, DLOCK__RS_RAISE, 5, argv, lens, tmo, try_end, raise_decided, &top);
 		size_t raised = 0;
 		for (size_t i = 0; i < s->n; i++) {
 			long long v;
@@ -598,8 +702,8 @@ static int rl_release(dlock_backend *be, dlock_request *req)
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_owner(&a, &k, req);
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_RELEASE, a.argc, a.argv, a.lens, master_timeout(s, req->ttl_ms),
-		 req->deadline_ms);
+	rl_round(s, ops, DLOCK__RS_RELEASE, a.argc, a.argv, a.lens, master_timeout(s), req->deadline_ms,
+		 release_decided, NULL);
 	size_t released = 0, answered = 0;
 	char errmsg[256] = "";
 	for (size_t i = 0; i < s->n; i++) {
@@ -699,7 +803,7 @@ static void repair(rlock *s, dlock_request *const *reqs, size_t n, unsigned char
 	}
 	if (!any)
 		goto out;
-	rl_round(s, ops, RL_REPAIR, 0, NULL, NULL, tmo, deadline);
+	rl_round(s, ops, RL_REPAIR, 0, NULL, NULL, tmo, deadline, NULL, NULL);
 	for (size_t i = 0; i < s->n; i++) {
 		redisReply *r = ops[i].reply;
 		if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != cnt[i])
@@ -756,9 +860,11 @@ static int rl_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 	for (size_t j = 1; j < n; j++)
 		if (reqs[j]->ttl_ms < ttl)
 			ttl = reqs[j]->ttl_ms;
-	int64_t tmo = master_timeout(s, ttl), deadline = reqs[0]->deadline_ms;
+	int64_t tmo = master_timeout(s), deadline = reqs[0]->deadline_ms;
+	(void)ttl;
 	ops_all(s, ops);
-	rl_round(s, ops, RL_RENEW, b.argc, b.argv, b.lens, tmo, deadline);
+	size_t nn = n;
+	rl_round(s, ops, RL_RENEW, b.argc, b.argv, b.lens, tmo, deadline, renew_decided, &nn);
 	size_t answered = 0;
 	bool missing = false;
 	for (size_t i = 0; i < s->n; i++) {
@@ -851,7 +957,8 @@ static int rl_cancel(dlock_backend *be, dlock_request *req)
 	dlock__rargs_owner(&a, &k, req);
 	req->slot = NULL;
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_CANCEL, a.argc, a.argv, a.lens, master_timeout(s, req->ttl_ms), req->deadline_ms);
+	rl_round(s, ops, DLOCK__RS_CANCEL, a.argc, a.argv, a.lens, master_timeout(s), req->deadline_ms, release_decided,
+		 NULL);
 	ops_clear(s, ops);
 	free(ops);
 	return 0;
@@ -868,7 +975,7 @@ static int status_one(rlock *s, const char *name, dlock_lock_status **out, size_
 	dlock__rkeys_make(&k, s->prefix, name);
 	dlock__rargs_status(&a, &k);
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_STATUS, a.argc, a.argv, a.lens, s->srv[0].timeout_ms, deadline);
+	rl_round(s, ops, DLOCK__RS_STATUS, a.argc, a.argv, a.lens, master_timeout(s), deadline, NULL, NULL);
 	dlock_lock_status *per = NULL;
 	size_t nper = 0;
 	int rc = 0;
@@ -950,6 +1057,8 @@ static int rl_list(dlock_backend *be, char ***names, size_t *n)
 			break;
 		if (!s->c[i] && dlock_clock_ms() < s->quiet_until[i])
 			continue;
+		if (s->owed[i])
+			drop(s, i); /* SCAN below reads the next reply as its own */
 		dlock__rserver cut = s->srv[i];
 		cut.connect_timeout_ms = min64(cut.connect_timeout_ms, left);
 		cut.timeout_ms = min64(cut.timeout_ms, left);
@@ -978,6 +1087,7 @@ static void rl_close(dlock_backend *be)
 		drop(s, i);
 	free(s->c);
 	free(s->quiet_until);
+	free(s->owed);
 	free(s->srv);
 	free(s->user);
 	free(s->password);
@@ -1010,7 +1120,7 @@ static size_t load_scripts(rlock *s, int64_t deadline, int *err, char *msg, size
 			any |= ops[i].want = j == 0 || up[i];
 		if (!any)
 			break;
-		rl_round(s, ops, -1, 3, argv, lens, deadline - dlock_clock_ms(), deadline);
+		rl_round(s, ops, -1, 3, argv, lens, deadline - dlock_clock_ms(), deadline, NULL, NULL);
 		for (size_t i = 0; i < s->n; i++) {
 			redisReply *r = ops[i].reply;
 			if (j == 0 && r) {
@@ -1086,7 +1196,8 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 	s->base.status = rl_status;
 	s->base.list = rl_list;
 	s->base.close = rl_close;
-	if (!(s->c = calloc(n, sizeof(*s->c))) || !(s->quiet_until = calloc(n, sizeof(int64_t))) || (uri->user && !(s->user = dlock__strdup(uri->user))) ||
+	if (!(s->c = calloc(n, sizeof(*s->c))) || !(s->quiet_until = calloc(n, sizeof(int64_t))) ||
+	    !(s->owed = calloc(n, sizeof(int))) || (uri->user && !(s->user = dlock__strdup(uri->user))) ||
 	    (uri->password && !(s->password = dlock__strdup(uri->password))) ||
 	    !(s->prefix = dlock__strdup(uri->prefix))) {
 		rl_close(&s->base);

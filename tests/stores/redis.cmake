@@ -81,6 +81,16 @@ if(DLOCK_WITH_REDLOCK)
     FIXTURES_REQUIRED server.redlock-np RESOURCE_LOCK server.redlock-np
     ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_REDLOCK_NP_DIR}/uri"
     TIMEOUT 300)
+  # the same masters through the fault proxy (lost replies, black holes, a slow link)
+  add_executable(redlock_net redlock_net.c)
+  target_link_libraries(redlock_net PRIVATE dlock_testutil)
+  target_include_directories(redlock_net PRIVATE ${PROJECT_SOURCE_DIR}/tests ${HIREDIS_INCLUDE_DIRS})
+  target_compile_definitions(redlock_net PRIVATE _GNU_SOURCE)
+  add_test(NAME redlock.net COMMAND redlock_net)
+  set_tests_properties(redlock.net PROPERTIES
+    FIXTURES_REQUIRED server.redlock-np RESOURCE_LOCK server.redlock-np
+    ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_REDLOCK_NP_DIR}/uri"
+    TIMEOUT 120)
 endif()
 
 # redis+sentinel: master + replica + one Sentinel; the master is killed.
