@@ -463,21 +463,29 @@ static int64_t drift_ms(const rlock *s, int64_t ttl_ms)
 	return (int64_t)((double)ttl_ms * s->drift) + 2;
 }
 
-/* acquire: a quorum granted, or so many refused that none can. */
+/*
+ * acquire: a quorum granted, or so many refused that none can. Not while
+ * every grant so far counted 1: to each of those masters the name is new
+ * (a new name, or masters that came back without their data), and the fence
+ * must then come from any master that kept its counter: wait for them all.
+ */
 static bool acquire_decided(const rlock *s, const rl_op *ops, void *arg)
 {
 	(void)arg;
 	size_t grants = 0, refused = 0;
+	uint64_t top = 0;
 	for (size_t i = 0; i < s->n; i++) {
-		uint64_t f;
+		uint64_t f = 0;
 		int64_t retry;
 		if (!ops[i].reply)
 			continue;
 		int r = dlock__racquire_reply(ops[i].reply, &f, &retry, KIND);
 		grants += r == 0;
 		refused += r == DLOCK_ELOCKED;
+		if (r == 0 && f > top)
+			top = f;
 	}
-	return grants >= s->quorum || s->n - refused < s->quorum;
+	return (grants >= s->quorum && top > 1) || s->n - refused < s->quorum;
 }
 
 /* raise: a quorum confirmed the token. */
@@ -860,8 +868,9 @@ static int rl_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 	for (size_t j = 1; j < n; j++)
 		if (reqs[j]->ttl_ms < ttl)
 			ttl = reqs[j]->ttl_ms;
-	int64_t tmo = master_timeout(s), deadline = reqs[0]->deadline_ms;
-	(void)ttl;
+	/* a tenth of the TTL at most: a release or extend of this store waits
+	 * behind a renewal in flight (the core serialises them) */
+	int64_t tmo = min64(master_timeout(s), ttl / 10 > 5 ? ttl / 10 : 5), deadline = reqs[0]->deadline_ms;
 	ops_all(s, ops);
 	size_t nn = n;
 	rl_round(s, ops, RL_RENEW, b.argc, b.argv, b.lens, tmo, deadline, renew_decided, &nn);
