@@ -25,6 +25,8 @@
 
 #define KIND "redlock"
 #define QUIET_MS 1000
+/* The least time a try gets (see rl_acquire): below the core's slack of 50 ms. */
+#define TRY_MIN_MS 40
 
 /*
  * Scripts of this store's own, after the Redis store's (redis_common.h):
@@ -534,12 +536,12 @@ static bool renew_decided(const rlock *s, const rl_op *ops, void *arg)
  * Undo a try of owner req->owner on the masters marked in `maybe` (those that
  * granted it, and those whose answer never came: the request may have been
  * applied there). Quiet (wakes nobody: nobody was granted), sent even to a
- * master that just timed out, bounded by the request's deadline. @return the
+ * master that just timed out, bounded by `deadline`. @return the
  * number of marked masters that did not confirm (their copy, if any, stays
  * until its TTL unless the core's retried release reaches them).
  */
 static size_t undo(rlock *s, rl_op *ops, const dlock__rkeys *k, const dlock_request *req, const bool *maybe,
-		   int64_t tmo)
+		   int64_t tmo, int64_t deadline)
 {
 	dlock__rargs r;
 	dlock__rargs_owner(&r, k, req);
@@ -553,7 +555,7 @@ static size_t undo(rlock *s, rl_op *ops, const dlock__rkeys *k, const dlock_requ
 	}
 	if (!want)
 		return 0;
-	rl_round(s, ops, DLOCK__RS_RELEASE, r.argc, r.argv, r.lens, tmo, req->deadline_ms, NULL, NULL);
+	rl_round(s, ops, DLOCK__RS_RELEASE, r.argc, r.argv, r.lens, tmo, deadline, NULL, NULL);
 	size_t left = 0;
 	for (size_t i = 0; i < s->n; i++)
 		left += maybe[i] && !ops[i].answered;
@@ -584,19 +586,17 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	dlock__rargs_acquire(&a, &k, req, req->fair ? req->ticket_us : 0);
 	dlock__rnotify_arm(s->nt, req);
 	int64_t t0 = dlock_clock_ms();
-	if (req->deadline_ms <= t0) { /* nothing sent, nothing to undo */
-		free(ops);
-		free(maybe);
-		return dlock_error_set(DLOCK_ETIMEOUT, KIND, NULL, "lock '%s': timed out before the try was sent",
-				       req->name);
-	}
+	/* a try-once (wait 0) or the last try of a wait comes with a deadline that
+	 * has (nearly) passed: it still gets a little time, within the core's slack
+	 * of 50 ms (the last try of a wait less: the core's clean-up follows it) */
+	int64_t floor = t0 + (req->waiting ? TRY_MIN_MS / 2 : TRY_MIN_MS);
+	int64_t deadline = req->deadline_ms > floor ? req->deadline_ms : floor;
 	int64_t drift = drift_ms(s, req->ttl_ms);
 	/* a grant later than the validity is of no use: wait no longer for one */
 	int64_t tmo = min64(master_timeout(s), req->ttl_ms - drift);
 	/* the try itself may use the time up to the deadline less what an undo
 	 * needs (a third of the time left, at most one per-master timeout) */
-	int64_t left = req->deadline_ms - t0;
-	int64_t try_end = req->deadline_ms - (left > 0 ? min64(left / 3, tmo) : 0);
+	int64_t try_end = deadline - min64((deadline - t0) / 3, tmo);
 	ops_all(s, ops);
 	rl_round(s, ops, DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens, tmo, try_end, acquire_decided, NULL);
 	size_t grants = 0, refused = 0, at_top = 0, unknown = 0;
@@ -673,7 +673,7 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	}
 	/* Not granted: undo everywhere it may have landed, a grant we saw or a
 	 * request whose answer never came (even when every master timed out). */
-	size_t stuck = grants || unknown ? undo(s, ops, &k, req, maybe, tmo) : 0;
+	size_t stuck = grants || unknown ? undo(s, ops, &k, req, maybe, tmo, deadline) : 0;
 	free(ops);
 	free(maybe);
 	if (grants + refused < s->quorum)
@@ -769,7 +769,9 @@ static void repair(rlock *s, dlock_request *const *reqs, size_t n, unsigned char
 	if (!ops || !cnt || !av || !lv || !keys || !nums || !tails || !nk || !which)
 		goto out;
 	for (size_t j = 0; j < n; j++) {
-		snprintf(keys[j], sizeof(keys[j]), "{%s:%s}", s->prefix, reqs[j]->name);
+		dlock__rkeys k;
+		dlock__rkeys_make(&k, s->prefix, reqs[j]->name); /* the key the renew batch used */
+		snprintf(keys[j], sizeof(keys[j]), "%s", k.k[DLOCK__RK_H]);
 		snprintf(nums[j], sizeof(nums[j]), "%lld", (long long)reqs[j]->ttl_ms);
 		hold_tail(tails[j], sizeof(tails[j]), reqs[j], fence[j]);
 	}

@@ -103,7 +103,7 @@ static void case_lost_replies(dlock_store *faulty, dlock_store *direct)
 	for (int r = 0; r < 5; r++)
 		tu_proxy_stats(px, r, NULL, NULL, &up0[r], NULL, NULL);
 	long long t = tu_now_ms();
-	int rc = dlock_acquire(a, 0);
+	int rc = dlock_acquire(a, 1000); /* the first try gets timeout= (300 ms); it fails unanswered */
 	long long took = tu_now_ms() - t;
 	int reached = 0;
 	for (int r = 0; r < 5; r++) {
@@ -233,16 +233,19 @@ int main(void)
 	/* one request (one try, a release, a renewal) may take 300 ms */
 	snprintf(puri, sizeof(puri), "%s?timeout=300ms&connect_timeout=500ms", proxied);
 	free(proxied);
-	dlock_store *faulty = NULL, *direct = NULL;
-	CHECK_RC(dlock_store_open(&faulty, puri), 0);
+	dlock_store *direct = NULL;
 	CHECK_RC(dlock_store_open(&direct, uri), 0);
-	if (faulty && direct) {
-		case_lost_replies(faulty, direct);
-		case_dark_wait(faulty, direct);
-		case_dark_holder(faulty, direct);
-		case_slow_master(faulty, direct);
+	/* a proxied store per case: the core's background retries of one case's
+	 * unconfirmed releases would hold the store up in the next (see the report) */
+	void (*cases[])(dlock_store *, dlock_store *) = { case_lost_replies, case_dark_wait, case_dark_holder,
+							  case_slow_master };
+	for (size_t i = 0; direct && i < sizeof(cases) / sizeof(cases[0]); i++) {
+		dlock_store *faulty = NULL;
+		CHECK_RC(dlock_store_open(&faulty, puri), 0);
+		if (faulty)
+			cases[i](faulty, direct);
+		dlock_store_close(faulty);
 	}
-	dlock_store_close(faulty);
 	dlock_store_close(direct);
 	tu_proxy_stop(px);
 	return tu_done("redlock_net");
