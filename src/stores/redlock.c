@@ -870,9 +870,8 @@ static int rl_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 	for (size_t j = 1; j < n; j++)
 		if (reqs[j]->ttl_ms < ttl)
 			ttl = reqs[j]->ttl_ms;
-	/* a tenth of the TTL at most: a release or extend of this store waits
-	 * behind a renewal in flight (the core serialises them) */
-	int64_t tmo = min64(master_timeout(s), ttl / 10 > 5 ? ttl / 10 : 5), deadline = reqs[0]->deadline_ms;
+	/* an answer is of use until the shortest lease of the batch would end */
+	int64_t tmo = min64(master_timeout(s), ttl - drift_ms(s, ttl)), deadline = reqs[0]->deadline_ms;
 	ops_all(s, ops);
 	size_t nn = n;
 	rl_round(s, ops, RL_RENEW, b.argc, b.argv, b.lens, tmo, deadline, renew_decided, &nn);
