@@ -350,7 +350,9 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 							    "redlock master %s:%d: slower than the others", s->srv[i].host,
 							    s->srv[i].port);
 				ops[i].done = true;
-				if (++s->owed[i] > OWED_MAX)
+				/* its reply, and those of a fresh connection's AUTH/SELECT */
+				s->owed[i] += 1 + ops[i].skip;
+				if (s->owed[i] > OWED_MAX)
 					drop(s, i);
 			}
 			break;
