@@ -105,6 +105,8 @@ struct dlock_store {
 	cb_run *cbs;            /* on_lost callbacks running now */
 	dlock__orphan *orphans; /* releases to retry in the background */
 	const char *orphan_busy; /* owner of the orphan the renewer retries now */
+	int64_t orphan_pause_until; /* a retry failed: no other before this */
+	_Atomic int fg_waiting; /* callers waiting for be_mu: background retries let them go first */
 	int64_t renewer_wake;   /* when the sleeping renewer wakes up by itself */
 	int64_t watchdog_wake;  /* when the sleeping watchdog wakes up by itself */
 };

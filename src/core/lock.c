@@ -1,5 +1,6 @@
 #include "core/internal.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,13 +138,17 @@ static int64_t request_deadline(const dlock_store *s, int64_t until)
  * by its own deadline, so the wait is too; this keeps it within ours. */
 static bool lock_be_by(dlock_store *s, int64_t by)
 {
+	atomic_fetch_add(&s->fg_waiting, 1);
+	bool ok = true;
 	if (by == INT64_MAX) {
 		pthread_mutex_lock(&s->be_mu);
-		return true;
+	} else {
+		struct timespec ts;
+		dlock__abstime(&ts, by - dlock_clock_ms());
+		ok = pthread_mutex_clocklock(&s->be_mu, CLOCK_MONOTONIC, &ts) == 0;
 	}
-	struct timespec ts;
-	dlock__abstime(&ts, by - dlock_clock_ms());
-	return pthread_mutex_clocklock(&s->be_mu, CLOCK_MONOTONIC, &ts) == 0;
+	atomic_fetch_sub(&s->fg_waiting, 1);
+	return ok;
 }
 
 static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t until)
@@ -377,7 +382,7 @@ give_up:;
 static int release_in_store(dlock_lock *l)
 {
 	dlock_backend *be = l->store->be;
-	pthread_mutex_lock(&l->store->be_mu);
+	lock_be_by(l->store, INT64_MAX);
 	l->req.confirm = l->attached;
 	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
 	int rc = be->release(be, &l->req);
@@ -405,7 +410,7 @@ static int release_again(dlock_lock *l)
 	if (!dlock__orphan_take(s, l->owner, &o))
 		return 0; /* confirmed in the background, or its lease has ended */
 	dlock_request req = *dlock__orphan_request(o);
-	pthread_mutex_lock(&s->be_mu);
+	lock_be_by(s, INT64_MAX);
 	req.deadline_ms = request_deadline(s, INT64_MAX);
 	int rc = s->be->release(s->be, &req);
 	pthread_mutex_unlock(&s->be_mu);
@@ -487,7 +492,7 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 		ttl_ms = l->ttl_ms;
 	dlock_backend *be = l->store->be;
 	int64_t t0 = dlock_clock_ms();
-	pthread_mutex_lock(&l->store->be_mu);
+	lock_be_by(l->store, INT64_MAX);
 	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
 	int rc = be->extend(be, &l->req, ttl_ms);
 	if (rc == 0)
