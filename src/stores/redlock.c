@@ -15,13 +15,88 @@
 #include "stores/redis_common.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define KIND "redlock"
 #define QUIET_MS 1000
+/* The least time a try gets (see rl_acquire): below the core's slack of 50 ms. */
+#define TRY_MIN_MS 40
+
+/*
+ * Scripts of this store's own, after the Redis store's (redis_common.h):
+ *
+ * RENEW: KEYS H1..Hn; ARGV owner1 ttl1 ... -> per key the hold's fence when
+ *   the owner's hold was live here and is renewed, else 0. (The Redis store's
+ *   RENEW answers 1/0; the fence is what a repair of a lost copy writes back.)
+ *
+ * REPAIR: KEYS H1..Hn; ARGV owner1 ttl1 tail1 ... with tail = "fence mode
+ *   permits pid host" (the hold's value after its expiry) -> per key 1 (the
+ *   hold is here after all: renewed), 2 (it was missing and nobody else holds
+ *   here: written back, and the fence counter raised to at least its fence)
+ *   or 0 (another holder is in the way: nothing changed).
+ */
+enum { RL_RENEW = DLOCK__RS_COUNT, RL_REPAIR, RL_NSCRIPTS };
+
+static const char *const rl_script_text[RL_NSCRIPTS - DLOCK__RS_COUNT] = {
+	[RL_RENEW - DLOCK__RS_COUNT] =
+		"if redis.replicate_commands then redis.replicate_commands() end\n"
+		"local t = redis.call('TIME')\n"
+		"local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+		"local out = {}\n"
+		"for i = 1, #KEYS do\n"
+		"  local H, owner, ttl = KEYS[i], ARGV[2 * i - 1], tonumber(ARGV[2 * i])\n"
+		"  local v = redis.call('HGET', H, owner)\n"
+		"  out[i] = 0\n"
+		"  if v then\n"
+		"    local e, f, rest = string.match(v, '^(%d+) ((%d+) .*)$')\n"
+		"    if tonumber(e) > now then\n"
+		"      redis.call('HSET', H, owner, string.format('%d ', now + ttl) .. f)\n"
+		"      if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end\n"
+		"      out[i] = tonumber(rest)\n"
+		"    end\n"
+		"  end\n"
+		"end\n"
+		"return out\n",
+	[RL_REPAIR - DLOCK__RS_COUNT] =
+		"if redis.replicate_commands then redis.replicate_commands() end\n"
+		"local t = redis.call('TIME')\n"
+		"local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+		"local out = {}\n"
+		"for i = 1, #KEYS do\n"
+		"  local H, owner, ttl, tail = KEYS[i], ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]), ARGV[3 * i]\n"
+		"  local fence, mode = string.match(tail, '^(%d+) (%a)')\n"
+		"  local free, mine = true, false\n"
+		"  local all = redis.call('HGETALL', H)\n"
+		"  for k = 1, #all, 2 do\n"
+		"    local e, m = string.match(all[k + 1], '^(%d+) %d+ (%a)')\n"
+		"    if tonumber(e) <= now then redis.call('HDEL', H, all[k])\n"
+		"    elseif all[k] == owner then mine = true\n"
+		"    elseif mode == 'x' or m == 'x' then free = false end\n"
+		"  end\n"
+		"  out[i] = 0\n"
+		"  if mine or free then\n"
+		"    if not mine then\n"
+		"      local F = H .. ':f'\n"
+		"      if tonumber(redis.call('GET', F) or '0') < tonumber(fence) then redis.call('SET', F, fence) end\n"
+		"    end\n"
+		"    redis.call('HSET', H, owner, string.format('%d ', now + ttl) .. tail)\n"
+		"    if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end\n"
+		"    out[i] = mine and 1 or 2\n"
+		"  end\n"
+		"end\n"
+		"return out\n",
+};
+
+static const char *script_text(int i)
+{
+	return i < DLOCK__RS_COUNT ? dlock__rscript_text[i] : rl_script_text[i - DLOCK__RS_COUNT];
+}
 
 typedef struct rlock {
 	dlock_backend base;
@@ -31,9 +106,11 @@ typedef struct rlock {
 	char *user, *password, *prefix;
 	double drift;
 	int64_t retry_ms;
+	int64_t request_timeout_ms; /* status and list, from their start */
 	redisContext **c;
-	int64_t *quiet_until; /* a master that just timed out is left alone until then */
-	char sha[DLOCK__RS_COUNT][41];
+	int64_t *quiet_until; /* a master whose connect just failed is left alone until then */
+	int *owed;            /* replies still to come on a master's connection, to be skipped */
+	char sha[RL_NSCRIPTS][41];
 	dlock__rnotify *nt;
 } rlock;
 
@@ -42,7 +119,15 @@ typedef struct rl_op {
 	redisReply *reply; /* the answer (owned), NULL on failure */
 	int rc;            /* 0, or why there is no reply */
 	int skip;          /* handshake replies (AUTH, SELECT) still to read first */
+	bool auth;         /* the first of them answers AUTH */
 	bool done, eval, want;
+	bool force;        /* ask even a master that timed out recently (undo) */
+	bool sent;         /* the request went out: it may have been applied */
+	bool answered;     /* the server answered the request (reply or error) */
+	/* a command of this master's own for this round (NULL: the round's) */
+	int argc;
+	const char **argv;
+	size_t *lens;
 } rl_op;
 
 static rlock *RL(dlock_backend *be)
@@ -52,18 +137,27 @@ static rlock *RL(dlock_backend *be)
 
 static struct timeval ms_tv(int64_t ms)
 {
+	if (ms < 1)
+		ms = 1;
 	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000) };
 	return tv;
 }
 
-/* Per-master timeout: the configured one, but at most a tenth of the TTL so a
- * hung master costs a small part of the lease (at least 5 ms). */
-static int64_t master_timeout(const rlock *s, int64_t ttl_ms)
+/* Longest wait for one master's answer: the `timeout` option. A round does
+ * not wait that long for a slow master once the answers it has decide the
+ * request (see rl_round), so a hung master costs little. */
+static int64_t master_timeout(const rlock *s)
 {
-	int64_t t = ttl_ms / 10;
-	if (t < 5)
-		t = 5;
-	return t < s->srv[0].timeout_ms ? t : s->srv[0].timeout_ms;
+	return s->srv[0].timeout_ms;
+}
+
+/* Replies owed on one connection before it may carry a new request's answer:
+ * beyond this the master is treated as gone (its connection dropped). */
+#define OWED_MAX 64
+
+static int64_t min64(int64_t a, int64_t b)
+{
+	return a < b ? a : b;
 }
 
 static void drop(rlock *s, size_t i)
@@ -71,24 +165,59 @@ static void drop(rlock *s, size_t i)
 	if (s->c[i])
 		redisFree(s->c[i]);
 	s->c[i] = NULL;
+	s->owed[i] = 0;
 }
 
-static int op_fail(rlock *s, rl_op *op, size_t i, const char *what)
+/* A request that got no answer; `keep` when nothing was sent on the
+ * connection (it carries no request whose reply could come late). */
+static int op_fail_keep(rlock *s, rl_op *op, size_t i, const char *what, bool keep)
 {
 	op->rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "EIO", "redlock master %s:%d: %s", s->srv[i].host,
 				 s->srv[i].port, what);
 	op->done = true;
-	drop(s, i);
+	if (!keep)
+		drop(s, i);
 	return op->rc;
 }
 
-static void append_script(rlock *s, size_t i, rl_op *op, int script, int argc, const char **argv, size_t *lens)
+static int op_fail(rlock *s, rl_op *op, size_t i, const char *what)
 {
-	bool eval = op->eval || !s->sha[script][0];
-	argv[0] = eval ? "EVAL" : "EVALSHA";
-	argv[1] = eval ? dlock__rscript_text[script] : s->sha[script];
-	lens[0] = strlen(argv[0]);
-	lens[1] = strlen(argv[1]);
+	return op_fail_keep(s, op, i, what, false);
+}
+
+/*
+ * A dead peer is noticed by the kernel too, not only by our per-request
+ * timeouts: keepalive probes after 1 s idle, every second, 3 of them; and
+ * unacknowledged data aborts the connection after the command timeout (at
+ * least 1 s). Matters for a master that vanishes from the network while idle.
+ */
+static void tune_socket(int fd, int64_t timeout_ms)
+{
+	int on = 1, idle = 1, intvl = 1, cnt = 3;
+	unsigned int uto = (unsigned int)(timeout_ms < 1000 ? 1000 : timeout_ms);
+	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+#ifdef TCP_USER_TIMEOUT
+	setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof(uto));
+#endif
+}
+
+static void append_cmd(rlock *s, size_t i, rl_op *op, int script, int argc, const char **argv, size_t *lens)
+{
+	if (op->argv) {
+		argc = op->argc;
+		argv = op->argv;
+		lens = op->lens;
+	}
+	if (script >= 0) {
+		bool eval = op->eval || !s->sha[script][0];
+		argv[0] = eval ? "EVAL" : "EVALSHA";
+		argv[1] = eval ? script_text(script) : s->sha[script];
+		lens[0] = strlen(argv[0]);
+		lens[1] = strlen(argv[1]);
+	}
 	redisAppendCommandArgv(s->c[i], argc, argv, lens);
 }
 
@@ -101,32 +230,55 @@ static bool flush(redisContext *c)
 	return true;
 }
 
+/* Whether the answers so far decide a round (the rest may be left owed). */
+typedef bool (*rl_enough)(const rlock *s, const rl_op *ops, void *arg);
+
 /*
- * Send one script call to every master (ops[i].want) at once and collect the
- * answers until each has answered or timeout_ms passed. A master that times
- * out loses its connection (a late reply would answer the next request); it
- * is reconnected on the next round. Fresh connections send AUTH/SELECT in
- * the same write as the script, so a reconnect costs no extra round trip.
+ * Send one command to every master (ops[i].want) at once and collect the
+ * answers until each has answered, `tmo` ms passed, or `deadline` (absolute,
+ * dlock_clock_ms) came, whichever is first. When `enough` says the answers
+ * so far decide the request, the round waits only as long again as it took
+ * for the others (slow but alive masters still count when in step); a master
+ * still silent then keeps its connection and its reply is skipped when it
+ * comes (owed): its outcome is unknown to the caller (ops[i].sent, no
+ * answer), like a timeout's, but the master is not treated as hung. script >= 0: EVALSHA of that
+ * script (argv[0..1] are filled in here); script < 0: argv as it is. A
+ * master that times out loses its connection (a late reply would answer the
+ * next request) and is left alone for QUIET_MS unless ops[i].force; it is
+ * reconnected on a later round, the connect bounded by the same deadline.
+ * Fresh connections send AUTH/SELECT in the same write as the command, so a
+ * reconnect costs no extra round trip.
  */
-static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **argv, size_t *lens,
-		     int64_t timeout_ms)
+static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **argv, size_t *lens, int64_t tmo,
+		     int64_t deadline, rl_enough enough, void *arg)
 {
-	int64_t deadline = dlock_clock_ms() + timeout_ms;
+	int64_t now = dlock_clock_ms();
+	int64_t end = min64(now + tmo, deadline);
+	bool decided = false;
 	for (size_t i = 0; i < s->n; i++) {
 		rl_op *op = &ops[i];
 		op->reply = NULL;
 		op->rc = 0;
 		op->skip = 0;
+		op->auth = false;
 		op->eval = false;
+		op->sent = false;
+		op->answered = false;
 		op->done = !op->want;
 		if (op->done)
 			continue;
-		if (!s->c[i] && dlock_clock_ms() < s->quiet_until[i]) {
-			op_fail(s, op, i, "timed out recently; not asked again yet");
+		if (!s->c[i] && !op->force && dlock_clock_ms() < s->quiet_until[i]) {
+			op_fail(s, op, i, "cannot connect (timed out recently; not tried again yet)");
+			continue;
+		}
+		int64_t left = end - dlock_clock_ms();
+		if (left <= 0) {
+			op_fail_keep(s, op, i, "timed out: no time left before the deadline", true);
 			continue;
 		}
 		if (!s->c[i]) {
-			int64_t ct = s->srv[i].connect_timeout_ms < timeout_ms ? s->srv[i].connect_timeout_ms : timeout_ms;
+			int64_t ct = min64(s->srv[i].connect_timeout_ms, left);
+			int64_t tc = dlock_clock_ms();
 			redisContext *c = redisConnectWithTimeout(s->srv[i].host, s->srv[i].port, ms_tv(ct));
 			if (!c || c->err) {
 				char what[160];
@@ -134,16 +286,22 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 				if (c)
 					redisFree(c);
 				op_fail(s, op, i, what);
+				/* the connect is blocking: a master whose connects time out (SYNs
+				 * dropped) would cost every round its wait; try it again after
+				 * QUIET_MS (a refused connect fails at once: no need) */
+				if (dlock_clock_ms() - tc >= ct)
+					s->quiet_until[i] = dlock_clock_ms() + QUIET_MS;
 				continue;
 			}
 			redisSetTimeout(c, ms_tv(s->srv[i].timeout_ms));
-			redisEnableKeepAlive(c);
+			tune_socket(c->fd, s->srv[i].timeout_ms);
 			s->c[i] = c;
 			if (s->srv[i].password) {
 				const char *a[3] = { "AUTH", s->srv[i].user ? s->srv[i].user : s->srv[i].password,
 						     s->srv[i].password };
 				redisAppendCommandArgv(c, s->srv[i].user ? 3 : 2, a, NULL);
 				op->skip++;
+				op->auth = true;
 			}
 			if (s->srv[i].db) {
 				char db[16];
@@ -153,7 +311,8 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 				op->skip++;
 			}
 		}
-		append_script(s, i, op, script, argc, argv, lens);
+		append_cmd(s, i, op, script, argc, argv, lens);
+		op->sent = true;
 		if (!flush(s->c[i]))
 			op_fail(s, op, i, s->c[i] && s->c[i]->errstr[0] ? s->c[i]->errstr : "write failed");
 	}
@@ -178,15 +337,32 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 			}
 		if (!np)
 			break;
-		int64_t left = deadline - dlock_clock_ms();
+		int64_t t = dlock_clock_ms();
+		if (enough && !decided && enough(s, ops, arg)) {
+			decided = true;
+			end = min64(end, t + (t - now) + 2);
+		}
+		int64_t left = end - t;
+		if (left <= 0 && decided) {
+			for (size_t k = 0; k < np; k++) {
+				size_t i = idx[k];
+				ops[i].rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "EIO",
+							    "redlock master %s:%d: slower than the others", s->srv[i].host,
+							    s->srv[i].port);
+				ops[i].done = true;
+				/* its reply, and those of a fresh connection's AUTH/SELECT */
+				s->owed[i] += 1 + ops[i].skip;
+				if (s->owed[i] > OWED_MAX)
+					drop(s, i);
+			}
+			break;
+		}
 		if (left <= 0) {
 			for (size_t k = 0; k < np; k++) {
-				char what[64];
-				snprintf(what, sizeof(what), "no answer within %lld ms", (long long)timeout_ms);
+				char what[80];
+				snprintf(what, sizeof(what), "timed out (no answer within %lld ms)",
+					 (long long)(end - now));
 				op_fail(s, &ops[idx[k]], idx[k], what);
-				/* hung, not refusing (SIGSTOP, overload): do not make every request
-				 * wait for it again; try it again after QUIET_MS */
-				s->quiet_until[idx[k]] = dlock_clock_ms() + QUIET_MS;
 			}
 			break;
 		}
@@ -209,27 +385,37 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 			while (!op->done && redisGetReplyFromReader(s->c[i], &v) == REDIS_OK && v) {
 				redisReply *r = v;
 				v = NULL;
+				if (s->owed[i] > 0) { /* the answer to an earlier round that did not wait for it */
+					s->owed[i]--;
+					freeReplyObject(r);
+					continue;
+				}
 				if (op->skip > 0) {
+					bool auth = op->auth;
 					op->skip--;
+					op->auth = false;
 					if (r->type == REDIS_REPLY_ERROR) {
 						int code = dlock__rreply_error(r, &s->srv[i], KIND);
 						freeReplyObject(r);
-						op->rc = code == DLOCK_ESTORE ? DLOCK_EAUTH : code;
+						op->rc = code != DLOCK_ESTORE ? code : auth ? DLOCK_EAUTH : DLOCK_EINVAL;
 						op->done = true;
+						op->sent = false; /* refused before the command ran */
 						drop(s, i);
 					} else {
 						freeReplyObject(r);
 					}
 					continue;
 				}
-				if (r->type == REDIS_REPLY_ERROR && !op->eval && !strncmp(r->str, "NOSCRIPT", 8)) {
+				if (r->type == REDIS_REPLY_ERROR && script >= 0 && !op->eval &&
+				    !strncmp(r->str, "NOSCRIPT", 8)) {
 					freeReplyObject(r);
 					op->eval = true; /* restarted or flushed master: send the text (caches it again) */
-					append_script(s, i, op, script, argc, argv, lens);
+					append_cmd(s, i, op, script, argc, argv, lens);
 					if (!flush(s->c[i]))
 						op_fail(s, op, i, "write failed");
 					continue;
 				}
+				op->answered = true;
 				if (r->type == REDIS_REPLY_ERROR) {
 					op->rc = dlock__rreply_error(r, &s->srv[i], KIND);
 					freeReplyObject(r);
@@ -253,6 +439,10 @@ static void ops_clear(rlock *s, rl_op *ops)
 			freeReplyObject(ops[i].reply);
 		ops[i].reply = NULL;
 		ops[i].want = false;
+		ops[i].force = false;
+		ops[i].argc = 0;
+		ops[i].argv = NULL;
+		ops[i].lens = NULL;
 	}
 }
 
@@ -272,6 +462,109 @@ static int unsupported(const dlock_request *req)
 	return 0;
 }
 
+static int64_t drift_ms(const rlock *s, int64_t ttl_ms)
+{
+	return (int64_t)((double)ttl_ms * s->drift) + 2;
+}
+
+/*
+ * acquire: a quorum granted, or so many refused that none can. Not while
+ * every grant so far counted 1: to each of those masters the name is new
+ * (a new name, or masters that came back without their data), and the fence
+ * must then come from any master that kept its counter: wait for them all.
+ */
+static bool acquire_decided(const rlock *s, const rl_op *ops, void *arg)
+{
+	(void)arg;
+	size_t grants = 0, refused = 0;
+	uint64_t top = 0;
+	for (size_t i = 0; i < s->n; i++) {
+		uint64_t f = 0;
+		int64_t retry;
+		if (!ops[i].reply)
+			continue;
+		int r = dlock__racquire_reply(ops[i].reply, &f, &retry, KIND);
+		grants += r == 0;
+		refused += r == DLOCK_ELOCKED;
+		if (r == 0 && f > top)
+			top = f;
+	}
+	return (grants >= s->quorum && top > 1) || s->n - refused < s->quorum;
+}
+
+/* raise: a quorum confirmed the token. */
+static bool raise_decided(const rlock *s, const rl_op *ops, void *arg)
+{
+	uint64_t top = *(const uint64_t *)arg;
+	size_t raised = 0;
+	for (size_t i = 0; i < s->n; i++)
+		raised += ops[i].reply && ops[i].reply->type == REDIS_REPLY_INTEGER && ops[i].reply->integer >= 0 &&
+			  (uint64_t)ops[i].reply->integer >= top;
+	return raised >= s->quorum;
+}
+
+/* release, cancel: no quorum can still hold it (N - Q + 1 answered). */
+static bool release_decided(const rlock *s, const rl_op *ops, void *arg)
+{
+	(void)arg;
+	size_t answered = 0;
+	for (size_t i = 0; i < s->n; i++)
+		answered += ops[i].answered;
+	return answered >= s->n - s->quorum + 1;
+}
+
+/* renew: every lock of the batch renewed by a quorum, or out of its reach. */
+static bool renew_decided(const rlock *s, const rl_op *ops, void *arg)
+{
+	size_t n = *(const size_t *)arg;
+	for (size_t j = 0; j < n; j++) {
+		size_t yes = 0, no = 0;
+		for (size_t i = 0; i < s->n; i++) {
+			const redisReply *r = ops[i].reply;
+			if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != n)
+				continue;
+			if (r->element[j]->type == REDIS_REPLY_INTEGER && r->element[j]->integer > 0)
+				yes++;
+			else
+				no++;
+		}
+		if (yes < s->quorum && s->n - no >= s->quorum)
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Undo a try of owner req->owner on the masters marked in `maybe` (those that
+ * granted it, and those whose answer never came: the request may have been
+ * applied there). Quiet (wakes nobody: nobody was granted), sent even to a
+ * master that just timed out, bounded by `deadline`. @return the
+ * number of marked masters that did not confirm (their copy, if any, stays
+ * until its TTL unless the core's retried release reaches them).
+ */
+static size_t undo(rlock *s, rl_op *ops, const dlock__rkeys *k, const dlock_request *req, const bool *maybe,
+		   int64_t tmo, int64_t deadline)
+{
+	dlock__rargs r;
+	dlock__rargs_owner(&r, k, req);
+	r.argv[r.argc] = "0";
+	r.lens[r.argc++] = 1;
+	size_t want = 0;
+	for (size_t i = 0; i < s->n; i++) {
+		ops[i].want = maybe[i];
+		ops[i].force = true;
+		want += maybe[i];
+	}
+	if (!want)
+		return 0;
+	rl_round(s, ops, DLOCK__RS_RELEASE, r.argc, r.argv, r.lens, tmo, deadline, NULL, NULL);
+	size_t left = 0;
+	for (size_t i = 0; i < s->n; i++)
+		left += maybe[i] && !ops[i].answered;
+	ops_clear(s, ops);
+	return left;
+}
+
 static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	rlock *s = RL(be);
@@ -279,8 +572,12 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	if (rc)
 		return rc;
 	rl_op *ops = calloc(s->n, sizeof(*ops));
-	if (!ops)
+	bool *maybe = calloc(s->n, sizeof(*maybe));
+	if (!ops || !maybe) {
+		free(ops);
+		free(maybe);
 		return dlock__oom();
+	}
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
@@ -291,17 +588,31 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	dlock__rargs_acquire(&a, &k, req, req->fair ? req->ticket_us : 0);
 	dlock__rnotify_arm(s->nt, req);
 	int64_t t0 = dlock_clock_ms();
-	int64_t tmo = master_timeout(s, req->ttl_ms);
-	int64_t drift = (int64_t)((double)req->ttl_ms * s->drift) + 2;
+	/* a try-once (wait 0) or the last try of a wait comes with a deadline that
+	 * has (nearly) passed: it still gets a little time, within the core's slack
+	 * of 50 ms (the last try of a wait less: the core's clean-up follows it) */
+	int64_t floor = t0 + (req->waiting ? TRY_MIN_MS / 2 : TRY_MIN_MS);
+	int64_t deadline = req->deadline_ms > floor ? req->deadline_ms : floor;
+	int64_t drift = drift_ms(s, req->ttl_ms);
+	/* a grant later than the validity is of no use: wait no longer for one */
+	int64_t tmo = min64(master_timeout(s), req->ttl_ms - drift);
+	/* the try itself may use the time up to the deadline less what an undo
+	 * needs (a third of the time left, at most one per-master timeout) */
+	int64_t try_end = deadline - min64((deadline - t0) / 3, tmo);
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens, tmo);
-	size_t grants = 0, refused = 0, at_top = 0;
+	rl_round(s, ops, DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens, tmo, try_end, acquire_decided, NULL);
+	size_t grants = 0, refused = 0, at_top = 0, unknown = 0;
 	uint64_t top = 0;
 	int64_t soonest = -1;
 	int err = 0;
 	char errmsg[256] = "";
 	for (size_t i = 0; i < s->n; i++) {
 		if (!ops[i].reply) {
+			/* sent, no answer: it may have been applied (a lost reply) */
+			if (ops[i].sent && !ops[i].answered) {
+				maybe[i] = true;
+				unknown++;
+			}
 			if (!err) {
 				err = ops[i].rc;
 				snprintf(errmsg, sizeof(errmsg), "%s", dlock_error_last()->message);
@@ -313,6 +624,7 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		int r = dlock__racquire_reply(ops[i].reply, &f, &retry, KIND);
 		if (r == 0) {
 			grants++;
+			maybe[i] = true;
 			if (f > top) {
 				top = f;
 				at_top = 0;
@@ -326,9 +638,11 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	}
 	ops_clear(s, ops);
 	bool ok = grants >= s->quorum && dlock_clock_ms() - t0 < req->ttl_ms - drift;
-	/* When a quorum already counted up to the token (masters in step: the usual
-	 * case), that quorum is the one the fence rule needs: no second round. */
-	if (ok && at_top < s->quorum) {
+	/* When every granting master counted up to the token (masters in step: the
+	 * usual case), a quorum already holds it: no second round. A master behind
+	 * (it missed grants, or came back without its data) is raised now, so that
+	 * single faults do not add up to a quorum of masters behind. */
+	if (ok && at_top < grants) {
 		/* second round: raise every counter to the token before anyone can see it */
 		char tok[24];
 		const char *argv[5];
@@ -340,7 +654,7 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		lens[4] = (size_t)snprintf(tok, sizeof(tok), "%llu", (unsigned long long)top);
 		argv[4] = tok;
 		ops_all(s, ops);
-		rl_round(s, ops, DLOCK__RS_RAISE, 5, argv, lens, tmo);
+		rl_round(s, ops, DLOCK__RS_RAISE, 5, argv, lens, tmo, try_end, raise_decided, &top);
 		size_t raised = 0;
 		for (size_t i = 0; i < s->n; i++) {
 			long long v;
@@ -353,25 +667,26 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	}
 	if (ok) {
 		free(ops);
+		free(maybe);
 		*fence = top;
 		dlock__racquire_done(req, 0);
 		dlock__rnotify_forget(s->nt, req);
 		return 0;
 	}
-	if (grants) { /* undo partial grants everywhere (a lost reply may hide one) */
-		dlock__rargs r;
-		dlock__rargs_owner(&r, &k, req);
-		r.argv[r.argc] = "0"; /* quietly: nobody was granted, waking all would only feed the stampede */
-		r.lens[r.argc++] = 1;
-		ops_all(s, ops);
-		rl_round(s, ops, DLOCK__RS_RELEASE, r.argc, r.argv, r.lens, tmo);
-		ops_clear(s, ops);
-	}
+	/* Not granted: undo everywhere it may have landed, a grant we saw or a
+	 * request whose answer never came (even when every master timed out). */
+	size_t stuck = grants || unknown ? undo(s, ops, &k, req, maybe, tmo, deadline) : 0;
 	free(ops);
+	free(maybe);
 	if (grants + refused < s->quorum)
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
-				       "only %zu of %zu redlock masters answered (a quorum is %zu): %s",
-				       grants + refused, s->n, s->quorum, errmsg[0] ? errmsg : "timed out");
+				       "only %zu of %zu redlock masters answered (a quorum is %zu)%s: %s",
+				       grants + refused, s->n, s->quorum,
+				       stuck ? "; the undo of this try is unconfirmed on some" : "",
+				       errmsg[0] ? errmsg : "timed out");
+	if (grants >= s->quorum)
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
+				       "lock '%s': granted by a quorum too late (timed out: validity spent)", req->name);
 	dlock__racquire_done(req, DLOCK_ELOCKED);
 	/* a split vote (some grants) retries after a random delay; else when the lease ends */
 	int64_t jitter = dlock__rand_between(s->retry_ms / 2 + 1, s->retry_ms);
@@ -379,6 +694,12 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	return DLOCK_ELOCKED;
 }
 
+/*
+ * Release on every master at once. The hold is gone once no quorum can still
+ * hold it: at least N - Q + 1 masters answered (the silent ones, at most
+ * Q - 1, keep a copy until its TTL at worst). Fewer answers: EUNAVAILABLE,
+ * and the core retries.
+ */
 static int rl_release(dlock_backend *be, dlock_request *req)
 {
 	rlock *s = RL(be);
@@ -391,12 +712,14 @@ static int rl_release(dlock_backend *be, dlock_request *req)
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_owner(&a, &k, req);
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_RELEASE, a.argc, a.argv, a.lens, master_timeout(s, req->ttl_ms));
+	rl_round(s, ops, DLOCK__RS_RELEASE, a.argc, a.argv, a.lens, master_timeout(s), req->deadline_ms,
+		 release_decided, NULL);
 	size_t released = 0, answered = 0;
-	int err = 0;
+	char errmsg[256] = "";
 	for (size_t i = 0; i < s->n; i++) {
 		if (!ops[i].reply) {
-			err = err ? err : ops[i].rc;
+			if (!errmsg[0])
+				snprintf(errmsg, sizeof(errmsg), "%s", dlock_error_last()->message);
 			continue;
 		}
 		answered++;
@@ -405,19 +728,127 @@ static int rl_release(dlock_backend *be, dlock_request *req)
 	}
 	ops_clear(s, ops);
 	free(ops);
+	if (answered < s->n - s->quorum + 1)
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
+				       "release of '%s' confirmed by %zu of %zu redlock masters (need %zu): %s",
+				       req->name, answered, s->n, s->n - s->quorum + 1, errmsg[0] ? errmsg : "timed out");
 	if (released)
 		return 0;
-	if (!answered)
-		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "no redlock master answered the release");
 	return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s' is not held by %s on any master", req->name,
 			       req->owner);
 }
 
+/* The tail of a hold's value after its expiry: "fence mode permits pid host". */
+static int hold_tail(char *buf, size_t n, const dlock_request *req, uint64_t fence)
+{
+	int len = snprintf(buf, n, "%llu %c %u %d %s", (unsigned long long)fence,
+			   req->mode == DLOCK_SHARED ? 's' : 'x', req->permits ? req->permits : 1, req->pid,
+			   req->host ? req->host : "");
+	return len < 0 ? 0 : (size_t)len < n ? len : (int)n - 1;
+}
+
+/*
+ * Put back the copies of holds that still stand on a quorum where a master
+ * answered "not here" (its copy expired early, was deleted, or the master
+ * restarted without its data). Only where nobody else holds: the REPAIR
+ * script checks that in the same step as it writes. A copy is never written
+ * for a hold below a quorum: that hold may have dissolved, and another client
+ * may have held the name meanwhile.
+ */
+static void repair(rlock *s, dlock_request *const *reqs, size_t n, unsigned char *absent, const uint64_t *fence,
+		   const bool *standing, size_t *copies, int64_t tmo, int64_t deadline)
+{
+	rl_op *ops = calloc(s->n, sizeof(*ops));
+	size_t *cnt = calloc(s->n, sizeof(*cnt));
+	const char ***av = calloc(s->n, sizeof(*av));
+	size_t **lv = calloc(s->n, sizeof(*lv));
+	char (*keys)[DLOCK__REDIS_KEY_MAX] = calloc(n, sizeof(*keys));
+	char (*nums)[24] = calloc(n, sizeof(*nums));
+	char (*tails)[320] = calloc(n, sizeof(*tails));
+	char (*nk)[24] = calloc(s->n, sizeof(*nk));
+	size_t **which = calloc(s->n, sizeof(*which));
+	bool any = false;
+	if (!ops || !cnt || !av || !lv || !keys || !nums || !tails || !nk || !which)
+		goto out;
+	for (size_t j = 0; j < n; j++) {
+		dlock__rkeys k;
+		dlock__rkeys_make(&k, s->prefix, reqs[j]->name); /* the key the renew batch used */
+		snprintf(keys[j], sizeof(keys[j]), "%s", k.k[DLOCK__RK_H]);
+		snprintf(nums[j], sizeof(nums[j]), "%lld", (long long)reqs[j]->ttl_ms);
+		hold_tail(tails[j], sizeof(tails[j]), reqs[j], fence[j]);
+	}
+	for (size_t i = 0; i < s->n; i++) {
+		for (size_t j = 0; j < n; j++)
+			cnt[i] += standing[j] && absent[i * n + j];
+		if (!cnt[i])
+			continue;
+		size_t argc = 3 + 4 * cnt[i];
+		av[i] = calloc(argc, sizeof(**av));
+		lv[i] = calloc(argc, sizeof(**lv));
+		which[i] = calloc(cnt[i], sizeof(**which));
+		if (!av[i] || !lv[i] || !which[i])
+			goto out;
+		av[i][2] = nk[i];
+		lv[i][2] = (size_t)snprintf(nk[i], sizeof(nk[i]), "%zu", cnt[i]);
+		size_t m = 0;
+		for (size_t j = 0; j < n; j++) {
+			if (!standing[j] || !absent[i * n + j])
+				continue;
+			which[i][m] = j;
+			av[i][3 + m] = keys[j];
+			lv[i][3 + m] = strlen(keys[j]);
+			const char **arg = &av[i][3 + cnt[i] + 3 * m];
+			size_t *len = &lv[i][3 + cnt[i] + 3 * m];
+			arg[0] = reqs[j]->owner;
+			len[0] = strlen(arg[0]);
+			arg[1] = nums[j];
+			len[1] = strlen(nums[j]);
+			arg[2] = tails[j];
+			len[2] = strlen(tails[j]);
+			m++;
+		}
+		ops[i].want = true;
+		ops[i].argc = (int)argc;
+		ops[i].argv = av[i];
+		ops[i].lens = lv[i];
+		any = true;
+	}
+	if (!any)
+		goto out;
+	rl_round(s, ops, RL_REPAIR, 0, NULL, NULL, tmo, deadline, NULL, NULL);
+	for (size_t i = 0; i < s->n; i++) {
+		redisReply *r = ops[i].reply;
+		if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != cnt[i])
+			continue;
+		for (size_t m = 0; m < cnt[i]; m++)
+			if (r->element[m]->type == REDIS_REPLY_INTEGER && r->element[m]->integer > 0)
+				copies[which[i][m]]++;
+	}
+	ops_clear(s, ops);
+out:
+	for (size_t i = 0; i < s->n && av && lv && which; i++) {
+		free(av[i]);
+		free(lv[i]);
+		free(which[i]);
+	}
+	free(ops);
+	free(cnt);
+	free(av);
+	free(lv);
+	free(keys);
+	free(nums);
+	free(tails);
+	free(nk);
+	free(which);
+}
+
 /*
  * Renew a batch on every master at once. A lock stays ours when a quorum
- * renewed it; it is lost (ENOTHELD) once so many masters said "not yours"
- * that a quorum can no longer be reached; otherwise (masters silent) the
- * result is transient and the core retries until the lease deadline.
+ * renewed it; copies missing on masters that answered are then written back
+ * (repair, a second round only when one is missing). It is lost (ENOTHELD)
+ * once so many masters said "not here" that a quorum is out of reach;
+ * otherwise (masters silent) the result is transient and the core retries
+ * until the lease deadline.
  */
 static int rl_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
@@ -430,36 +861,50 @@ static int rl_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 		return rc;
 	rl_op *ops = calloc(s->n, sizeof(*ops));
 	size_t *yes = calloc(n, sizeof(*yes)), *no = calloc(n, sizeof(*no));
-	int *one = calloc(n, sizeof(*one));
-	if (!ops || !yes || !no || !one) {
-		free(ops);
-		free(yes);
-		free(no);
-		free(one);
-		dlock__rbatch_free(&b);
-		return dlock__oom();
+	uint64_t *fence = calloc(n, sizeof(*fence));
+	bool *standing = calloc(n, sizeof(*standing));
+	unsigned char *absent = calloc(s->n * n, 1);
+	if (!ops || !yes || !no || !fence || !standing || !absent) {
+		rc = dlock__oom();
+		goto out;
 	}
 	int64_t ttl = reqs[0]->ttl_ms;
 	for (size_t j = 1; j < n; j++)
 		if (reqs[j]->ttl_ms < ttl)
 			ttl = reqs[j]->ttl_ms;
+	/* an answer is of use until the shortest lease of the batch would end */
+	int64_t tmo = min64(master_timeout(s), ttl - drift_ms(s, ttl)), deadline = reqs[0]->deadline_ms;
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_RENEW, b.argc, b.argv, b.lens, master_timeout(s, ttl));
+	size_t nn = n;
+	rl_round(s, ops, RL_RENEW, b.argc, b.argv, b.lens, tmo, deadline, renew_decided, &nn);
 	size_t answered = 0;
+	bool missing = false;
 	for (size_t i = 0; i < s->n; i++) {
-		if (!ops[i].reply || dlock__rrenew_reply(ops[i].reply, n, one, KIND) != 0)
+		redisReply *r = ops[i].reply;
+		if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != n)
 			continue;
 		answered++;
 		for (size_t j = 0; j < n; j++) {
-			if (one[j] == 0)
+			long long v = r->element[j]->type == REDIS_REPLY_INTEGER ? r->element[j]->integer : 0;
+			if (v > 0) {
 				yes[j]++;
-			else
+				if ((uint64_t)v > fence[j])
+					fence[j] = (uint64_t)v;
+			} else {
 				no[j]++;
+				absent[i * n + j] = 1;
+			}
 		}
 	}
 	ops_clear(s, ops);
 	for (size_t j = 0; j < n; j++) {
-		if (yes[j] >= s->quorum)
+		standing[j] = yes[j] >= s->quorum;
+		missing |= standing[j] && no[j] > 0;
+	}
+	if (missing)
+		repair(s, reqs, n, absent, fence, standing, yes, tmo, deadline);
+	for (size_t j = 0; j < n; j++) {
+		if (standing[j])
 			results[j] = 0;
 		else if (s->n - no[j] < s->quorum)
 			results[j] = DLOCK_ENOTHELD;
@@ -467,14 +912,17 @@ static int rl_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 			results[j] = DLOCK_EUNAVAILABLE;
 	}
 	if (!answered)
-		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "no redlock master answered the renewal");
+		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "no redlock master answered the renewal (timed out)");
 	else if (answered < s->quorum)
 		dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "only %zu of %zu redlock masters answered the renewal",
 				answered, s->n);
+out:
 	free(ops);
 	free(yes);
 	free(no);
-	free(one);
+	free(fence);
+	free(standing);
+	free(absent);
 	dlock__rbatch_free(&b);
 	return rc;
 }
@@ -495,8 +943,7 @@ static int rl_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 	if (result)
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
 				       "lock '%s': too few redlock masters confirmed the extension", req->name);
-	int64_t drift = (int64_t)((double)ttl_ms * RL(be)->drift) + 2;
-	if (dlock_clock_ms() - t0 >= ttl_ms - drift)
+	if (dlock_clock_ms() - t0 >= ttl_ms - drift_ms(RL(be), ttl_ms))
 		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s': extension confirmed too late", req->name);
 	return 0;
 }
@@ -522,14 +969,15 @@ static int rl_cancel(dlock_backend *be, dlock_request *req)
 	dlock__rargs_owner(&a, &k, req);
 	req->slot = NULL;
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_CANCEL, a.argc, a.argv, a.lens, master_timeout(s, req->ttl_ms));
+	rl_round(s, ops, DLOCK__RS_CANCEL, a.argc, a.argv, a.lens, master_timeout(s), req->deadline_ms, release_decided,
+		 NULL);
 	ops_clear(s, ops);
 	free(ops);
 	return 0;
 }
 
 /* Status of one name: holders seen on a quorum of masters (min TTL, max fence). */
-static int status_one(rlock *s, const char *name, dlock_lock_status **out, size_t *count)
+static int status_one(rlock *s, const char *name, dlock_lock_status **out, size_t *count, int64_t deadline)
 {
 	rl_op *ops = calloc(s->n, sizeof(*ops));
 	if (!ops)
@@ -539,7 +987,7 @@ static int status_one(rlock *s, const char *name, dlock_lock_status **out, size_
 	dlock__rkeys_make(&k, s->prefix, name);
 	dlock__rargs_status(&a, &k);
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_STATUS, a.argc, a.argv, a.lens, s->srv[0].timeout_ms);
+	rl_round(s, ops, DLOCK__RS_STATUS, a.argc, a.argv, a.lens, master_timeout(s), deadline, NULL, NULL);
 	dlock_lock_status *per = NULL;
 	size_t nper = 0;
 	int rc = 0;
@@ -599,8 +1047,9 @@ static int rl_status(dlock_backend *be, const char *const *names, size_t nnames,
 		     size_t *count)
 {
 	rlock *s = RL(be);
+	int64_t deadline = dlock_clock_ms() + s->request_timeout_ms;
 	for (size_t i = 0; i < nnames; i++) { /* the core lists through rl_list: names is never NULL */
-		int rc = status_one(s, names[i], out, count);
+		int rc = status_one(s, names[i], out, count, deadline);
 		if (rc)
 			return rc;
 	}
@@ -612,12 +1061,31 @@ static int rl_list(dlock_backend *be, char ***names, size_t *n)
 {
 	rlock *s = RL(be);
 	size_t reached = 0;
-	for (size_t i = 0; i < s->n; i++)
-		if (dlock__rscan_names(&s->c[i], &s->srv[i], s->prefix, KIND, names, n) == 0)
+	int64_t deadline = dlock_clock_ms() + s->request_timeout_ms;
+	for (size_t i = 0; i < s->n; i++) {
+		/* one master after the other, each with what is left of the time */
+		int64_t left = deadline - dlock_clock_ms();
+		if (left <= 0)
+			break;
+		if (!s->c[i] && dlock_clock_ms() < s->quiet_until[i])
+			continue;
+		if (s->owed[i])
+			drop(s, i); /* SCAN below reads the next reply as its own */
+		dlock__rserver cut = s->srv[i];
+		cut.connect_timeout_ms = min64(cut.connect_timeout_ms, left);
+		cut.timeout_ms = min64(cut.timeout_ms, left);
+		if (s->c[i])
+			redisSetTimeout(s->c[i], ms_tv(cut.timeout_ms));
+		if (dlock__rscan_names(&s->c[i], &cut, s->prefix, KIND, names, n) == 0)
 			reached++;
+		else
+			drop(s, i); /* a timed-out SCAN may still answer */
+		if (s->c[i])
+			redisSetTimeout(s->c[i], ms_tv(s->srv[i].timeout_ms));
+	}
 	if (reached < s->quorum)
-		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "only %zu of %zu redlock masters answered SCAN",
-				       reached, s->n);
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "only %zu of %zu redlock masters answered SCAN%s",
+				       reached, s->n, dlock_clock_ms() >= deadline ? " (timed out)" : "");
 	return 0;
 }
 
@@ -631,6 +1099,7 @@ static void rl_close(dlock_backend *be)
 		drop(s, i);
 	free(s->c);
 	free(s->quiet_until);
+	free(s->owed);
 	free(s->srv);
 	free(s->user);
 	free(s->password);
@@ -638,32 +1107,49 @@ static void rl_close(dlock_backend *be)
 	free(s);
 }
 
-/* Learn the scripts' SHA1s from the first master that loads them. */
-static void load_scripts(rlock *s)
+/*
+ * Connect to every master at once and learn the scripts' SHA1s (SCRIPT LOAD,
+ * one parallel round per script, which also caches them on every master),
+ * all by `deadline`. @return how many masters answered the first round;
+ * *err and msg: the first failure (an authentication failure first).
+ */
+static size_t load_scripts(rlock *s, int64_t deadline, int *err, char *msg, size_t msglen)
 {
-	for (size_t i = 0; i < s->n; i++) {
-		if (!s->c[i])
-			continue;
-		for (int j = 0; j < DLOCK__RS_COUNT; j++) {
-			const char *argv[3] = { "SCRIPT", "LOAD", dlock__rscript_text[j] };
-			redisAppendCommandArgv(s->c[i], 3, argv, NULL);
-		}
-		bool ok = true;
-		for (int j = 0; j < DLOCK__RS_COUNT; j++) {
-			void *v = NULL;
-			if (redisGetReply(s->c[i], &v) != REDIS_OK || !v) {
-				ok = false;
-				drop(s, i);
-				break;
-			}
-			redisReply *r = v;
-			if (r->type == REDIS_REPLY_STRING && r->len == 40)
-				memcpy(s->sha[j], r->str, 41);
-			freeReplyObject(r);
-		}
-		if (ok)
-			return;
+	rl_op *ops = calloc(s->n, sizeof(*ops));
+	bool *up = calloc(s->n, sizeof(*up));
+	size_t nup = 0;
+	if (!ops || !up) {
+		free(ops);
+		free(up);
+		*err = dlock__oom();
+		return 0;
 	}
+	for (int j = 0; j < RL_NSCRIPTS; j++) {
+		const char *argv[3] = { "SCRIPT", "LOAD", script_text(j) };
+		size_t lens[3] = { 6, 4, strlen(argv[2]) };
+		bool any = false;
+		for (size_t i = 0; i < s->n; i++)
+			any |= ops[i].want = j == 0 || up[i];
+		if (!any)
+			break;
+		rl_round(s, ops, -1, 3, argv, lens, deadline - dlock_clock_ms(), deadline, NULL, NULL);
+		for (size_t i = 0; i < s->n; i++) {
+			redisReply *r = ops[i].reply;
+			if (j == 0 && r) {
+				up[i] = true;
+				nup++;
+			} else if (j == 0 && ops[i].want && (!*err || ops[i].rc == DLOCK_EAUTH) && *err != DLOCK_EAUTH) {
+				*err = ops[i].rc ? ops[i].rc : DLOCK_EUNAVAILABLE;
+				snprintf(msg, msglen, "%s", dlock_error_last()->message);
+			}
+			if (r && r->type == REDIS_REPLY_STRING && r->len == 40 && !s->sha[j][0])
+				memcpy(s->sha[j], r->str, 41);
+		}
+		ops_clear(s, ops);
+	}
+	free(ops);
+	free(up);
+	return nup;
 }
 
 int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
@@ -710,6 +1196,7 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 	s->quorum = n / 2 + 1;
 	s->drift = drift;
 	s->retry_ms = retry;
+	s->request_timeout_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : 2000;
 	s->base.version = DLOCK_BACKEND_VERSION;
 	s->base.kind = KIND;
 	s->base.acquire = rl_acquire;
@@ -721,7 +1208,8 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 	s->base.status = rl_status;
 	s->base.list = rl_list;
 	s->base.close = rl_close;
-	if (!(s->c = calloc(n, sizeof(*s->c))) || !(s->quiet_until = calloc(n, sizeof(int64_t))) || (uri->user && !(s->user = dlock__strdup(uri->user))) ||
+	if (!(s->c = calloc(n, sizeof(*s->c))) || !(s->quiet_until = calloc(n, sizeof(int64_t))) ||
+	    !(s->owed = calloc(n, sizeof(int))) || (uri->user && !(s->user = dlock__strdup(uri->user))) ||
 	    (uri->password && !(s->password = dlock__strdup(uri->password))) ||
 	    !(s->prefix = dlock__strdup(uri->prefix))) {
 		rl_close(&s->base);
@@ -735,26 +1223,17 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 		rl_close(&s->base);
 		return rc;
 	}
-	/* a quorum must answer now, or the store is unusable */
-	size_t up = 0;
+	/* a quorum must answer now, or the store is unusable; all masters are
+	 * asked at once, the whole open bounded by connect_timeout */
 	int first_err = 0;
 	char msg[512] = "";
-	for (size_t i = 0; i < n; i++) {
-		int e = dlock__rconnect(&s->c[i], &srv[i], KIND);
-		if (!e) {
-			up++;
-		} else if (!first_err || e == DLOCK_EAUTH) {
-			first_err = e;
-			snprintf(msg, sizeof(msg), "%s", dlock_error_last()->message);
-		}
-	}
+	size_t up = load_scripts(s, dlock_clock_ms() + uri->connect_timeout_ms, &first_err, msg, sizeof(msg));
 	if (up < s->quorum) {
 		rc = first_err == DLOCK_EAUTH || first_err == DLOCK_EINVAL ? first_err : DLOCK_EUNAVAILABLE;
 		rl_close(&s->base);
 		return dlock_error_set(rc, KIND, NULL, "only %zu of %zu redlock masters reachable (a quorum is %zu): %s",
 				       up, n, n / 2 + 1, msg);
 	}
-	load_scripts(s);
 	*out = &s->base;
 	return 0;
 }

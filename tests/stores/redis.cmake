@@ -60,6 +60,39 @@ if(DLOCK_WITH_REDLOCK)
     TIMEOUT 300)
 endif()
 
+# redlock's undo, repair and restart cases on five masters WITHOUT persistence
+# (a restarted master comes back empty: issue 20 row 3, issue 15 row 1).
+if(DLOCK_WITH_REDLOCK)
+  set(DLOCK_REDLOCK_NP_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redlock-np)
+  add_test(NAME server.redlock-np.start
+    COMMAND ${CMAKE_COMMAND} -E env --unset=REDIS_PERSIST
+            bash ${PROJECT_SOURCE_DIR}/tests/servers/redlock.sh start ${DLOCK_REDLOCK_NP_DIR})
+  add_test(NAME server.redlock-np.stop
+    COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redlock.sh stop ${DLOCK_REDLOCK_NP_DIR})
+  set_tests_properties(server.redlock-np.start PROPERTIES FIXTURES_SETUP server.redlock-np TIMEOUT 120)
+  set_tests_properties(server.redlock-np.stop PROPERTIES FIXTURES_CLEANUP server.redlock-np)
+  add_executable(redlock_repair redlock_repair.c)
+  target_link_libraries(redlock_repair PRIVATE dlock_testutil)
+  target_include_directories(redlock_repair PRIVATE ${PROJECT_SOURCE_DIR}/tests ${HIREDIS_INCLUDE_DIRS})
+  target_compile_definitions(redlock_repair PRIVATE _GNU_SOURCE)
+  add_test(NAME redlock.repair COMMAND redlock_repair
+    ${PROJECT_SOURCE_DIR}/tests/servers/redlock.sh ${DLOCK_REDLOCK_NP_DIR})
+  set_tests_properties(redlock.repair PROPERTIES
+    FIXTURES_REQUIRED server.redlock-np RESOURCE_LOCK server.redlock-np
+    ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_REDLOCK_NP_DIR}/uri"
+    TIMEOUT 300)
+  # the same masters through the fault proxy (lost replies, black holes, a slow link)
+  add_executable(redlock_net redlock_net.c)
+  target_link_libraries(redlock_net PRIVATE dlock_testutil)
+  target_include_directories(redlock_net PRIVATE ${PROJECT_SOURCE_DIR}/tests ${HIREDIS_INCLUDE_DIRS})
+  target_compile_definitions(redlock_net PRIVATE _GNU_SOURCE)
+  add_test(NAME redlock.net COMMAND redlock_net)
+  set_tests_properties(redlock.net PROPERTIES
+    FIXTURES_REQUIRED server.redlock-np RESOURCE_LOCK server.redlock-np
+    ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_REDLOCK_NP_DIR}/uri"
+    TIMEOUT 120)
+endif()
+
 # redis+sentinel: master + replica + one Sentinel; the master is killed.
 set(DLOCK_REDIS_SENTINEL_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redis-sentinel)
 add_test(NAME server.redis-sentinel.start
