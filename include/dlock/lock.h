@@ -76,9 +76,9 @@ DLOCK_EXTERN void dlock_lock_free(dlock_lock *lock);
  *         DLOCK_EBUSY (held through this handle by another thread);
  *         DLOCK_ELOST (reentrant acquire after the lease ended); other codes
  *         from the store.
- * A store that does not answer (DLOCK_EUNAVAILABLE) is tried again within a
- * finite wait; a try-once, or the first try of an endless wait, returns it
- * at once. Bounded whatever the network does: with wait_ms > 0 it returns within
+ * A store that does not answer a first try gives DLOCK_EUNAVAILABLE at once;
+ * once a wait is under way, such answers are ridden out until it ends.
+ * Bounded whatever the network does: with wait_ms > 0 it returns within
  * wait_ms + max(50 ms, 5 %); a try-once within the store's request timeout
  * (URI `timeout=`). A grant whose reply arrives after the lease it carries
  * has ended is refused. A call that ends without a grant undoes what its

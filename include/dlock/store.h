@@ -93,6 +93,11 @@ typedef struct dlock_holder {
 	dlock_mode mode;
 	uint64_t fence;       /**< the fence this holder was granted */
 	int64_t ttl_left_ms;  /**< lease left, as the store sees it; -1 if unknown */
+	unsigned int copies;    /**< stores that keep a hold on several servers (Redlock): how
+				     many have this hold now; 0 where there is one copy */
+	unsigned int copies_of; /**< ... out of how many servers (0 where there is one copy).
+				     copies == copies_of / 2 + 1 is a bare quorum: one more
+				     lost copy and another client can be granted */
 } dlock_holder;
 
 /** The state of one lock name, as reported by dlock_store_status. */

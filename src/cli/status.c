@@ -18,7 +18,8 @@ static const char help[] =
 	"\n"
 	"With --json: {\"store\":URI,\"locks\":[{\"name\",\"permits\",\"last_fence\",\n"
 	"\"waiters\",\"holders\":[{\"owner\",\"host\",\"pid\",\"mode\",\"fence\",\"ttl_left_ms\"}]}]}\n"
-	"(ttl_left_ms is -1 when the store cannot tell).\n"
+	"(ttl_left_ms is -1 when the store cannot tell; Redlock adds \"copies\" and\n"
+	"\"copies_of\": on how many masters the hold stands).\n"
 	"\n%s"
 	"\nExit codes: 0 ok, 64 bad usage, 69 store unavailable or cannot list locks.\n";
 
@@ -44,9 +45,12 @@ static void print_json(dlock_store *store, const dlock_lock_status *st, size_t n
 			cli_json_str(stdout, h->owner);
 			fputs(",\"host\":", stdout);
 			cli_json_str(stdout, h->host);
-			printf(",\"pid\":%d,\"mode\":\"%s\",\"fence\":%llu,\"ttl_left_ms\":%lld}", h->pid,
+			printf(",\"pid\":%d,\"mode\":\"%s\",\"fence\":%llu,\"ttl_left_ms\":%lld", h->pid,
 			       mode_name(h->mode), (unsigned long long)h->fence,
 			       (long long)h->ttl_left_ms);
+			if (h->copies_of)
+				printf(",\"copies\":%u,\"copies_of\":%u", h->copies, h->copies_of);
+			fputs("}", stdout);
 		}
 		fputs("]}", stdout);
 	}
@@ -118,6 +122,9 @@ static void print_table(dlock_store *store, const dlock_lock_status *st, size_t 
 				printf("%-*s  %-10s  %8llu  %9s  %-*s  %7s  %s\n", wname, "", mode,
 				       (unsigned long long)h->fence, ttl, wholder, holder, "",
 				       h->owner ? h->owner : "");
+			if (h->copies_of && h->copies <= h->copies_of / 2 + 1)
+				printf("%-*s  ! on %u of %u servers: a bare quorum (one more lost copy and another "
+				       "client can be granted)\n", wname, "", h->copies, h->copies_of);
 		}
 	}
 }

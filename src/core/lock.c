@@ -344,10 +344,9 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			unknown_t0 = t0;
 		}
 		registered |= rc == DLOCK_ELOCKED && l->req.waiting;
-		/* A store that does not answer is retried within a finite wait; with
-		 * no answer at all on a first try of a try-once or an endless wait,
-		 * the caller hears at once that the store is unreachable. */
-		bool transient = rc == DLOCK_EUNAVAILABLE && (attempt > 0 || until != INT64_MAX) && wait_ms != 0;
+		/* No answer on a first try: the caller hears at once that the store is
+		 * unreachable; later in a wait it is ridden out until the wait ends. */
+		bool transient = rc == DLOCK_EUNAVAILABLE && attempt > 0;
 		int64_t now = dlock_clock_ms();
 		if ((rc != DLOCK_ELOCKED && !transient) || wait_ms == 0 || now >= until)
 			goto give_up;

@@ -1037,6 +1037,8 @@ static int status_one(rlock *s, const char *name, dlock_lock_status **out, size_
 			nh->mode = ho->mode;
 			nh->fence = fence;
 			nh->ttl_left_ms = ttl;
+			nh->copies = (unsigned)votes;
+			nh->copies_of = (unsigned)s->n;
 		}
 	}
 	dlock_status_free(per, nper);

@@ -248,6 +248,42 @@ static void case_repair(dlock_store *s1, dlock_store *s2)
 	dlock_lock_free(b);
 }
 
+
+/* A hold on a bare quorum is reported as one: status gives its copies. */
+static unsigned copies_of_holder(dlock_store *s, const char *name, unsigned *of)
+{
+	const char *names[] = { name };
+	dlock_lock_status *st = NULL;
+	size_t n = 0;
+	unsigned c = 0;
+	*of = 0;
+	if (dlock_store_status(s, names, 1, &st, &n) == 0 && n == 1 && st[0].nholders == 1) {
+		c = st[0].holders[0].copies;
+		*of = st[0].holders[0].copies_of;
+	}
+	dlock_status_free(st, n);
+	return c;
+}
+
+static void case_bare_quorum(dlock_store *s1, dlock_store *s2)
+{
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 20000;
+	o.no_renew = 1; /* no repair: the copies stay as the faults leave them */
+	dlock_lock *a = NULL;
+	CHECK_RC(dlock_lock_new(&a, s1, "bare", &o), 0);
+	CHECK_RC(dlock_acquire(a, 0), 0);
+	unsigned of;
+	CHECK(copies_of_holder(s2, "bare", &of) == NMASTERS && of == NMASTERS);
+	master_int(0, "DEL %s", "{dlock:bare}");
+	master_int(1, "DEL %s", "{dlock:bare}");
+	unsigned c = copies_of_holder(s2, "bare", &of);
+	printf("bare quorum: status shows the hold on %u of %u masters\n", c, of);
+	CHECK(c == NMASTERS / 2 + 1 && of == NMASTERS);
+	CHECK_RC(dlock_release(a), 0);
+	dlock_lock_free(a);
+}
+
 /* Masters restarted one at a time without their data. */
 static void case_restarts(dlock_store *s1, dlock_store *s2)
 {
@@ -316,6 +352,7 @@ int main(int argc, char **argv)
 		return tu_done("redlock_repair");
 	case_undo(s2);
 	case_repair(s1, s2);
+	case_bare_quorum(s1, s2);
 	case_restarts(s1, s2);
 	dlock_store_close(s1);
 	dlock_store_close(s2);
