@@ -83,6 +83,8 @@ dlock_holder *dlock__status_add_holder(dlock_lock_status *st);
 
 /* ---- the store object (core) ---- */
 typedef struct dlock__reg dlock__reg;
+typedef struct dlock__cb_run cb_run;
+typedef struct dlock__orphan dlock__orphan;
 
 struct dlock_store {
 	dlock_backend *be;
@@ -94,14 +96,17 @@ struct dlock_store {
 	int64_t request_timeout_ms; /* bound of one request (URI timeout=) */
 	uint64_t next_serial;   /* owner serials, under reg_mu */
 
-	/* renewal registry and thread (renewer.c) */
+	/* renewal registry, renewal thread and lease watchdog (renewer.c) */
 	pthread_mutex_t reg_mu;
-	pthread_cond_t reg_cv;
+	pthread_cond_t reg_cv;  /* any change of the below; both threads recompute */
 	dlock__reg *regs;
-	bool renewer_started, renewer_stop;
-	pthread_t renewer;
-	uint64_t cb_running;    /* reg id whose on_lost runs now, 0 if none */
+	bool renewer_started, watchdog_started, renewer_stop;
+	pthread_t renewer, watchdog;
+	cb_run *cbs;            /* on_lost callbacks running now */
+	dlock__orphan *orphans; /* releases to retry in the background */
+	const char *orphan_busy; /* owner of the orphan the renewer retries now */
 	int64_t renewer_wake;   /* when the sleeping renewer wakes up by itself */
+	int64_t watchdog_wake;  /* when the sleeping watchdog wakes up by itself */
 };
 
 /* A held lock as the renewal thread sees it; owned by the lock, linked while held. */
@@ -113,10 +118,23 @@ struct dlock__reg {
 	bool in_batch;          /* the renewer is talking to the store about it */
 };
 
-void dlock__renewer_add(dlock_store *store, dlock__reg *reg);
-/* Unlink reg; waits while its on_lost callback runs (unless called from it). */
+/* Start renewing (and watching the deadline of) reg's lock. DLOCK_ENOMEM
+ * when the store's threads cannot be started (nothing is registered then). */
+int dlock__renewer_add(dlock_store *store, dlock__reg *reg);
+/* Unlink reg; waits while its on_lost callback runs (unless called from it)
+ * and while the renewer talks to the store about it. */
 void dlock__renewer_remove(dlock_store *store, dlock__reg *reg);
 void dlock__renewer_stop(dlock_store *store);
+
+/* Releases the store did not confirm: retried by the renewer (slot NULL,
+ * confirm set) until 0/ENOTHELD or CLOCK_MONOTONIC `until`. req is copied. */
+int dlock__orphan_add(dlock_store *store, const dlock_request *req, int64_t until);
+/* Take the pending release of `owner` out of the queue (1), or 0 if none. */
+int dlock__orphan_take(dlock_store *store, const char *owner, dlock__orphan **out);
+const dlock_request *dlock__orphan_request(dlock__orphan *o);
+/* Put a taken orphan back for the renewer to retry. */
+void dlock__orphan_put(dlock_store *store, dlock__orphan *o);
+void dlock__orphan_free(dlock__orphan *o);
 
 /* Lock internals shared between lock.c and renewer.c */
 /* Room for an owner token ("<client id hex>-<serial>") and its NUL. */
@@ -137,6 +155,7 @@ struct dlock_lock {
 	uint64_t fence;
 	int64_t deadline;        /* CLOCK_MONOTONIC ms; lease end minus drift */
 	bool attached;           /* from dlock_lock_attach: not renewed */
+	bool release_pending;    /* a release failed: `owner` is in the orphan queue */
 	bool lost_fired;
 	dlock_request req;       /* what the store sees for this hold */
 	dlock__reg reg;

@@ -138,7 +138,7 @@ static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t 
 	return rc;
 }
 
-static void call_cancel(dlock_lock *l)
+static void call_cancel(dlock_lock *l, int64_t deadline)
 {
 	dlock_backend *be = l->store->be;
 	if (!be->cancel)
@@ -146,31 +146,74 @@ static void call_cancel(dlock_lock *l)
 	dlock__saved_error saved; /* cancel is cleanup: keep the caller's error */
 	dlock__error_save(&saved);
 	pthread_mutex_lock(&l->store->be_mu);
-	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
+	l->req.deadline_ms = deadline;
 	be->cancel(be, &l->req);
 	pthread_mutex_unlock(&l->store->be_mu);
 	l->req.slot = NULL; /* the store freed its per-attempt state */
 	dlock__error_restore(&saved);
 }
 
-static void granted(dlock_lock *l, uint64_t fence, int64_t t0)
+static int release_in_store(dlock_lock *l);
+
+/* Whether an acquire's answer may hide a grant the server applied. */
+static bool outcome_unknown(int rc)
+{
+	return rc != 0 && rc != DLOCK_ELOCKED && rc != DLOCK_EINVAL && rc != DLOCK_EAUTH &&
+	       rc != DLOCK_ENOTSUPPORTED;
+}
+
+/* Undo whatever the tries of this acquire call may have left in the store:
+ * release by owner now, within `deadline`; if the store does not confirm,
+ * the renewer retries it until the lease it may have set (from t_lease) ends.
+ * Returns true when the store confirmed that nothing is left. */
+static bool undo(dlock_lock *l, int64_t t_lease, int64_t deadline)
+{
+	dlock_store *s = l->store;
+	dlock__saved_error saved;
+	dlock__error_save(&saved);
+	pthread_mutex_lock(&s->be_mu);
+	l->req.confirm = 1;
+	l->req.deadline_ms = deadline;
+	int rc = s->be->release(s->be, &l->req);
+	pthread_mutex_unlock(&s->be_mu);
+	l->req.slot = NULL;
+	bool done = rc == 0 || rc == DLOCK_ENOTHELD;
+	if (!done)
+		dlock__orphan_add(s, &l->req, t_lease + l->ttl_ms);
+	dlock__error_restore(&saved);
+	return done;
+}
+
+static int granted(dlock_lock *l, uint64_t fence, int64_t t_lease)
 {
 	pthread_mutex_lock(&l->mu);
 	l->state = DLOCK__HELD;
 	l->count = 1;
 	l->thread = pthread_self();
 	l->fence = fence;
-	l->deadline = t0 + l->ttl_ms - dlock__drift_ms(l->ttl_ms);
+	l->deadline = t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms);
 	l->attached = false;
 	l->lost_fired = false;
+	l->release_pending = false;
 	pthread_mutex_unlock(&l->mu);
 	/* Locks without renewal are watched too: their on_lost fires at the deadline. */
 	l->reg.lock = l;
-	l->reg.next_renew = l->opts.no_renew ? INT64_MAX : t0 + l->ttl_ms / 3;
-	dlock__renewer_add(l->store, &l->reg);
+	l->reg.next_renew = l->opts.no_renew ? INT64_MAX : t_lease + l->ttl_ms / 3;
+	int rc = dlock__renewer_add(l->store, &l->reg);
+	if (rc) {
+		/* No renewal and no lost signal would watch this hold: give it back. */
+		dlock__saved_error saved;
+		dlock__error_save(&saved);
+		release_in_store(l);
+		dlock__error_restore(&saved);
+		pthread_mutex_lock(&l->mu);
+		l->state = DLOCK__IDLE;
+		l->count = 0;
+		l->fence = 0;
+		pthread_mutex_unlock(&l->mu);
+	}
+	return rc;
 }
-
-static int release_in_store(dlock_lock *l);
 
 /* A lost hold is over, but the store may still keep state for it (a held
  * connection, a queue node): release it there, quietly, and forget it. */
@@ -188,6 +231,14 @@ static int64_t min64(int64_t a, int64_t b)
 	return a < b ? a : b;
 }
 
+/* How far past its wait an acquire may return: max(50 ms, 5 %). The clean-up
+ * after a timeout (cancel, undo) gets half of it; the rest is the background's. */
+static int64_t slack_ms(int64_t wait_ms)
+{
+	int64_t pct = wait_ms / 20;
+	return pct > 50 ? pct : 50;
+}
+
 int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 {
 	if (!l)
@@ -195,11 +246,14 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	pthread_mutex_lock(&l->mu);
 	if (l->state == DLOCK__HELD) {
 		int rc = 0;
-		if (pthread_equal(l->thread, pthread_self()) && !l->attached)
-			l->count++;
-		else
+		if (!pthread_equal(l->thread, pthread_self()) || l->attached)
 			rc = dlock_error_set(DLOCK_EBUSY, NULL, NULL,
 					     "lock '%s' is held through this handle by another thread", l->name);
+		else if (dlock_clock_ms() >= l->deadline)
+			rc = dlock_error_set(DLOCK_ELOST, l->store->be->kind, NULL,
+					     "lock '%s' was lost: its lease ended", l->name);
+		else
+			l->count++;
 		pthread_mutex_unlock(&l->mu);
 		return rc;
 	}
@@ -214,38 +268,55 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	const dlock_backend *be = l->store->be;
 	int64_t start = dlock_clock_ms();
 	int64_t until = wait_ms < 0 || wait_ms > DLOCK_TTL_MAX_MS ? INT64_MAX : start + wait_ms;
+	int64_t cleanup_by = until == INT64_MAX ? INT64_MAX : until + slack_ms(wait_ms) / 2;
 	int64_t backoff = BACKOFF_FIRST_MS;
 	bool registered = false;
+	int64_t unknown_t0 = -1; /* start of the earliest try whose outcome is unknown */
 	for (int attempt = 0;; attempt++) {
 		uint64_t fence = 0;
 		int64_t retry = -1;
 		int64_t t0 = dlock_clock_ms(); /* the lease counts from before the request */
 		l->req.waiting = wait_ms != 0;
-		int rc = call_acquire(l, &fence, &retry, until);
+		int rc = call_acquire(l, &fence, &retry, until == INT64_MAX ? INT64_MAX : until);
+		int64_t t_lease = unknown_t0 >= 0 ? unknown_t0 : t0;
 		if (rc == 0) {
-			granted(l, fence, t0);
-			return 0;
+			int64_t now = dlock_clock_ms();
+			if (now < t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms))
+				return granted(l, fence, t_lease);
+			/* The grant came after the lease it may carry had ended: not ours to use. */
+			if (!undo(l, t_lease, request_deadline(l->store, INT64_MAX))) {
+				new_owner(l); /* the old owner's release goes on in the background */
+				dlock__lock_fill_request(l);
+				registered = false;
+			}
+			unknown_t0 = -1;
+			rc = dlock_error_set(DLOCK_EUNAVAILABLE, be->kind, NULL,
+					     "lock '%s': the grant arrived after its lease had ended", l->name);
+		} else if (outcome_unknown(rc) && unknown_t0 < 0) {
+			unknown_t0 = t0;
 		}
 		bool transient = rc == DLOCK_EUNAVAILABLE && attempt > 0;
-		if (rc != DLOCK_ELOCKED && !transient) {
-			if (registered)
-				call_cancel(l);
-			return rc;
-		}
-		registered |= rc == DLOCK_ELOCKED && l->req.waiting;
-		if (wait_ms == 0)
-			return dlock_error_set(DLOCK_ELOCKED, be->kind, NULL,
-					       "lock '%s' is held by another owner", l->name);
 		int64_t now = dlock_clock_ms();
-		if (now >= until) {
-			if (registered)
-				call_cancel(l);
+		bool give_up = (rc != DLOCK_ELOCKED && !transient) || wait_ms == 0 || now >= until;
+		if (give_up) {
+			dlock__saved_error saved;
+			dlock__error_save(&saved);
+			int64_t by = request_deadline(l->store, cleanup_by > now ? cleanup_by : now + 1);
+			if (registered || (rc == DLOCK_ELOCKED && l->req.waiting))
+				call_cancel(l, by);
+			if (unknown_t0 >= 0)
+				undo(l, unknown_t0, by);
+			dlock__error_restore(&saved);
 			if (rc != DLOCK_ELOCKED)
 				return rc;
+			if (wait_ms == 0)
+				return dlock_error_set(DLOCK_ELOCKED, be->kind, NULL,
+						       "lock '%s' is held by another owner", l->name);
 			return dlock_error_set(DLOCK_ETIMEOUT, be->kind, NULL,
 					       "lock '%s' not acquired within %lld ms", l->name,
 					       (long long)wait_ms);
 		}
+		registered |= rc == DLOCK_ELOCKED && l->req.waiting;
 		/* Come back before our waiter registration expires, and by the deadline. */
 		int64_t nap = min64(until - now, l->req.queue_ttl_ms / 3);
 		if (retry >= 0)
@@ -268,6 +339,35 @@ static int release_in_store(dlock_lock *l)
 	int rc = be->release(be, &l->req);
 	pthread_mutex_unlock(&l->store->be_mu);
 	l->req.slot = NULL;
+	if (rc != 0 && rc != DLOCK_ENOTHELD && rc != DLOCK_EINVAL) {
+		/* Not confirmed: the renewer retries until the hold's lease would have ended. */
+		pthread_mutex_lock(&l->mu);
+		int64_t until = l->state == DLOCK__HELD && !l->attached
+					? l->deadline + dlock__drift_ms(l->ttl_ms)
+					: dlock_clock_ms() + l->ttl_ms;
+		pthread_mutex_unlock(&l->mu);
+		dlock__orphan_add(l->store, &l->req, until);
+	}
+	return rc;
+}
+
+/* dlock_release again after a release the store did not confirm. */
+static int release_again(dlock_lock *l)
+{
+	dlock_store *s = l->store;
+	dlock__orphan *o;
+	if (!dlock__orphan_take(s, l->owner, &o))
+		return 0; /* confirmed in the background, or its lease has ended */
+	dlock_request req = *dlock__orphan_request(o);
+	pthread_mutex_lock(&s->be_mu);
+	req.deadline_ms = request_deadline(s, INT64_MAX);
+	int rc = s->be->release(s->be, &req);
+	pthread_mutex_unlock(&s->be_mu);
+	if (rc == 0 || rc == DLOCK_ENOTHELD) {
+		dlock__orphan_free(o);
+		return 0;
+	}
+	dlock__orphan_put(s, o);
 	return rc;
 }
 
@@ -277,6 +377,15 @@ int dlock_release(dlock_lock *l)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_release: lock is NULL");
 	pthread_mutex_lock(&l->mu);
 	dlock__state st = l->state;
+	if (st == DLOCK__IDLE && l->release_pending) {
+		pthread_mutex_unlock(&l->mu);
+		int rc = release_again(l);
+		pthread_mutex_lock(&l->mu);
+		if (rc == 0)
+			l->release_pending = false;
+		pthread_mutex_unlock(&l->mu);
+		return rc;
+	}
 	if (st == DLOCK__IDLE) {
 		pthread_mutex_unlock(&l->mu);
 		return dlock_error_set(DLOCK_ENOTHELD, NULL, NULL, "lock '%s' is not held by this handle", l->name);
@@ -302,6 +411,7 @@ int dlock_release(dlock_lock *l)
 	l->count = 0;
 	l->fence = 0;
 	l->attached = false;
+	l->release_pending = rc != 0 && rc != DLOCK_ENOTHELD && rc != DLOCK_EINVAL;
 	pthread_mutex_unlock(&l->mu);
 	if (st == DLOCK__LOST || expired)
 		return dlock_error_set(DLOCK_ELOST, l->store->be->kind, NULL,
@@ -375,7 +485,7 @@ uint64_t dlock_fence(const dlock_lock *cl)
 	if (!l)
 		return 0;
 	pthread_mutex_lock(&l->mu);
-	uint64_t f = l->state == DLOCK__HELD ? l->fence : 0;
+	uint64_t f = l->state == DLOCK__HELD && (l->attached || dlock_clock_ms() < l->deadline) ? l->fence : 0;
 	pthread_mutex_unlock(&l->mu);
 	return f;
 }

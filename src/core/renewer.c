@@ -1,18 +1,54 @@
 #include "core/internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /*
- * The renewal thread of a store. Every held lock is renewed at ttl/3; locks
- * due within half an interval of each other go to the store in one batch
- * (be->renew: one round trip per server). A lock whose lease deadline passes
- * without a confirmed renewal, or that the store says is no longer ours, is
- * marked lost and its on_lost runs here, before the store can give it away
- * (the deadline is ttl minus a drift margin, counted from before the request).
+ * Two threads per store, started with its first hold:
+ *
+ * - the renewer talks to the store: every held lock is renewed at ttl/3,
+ *   locks due within half an interval of each other in one batch (be->renew:
+ *   one round trip per server), and releases that failed (orphans) are
+ *   retried until they succeed or the lease they may keep has ended;
+ * - the watchdog never does I/O: it sleeps until the earliest lease deadline
+ *   and marks a lock lost the moment its deadline passes without a confirmed
+ *   renewal, however long the renewer is stuck in the network.
+ *
+ * on_lost callbacks run on a thread of their own each, so a slow callback
+ * delays neither renewal nor another lock's signal.
  */
 
 #define RETRY_MAX_MS 1000
+#define ORPHAN_RETRY_FIRST_MS 50
+
+/* One running on_lost callback. Keyed by the hold's id, not by its reg: the
+ * callback may free the lock (and its reg) before it returns. */
+struct dlock__cb_run {
+	cb_run *next;
+	dlock_store *store;
+	dlock_lock *lock;
+	uint64_t reg_id;
+	pthread_t thread;
+	bool inline_run; /* no thread could be made: ran on the watchdog */
+};
+
+/* A release the store did not confirm, retried in the background. */
+struct dlock__orphan {
+	dlock__orphan *next;
+	dlock_request req;       /* name and owner point at the strings below */
+	char *name;
+	char owner[DLOCK__OWNER_MAX];
+	int64_t until;           /* CLOCK_MONOTONIC ms: the hold cannot outlive this */
+	int64_t next_try;
+	int64_t backoff;
+};
+
+static int64_t min64(int64_t a, int64_t b)
+{
+	return a < b ? a : b;
+}
 
 static void unlink_reg(dlock_store *s, dlock__reg *reg)
 {
@@ -28,70 +64,166 @@ static void unlink_reg(dlock_store *s, dlock__reg *reg)
 	reg->lock->registered = false;
 }
 
-/* Under reg_mu: run on_lost of reg's lock without reg_mu held. */
-static void fire_lost(dlock_store *s, dlock__reg *reg)
+static void *cb_main(void *arg)
+{
+	cb_run *c = arg;
+	dlock_store *s = c->store;
+	c->lock->opts.on_lost(c->lock, c->lock->opts.payload);
+	pthread_mutex_lock(&s->reg_mu);
+	for (cb_run **p = &s->cbs; *p; p = &(*p)->next) {
+		if (*p == c) {
+			*p = c->next;
+			break;
+		}
+	}
+	free(c);
+	pthread_cond_broadcast(&s->reg_cv);
+	pthread_mutex_unlock(&s->reg_mu);
+	return NULL;
+}
+
+/* Under reg_mu: the lock of reg is gone (if `now` > 0: only if its deadline
+ * has passed by then, checked again under its mutex). Mark it lost, unlink it
+ * and start its on_lost (on its own thread; inline only if none can be made). */
+static void lost(dlock_store *s, dlock__reg *reg, int64_t now)
 {
 	dlock_lock *l = reg->lock;
-	s->cb_running = reg->id;
+	pthread_mutex_lock(&l->mu);
+	if (now > 0 && (l->state != DLOCK__HELD || now < l->deadline)) {
+		pthread_mutex_unlock(&l->mu);
+		return;
+	}
+	bool fire = dlock__lock_mark_lost(l);
+	pthread_mutex_unlock(&l->mu);
+	unlink_reg(s, reg);
+	if (!fire)
+		return;
+	cb_run *c = calloc(1, sizeof(*c));
+	if (c) {
+		c->store = s;
+		c->lock = l;
+		c->reg_id = reg->id;
+		c->next = s->cbs;
+		s->cbs = c;
+		pthread_attr_t a;
+		pthread_attr_init(&a);
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		int rc = pthread_create(&c->thread, &a, cb_main, c);
+		pthread_attr_destroy(&a);
+		if (rc == 0)
+			return;
+		c->thread = pthread_self();
+		c->inline_run = true;
+	}
+	/* No thread: run it here, still never inside store I/O. */
 	pthread_mutex_unlock(&s->reg_mu);
 	l->opts.on_lost(l, l->opts.payload);
 	pthread_mutex_lock(&s->reg_mu);
-	s->cb_running = 0;
+	if (c) {
+		for (cb_run **p = &s->cbs; *p; p = &(*p)->next) {
+			if (*p == c) {
+				*p = c->next;
+				break;
+			}
+		}
+		free(c);
+	}
 	pthread_cond_broadcast(&s->reg_cv);
 }
 
-/* Under reg_mu: mark every lock past its deadline lost. Returns true if it ran a callback. */
-static bool expire(dlock_store *s, int64_t now)
+static int64_t lock_deadline(dlock_lock *l, bool *held)
 {
-	for (dlock__reg *r = s->regs; r; r = r->next) {
-		dlock_lock *l = r->lock;
-		pthread_mutex_lock(&l->mu);
-		bool gone = l->state == DLOCK__HELD && now >= l->deadline;
-		bool fire = gone && dlock__lock_mark_lost(l);
-		pthread_mutex_unlock(&l->mu);
-		if (gone) {
-			unlink_reg(s, r);
-			if (fire)
-				fire_lost(s, r);
-			return true; /* the list may have changed */
+	pthread_mutex_lock(&l->mu);
+	int64_t d = l->deadline;
+	*held = l->state == DLOCK__HELD;
+	pthread_mutex_unlock(&l->mu);
+	return d;
+}
+
+static int64_t lock_ttl(dlock_lock *l)
+{
+	pthread_mutex_lock(&l->mu);
+	int64_t t = l->ttl_ms;
+	pthread_mutex_unlock(&l->mu);
+	return t;
+}
+
+static void *watchdog_main(void *arg)
+{
+	dlock_store *s = arg;
+	pthread_mutex_lock(&s->reg_mu);
+	while (!s->renewer_stop) {
+		int64_t now = dlock_clock_ms();
+		int64_t next = INT64_MAX;
+		bool again = false;
+		for (dlock__reg *r = s->regs; r; r = r->next) {
+			bool held;
+			int64_t d = lock_deadline(r->lock, &held);
+			if (held && now >= d) {
+				lost(s, r, now);
+				again = true; /* the list may have changed */
+				break;
+			}
+			next = min64(next, d);
+		}
+		if (again)
+			continue;
+		s->watchdog_wake = next;
+		if (next == INT64_MAX) {
+			pthread_cond_wait(&s->reg_cv, &s->reg_mu);
+		} else {
+			struct timespec ts;
+			dlock__abstime(&ts, next - now);
+			pthread_cond_timedwait(&s->reg_cv, &s->reg_mu, &ts);
 		}
 	}
-	return false;
+	pthread_mutex_unlock(&s->reg_mu);
+	return NULL;
+}
+
+static bool due(dlock__reg *r, int64_t now)
+{
+	return r->next_renew != INT64_MAX && r->next_renew - now <= lock_ttl(r->lock) / 6;
 }
 
 static void renew_batch(dlock_store *s, int64_t now)
 {
 	size_t n = 0;
 	for (dlock__reg *r = s->regs; r; r = r->next)
-		if (r->next_renew != INT64_MAX && r->next_renew - now <= r->lock->ttl_ms / 6)
+		if (due(r, now))
 			n++;
 	if (n == 0)
 		return;
 	dlock__reg **regs = calloc(n, sizeof(*regs));
 	dlock_request **reqs = calloc(n, sizeof(*reqs));
 	int *results = calloc(n, sizeof(*results));
-	if (!regs || !reqs || !results) {
+	int64_t *ttls = calloc(n, sizeof(*ttls));
+	if (!regs || !reqs || !results || !ttls) {
 		free(regs);
 		free(reqs);
 		free(results);
-		return; /* try again next tick; the deadline still protects us */
+		free(ttls);
+		return; /* try again next tick; the watchdog still protects us */
 	}
 	size_t i = 0;
 	for (dlock__reg *r = s->regs; r && i < n; r = r->next) {
-		if (r->next_renew != INT64_MAX && r->next_renew - now <= r->lock->ttl_ms / 6) {
+		if (due(r, now)) {
 			r->in_batch = true;
 			regs[i] = r;
 			reqs[i] = &r->lock->req;
 			i++;
 		}
 	}
+	n = i;
 	pthread_mutex_unlock(&s->reg_mu);
 
 	int64_t t0 = dlock_clock_ms();
 	dlock_backend *be = s->be;
 	pthread_mutex_lock(&s->be_mu);
-	for (i = 0; i < n; i++)
+	for (i = 0; i < n; i++) {
 		reqs[i]->deadline_ms = t0 + s->request_timeout_ms;
+		ttls[i] = reqs[i]->ttl_ms; /* what the store is asked for (extend writes it under be_mu) */
+	}
 	int all = 0;
 	if (be->renew) {
 		all = be->renew(be, reqs, n, results);
@@ -109,30 +241,74 @@ static void renew_batch(dlock_store *s, int64_t now)
 		int rc = all ? all : results[i];
 		r->in_batch = false;
 		pthread_mutex_lock(&l->mu);
-		bool fire = false, gone = false;
-		if (l->state != DLOCK__HELD) {
-			/* released meanwhile */
-		} else if (rc == 0) {
-			l->deadline = t0 + l->ttl_ms - dlock__drift_ms(l->ttl_ms);
-			r->next_renew = t0 + l->ttl_ms / 3;
-		} else if (rc == DLOCK_ENOTHELD || rc == DLOCK_ELOST) {
-			gone = true;
-			fire = dlock__lock_mark_lost(l);
-		} else {
-			int64_t retry = l->ttl_ms / 10;
-			r->next_renew = t1 + (retry < RETRY_MAX_MS ? retry : RETRY_MAX_MS);
+		bool held = l->state == DLOCK__HELD && r->lock->registered;
+		int64_t ttl = ttls[i];
+		if (held && rc == 0) {
+			/* Never move a deadline back: a slower renewal may come after an extend. */
+			int64_t d = t0 + ttl - dlock__drift_ms(ttl);
+			if (d > l->deadline)
+				l->deadline = d;
+			r->next_renew = t0 + ttl / 3;
+		} else if (held && rc != DLOCK_ENOTHELD && rc != DLOCK_ELOST) {
+			int64_t retry = ttl / 10;
+			r->next_renew = t1 + min64(retry, RETRY_MAX_MS);
 		}
 		pthread_mutex_unlock(&l->mu);
-		if (gone) {
-			unlink_reg(s, r);
-			if (fire)
-				fire_lost(s, r);
-		}
+		if (held && (rc == DLOCK_ENOTHELD || rc == DLOCK_ELOST))
+			lost(s, r, 0);
 	}
 	pthread_cond_broadcast(&s->reg_cv);
 	free(regs);
 	free(reqs);
 	free(results);
+	free(ttls);
+}
+
+static void orphan_free(dlock__orphan *o)
+{
+	free(o->name);
+	free(o);
+}
+
+/* Under reg_mu: retry the releases that are due; drop those done or moot. */
+static void retry_orphans(dlock_store *s, int64_t now)
+{
+	for (dlock__orphan **p = &s->orphans; *p;) {
+		dlock__orphan *o = *p;
+		if (now >= o->until) {
+			*p = o->next;
+			orphan_free(o);
+			continue;
+		}
+		if (o->next_try > now) {
+			p = &o->next;
+			continue;
+		}
+		*p = o->next; /* ours while we talk to the store */
+		s->orphan_busy = o->owner;
+		pthread_mutex_unlock(&s->reg_mu);
+		dlock__saved_error saved;
+		dlock__error_save(&saved);
+		pthread_mutex_lock(&s->be_mu);
+		o->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
+		o->req.slot = NULL;
+		int rc = s->be->release(s->be, &o->req);
+		pthread_mutex_unlock(&s->be_mu);
+		dlock__error_restore(&saved);
+		pthread_mutex_lock(&s->reg_mu);
+		s->orphan_busy = NULL;
+		if (rc == 0 || rc == DLOCK_ENOTHELD || rc == DLOCK_EINVAL) {
+			orphan_free(o);
+		} else {
+			o->next_try = dlock_clock_ms() + o->backoff;
+			o->backoff = min64(o->backoff * 2, RETRY_MAX_MS);
+			o->next = s->orphans;
+			s->orphans = o;
+		}
+		pthread_cond_broadcast(&s->reg_cv);
+		p = &s->orphans; /* the list may have changed while unlocked */
+		now = dlock_clock_ms();
+	}
 }
 
 static void *renewer_main(void *arg)
@@ -141,21 +317,14 @@ static void *renewer_main(void *arg)
 	pthread_mutex_lock(&s->reg_mu);
 	while (!s->renewer_stop) {
 		int64_t now = dlock_clock_ms();
-		if (expire(s, now))
-			continue;
 		renew_batch(s, now);
+		retry_orphans(s, dlock_clock_ms());
 		now = dlock_clock_ms();
 		int64_t next = INT64_MAX;
-		for (dlock__reg *r = s->regs; r; r = r->next) {
-			dlock_lock *l = r->lock;
-			pthread_mutex_lock(&l->mu);
-			int64_t d = l->deadline;
-			pthread_mutex_unlock(&l->mu);
-			if (r->next_renew < next)
-				next = r->next_renew;
-			if (d < next)
-				next = d;
-		}
+		for (dlock__reg *r = s->regs; r; r = r->next)
+			next = min64(next, r->next_renew);
+		for (dlock__orphan *o = s->orphans; o; o = o->next)
+			next = min64(next, min64(o->next_try, o->until));
 		if (s->renewer_stop)
 			break;
 		s->renewer_wake = next;
@@ -171,10 +340,31 @@ static void *renewer_main(void *arg)
 	return NULL;
 }
 
-void dlock__renewer_add(dlock_store *s, dlock__reg *reg)
+/* Under reg_mu. */
+static int start_threads(dlock_store *s)
 {
-	static uint64_t ids; /* under each store's reg_mu; uniqueness per store suffices */
+	if (!s->renewer_started) {
+		if (pthread_create(&s->renewer, NULL, renewer_main, s) != 0)
+			return dlock_error_set(DLOCK_ENOMEM, NULL, NULL, "cannot start the renewal thread");
+		s->renewer_started = true;
+	}
+	if (!s->watchdog_started) {
+		if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0)
+			return dlock_error_set(DLOCK_ENOMEM, NULL, NULL, "cannot start the lease watchdog thread");
+		s->watchdog_started = true;
+	}
+	return 0;
+}
+
+int dlock__renewer_add(dlock_store *s, dlock__reg *reg)
+{
+	static uint64_t ids;
 	pthread_mutex_lock(&s->reg_mu);
+	int rc = start_threads(s);
+	if (rc) {
+		pthread_mutex_unlock(&s->reg_mu);
+		return rc;
+	}
 	reg->id = __atomic_add_fetch(&ids, 1, __ATOMIC_RELAXED);
 	reg->in_batch = false;
 	reg->prev = NULL;
@@ -183,27 +373,108 @@ void dlock__renewer_add(dlock_store *s, dlock__reg *reg)
 		s->regs->prev = reg;
 	s->regs = reg;
 	reg->lock->registered = true;
-	if (!s->renewer_started) {
-		if (pthread_create(&s->renewer, NULL, renewer_main, s) == 0)
-			s->renewer_started = true;
-	}
-	/* Wake the renewer only if it would sleep past this lock's first renewal. */
-	if (reg->next_renew < s->renewer_wake)
+	bool held;
+	int64_t d = lock_deadline(reg->lock, &held);
+	/* Wake a thread only if it would sleep past this lock's first event. */
+	if (reg->next_renew < s->renewer_wake || d < s->watchdog_wake)
 		pthread_cond_broadcast(&s->reg_cv);
 	pthread_mutex_unlock(&s->reg_mu);
+	return 0;
+}
+
+/* Under reg_mu: is the on_lost of hold `id` running on another thread? */
+static bool cb_elsewhere(dlock_store *s, uint64_t id)
+{
+	for (cb_run *c = s->cbs; c; c = c->next)
+		if (id && c->reg_id == id && !pthread_equal(c->thread, pthread_self()))
+			return true;
+	return false;
 }
 
 void dlock__renewer_remove(dlock_store *s, dlock__reg *reg)
 {
 	pthread_mutex_lock(&s->reg_mu);
 	bool on_renewer = s->renewer_started && pthread_equal(pthread_self(), s->renewer);
-	if (!on_renewer) {
-		while ((reg->id && s->cb_running == reg->id) || reg->in_batch)
-			pthread_cond_wait(&s->reg_cv, &s->reg_mu);
-	}
+	while (cb_elsewhere(s, reg->id) || (reg->in_batch && !on_renewer))
+		pthread_cond_wait(&s->reg_cv, &s->reg_mu);
 	if (reg->lock && reg->lock->registered)
 		unlink_reg(s, reg);
 	pthread_mutex_unlock(&s->reg_mu);
+}
+
+int dlock__orphan_add(dlock_store *s, const dlock_request *req, int64_t until)
+{
+	dlock__orphan *o = calloc(1, sizeof(*o));
+	if (!o || !(o->name = strdup(req->name))) {
+		free(o);
+		return DLOCK_ENOMEM;
+	}
+	o->req = *req;
+	snprintf(o->owner, sizeof(o->owner), "%s", req->owner);
+	o->req.name = o->name;
+	o->req.owner = o->owner;
+	o->req.slot = NULL;
+	o->req.confirm = 1;
+	o->until = until;
+	o->backoff = ORPHAN_RETRY_FIRST_MS;
+	o->next_try = dlock_clock_ms();
+	pthread_mutex_lock(&s->reg_mu);
+	int rc = start_threads(s);
+	if (rc) {
+		pthread_mutex_unlock(&s->reg_mu);
+		orphan_free(o);
+		return rc;
+	}
+	o->next = s->orphans;
+	s->orphans = o;
+	pthread_cond_broadcast(&s->reg_cv);
+	pthread_mutex_unlock(&s->reg_mu);
+	return 0;
+}
+
+int dlock__orphan_take(dlock_store *s, const char *owner, dlock__orphan **out)
+{
+	*out = NULL;
+	pthread_mutex_lock(&s->reg_mu);
+	for (;;) {
+		bool busy;
+		for (dlock__orphan **p = &s->orphans; *p; p = &(*p)->next) {
+			if (strcmp((*p)->owner, owner) == 0) {
+				*out = *p;
+				*p = (*p)->next;
+				pthread_mutex_unlock(&s->reg_mu);
+				return 1;
+			}
+		}
+		/* The renewer may be retrying it right now (unlinked while it talks). */
+		busy = s->renewer_started && s->orphan_busy && strcmp(s->orphan_busy, owner) == 0;
+		if (!busy)
+			break;
+		pthread_cond_wait(&s->reg_cv, &s->reg_mu);
+	}
+	pthread_mutex_unlock(&s->reg_mu);
+	return 0;
+}
+
+const dlock_request *dlock__orphan_request(dlock__orphan *o)
+{
+	return &o->req;
+}
+
+void dlock__orphan_put(dlock_store *s, dlock__orphan *o)
+{
+	pthread_mutex_lock(&s->reg_mu);
+	o->next_try = dlock_clock_ms() + o->backoff;
+	o->next = s->orphans;
+	s->orphans = o;
+	pthread_cond_broadcast(&s->reg_cv);
+	pthread_mutex_unlock(&s->reg_mu);
+}
+
+void dlock__orphan_free(dlock__orphan *o)
+{
+	if (o)
+		orphan_free(o);
 }
 
 void dlock__renewer_stop(dlock_store *s)
@@ -211,10 +482,16 @@ void dlock__renewer_stop(dlock_store *s)
 	pthread_mutex_lock(&s->reg_mu);
 	s->renewer_stop = true;
 	pthread_cond_broadcast(&s->reg_cv);
-	bool started = s->renewer_started;
+	bool started = s->renewer_started, dog = s->watchdog_started;
 	pthread_mutex_unlock(&s->reg_mu);
 	if (started)
 		pthread_join(s->renewer, NULL);
+	if (dog)
+		pthread_join(s->watchdog, NULL);
+	pthread_mutex_lock(&s->reg_mu);
+	while (s->cbs) /* callbacks still running use their lock: wait for them */
+		pthread_cond_wait(&s->reg_cv, &s->reg_mu);
+	pthread_mutex_unlock(&s->reg_mu);
 	/* Locks still held (their handles should have been freed first): release, best effort. */
 	while (s->regs) {
 		dlock__reg *r = s->regs;
@@ -226,5 +503,17 @@ void dlock__renewer_stop(dlock_store *s)
 		pthread_mutex_lock(&r->lock->mu);
 		r->lock->state = DLOCK__IDLE;
 		pthread_mutex_unlock(&r->lock->mu);
+	}
+	/* One last try for releases still unconfirmed. */
+	while (s->orphans) {
+		dlock__orphan *o = s->orphans;
+		s->orphans = o->next;
+		if (dlock_clock_ms() < o->until) {
+			pthread_mutex_lock(&s->be_mu);
+			o->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
+			s->be->release(s->be, &o->req);
+			pthread_mutex_unlock(&s->be_mu);
+		}
+		orphan_free(o);
 	}
 }

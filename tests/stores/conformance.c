@@ -10,19 +10,25 @@
  * "UNSUPPORTED <case>: <the store's reason>" and goes on. Anything else that
  * goes wrong is a failure.
  */
+#include "unit/faultproxy.h"
 #include "unit/testutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#ifdef DLOCK_TEST_SQLITE3
+#include <sqlite3.h>
+#endif
 
 static char uri[4096];
 static char tmpdir[256];
@@ -770,10 +776,506 @@ static void case_bad_input(void)
 	dlock_store_close(s);
 }
 
+
+/* Another process tries the "two-handles" lock once, opening and closing its
+ * own store handle twice (as `dlock status` would): exit 0 if every try got
+ * what `expect_free` says. */
+static int other_process_try(long expect_free)
+{
+	char name[128];
+	lock_name(name, sizeof(name), "two-handles");
+	int ok = 1;
+	for (int round = 0; round < 2; round++) {
+		dlock_store *s = open_store();
+		dlock_lock_status *st = NULL;
+		size_t n = 0;
+		const char *names[] = { name };
+		if (dlock_store_status(s, names, 1, &st, &n) == 0)
+			dlock_status_free(st, n);
+		dlock_lock *l = new_lock(s, name, DLOCK_EXCLUSIVE, 1, 0, 5000);
+		int rc = dlock_acquire(l, 0);
+		if (expect_free ? rc != 0 : rc != DLOCK_ELOCKED) {
+			fprintf(stderr, "other process, round %d: acquire gave %s\n", round, dlock_error_name(rc));
+			ok = 0;
+		}
+		dlock_lock_free(l);
+		dlock_store_close(s);
+	}
+	return ok ? 0 : 1;
+}
+
+/* Two store handles on one store in one process (two modules that each open
+ * the default store), then another process: one holder at a time. */
+static void case_two_handles(void)
+{
+	const long ttl = 1500;
+	char name[128];
+	lock_name(name, sizeof(name), "two-handles");
+	dlock_store *s1 = open_store();
+	dlock_lock *l1 = new_lock(s1, name, DLOCK_EXCLUSIVE, 1, 0, ttl);
+	CHECK_RC(dlock_acquire(l1, 0), 0);
+	dlock_store *s2 = open_store();
+	dlock_lock *l2 = new_lock(s2, name, DLOCK_EXCLUSIVE, 1, 0, ttl);
+	CHECK_RC(dlock_acquire(l2, 0), DLOCK_ELOCKED);
+	dlock_lock_free(l2);
+	dlock_store_close(s2); /* closing the second handle must not weaken the first's hold */
+	CHECK(reap(spawn(other_process_try, 0)) == 0);
+	/* Held across renewals after the second handle went. */
+	long long until = tu_now_ms() + 2 * ttl;
+	while (tu_now_ms() < until)
+		usleep(50000);
+	CHECK(dlock_held(l1));
+	CHECK(reap(spawn(other_process_try, 0)) == 0);
+	CHECK_RC(dlock_release(l1), 0);
+	CHECK(reap(spawn(other_process_try, 1)) == 0);
+	dlock_lock_free(l1);
+	dlock_store_close(s1);
+}
+
+/* ------------------------------------------------- the network lies (issue 15)
+ *
+ * Each case puts tests/servers/faultproxy between one client and the real
+ * servers (every host of the URI, one route each) and faults that client's
+ * connections only; the other clients talk to the servers directly. SQLite
+ * has no network: its "blackhole" is another process that holds the
+ * database's write lock and never lets go (a hung peer), and lost replies,
+ * delays and resets do not apply to a local file.
+ */
+
+#define NET_TIMEOUT_MS 300   /* the proxied client's request timeout (timeout=) */
+#define NET_CONNECT_MS 500   /* and its connect_timeout */
+
+typedef struct net {
+	tu_proxy *px;
+	char uri[4096];   /* the proxied URI (with timeout= and connect_timeout=) */
+	pid_t sqlite_hog; /* sqlite: the process holding the write lock */
+} net;
+
+static bool is_sqlite(void)
+{
+	return strncmp(uri, "sqlite:", 7) == 0;
+}
+
+static void with_options(char *out, size_t n, const char *base, long timeout, long connect)
+{
+	if (snprintf(out, n, "%s%stimeout=%ldms&connect_timeout=%ldms", base, strchr(base, '?') ? "&" : "?",
+		     timeout, connect) >= (int)n)
+		die("URI too long");
+}
+
+static int net_start(net *nt, long timeout, long connect)
+{
+	memset(nt, 0, sizeof(*nt));
+	nt->sqlite_hog = -1;
+	if (is_sqlite()) {
+		with_options(nt->uri, sizeof(nt->uri), uri, timeout, connect);
+		return 0;
+	}
+	char *proxied = NULL;
+	nt->px = tu_proxy_start(uri, &proxied);
+	if (!nt->px)
+		return -1;
+	with_options(nt->uri, sizeof(nt->uri), proxied, timeout, connect);
+	free(proxied);
+	return 0;
+}
+
+/* The database path of a sqlite: URI (for the hog). */
+static const char *sqlite_path(void)
+{
+	const char *p = uri + 7;
+	if (strncmp(p, "//", 2) == 0)
+		p += 2;
+	static char buf[4096];
+	snprintf(buf, sizeof(buf), "%s", p);
+	buf[strcspn(buf, "?")] = '\0';
+	return buf;
+}
+
+/* "pass", "blackhole", "drop", "delay N", "reset". 1 when the mode does not
+ * apply to this store (sqlite: all but pass and blackhole). */
+static int net_set(net *nt, const char *mode)
+{
+	if (nt->px)
+		return tu_proxy_set(nt->px, -1, mode) == 0 ? 0 : -1;
+	if (strcmp(mode, "blackhole") == 0) {
+#ifdef DLOCK_TEST_SQLITE3
+		if (nt->sqlite_hog > 0)
+			return 0;
+		event e = event_new();
+		pid_t p = fork();
+		if (p == 0) {
+			/* Another process takes the database's write lock and hangs. */
+			sqlite3 *db = NULL;
+			if (sqlite3_open_v2(sqlite_path(), &db, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK ||
+			    sqlite3_busy_timeout(db, 10000) != SQLITE_OK ||
+			    sqlite3_exec(db, "BEGIN EXCLUSIVE", NULL, NULL, NULL) != SQLITE_OK)
+				_exit(3);
+			event_signal(e);
+			for (;;)
+				pause();
+		}
+		int held = event_wait(e);
+		event_close(&e);
+		nt->sqlite_hog = p;
+		return held ? 0 : -1;
+#else
+		return -1;
+#endif
+	}
+	if (strcmp(mode, "pass") == 0) {
+		if (nt->sqlite_hog > 0) {
+			kill(nt->sqlite_hog, SIGKILL);
+			waitpid(nt->sqlite_hog, NULL, 0);
+			nt->sqlite_hog = -1;
+		}
+		return 0;
+	}
+	return 1;
+}
+
+static void net_stop(net *nt)
+{
+	if (nt->sqlite_hog > 0)
+		net_set(nt, "pass");
+	tu_proxy_stop(nt->px);
+	nt->px = NULL;
+}
+
+static dlock_store *open_uri(const char *u)
+{
+	dlock_store *s = NULL;
+	if (dlock_store_open(&s, u) != 0)
+		die("cannot open store %s", u);
+	return s;
+}
+
+/* The bound the core promises for a wait: wait + max(50 ms, 5 %). */
+static long long slack(long long wait)
+{
+	return wait / 20 > 50 ? wait / 20 : 50;
+}
+
+typedef struct timed_acquire {
+	dlock_lock *lock;
+	long wait;
+	int rc;
+	long long started, ended;
+	pthread_t t;
+	bool then_release; /* a handle belongs to its thread: release there */
+} timed_acquire;
+
+static void *timed_acquire_main(void *arg)
+{
+	timed_acquire *a = arg;
+	a->started = tu_now_ms();
+	a->rc = dlock_acquire(a->lock, a->wait);
+	a->ended = tu_now_ms();
+	if (a->rc == 0 && a->then_release && dlock_release(a->lock) != 0)
+		a->rc = dlock_error_last()->code;
+	return NULL;
+}
+
+static atomic_llong net_lost_at;
+
+static void net_on_lost(dlock_lock *l, void *p)
+{
+	(void)l;
+	(void)p;
+	long long zero = 0;
+	atomic_compare_exchange_strong(&net_lost_at, &zero, tu_now_ms());
+}
+
+/* Open, acquire (mid-wait and from the start) and release while the network
+ * is a black hole: each returns within its bound. */
+static void case_net_bounds(void)
+{
+	char name[128];
+	lock_name(name, sizeof(name), "net-bounds");
+	net nt;
+	if (net_start(&nt, NET_TIMEOUT_MS, NET_CONNECT_MS) != 0) {
+		CHECK(!"fault proxy did not start");
+		return;
+	}
+	dlock_store *direct = open_store();
+	dlock_store *faulty = open_uri(nt.uri);
+	dlock_lock *b = new_lock(direct, name, DLOCK_EXCLUSIVE, 1, 0, 30000);
+	dlock_lock *a = new_lock(faulty, name, DLOCK_EXCLUSIVE, 1, 0, 10000);
+	CHECK_RC(dlock_acquire(b, 0), 0);
+
+	/* A waiter whose network goes dark mid-wait. */
+	timed_acquire ta = { a, 1500, 0, 0, 0, 0, false };
+	pthread_create(&ta.t, NULL, timed_acquire_main, &ta);
+	if (wait_waiters(direct, name, 1, 5000) < 0)
+		CHECK(!"the proxied waiter never showed up as a waiter");
+	CHECK(net_set(&nt, "blackhole") == 0);
+	pthread_join(ta.t, NULL);
+	long long took = ta.ended - ta.started;
+	printf("  wait 1500 ms, network dark mid-wait: %s after %lld ms\n", dlock_error_name(ta.rc), took);
+	CHECK(ta.rc == DLOCK_ETIMEOUT || ta.rc == DLOCK_EUNAVAILABLE);
+	CHECK(took <= 1500 + slack(1500));
+
+	/* Dark from the start. */
+	long long t0 = tu_now_ms();
+	int rc = dlock_acquire(a, 1000);
+	took = tu_now_ms() - t0;
+	printf("  wait 1000 ms, network dark from the start: %s after %lld ms\n", dlock_error_name(rc), took);
+	CHECK(rc == DLOCK_ETIMEOUT || rc == DLOCK_EUNAVAILABLE);
+	CHECK(took <= 1000 + slack(1000));
+
+	/* Open while dark: connect_timeout, and dlock_store_open_timeout. */
+	if (nt.px) {
+		dlock_store *o = NULL;
+		t0 = tu_now_ms();
+		rc = dlock_store_open(&o, nt.uri);
+		took = tu_now_ms() - t0;
+		printf("  open with connect_timeout=%d ms while dark: %s after %lld ms\n", NET_CONNECT_MS,
+		       dlock_error_name(rc), took);
+		CHECK(rc == DLOCK_EUNAVAILABLE);
+		CHECK(took <= NET_CONNECT_MS + slack(NET_CONNECT_MS));
+		dlock_store_close(o);
+		o = NULL;
+		t0 = tu_now_ms();
+		rc = dlock_store_open_timeout(&o, nt.uri, 200);
+		took = tu_now_ms() - t0;
+		printf("  dlock_store_open_timeout(200 ms) while dark: %s after %lld ms\n", dlock_error_name(rc), took);
+		CHECK(rc == DLOCK_EUNAVAILABLE);
+		CHECK(took <= 200 + slack(200));
+		dlock_store_close(o);
+	}
+
+	/* Release while dark: bounded by timeout=; the hold is then retried in
+	 * the background and the name is free for others within one TTL. */
+	CHECK(net_set(&nt, "pass") == 0);
+	CHECK_RC(dlock_release(b), 0);
+	dlock_lock_free(a);
+	a = new_lock(faulty, name, DLOCK_EXCLUSIVE, 1, 0, 2000);
+	rc = dlock_acquire(a, 5000);
+	CHECK_RC(rc, 0);
+	if (rc == 0) {
+		CHECK(net_set(&nt, "blackhole") == 0);
+		t0 = tu_now_ms();
+		rc = dlock_release(a);
+		took = tu_now_ms() - t0;
+		printf("  release with timeout=%d ms while dark: %s after %lld ms\n", NET_TIMEOUT_MS,
+		       dlock_error_name(rc), took);
+		CHECK(took <= NET_TIMEOUT_MS + slack(NET_TIMEOUT_MS));
+		CHECK(!dlock_held(a));
+		/* The network is back, the lease carrying the failed release is not renewed:
+		 * the name is free for others within one TTL. */
+		CHECK(net_set(&nt, "pass") == 0);
+		dlock_lock *c = new_lock(direct, name, DLOCK_EXCLUSIVE, 1, 0, 10000);
+		t0 = tu_now_ms();
+		CHECK_RC(dlock_acquire(c, 2000 + 200), 0);
+		printf("  another client granted %lld ms after the network came back\n", tu_now_ms() - t0);
+		rc = dlock_release(a); /* after a store error, release can be called again */
+		CHECK(rc == 0 || rc == DLOCK_ENOTHELD);
+		CHECK(dlock_held(c));
+		CHECK_RC(dlock_release(c), 0);
+		dlock_lock_free(c);
+	}
+	dlock_lock_free(a);
+	dlock_lock_free(b);
+	dlock_store_close(faulty);
+	dlock_store_close(direct);
+	net_stop(&nt);
+}
+
+/* A holder cut off from the store: on_lost fires by the deadline of its last
+ * confirmed renewal, and no other client is granted before that. */
+static void case_net_lost_signal(void)
+{
+	const long ttl = 1500;
+	char name[128];
+	lock_name(name, sizeof(name), "net-lost");
+	net nt;
+	if (net_start(&nt, NET_TIMEOUT_MS, NET_CONNECT_MS) != 0) {
+		CHECK(!"fault proxy did not start");
+		return;
+	}
+	dlock_store *direct = open_store();
+	dlock_store *faulty = open_uri(nt.uri);
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = ttl;
+	o.on_lost = net_on_lost;
+	dlock_lock *a;
+	if (dlock_lock_new(&a, faulty, name, &o) != 0)
+		die("lock_new");
+	net_lost_at = 0;
+	CHECK_RC(dlock_acquire(a, 5000), 0);
+	CHECK(net_set(&nt, "blackhole") == 0);
+	long long deadline = tu_now_ms() + dlock_ttl_left(a); /* nothing is confirmed from here on */
+	dlock_lock *b = new_lock(direct, name, DLOCK_EXCLUSIVE, 1, 0, 10000);
+	timed_acquire tb = { b, 4 * ttl + 30000, 0, 0, 0, 0, true };
+	pthread_create(&tb.t, NULL, timed_acquire_main, &tb);
+	long long until = tu_now_ms() + 4 * ttl;
+	while (!atomic_load(&net_lost_at) && tu_now_ms() < until)
+		usleep(1000);
+	CHECK(net_set(&nt, "pass") == 0); /* sqlite: the hung peer lets go only now */
+	pthread_join(tb.t, NULL);
+	int rc = tb.rc;
+	long long granted = tb.ended;
+	CHECK_RC(rc, 0);
+	long long lost = atomic_load(&net_lost_at);
+	printf("  on_lost %lld ms after the deadline; another client granted %lld ms after on_lost\n",
+	       lost ? lost - deadline : -1, lost ? granted - lost : -1);
+	CHECK(lost != 0);
+	CHECK(lost <= deadline + 20);
+	CHECK(lost <= granted);
+	CHECK(!dlock_held(a));
+	dlock_lock_free(a);
+	dlock_lock_free(b);
+	dlock_store_close(faulty);
+	dlock_store_close(direct);
+	net_stop(&nt);
+}
+
+/* Does status show a holder of name whose owner is of client `id`? */
+static int held_by_client(dlock_store *s, const char *name, const char *id)
+{
+	const char *names[] = { name };
+	dlock_lock_status *st;
+	size_t n;
+	if (dlock_store_status(s, names, 1, &st, &n) != 0)
+		return 0;
+	int found = 0;
+	for (size_t i = 0; i < n; i++)
+		for (size_t h = 0; h < st[i].nholders; h++)
+			found |= strncmp(st[i].holders[h].owner, id, strlen(id)) == 0;
+	dlock_status_free(st, n);
+	return found;
+}
+
+/* A waiter's try applied by the store but its reply lost, then retried:
+ * never two holders, and fences still increase. */
+static void case_net_lost_reply(void)
+{
+	const long ttl = 2000;
+	char name[128];
+	lock_name(name, sizeof(name), "net-reply");
+	net nt;
+	if (net_start(&nt, NET_TIMEOUT_MS, NET_CONNECT_MS) != 0) {
+		CHECK(!"fault proxy did not start");
+		return;
+	}
+	if (!nt.px) {
+		printf("  (a local file has no replies to lose: not applicable to sqlite)\n");
+		net_stop(&nt);
+		return;
+	}
+	dlock_store *direct = open_store();
+	dlock_store *faulty = open_uri(nt.uri);
+	dlock_lock *c = new_lock(direct, name, DLOCK_EXCLUSIVE, 1, 0, 10000);
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = ttl;
+	o.no_renew = 1;
+	dlock_lock *a;
+	if (dlock_lock_new(&a, faulty, name, &o) != 0)
+		die("lock_new");
+	CHECK_RC(dlock_acquire(c, 0), 0);
+	uint64_t fc = dlock_fence(c);
+	timed_acquire ta = { a, 20000, 0, 0, 0, 0, false };
+	pthread_create(&ta.t, NULL, timed_acquire_main, &ta);
+	if (wait_waiters(direct, name, 1, 5000) < 0)
+		CHECK(!"the proxied waiter never showed up as a waiter");
+	CHECK(net_set(&nt, "drop") == 0);
+	CHECK_RC(dlock_release(c), 0);
+	/* The fault lasts until the store has granted the proxied client, unanswered. */
+	long long until = tu_now_ms() + 10000;
+	int seen = 0;
+	while (!(seen = held_by_client(direct, name, dlock_store_client_id(faulty))) && tu_now_ms() < until)
+		usleep(5000);
+	CHECK(seen);
+	long long dropped = 0;
+	tu_proxy_stats(nt.px, 0, NULL, NULL, NULL, NULL, &dropped);
+	CHECK(net_set(&nt, "pass") == 0);
+	pthread_join(ta.t, NULL);
+	CHECK_RC(ta.rc, 0);
+	long long deadline = tu_now_ms() + dlock_ttl_left(a);
+	uint64_t fa = dlock_fence(a);
+	dlock_lock *d = new_lock(direct, name, DLOCK_EXCLUSIVE, 1, 0, 10000);
+	int rc = dlock_acquire(d, 4 * ttl + 5000);
+	long long granted = tu_now_ms();
+	CHECK_RC(rc, 0);
+	printf("  reply lost (%lld bytes dropped): the next client granted %lld ms after the first's deadline; fences %llu, %llu, %llu\n",
+	       dropped, granted - deadline, (unsigned long long)fc, (unsigned long long)fa,
+	       (unsigned long long)dlock_fence(d));
+	CHECK(ta.rc != 0 || granted >= deadline);
+	CHECK(ta.rc != 0 || fa > fc);
+	CHECK(dlock_fence(d) > fc && (ta.rc != 0 || dlock_fence(d) > fa));
+	if (rc == 0)
+		CHECK_RC(dlock_release(d), 0);
+	dlock_lock_free(a);
+	dlock_lock_free(c);
+	dlock_lock_free(d);
+	dlock_store_close(faulty);
+	dlock_store_close(direct);
+	net_stop(&nt);
+}
+
+/* A slow link (ttl/4 each way): the holder keeps its lock through renewals
+ * and nobody else gets it meanwhile. */
+static void case_net_delay(void)
+{
+	const long ttl = 2000;
+	char name[128];
+	lock_name(name, sizeof(name), "net-delay");
+	net nt;
+	if (net_start(&nt, 3000, 10000) != 0) {
+		CHECK(!"fault proxy did not start");
+		return;
+	}
+	if (!nt.px) {
+		printf("  (a local file has no link to slow down: not applicable to sqlite)\n");
+		net_stop(&nt);
+		return;
+	}
+	dlock_store *direct = open_store();
+	dlock_store *faulty = open_uri(nt.uri);
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = ttl;
+	o.on_lost = net_on_lost;
+	dlock_lock *a;
+	if (dlock_lock_new(&a, faulty, name, &o) != 0)
+		die("lock_new");
+	net_lost_at = 0;
+	CHECK_RC(dlock_acquire(a, 5000), 0);
+	char mode[32];
+	snprintf(mode, sizeof(mode), "delay %ld", ttl / 4);
+	CHECK(net_set(&nt, mode) == 0);
+	dlock_lock *b = new_lock(direct, name, DLOCK_EXCLUSIVE, 1, 0, 10000);
+	long long until = tu_now_ms() + 3 * ttl;
+	int tries = 0, stolen = 0;
+	while (tu_now_ms() < until) {
+		int rc = dlock_acquire(b, 0);
+		tries++;
+		if (rc == 0) {
+			stolen++;
+			dlock_release(b);
+		}
+		usleep(50000);
+	}
+	printf("  %d tries by another client over %ld ms of a %ld ms link: %d granted; on_lost %s\n", tries,
+	       3 * ttl, ttl / 2, stolen, atomic_load(&net_lost_at) ? "fired" : "did not fire");
+	CHECK(stolen == 0);
+	CHECK(atomic_load(&net_lost_at) == 0);
+	CHECK(dlock_held(a));
+	CHECK(net_set(&nt, "pass") == 0);
+	CHECK_RC(dlock_release(a), 0);
+	CHECK_RC(dlock_acquire(b, 5000), 0);
+	dlock_release(b);
+	dlock_lock_free(a);
+	dlock_lock_free(b);
+	dlock_store_close(faulty);
+	dlock_store_close(direct);
+	net_stop(&nt);
+}
+
 static const struct child_entry children[] = {
 	{ "mutex_child", mutex_child },   { "holder_then_hang", holder_then_hang },
 	{ "paused_holder", paused_holder }, { "fair_waiter", fair_waiter },
 	{ "shared_writer", shared_writer }, { "sem_child", sem_child },
+	{ "other_process_try", other_process_try },
 };
 
 static int child_main(int argc, char **argv)
@@ -811,6 +1313,11 @@ static const struct {
 	{ "fair_order", case_fair_order },
 	{ "shared", case_shared },
 	{ "semaphore", case_semaphore },
+	{ "two_handles", case_two_handles },
+	{ "net_bounds", case_net_bounds },
+	{ "net_lost_signal", case_net_lost_signal },
+	{ "net_lost_reply", case_net_lost_reply },
+	{ "net_delay", case_net_delay },
 };
 
 int main(int argc, char **argv)

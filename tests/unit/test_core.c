@@ -8,6 +8,7 @@
 #include <dlock/sys/backend.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -19,6 +20,13 @@ typedef struct fake {
 	atomic_int acquires, releases, extends, renew_calls, renew_items, max_batch;
 	atomic_int acquire_delay_ms;
 	atomic_int renew_result;   /* what renew answers for every item */
+	/* faults */
+	atomic_int lose_replies;   /* the next N tries are applied, then answered EUNAVAILABLE */
+	atomic_int lost_reply_ms;  /* how long such a try "waits" for its reply */
+	atomic_llong applied_at;   /* tu_now_ms() when a lost try was applied */
+	atomic_int release_fail;   /* the next N releases fail (not applied) */
+	int renew_gate;            /* under mu: renew blocks while set */
+	pthread_cond_t gate_cv;
 } fake;
 
 static int f_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry)
@@ -29,14 +37,25 @@ static int f_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 		usleep((useconds_t)f->acquire_delay_ms * 1000);
 	pthread_mutex_lock(&f->mu);
 	int rc = 0;
-	if (f->holder[0]) {
+	if (f->holder[0] && strcmp(f->holder, req->owner) == 0) {
+		*fence = f->fence; /* the owner already holds (an earlier try was applied) */
+	} else if (f->holder[0]) {
 		rc = DLOCK_ELOCKED;
 		*retry = 5;
 	} else {
 		snprintf(f->holder, sizeof(f->holder), "%s", req->owner);
 		*fence = ++f->fence;
 	}
+	bool lose = rc == 0 && f->lose_replies > 0;
+	if (lose) {
+		f->lose_replies--;
+		f->applied_at = tu_now_ms();
+	}
 	pthread_mutex_unlock(&f->mu);
+	if (lose) {
+		usleep((useconds_t)f->lost_reply_ms * 1000);
+		return dlock_error_set(DLOCK_EUNAVAILABLE, "fake", NULL, "timed out (reply lost)");
+	}
 	return rc;
 }
 
@@ -44,6 +63,10 @@ static int f_release(dlock_backend *be, dlock_request *req)
 {
 	fake *f = (fake *)be;
 	f->releases++;
+	if (f->release_fail > 0) {
+		f->release_fail--;
+		return dlock_error_set(DLOCK_EUNAVAILABLE, "fake", NULL, "timed out");
+	}
 	pthread_mutex_lock(&f->mu);
 	int rc = strcmp(f->holder, req->owner) == 0 ? 0 : DLOCK_ENOTHELD;
 	if (rc == 0)
@@ -65,6 +88,10 @@ static int f_extend(dlock_backend *be, dlock_request *req, int64_t ttl)
 static int f_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
 	fake *f = (fake *)be;
+	pthread_mutex_lock(&f->mu);
+	while (f->renew_gate)
+		pthread_cond_wait(&f->gate_cv, &f->mu);
+	pthread_mutex_unlock(&f->mu);
 	f->renew_calls++;
 	f->renew_items += (int)n;
 	if ((int)n > f->max_batch)
@@ -78,6 +105,7 @@ static void f_close(dlock_backend *be)
 {
 	fake *f = (fake *)be;
 	pthread_mutex_destroy(&f->mu);
+	pthread_cond_destroy(&f->gate_cv);
 	free(f);
 }
 
@@ -92,6 +120,7 @@ static fake *fake_new(void)
 	f->base.renew = f_renew;
 	f->base.close = f_close;
 	pthread_mutex_init(&f->mu, NULL);
+	pthread_cond_init(&f->gate_cv, NULL);
 	return f;
 }
 
@@ -370,6 +399,249 @@ static void test_handles(void)
 	dlock_store_close(s);
 }
 
+/* ---- the network lies: the core's side of issue 15 ---- */
+
+static long long fired_at_ms;
+
+static void on_lost_time(dlock_lock *lock, void *payload)
+{
+	(void)lock;
+	__atomic_store_n(&fired_at_ms, tu_now_ms(), __ATOMIC_SEQ_CST);
+	on_lost(lock, payload);
+}
+
+static void gate(fake *f, int on)
+{
+	pthread_mutex_lock(&f->mu);
+	f->renew_gate = on;
+	pthread_cond_broadcast(&f->gate_cv);
+	pthread_mutex_unlock(&f->mu);
+}
+
+/* A renewal that hangs in the network must not delay the lost signal: the
+ * watchdog fires on_lost at the deadline while the renew call is still stuck. */
+static void test_lost_while_renew_hangs(void)
+{
+	fake *f = fake_new();
+	gate(f, 1);
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 300;
+	o.on_lost = on_lost_time;
+	o.payload = &box;
+	dlock_lock *l;
+	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
+	fired_at_ms = 0;
+	CHECK_RC(dlock_acquire(l, 0), 0);
+	long long deadline = tu_now_ms() + dlock_ttl_left(l);
+	CHECK(wait_lost(&box, 3000) == 1);
+	long long late = __atomic_load_n(&fired_at_ms, __ATOMIC_SEQ_CST) - deadline;
+	printf("lost signal %lld ms after the deadline while renew hangs\n", late);
+	CHECK(late >= -2 && late <= 20);
+	CHECK(f->renew_calls == 0); /* the renewal is still stuck */
+	CHECK(!dlock_held(l) && box.held_in_cb == 0);
+	gate(f, 0);
+	CHECK_RC(dlock_release(l), DLOCK_ELOST);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
+/* A slow on_lost of one lock delays neither renewal nor another lock's signal. */
+typedef struct slow_box {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int entered, open;
+} slow_box;
+
+static void slow_cb(dlock_lock *lock, void *payload)
+{
+	(void)lock;
+	slow_box *b = payload;
+	pthread_mutex_lock(&b->mu);
+	b->entered = 1;
+	pthread_cond_broadcast(&b->cv);
+	while (!b->open)
+		pthread_cond_wait(&b->cv, &b->mu);
+	pthread_mutex_unlock(&b->mu);
+}
+
+static void test_slow_callback(void)
+{
+	fake *f = fake_new();
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	slow_box sb = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	dlock_lock_options oa = DLOCK_LOCK_OPTIONS_INIT, ob = DLOCK_LOCK_OPTIONS_INIT, oc = DLOCK_LOCK_OPTIONS_INIT;
+	oa.ttl_ms = 50;
+	oa.no_renew = 1;
+	oa.on_lost = slow_cb;
+	oa.payload = &sb;
+	ob.ttl_ms = 150; /* renewed */
+	oc.ttl_ms = 400;
+	oc.no_renew = 1;
+	oc.on_lost = on_lost_time;
+	oc.payload = &box;
+	dlock_lock *a, *b, *c;
+	CHECK_RC(dlock_lock_new(&a, s, "a", &oa), 0);
+	CHECK_RC(dlock_lock_new(&b, s, "b", &ob), 0);
+	CHECK_RC(dlock_lock_new(&c, s, "c", &oc), 0);
+	CHECK_RC(dlock_acquire(a, 0), 0);
+	f->holder[0] = '\0';
+	CHECK_RC(dlock_acquire(b, 0), 0);
+	char bowner[64];
+	snprintf(bowner, sizeof(bowner), "%s", f->holder);
+	f->holder[0] = '\0';
+	fired_at_ms = 0;
+	CHECK_RC(dlock_acquire(c, 0), 0);
+	long long cdeadline = tu_now_ms() + dlock_ttl_left(c);
+	snprintf(f->holder, sizeof(f->holder), "%s", bowner); /* b's renewals are answered "ours" */
+	pthread_mutex_lock(&sb.mu);
+	while (!sb.entered)
+		pthread_cond_wait(&sb.cv, &sb.mu);
+	pthread_mutex_unlock(&sb.mu);
+	int renewals = f->renew_calls;
+	CHECK(wait_lost(&box, 3000) == 1); /* c's signal, while a's callback still blocks */
+	long long late = __atomic_load_n(&fired_at_ms, __ATOMIC_SEQ_CST) - cdeadline;
+	CHECK(late >= -2 && late <= 20);
+	CHECK(f->renew_calls >= renewals + 2); /* b was renewed meanwhile */
+	CHECK(dlock_held(b));
+	pthread_mutex_lock(&sb.mu);
+	sb.open = 1;
+	pthread_cond_broadcast(&sb.cv);
+	pthread_mutex_unlock(&sb.mu);
+	dlock_lock_free(a);
+	dlock_lock_free(c);
+	CHECK_RC(dlock_release(b), 0);
+	dlock_lock_free(b);
+	dlock_store_close(s);
+}
+
+/* A reentrant acquire after the lease deadline is DLOCK_ELOST, never 0. */
+static void test_reentrant_after_deadline(void)
+{
+	fake *f = fake_new();
+	gate(f, 1); /* renewal hangs: the lease runs out */
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 100;
+	dlock_lock *l;
+	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
+	CHECK_RC(dlock_acquire(l, 0), 0);
+	long long deadline = tu_now_ms() + dlock_ttl_left(l);
+	int rc;
+	long long last_ok = 0;
+	while ((rc = dlock_acquire(l, 0)) == 0)
+		last_ok = tu_now_ms();
+	CHECK(rc == DLOCK_ELOST || rc == DLOCK_ETIMEOUT || rc == DLOCK_ELOCKED);
+	CHECK(last_ok <= deadline);
+	gate(f, 0);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
+/* A try applied but unanswered, then a retry that finds the hold ours: the
+ * lease counts from the lost try, not from the retry. */
+static void *free_after_first_try(void *arg)
+{
+	fake *f = arg;
+	while (f->acquires < 1)
+		usleep(500);
+	pthread_mutex_lock(&f->mu);
+	f->holder[0] = '\0'; /* the other holder releases; the next try will be "lost" */
+	f->lose_replies = 1;
+	pthread_mutex_unlock(&f->mu);
+	return NULL;
+}
+
+static void test_lease_from_lost_try(void)
+{
+	fake *f = fake_new();
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 1000;
+	o.no_renew = 1;
+	dlock_lock *l;
+	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
+	f->lost_reply_ms = 150;
+	f->lose_replies = 1;
+	CHECK_RC(dlock_acquire(l, 0), DLOCK_EUNAVAILABLE); /* lost on the first try: given up */
+	CHECK(f->holder[0] == '\0');                      /* and undone */
+	snprintf(f->holder, sizeof(f->holder), "someone-else");
+	f->acquires = 0;
+	pthread_t t;
+	pthread_create(&t, NULL, free_after_first_try, f);
+	CHECK_RC(dlock_acquire(l, 3000), 0); /* refused, lost, then retried: ours */
+	pthread_join(t, NULL);
+	long long deadline = tu_now_ms() + dlock_ttl_left(l);
+	long long bound = f->applied_at + 1000 - 12; /* server expiry of the lost try, minus drift */
+	printf("lease deadline %lld ms after the lost try was applied (at most %lld)\n",
+	       deadline - f->applied_at, bound - f->applied_at);
+	CHECK(f->acquires >= 3);
+	CHECK(deadline <= bound + 1);
+	CHECK_RC(dlock_release(l), 0);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
+/* A grant whose reply comes after the lease it carries has ended is refused and undone. */
+static void test_late_grant_refused(void)
+{
+	fake *f = fake_new();
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 50;
+	dlock_lock *l;
+	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
+	f->acquire_delay_ms = 80;
+	CHECK(dlock_acquire(l, 0) != 0);
+	CHECK(!dlock_held(l));
+	CHECK(f->holder[0] == '\0');
+	f->acquire_delay_ms = 0;
+	CHECK_RC(dlock_acquire(l, 0), 0);
+	CHECK_RC(dlock_release(l), 0);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
+/* A release the store did not confirm is retried in the background, and a
+ * second dlock_release can retry it at once. */
+static void test_failed_release_retried(void)
+{
+	fake *f = fake_new();
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	dlock_lock *l;
+	CHECK_RC(dlock_lock_new(&l, s, "a", NULL), 0);
+	CHECK_RC(dlock_acquire(l, 0), 0);
+	f->release_fail = 2;
+	CHECK_RC(dlock_release(l), DLOCK_EUNAVAILABLE);
+	CHECK(!dlock_held(l));
+	long long until = tu_now_ms() + 3000;
+	while (f->holder[0] && tu_now_ms() < until)
+		usleep(2000);
+	CHECK(f->holder[0] == '\0'); /* the renewer retried it */
+	CHECK(f->releases >= 3);
+	CHECK_RC(dlock_release(l), 0); /* nothing left to do */
+	CHECK_RC(dlock_release(l), DLOCK_ENOTHELD);
+
+	CHECK_RC(dlock_acquire(l, 0), 0);
+	f->release_fail = 1000000;
+	CHECK_RC(dlock_release(l), DLOCK_EUNAVAILABLE);
+	CHECK_RC(dlock_release(l), DLOCK_EUNAVAILABLE);
+	CHECK(f->holder[0] != '\0');
+	f->release_fail = 0;
+	CHECK_RC(dlock_release(l), 0); /* the caller's retry works */
+	CHECK(f->holder[0] == '\0');
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
 int main(void)
 {
 	test_reentrancy();
@@ -380,5 +652,11 @@ int main(void)
 	test_no_renew_still_signals();
 	test_free_from_callback();
 	test_handles();
+	test_lost_while_renew_hangs();
+	test_slow_callback();
+	test_reentrant_after_deadline();
+	test_lease_from_lost_try();
+	test_late_grant_refused();
+	test_failed_release_retried();
 	return tu_done("unit.core");
 }
