@@ -57,6 +57,7 @@ typedef struct zsess {
 	bool expired;     /* expired, auth failed or closed: never usable again */
 	bool auth_failed;
 	bool current;     /* new holds with this key go here */
+	int64_t probed;   /* when the sweeper last sent a probe */
 	int refs;
 } zsess;
 
@@ -85,6 +86,7 @@ typedef struct orphan {
 	bool again;    /* asked to sweep while sweeping */
 	bool failed;   /* the sweep lost the connection: the next CONNECTED retries */
 	int pending;   /* deletes in flight */
+	int64_t since; /* when the sweep in flight was started */
 } orphan;
 
 /* Per-hold state (req->slot) from the first acquire to release or cancel. */
@@ -99,6 +101,13 @@ typedef struct hold {
 	bool watch_children;
 	int32_t cversion;   /* dir's cversion when we last listed it */
 	bool doubt;         /* a node of ours may exist that h->node does not name */
+	/* The lease, as this store enforces it (under st->mu): a granted hold
+	 * not confirmed again (renew, extend) by `expires` is given up by the
+	 * sweeper, so that a live process that stops renewing frees the name
+	 * like a dead one would. */
+	struct hold *lprev, *lnext;
+	bool leased;
+	int64_t expires;
 } hold;
 
 struct zk_store {
@@ -112,11 +121,14 @@ struct zk_store {
 	int64_t connect_ms;
 	int64_t request_ms;     /* bound of status and list (timeout=) */
 	bool closing;           /* zk_close is closing the sessions */
+	bool sweeper_started;   /* the sweeper thread (see sweeper_main) */
+	pthread_t sweeper;
 	int64_t default_ttl;
 	zsess *sessions;
 	zsess *graveyard;       /* unreferenced in a callback: closed by the next call */
 	watch_wait *waits;
 	orphan *orphans;        /* under mu */
+	hold *leased;           /* granted holds with a lease to enforce, under mu */
 	hold *holds;            /* under the core's mutex, like every hold */
 	struct ACL acl_entries[2];
 	struct ACL_vector acl;
@@ -146,6 +158,7 @@ static const char *zcode(int rc)
 	case ZMARSHALLINGERROR: return "ZMARSHALLINGERROR";
 	case ZNOCHILDRENFOREPHEMERALS: return "ZNOCHILDRENFOREPHEMERALS";
 	case ZDEADLINE: return "TIMEDOUT";
+	case ZRUNTIMEINCONSISTENCY: return "ZRUNTIMEINCONSISTENCY";
 	default: return "ZSYSTEMERROR";
 	}
 }
@@ -165,16 +178,24 @@ static int zerr(int rc, const char *what, const char *path)
 			       zerror(rc));
 }
 
-/* The request may or may not have been applied. */
+/* The request may or may not have been applied. (libzookeeper fails the
+ * requests in flight with ZRUNTIMEINCONSISTENCY when it drops a connection
+ * over a reply out of order: a request lost on a link that works again.) */
 static bool lost_conn(int rc)
 {
-	return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZDEADLINE;
+	return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZRUNTIMEINCONSISTENCY || rc == ZDEADLINE;
 }
 
 /* ...and there may be time to ask again once reconnected. */
 static bool retryable(int rc)
 {
-	return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT;
+	return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZRUNTIMEINCONSISTENCY;
+}
+
+/* A sweep's answer that settles the question (anything else: try again). */
+static bool settled(int rc)
+{
+	return rc == ZOK || rc == ZNONODE || rc == ZNOAUTH || rc == ZBADARGUMENTS || rc == ZINVALIDACL;
 }
 
 /* ---------------------------------------------------------------- names */
@@ -793,10 +814,13 @@ static char *dir_of(zk_store *st, const char *name)
 	return d;
 }
 
+static void lease_drop(zk_store *st, hold *h);
+
 static void hold_free(zk_store *st, hold *h)
 {
 	if (!h)
 		return;
+	lease_drop(st, h);
 	if (h->prev)
 		h->prev->next = h->next;
 	else if (st->holds == h)
@@ -854,7 +878,7 @@ static void sweep_deleted(int rc, const void *data)
 	orphan *o = (orphan *)data;
 	zk_store *st = o->st;
 	pthread_mutex_lock(&st->mu);
-	if (rc != ZOK && rc != ZNONODE && lost_conn(rc))
+	if (!settled(rc))
 		o->failed = true;
 	if (--o->pending == 0)
 		sweep_done_locked(o, !o->failed); /* may free o */
@@ -868,7 +892,7 @@ static void sweep_listed(int rc, const struct String_vector *sv, const void *dat
 	orphan *o = (orphan *)data;
 	zk_store *st = o->st;
 	pthread_mutex_lock(&st->mu);
-	if (rc == ZNONODE || (rc != ZOK && !lost_conn(rc))) {
+	if (rc != ZOK && settled(rc)) {
 		sweep_done_locked(o, true); /* nothing there (or nothing we can do) */
 		pthread_mutex_unlock(&st->mu);
 		return;
@@ -909,11 +933,148 @@ static void sweep_start_locked(orphan *o)
 		return;
 	o->again = false;
 	o->sweeping = true;
+	o->since = dlock_clock_ms();
 	int r = zoo_aget_children(o->sess->zh, o->dir, 0, sweep_listed, o);
 	if (r != ZOK) {
 		o->sweeping = false;
 		o->failed = true;
 	}
+}
+
+/* Under st->mu. */
+static void lease_unlink_locked(zk_store *st, hold *h)
+{
+	if (!h->leased)
+		return;
+	if (h->lprev)
+		h->lprev->lnext = h->lnext;
+	else
+		st->leased = h->lnext;
+	if (h->lnext)
+		h->lnext->lprev = h->lprev;
+	h->lprev = h->lnext = NULL;
+	h->leased = false;
+}
+
+static void lease_drop(zk_store *st, hold *h)
+{
+	pthread_mutex_lock(&st->mu);
+	lease_unlink_locked(st, h);
+	pthread_mutex_unlock(&st->mu);
+}
+
+static void *sweeper_main(void *arg);
+
+/* Under st->mu: make sure the sweeper runs (it has work: an orphan or a lease). */
+static void sweeper_wake_locked(zk_store *st)
+{
+	if (!st->sweeper_started && !st->closing)
+		st->sweeper_started = pthread_create(&st->sweeper, NULL, sweeper_main, st) == 0;
+	pthread_cond_broadcast(&st->cv);
+}
+
+/* h was confirmed by a request sent after `since` (>= the core's own start
+ * of that request): its lease now ends at since + ttl_ms, never before the
+ * core's deadline for it. A renewal (`again`) does not bring back a lease
+ * the sweeper already ended. @return whether h is leased now. */
+static bool lease_set(zk_store *st, hold *h, int64_t since, int64_t ttl_ms, bool again)
+{
+	pthread_mutex_lock(&st->mu);
+	if (again && !h->leased) {
+		pthread_mutex_unlock(&st->mu);
+		return false;
+	}
+	h->expires = since + ttl_ms;
+	if (!h->leased) {
+		h->leased = true;
+		h->lprev = NULL;
+		h->lnext = st->leased;
+		if (st->leased)
+			st->leased->lprev = h;
+		st->leased = h;
+	}
+	sweeper_wake_locked(st);
+	pthread_mutex_unlock(&st->mu);
+	return true;
+}
+
+static void probe_done(int rc, const struct Stat *stat, const void *data)
+{
+	(void)rc;
+	(void)stat;
+	(void)data;
+}
+
+/*
+ * The sweeper: a thread of the store's own, running while orphans exist.
+ * Requests lost on a link that then works again (a black hole that passes
+ * once more, a dropped reply) are never answered: ZooKeeper has no
+ * per-request timeout, and pings keep the connection alive, so a sweep
+ * waiting for such a reply would wait as long as the session lives — and
+ * keep the orphan's node blocking others. When a sweep has waited longer
+ * than the request timeout, the sweeper sends a probe (exists of "/") on
+ * its session: if the link works, the probe's answer arrives ahead of the
+ * lost one, libzookeeper takes that for a broken connection and reconnects,
+ * and the session watcher sweeps again. A probe lost too is followed by
+ * another one request timeout later. It also restarts sweeps that
+ * failed while the session stayed connected.
+ */
+static void *sweeper_main(void *arg)
+{
+	zk_store *st = arg;
+	pthread_mutex_lock(&st->mu);
+	while (!st->closing) {
+		int64_t now = dlock_clock_ms(), next = INT64_MAX;
+		for (hold *h = st->leased; h;) {
+			hold *hn = h->lnext;
+			if (h->expires <= now) {
+				/* Its lease ended unconfirmed (the core has reported it
+				 * lost by now): its node goes, by the orphan sweep. */
+				lease_unlink_locked(st, h);
+				orphan *o = h->sess->expired ? NULL : calloc(1, sizeof(*o));
+				if (o && (o->dir = strdup(h->dir)) && (o->owner = strdup(h->owner))) {
+					o->st = st;
+					o->sess = h->sess;
+					h->sess->refs++;
+					o->next = st->orphans;
+					st->orphans = o;
+					sweep_start_locked(o);
+				} else if (o) {
+					free(o->dir);
+					free(o);
+				}
+			} else if (h->expires < next) {
+				next = h->expires;
+			}
+			h = hn;
+		}
+		for (orphan *o = st->orphans; o; o = o->next) {
+			zsess *z = o->sess;
+			bool up = !z->expired && z->state == ZOO_CONNECTED_STATE;
+			if (!o->sweeping && o->failed && up)
+				sweep_start_locked(o);
+			if (!o->sweeping)
+				continue;
+			if (now - o->since >= st->request_ms && up && now - z->probed >= st->request_ms) {
+				/* (a probe lost like the rest is followed by another) */
+				zoo_aexists(z->zh, "/", 0, probe_done, NULL);
+				z->probed = now;
+				o->since = now;
+			}
+			if (o->since + st->request_ms < next)
+				next = o->since + st->request_ms;
+		}
+		if (!st->orphans && !st->leased) {
+			pthread_cond_wait(&st->cv, &st->mu);
+			continue;
+		}
+		struct timespec ts;
+		int64_t left = next == INT64_MAX ? st->request_ms : next - dlock_clock_ms();
+		dlock__abstime(&ts, left < 10 ? 10 : left);
+		pthread_cond_timedwait(&st->cv, &st->mu, &ts);
+	}
+	pthread_mutex_unlock(&st->mu);
+	return NULL;
 }
 
 /* The node(s) of h's owner are in doubt (a create or delete whose outcome is
@@ -933,6 +1094,7 @@ static void orphan_hold(zk_store *st, hold *h)
 		st->orphans = o;
 		sweep_start_locked(o);
 		o = NULL;
+		sweeper_wake_locked(st);
 	}
 	pthread_mutex_unlock(&st->mu);
 	free(o);
@@ -1352,6 +1514,7 @@ static int zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 {
 	zk_store *st = (zk_store *)be;
 	(void)retry_ms;
+	int64_t start = dlock_clock_ms();
 	int64_t deadline = acquire_deadline(st, req);
 	reap(st);
 	hold *h = current_hold(st, req, deadline);
@@ -1440,6 +1603,7 @@ static int zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		free(h->watch);
 		h->watch = NULL;
 		*fence = (uint64_t)h->czxid;
+		lease_set(st, h, start, req->ttl_ms, false);
 		return 0;
 	}
 	if (!req->waiting) {
@@ -1530,6 +1694,7 @@ static int zk_release(dlock_backend *be, dlock_request *req)
 static int zk_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 {
 	zk_store *st = (zk_store *)be;
+	int64_t start = dlock_clock_ms();
 	int64_t deadline = req->deadline_ms;
 	hold *h = current_hold(st, req, deadline);
 	if (!h)
@@ -1547,7 +1712,8 @@ static int zk_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 				       req->name, (long long)ttl_ms, granted);
 	struct Stat stat;
 	int r = z_exists(st, h->sess->zh, h->node, deadline, &stat);
-	if (r == ZOK && stat.ephemeralOwner == (int64_t)zoo_client_id(h->sess->zh)->client_id)
+	if (r == ZOK && stat.ephemeralOwner == (int64_t)zoo_client_id(h->sess->zh)->client_id &&
+	    lease_set(st, h, start, ttl_ms, true))
 		return 0;
 	if (r == ZOK || r == ZNONODE)
 		return dlock_error_set(DLOCK_ENOTHELD, KIND, "ZNONODE", "zookeeper: our node for '%s' is gone",
@@ -1559,7 +1725,7 @@ static int zk_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
  * node, pipelined. Reads, not a multi of checks: a multi is a write, which
  * would cost a quorum proposal and a log fsync per renewal. */
 static void renew_session(zk_store *st, zsess *z, dlock_request *const *reqs, size_t n, int *results,
-			  int64_t deadline)
+			  int64_t start, int64_t deadline)
 {
 	bool dead = sess_dead(st, z), up = sess_connected(st, z);
 	size_t m = 0;
@@ -1596,6 +1762,8 @@ static void renew_session(zk_store *st, zsess *z, dlock_request *const *reqs, si
 		results[idx[j]] = r == ZOK ? 0
 				  : (r == ZNONODE || r == ZSESSIONEXPIRED || r == ZINVALIDSTATE) ? DLOCK_ENOTHELD
 				  : DLOCK_EUNAVAILABLE;
+		if (r == ZOK && !lease_set(st, reqs[idx[j]]->slot, start, reqs[idx[j]]->ttl_ms, true))
+			results[idx[j]] = DLOCK_ENOTHELD; /* its lease ended: the sweep deletes it */
 		op_put(st, ops[j]);
 	}
 	free(ops);
@@ -1605,8 +1773,9 @@ static void renew_session(zk_store *st, zsess *z, dlock_request *const *reqs, si
 static int zk_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
 	zk_store *st = (zk_store *)be;
+	int64_t start = dlock_clock_ms();
 	reap(st);
-	int64_t deadline = n ? reqs[0]->deadline_ms : dlock_clock_ms();
+	int64_t deadline = n ? reqs[0]->deadline_ms : start;
 	for (size_t i = 0; i < n; i++) {
 		hold *h = reqs[i]->slot;
 		results[i] = -1; /* not done yet */
@@ -1616,7 +1785,7 @@ static int zk_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 	for (size_t i = 0; i < n; i++) {
 		if (results[i] != -1)
 			continue;
-		renew_session(st, ((hold *)reqs[i]->slot)->sess, reqs, n, results, deadline);
+		renew_session(st, ((hold *)reqs[i]->slot)->sess, reqs, n, results, start, deadline);
 	}
 	for (size_t i = 0; i < n; i++)
 		if (results[i] == -1)
@@ -1868,6 +2037,11 @@ static void zk_close(dlock_backend *be)
 	 * those from freeing orphans or starting anything. */
 	pthread_mutex_lock(&st->mu);
 	st->closing = true;
+	pthread_cond_broadcast(&st->cv);
+	pthread_mutex_unlock(&st->mu);
+	if (st->sweeper_started)
+		pthread_join(st->sweeper, NULL);
+	pthread_mutex_lock(&st->mu);
 	zsess *all = st->sessions;
 	st->sessions = NULL;
 	pthread_mutex_unlock(&st->mu);
