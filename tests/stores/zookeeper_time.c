@@ -1,8 +1,8 @@
 /*
  * The ZooKeeper store's time bounds and orphan sweep, on a standalone server
- * of its own, through a TCP proxy in this program that can black-hole its
- * connections (keep them open, read both ways and forward nothing: a hung
- * server or a cut link, not a reset the client would notice):
+ * of its own, through the fault proxy (tests/unit/faultproxy.h) in
+ * "blackhole" mode: connections stay open and nothing is forwarded (a hung
+ * server or a dead link, not a reset the client would notice):
  *  - open, acquire (before and during a wait), release, extend and status
  *    return within their bounds while the link is black-holed;
  *  - a held lock whose link goes dark is reported lost by its deadline and
@@ -10,154 +10,44 @@
  *  - a release or a cancel whose delete is lost leaves no node behind once
  *    the link is back, with the process idle (no further dlock call): the
  *    session watcher sweeps it, and another client gets the lock within one
- *    session timeout.
+ *    session timeout;
+ *  - a create applied but unanswered ("drop") is undone once replies flow
+ *    again, with the process idle, by the sweeper's probe.
  * Usage: zookeeper_time SERVER_SCRIPT SERVER_DIR [CASE...]  (URI from DLOCK_TEST_URI_FILE)
  */
+#include "unit/faultproxy.h"
 #include "unit/testutil.h"
 
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 #include <zookeeper/zookeeper.h>
 
 static char direct_uri[1024];
 static char server_hp[256];
-static int server_port;
 static char run_id[16];
 static zhandle_t *raw;
 
-/* ---------------------------------------------------------------- a proxy that can go dark */
+/* ---------------------------------------------------------------- the fault proxy */
 
-static int px_lfd, px_port;
-static atomic_int px_dark; /* 1: forward nothing (read and drop both ways) */
-static pthread_mutex_t px_mu = PTHREAD_MUTEX_INITIALIZER;
-static int px_fds[256], px_nfds; /* open connections (both ends), for px_reset */
+static tu_proxy *px;
+static char *px_uri; /* the server's URI through the proxy */
 
-static void px_track(int fd, int add)
+static void px_set_dark(int on)
 {
-	pthread_mutex_lock(&px_mu);
-	if (add && px_nfds < 256) {
-		px_fds[px_nfds++] = fd;
-	} else if (!add) {
-		for (int i = 0; i < px_nfds; i++)
-			if (px_fds[i] == fd)
-				px_fds[i] = px_fds[--px_nfds];
-	}
-	pthread_mutex_unlock(&px_mu);
+	if (tu_proxy_set(px, -1, on ? "blackhole" : "pass") != 0)
+		exit(2);
 }
 
 /* Cut every connection (the client notices at once and reconnects). */
 static void px_reset(void)
 {
-	pthread_mutex_lock(&px_mu);
-	for (int i = 0; i < px_nfds; i++)
-		shutdown(px_fds[i], SHUT_RDWR);
-	pthread_mutex_unlock(&px_mu);
-}
-
-static void *px_pump(void *arg)
-{
-	int *fds = arg;
-	int cfd = fds[0], sfd = fds[1];
-	free(fds);
-	char b[65536];
-	for (;;) {
-		struct pollfd p[2] = { { cfd, POLLIN, 0 }, { sfd, POLLIN, 0 } };
-		if (poll(p, 2, 100) < 0 && errno != EINTR)
-			break;
-		int stop = 0;
-		for (int i = 0; i < 2 && !stop; i++) {
-			if (!p[i].revents)
-				continue;
-			ssize_t r = read(p[i].fd, b, sizeof(b));
-			if (r <= 0) {
-				stop = 1;
-				break;
-			}
-			if (atomic_load(&px_dark))
-				continue;
-			int to = i == 0 ? sfd : cfd;
-			for (ssize_t off = 0; off < r;) {
-				ssize_t w = write(to, b + off, (size_t)(r - off));
-				if (w < 0 && errno == EINTR)
-					continue;
-				if (w <= 0) {
-					stop = 1;
-					break;
-				}
-				off += w;
-			}
-		}
-		if (stop)
-			break;
-	}
-	px_track(cfd, 0);
-	px_track(sfd, 0);
-	close(cfd);
-	close(sfd);
-	return NULL;
-}
-
-static void *px_accept(void *unused)
-{
-	(void)unused;
-	for (;;) {
-		int cfd = accept(px_lfd, NULL, NULL);
-		if (cfd < 0) {
-			if (errno == EINTR)
-				continue;
-			return NULL;
-		}
-		int sfd = socket(AF_INET, SOCK_STREAM, 0);
-		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)server_port) };
-		a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-		if (sfd < 0 || connect(sfd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-			close(cfd);
-			if (sfd >= 0)
-				close(sfd);
-			continue;
-		}
-		px_track(cfd, 1);
-		px_track(sfd, 1);
-		int *fds = malloc(2 * sizeof(int));
-		fds[0] = cfd;
-		fds[1] = sfd;
-		pthread_t t;
-		pthread_create(&t, NULL, px_pump, fds);
-		pthread_detach(t);
-	}
-}
-
-static void px_start(void)
-{
-	px_lfd = socket(AF_INET, SOCK_STREAM, 0);
-	int one = 1;
-	setsockopt(px_lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = 0 };
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	socklen_t al = sizeof(a);
-	if (bind(px_lfd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(px_lfd, 64) != 0 ||
-	    getsockname(px_lfd, (struct sockaddr *)&a, &al) != 0) {
-		perror("proxy");
+	if (tu_proxy_set(px, -1, "reset") != 0 || tu_proxy_set(px, -1, "pass") != 0)
 		exit(2);
-	}
-	px_port = ntohs(a.sin_port);
-	pthread_t t;
-	pthread_create(&t, NULL, px_accept, NULL);
-	pthread_detach(t);
-}
-
-static void px_set_dark(int on)
-{
-	atomic_store(&px_dark, on);
 }
 
 /* ---------------------------------------------------------------- helpers */
@@ -183,7 +73,7 @@ static dlock_store *open_uri(const char *fmt, ...)
  * reconnects bounded by 500 ms. */
 static dlock_store *open_proxied(void)
 {
-	return open_uri("zk://127.0.0.1:%d?timeout=500ms&connect_timeout=500ms", px_port);
+	return open_uri("%s?timeout=500ms&connect_timeout=500ms", px_uri);
 }
 
 static dlock_lock *mk(dlock_store *s, const char *name, int64_t ttl, void (*lost)(dlock_lock *, void *))
@@ -264,8 +154,8 @@ static void case_open_dark(void)
 {
 	px_set_dark(1);
 	dlock_store *s = NULL;
-	char u[256];
-	snprintf(u, sizeof(u), "zk://127.0.0.1:%d?connect_timeout=500ms", px_port);
+	char u[1200];
+	snprintf(u, sizeof(u), "%s?connect_timeout=500ms", px_uri);
 	long long t0 = tu_now_ms();
 	CHECK_RC(dlock_store_open(&s, u), DLOCK_EUNAVAILABLE);
 	long long took = tu_now_ms() - t0;
@@ -497,6 +387,43 @@ static void case_cancel_dark(void)
 	dlock_store_close(hs);
 }
 
+/* A try whose create is applied but whose reply is dropped (the proxy
+ * forwards requests and swallows answers): the acquire returns by its
+ * request timeout with the outcome unknown, and the node it made goes
+ * without any further call once replies flow again, long before the
+ * library would notice the lost reply by itself (2/3 of an 8 s session):
+ * the sweeper's probe gets an answer ahead of the lost one, the library
+ * reconnects, and the watcher sweeps. */
+static void case_create_reply_dropped(void)
+{
+	char name[64];
+	name_of(name, sizeof(name), "dropped");
+	const int64_t ttl = 8000;
+	dlock_store *s = open_proxied();
+	dlock_lock *l = mk(s, name, ttl, NULL);
+	/* a first grant and release, so the name's parents exist */
+	CHECK_RC(dlock_acquire(l, 0), 0);
+	CHECK_RC(dlock_release(l), 0);
+	if (tu_proxy_set(px, -1, "drop") != 0)
+		exit(2);
+	long long t0 = tu_now_ms();
+	int rc = dlock_acquire(l, 0);
+	long long took = tu_now_ms() - t0;
+	printf("  try-once whose reply is dropped: %s after %lld ms\n", dlock_error_name(rc), took);
+	CHECK(rc == DLOCK_EUNAVAILABLE);
+	CHECK(took <= 550);
+	CHECK(count_own(name, dlock_store_client_id(s)) == 1); /* made, unanswered */
+	usleep(300000);
+	px_set_dark(0);
+	long long back = tu_now_ms();
+	long long gone = gone_after(name, dlock_store_client_id(s), back, 5000);
+	printf("  replies flow again: the node was gone %lld ms later, process idle (session timeout %lld ms)\n",
+	       gone, (long long)ttl);
+	CHECK(gone >= 0 && gone <= 1500);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
 static atomic_llong lost_at;
 
 static void note_lost(dlock_lock *l, void *p)
@@ -571,6 +498,7 @@ static const struct {
 	{ "release_dark", case_release_dark },
 	{ "release_dark_long", case_release_dark_long },
 	{ "cancel_dark", case_cancel_dark },
+	{ "create_reply_dropped", case_create_reply_dropped },
 	{ "lost_dark", case_lost_dark },
 };
 
@@ -590,7 +518,6 @@ int main(int argc, char **argv)
 		fprintf(stderr, "zookeeper_time: want a zk://host:port URI, got %s\n", direct_uri);
 		return 2;
 	}
-	server_port = atoi(strrchr(server_hp, ':') + 1);
 	snprintf(run_id, sizeof(run_id), "%08x", (unsigned)(tu_now_ms() ^ (getpid() << 16)));
 	zoo_set_debug_level(ZOO_LOG_LEVEL_ERROR);
 	raw = zookeeper_init(server_hp, NULL, 30000, NULL, NULL, 0);
@@ -601,7 +528,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "zookeeper_time: cannot connect to %s\n", server_hp);
 		return 2;
 	}
-	px_start();
+	if (!(px = tu_proxy_start(direct_uri, &px_uri))) {
+		fprintf(stderr, "zookeeper_time: the fault proxy did not start\n");
+		return 2;
+	}
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		int want = argc <= 3;
 		for (int a = 3; a < argc; a++)
@@ -615,5 +545,7 @@ int main(int argc, char **argv)
 		       tu_now_ms() - t0);
 	}
 	zookeeper_close(raw);
+	tu_proxy_stop(px);
+	free(px_uri);
 	return tu_done("zookeeper_time");
 }
