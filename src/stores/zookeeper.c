@@ -129,6 +129,7 @@ struct zk_store {
 	watch_wait *waits;
 	orphan *orphans;        /* under mu */
 	hold *leased;           /* granted holds with a lease to enforce, under mu */
+	struct zop *ops;        /* requests waited for or still out, under mu */
 	hold *holds;            /* under the core's mutex, like every hold */
 	struct ACL acl_entries[2];
 	struct ACL_vector acl;
@@ -322,6 +323,7 @@ static const char *base_name(const char *path)
  */
 typedef struct zop {
 	zk_store *st;
+	struct zop *prev, *next; /* every live op of the store (see zk_close) */
 	int refs;    /* the waiter's and the completion's, under st->mu */
 	bool done;
 	int rc;
@@ -339,7 +341,27 @@ static zop *op_new(zk_store *st)
 	op->st = st;
 	op->refs = 2;
 	op->rc = ZSYSTEMERROR;
+	pthread_mutex_lock(&st->mu);
+	op->next = st->ops;
+	if (st->ops)
+		st->ops->prev = op;
+	st->ops = op;
+	pthread_mutex_unlock(&st->mu);
 	return op;
+}
+
+static void op_free_locked(zop *op)
+{
+	zk_store *st = op->st;
+	if (op->prev)
+		op->prev->next = op->next;
+	else
+		st->ops = op->next;
+	if (op->next)
+		op->next->prev = op->prev;
+	deallocate_String_vector(&op->kids);
+	free(op->value);
+	free(op);
 }
 
 /* Under st->mu. */
@@ -347,9 +369,7 @@ static void op_unref_locked(zop *op)
 {
 	if (--op->refs > 0)
 		return;
-	deallocate_String_vector(&op->kids);
-	free(op->value);
-	free(op);
+	op_free_locked(op);
 }
 
 /* The completion's part: record, wake the waiters, let go. */
@@ -1436,7 +1456,11 @@ static int create_and_list(zk_store *st, hold *h, dlock_request *req, int64_t de
 	if (!path || !data || !(ops[0] = op_new(st)) || !(ops[1] = op_new(st))) {
 		free(path);
 		free(data);
-		free(ops[0]);
+		if (ops[0]) { /* never sent */
+			pthread_mutex_lock(&st->mu);
+			op_free_locked(ops[0]);
+			pthread_mutex_unlock(&st->mu);
+		}
 		return DLOCK_ENOMEM;
 	}
 	zhandle_t *zh = h->sess->zh;
@@ -2051,6 +2075,11 @@ static void zk_close(dlock_backend *be)
 		close_sess(z);
 	}
 	reap(st);
+	/* libzookeeper (3.8) can lose completions it queues while closing (its
+	 * completion thread may stop before running them): free what never
+	 * came back. No completion can come any more. */
+	while (st->ops)
+		op_free_locked(st->ops);
 	while (st->orphans) {
 		orphan *o = st->orphans;
 		st->orphans = o->next;
