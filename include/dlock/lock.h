@@ -76,7 +76,9 @@ DLOCK_EXTERN void dlock_lock_free(dlock_lock *lock);
  *         DLOCK_EBUSY (held through this handle by another thread);
  *         DLOCK_ELOST (reentrant acquire after the lease ended); other codes
  *         from the store.
- * Bounded whatever the network does: with wait_ms > 0 it returns within
+ * A store that does not answer (DLOCK_EUNAVAILABLE) is tried again within a
+ * finite wait; a try-once, or the first try of an endless wait, returns it
+ * at once. Bounded whatever the network does: with wait_ms > 0 it returns within
  * wait_ms + max(50 ms, 5 %); a try-once within the store's request timeout
  * (URI `timeout=`). A grant whose reply arrives after the lease it carries
  * has ended is refused. A call that ends without a grant undoes what its
@@ -90,8 +92,9 @@ DLOCK_EXTERN int dlock_acquire(dlock_lock *lock, int64_t wait_ms);
 /**
  * Release one hold. The lock is freed in the store after as many releases as
  * acquires.
- * Returns within the store's request timeout (URI `timeout=`) plus, at
- * most, one renewal in flight (also bounded by it).
+ * Returns within twice the store's request timeout (URI `timeout=`): its
+ * own request, after at most one other request of the store handle in
+ * flight (a renewal or a retried release, each bounded by it).
  * @return 0; DLOCK_ENOTHELD (not held by this handle — nothing changes in
  *         the store); DLOCK_ELOST (the lease had ended: the lock was lost);
  *         DLOCK_EUNAVAILABLE (the store did not confirm). After

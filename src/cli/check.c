@@ -30,6 +30,15 @@
  *     seen a higher fence;
  *   - liveness: time from each fault's end to the next grant.
  *
+ * Faults on the network (partition, lose-reply, delay) need each worker to
+ * talk to the store through a connection of its own that the parent can
+ * fault: the parent runs the fault proxy of the tests
+ * (tests/servers/faultproxy.c, built into this program) in a forked child,
+ * with one route per worker and store host, and gives each worker the store
+ * URI with its hosts replaced by its own routes. Only a pause explains an
+ * overlap: under every other fault the lease or the lost signal must keep
+ * holds apart, and an overlap is the store's fault.
+ *
  * `--store broken:` (test only, not in --help) is a fake store that grants
  * every request: the checker must catch it.
  */
@@ -51,7 +60,15 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <dirent.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
+#include "faultproxy_uri.h"
+
+#define FAULTPROXY_MAX_HOSTS 16
 #define MAX_CLIENTS 64
 #define MAX_FAULTS 256
 #define MAX_SHOWN 20 /* violations printed one by one (all are counted) */
@@ -65,20 +82,41 @@ static const char help[] =
 	"highest it has seen). Faults are injected on a seeded schedule. Then the\n"
 	"log is checked for overlapping holds, fences out of order, lost updates,\n"
 	"stale writes accepted, and the time from each fault's end to the next grant.\n"
+	"Network faults (partition, lose-reply, delay) go through a fault proxy that\n"
+	"check runs itself, one route per worker and store host. Only a pause excuses\n"
+	"an overlap: under any other fault, an overlap is the store's.\n"
 	"\n"
 	"Options:\n"
 	"  --clients N          worker processes (default 3, at most 64)\n"
 	"  --duration D         how long to run (default 10s)\n"
 	"  --ttl D              lease of the lock (default 1s)\n"
 	"  --hold D             how long a worker holds the lock (default 100ms)\n"
-	"  --faults LIST        comma-separated: pause, kill, restart, member (default none)\n"
-	"                         pause:   SIGSTOP a holder for --pause (longer than the TTL), then SIGCONT\n"
-	"                         kill:    SIGKILL a holder; a new worker takes its place\n"
-	"                         restart: restart the store server (needs --server-script/--server-dir)\n"
-	"                         member:  kill and restart one member of an ensemble (ZooKeeper\n"
-	"                                  restart-member, Redis/Redlock kill+restart I)\n"
+	"  --faults LIST        comma-separated (default none): pause, kill, restart, member,\n"
+	"                       partition, lose-reply, delay, server-pause, file-delete,\n"
+	"                       member-restart, failover\n"
+	"                         pause:     SIGSTOP a holder for --pause (longer than the TTL), then SIGCONT\n"
+	"                         kill:      SIGKILL a holder; a new worker takes its place\n"
+	"                         restart:   restart the store server (needs --server-script/--server-dir)\n"
+	"                         member:    kill one member of an ensemble, wait --pause, start it again\n"
+	"                                    (ZooKeeper restart-member, Redis/Redlock kill+restart I)\n"
+	"                         partition: black-hole one worker's connections to the store (a holder's\n"
+	"                                    if any) for --pause, then pass again\n"
+	"                         lose-reply: forward one worker's requests but drop the replies for\n"
+	"                                    ttl/4..ttl (seeded): applied but unanswered\n"
+	"                         delay:     add --delay each way to one worker's or every worker's\n"
+	"                                    connections for --pause\n"
+	"                         server-pause: SIGSTOP every server process for --pause, then SIGCONT\n"
+	"                                    (needs --server-script/--server-dir)\n"
+	"                         file-delete: unlink the SQLite database file (and -wal, -shm) under\n"
+	"                                    a holder (sqlite stores only)\n"
+	"                         member-restart: kill and at once restart every Redis master one at a\n"
+	"                                    time, ttl/2 apart (Redlock; data survives only with AOF)\n"
+	"                         failover:  kill the master and let Sentinel promote the replica, once\n"
+	"                                    per run (tests/servers/redis-sentinel.sh)\n"
 	"  --fault-every D      time between faults (default 2*ttl + 4*hold, at least 500ms)\n"
-	"  --pause D            how long a pause lasts (default 2*ttl)\n"
+	"  --pause D            how long a pause, partition, delay, server-pause or member's\n"
+	"                       downtime lasts (default 2*ttl)\n"
+	"  --delay D            the delay fault's added latency each way (default ttl/4)\n"
 	"  --fencing on|off     the register checks fences (default on)\n"
 	"  --seed N             seed of the fault schedule (default: from the clock; printed)\n"
 	"  --name NAME          the lock name (default dlock-check/HOST/PID)\n"
@@ -95,11 +133,27 @@ static const char help[] =
 
 /* ---- options ---------------------------------------------------------- */
 
-enum { F_PAUSE = 1, F_KILL = 2, F_RESTART = 4, F_MEMBER = 8 };
+enum {
+	F_PAUSE = 1, F_KILL = 2, F_RESTART = 4, F_MEMBER = 8, F_PARTITION = 16, F_LOSE = 32, F_DELAY = 64,
+	F_SPAUSE = 128, F_FDELETE = 256, F_MRESTART = 512, F_FAILOVER = 1024,
+	F_LAST = F_FAILOVER,
+	F_NET = F_PARTITION | F_LOSE | F_DELAY,              /* through the proxy */
+	F_SERVER = F_RESTART | F_MEMBER | F_SPAUSE | F_MRESTART | F_FAILOVER, /* need the server script */
+};
+
+static const struct { unsigned kind; const char *name; } fault_names[] = {
+	{ F_PAUSE, "pause" },         { F_KILL, "kill" },
+	{ F_RESTART, "restart" },     { F_MEMBER, "member" },
+	{ F_PARTITION, "partition" }, { F_LOSE, "lose-reply" },
+	{ F_DELAY, "delay" },         { F_SPAUSE, "server-pause" },
+	{ F_FDELETE, "file-delete" }, { F_MRESTART, "member-restart" },
+	{ F_FAILOVER, "failover" },
+};
+#define NKINDS (sizeof fault_names / sizeof *fault_names)
 
 typedef struct check_opts {
 	unsigned int clients;
-	int64_t duration_ms, ttl_ms, hold_ms, every_ms, pause_ms;
+	int64_t duration_ms, ttl_ms, hold_ms, every_ms, pause_ms, delay_ms;
 	unsigned faults;
 	bool fencing;
 	uint64_t seed;
@@ -109,7 +163,7 @@ typedef struct check_opts {
 } check_opts;
 
 enum { O_CLIENTS = 1, O_DURATION, O_TTL, O_HOLD, O_FAULTS, O_EVERY, O_PAUSE, O_FENCING, O_SEED,
-       O_NAME, O_SCRIPT, O_SDIR, O_REPORT, O_WORKDIR };
+       O_NAME, O_SCRIPT, O_SDIR, O_REPORT, O_WORKDIR, O_DELAY };
 
 static const cli_opt opts_table[] = {
 	{ "clients", 0, true, O_CLIENTS },   { "duration", 0, true, O_DURATION },
@@ -119,6 +173,7 @@ static const cli_opt opts_table[] = {
 	{ "seed", 0, true, O_SEED },         { "name", 0, true, O_NAME },
 	{ "server-script", 0, true, O_SCRIPT }, { "server-dir", 0, true, O_SDIR },
 	{ "report", 0, true, O_REPORT },     { "work-dir", 0, true, O_WORKDIR },
+	{ "delay", 0, true, O_DELAY },
 	{ NULL, 0, false, 0 },
 };
 
@@ -129,16 +184,16 @@ static int parse_faults(check_opts *o, const char *v)
 	snprintf(buf, sizeof buf, "%s", v);
 	char *save = NULL;
 	for (char *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
-		if (strcmp(w, "pause") == 0)
-			o->faults |= F_PAUSE;
-		else if (strcmp(w, "kill") == 0)
-			o->faults |= F_KILL;
-		else if (strcmp(w, "restart") == 0)
-			o->faults |= F_RESTART;
-		else if (strcmp(w, "member") == 0)
-			o->faults |= F_MEMBER;
+		size_t k = 0;
+		while (k < NKINDS && strcmp(w, fault_names[k].name) != 0)
+			k++;
+		if (k < NKINDS)
+			o->faults |= fault_names[k].kind;
 		else if (strcmp(w, "none") != 0)
-			return cli_usage_error(o->g, "--faults: unknown fault '%s' (pause, kill, restart, member)", w);
+			return cli_usage_error(o->g,
+					       "--faults: unknown fault '%s' (pause, kill, restart, member, partition, "
+					       "lose-reply, delay, server-pause, file-delete, member-restart, failover)",
+					       w);
 	}
 	return 0;
 }
@@ -162,6 +217,8 @@ static int on_opt(void *ctx, int id, const char *v)
 		return cli_duration(g, "--fault-every", v, &o->every_ms);
 	case O_PAUSE:
 		return cli_duration(g, "--pause", v, &o->pause_ms);
+	case O_DELAY:
+		return cli_duration(g, "--delay", v, &o->delay_ms);
 	case O_FENCING:
 		if (strcmp(v, "on") == 0)
 			o->fencing = true;
@@ -266,11 +323,16 @@ typedef struct shared_state {
 	atomic_int stop;
 	atomic_llong holding[MAX_CLIENTS]; /* seq of the hold a worker is in, 0 when none */
 	atomic_ullong broken_fence;        /* the broken: store's fence counter */
+	atomic_int reopen[MAX_CLIENTS];    /* file-delete: open the store again before the next try */
 } shared_state;
 
 typedef struct run_ctx {
 	check_opts *o;
 	const char *uri;     /* what workers open; NULL = default store */
+	char *worker_uri[MAX_CLIENTS]; /* through the proxy (network faults), else NULL */
+	struct proxy *px;    /* the fault proxy, or NULL */
+	char *db_path;       /* the SQLite file (file-delete), or NULL */
+	bool failed_over;    /* failover happens once: the script restarts no master */
 	bool broken;
 	int log_fd;
 	char reg_path[PATH_MAX];
@@ -385,10 +447,10 @@ static void broken_close(dlock_backend *be)
 	free(be);
 }
 
-static int open_store(const run_ctx *c, dlock_store **out)
+static int open_store(const run_ctx *c, int w_slot, dlock_store **out)
 {
 	if (!c->broken)
-		return dlock_store_open(out, c->uri);
+		return dlock_store_open(out, c->worker_uri[w_slot] ? c->worker_uri[w_slot] : c->uri);
 	broken_backend *b = calloc(1, sizeof *b);
 	if (!b)
 		return DLOCK_ENOMEM;
@@ -425,14 +487,13 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 	dlock_store *store = NULL;
 	dlock_lock *lock = NULL;
 	uint64_t rs = (uint64_t)getpid() * 7919u + (uint64_t)inc;
-	int rc = open_store(c, &store);
-	if (rc == 0) {
-		dlock_lock_options lo = DLOCK_LOCK_OPTIONS_INIT;
-		lo.ttl_ms = o->ttl_ms;
-		lo.on_lost = on_lost;
-		lo.payload = &w;
+	dlock_lock_options lo = DLOCK_LOCK_OPTIONS_INIT;
+	lo.ttl_ms = o->ttl_ms;
+	lo.on_lost = on_lost;
+	lo.payload = &w;
+	int rc = open_store(c, slot, &store);
+	if (rc == 0)
 		rc = dlock_lock_new(&lock, store, o->name, &lo);
-	}
 	if (rc != 0) {
 		logf_line(c->log_fd, "E %d %d 0 %lld %d\n", slot, inc, (long long)now_us(), rc);
 		dlock_store_close(store);
@@ -444,10 +505,31 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 		int64_t left_ms = (c->deadline_us - now_us()) / 1000;
 		if (left_ms <= 0)
 			break;
+		if (atomic_exchange(&c->sh->reopen[slot], 0)) {
+			/* After file-delete: open the store as a process started now would. */
+			dlock_lock_free(lock);
+			dlock_store_close(store);
+			lock = NULL;
+			store = NULL;
+			rc = open_store(c, slot, &store);
+			if (rc == 0)
+				rc = dlock_lock_new(&lock, store, o->name, &lo);
+			if (rc != 0) {
+				logf_line(c->log_fd, "E %d %d %lld %lld %d\n", slot, inc, seq, (long long)now_us(), rc);
+				dlock_store_close(store);
+				return CLI_EXIT_FAIL; /* replaced by the parent */
+			}
+		}
+		/* With file-delete, waiters look at the reopen flag every ttl/2. */
+		int64_t wait_ms = left_ms;
+		if ((o->faults & F_FDELETE) && wait_ms > o->ttl_ms / 2)
+			wait_ms = o->ttl_ms / 2;
 		seq++;
 		atomic_store(&w.seq, seq);
 		int64_t t_req = now_us();
-		rc = dlock_acquire(lock, left_ms);
+		rc = dlock_acquire(lock, wait_ms);
+		if (rc == DLOCK_ETIMEOUT && wait_ms < left_ms)
+			continue;
 		if (rc == DLOCK_ETIMEOUT)
 			break;
 		if (rc != 0) {
@@ -476,9 +558,10 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 				  inc, seq, (long long)now_us(), ok, fence, (long long)nv, hb);
 		}
 		atomic_store(&c->sh->holding[slot], 0);
-		int64_t t_rel = now_us();
-		rc = dlock_release(lock);
-		logf_line(c->log_fd, "R %d %d %lld %lld %d\n", slot, inc, seq, (long long)t_rel, rc);
+		/* Logged before the call: the work is done here, and a release that
+		 * hangs (a black hole) must not make the hold look longer. */
+		logf_line(c->log_fd, "R %d %d %lld %lld 0\n", slot, inc, seq, (long long)now_us());
+		dlock_release(lock);
 		/* A short think time, so that the releasing worker does not always win again. */
 		sleep_ms((int64_t)rnd_below(&rs, (uint64_t)(o->hold_ms / 2 + 1)));
 	}
@@ -505,26 +588,22 @@ static pid_t spawn_worker(const run_ctx *c, int slot, int inc)
 
 typedef struct fault {
 	unsigned kind;
-	int slot, inc;          /* target worker (pause/kill), -1 otherwise */
+	int slot, inc;          /* target worker, -1 for none or every worker */
 	int member;             /* member index (member), -1 otherwise */
 	int64_t start_us, end_us;
 	int64_t heal_to_grant_us; /* -1: no grant after it */
+	int64_t split_us;       /* fault end -> end of the last store-at-fault overlap that began
+				 * between its start and the next fault's; -1: none */
+	long long dropped;      /* bytes the proxy discarded (partition, lose-reply), -1 n/a */
 	int ok;                 /* the fault was carried out */
-	char note[160];
+	char note[200];
 } fault;
 
 static const char *fault_name(unsigned k)
 {
-	switch (k) {
-	case F_PAUSE:
-		return "pause";
-	case F_KILL:
-		return "kill";
-	case F_RESTART:
-		return "restart";
-	case F_MEMBER:
-		return "member";
-	}
+	for (size_t i = 0; i < NKINDS; i++)
+		if (fault_names[i].kind == k)
+			return fault_names[i].name;
 	return "?";
 }
 
@@ -604,6 +683,388 @@ static pid_t member_pid(const char *dir, int i)
 	return pid;
 }
 
+/* ---- the fault proxy, run in a child of ours ---------------------------------- */
+
+/* tests/servers/faultproxy.c, compiled in with FAULTPROXY_MAIN renamed. */
+int dlock__faultproxy_main(int argc, char **argv);
+
+typedef struct proxy {
+	pid_t pid;
+	int ctl;
+	int nhosts;  /* routes per worker: route of worker w, host h = w * nhosts + h */
+	int nroutes;
+	char dir[PATH_MAX], sock[108];
+} proxy;
+
+/* Read one line (without its newline) from fd within timeout_ms. */
+static int read_line_fd(int fd, char *buf, size_t cap, int timeout_ms)
+{
+	size_t n = 0;
+	int64_t until = mono_us() + (int64_t)timeout_ms * 1000;
+	while (n + 1 < cap) {
+		int64_t left = (until - mono_us()) / 1000;
+		struct pollfd pfd = { .fd = fd, .events = POLLIN };
+		if (left <= 0 || poll(&pfd, 1, (int)left) == 0)
+			return -1;
+		ssize_t r = read(fd, buf + n, 1);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		if (buf[n] == '\n') {
+			buf[n] = '\0';
+			return 0;
+		}
+		n++;
+	}
+	return -1;
+}
+
+/* One control command; 0 when the proxy answered "ok...". */
+static int proxy_cmd(proxy *p, const char *cmd, char *reply, size_t cap)
+{
+	char line[160];
+	int n = snprintf(line, sizeof line, "%s\n", cmd);
+	if (p->ctl < 0 || send(p->ctl, line, (size_t)n, MSG_NOSIGNAL) != n ||
+	    read_line_fd(p->ctl, reply, cap, 10000) < 0)
+		return -1;
+	return strncmp(reply, "ok", 2) == 0 ? 0 : -1;
+}
+
+/* Set the mode of worker `slot`'s routes (-1: every route). */
+static int proxy_set(proxy *p, int slot, const char *mode)
+{
+	char cmd[96], reply[160];
+	if (slot < 0) {
+		snprintf(cmd, sizeof cmd, "%s", mode);
+		return proxy_cmd(p, cmd, reply, sizeof reply);
+	}
+	for (int h = 0; h < p->nhosts; h++) {
+		snprintf(cmd, sizeof cmd, "%s %d", mode, slot * p->nhosts + h);
+		if (proxy_cmd(p, cmd, reply, sizeof reply) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* Bytes discarded so far on worker `slot`'s routes (-1: every route); -1 on error. */
+static long long proxy_dropped(proxy *p, int slot)
+{
+	long long sum = 0;
+	int from = slot < 0 ? 0 : slot * p->nhosts, to = slot < 0 ? p->nroutes : from + p->nhosts;
+	for (int r = from; r < to; r++) {
+		char cmd[32], reply[200];
+		long long v;
+		snprintf(cmd, sizeof cmd, "stats %d", r);
+		if (proxy_cmd(p, cmd, reply, sizeof reply) < 0 || !strstr(reply, "dropped=") ||
+		    sscanf(strstr(reply, "dropped="), "dropped=%lld", &v) != 1)
+			return -1;
+		sum += v;
+	}
+	return sum;
+}
+
+static void proxy_stop(proxy *p)
+{
+	if (p->ctl >= 0) {
+		char reply[64];
+		proxy_cmd(p, "quit", reply, sizeof reply);
+		close(p->ctl);
+		p->ctl = -1;
+	}
+	if (p->pid > 0) {
+		int st;
+		pid_t r;
+		int64_t until = mono_us() + 5000000;
+		while ((r = waitpid(p->pid, &st, WNOHANG)) == 0 && mono_us() < until)
+			sleep_ms(10);
+		if (r == 0) {
+			kill(p->pid, SIGKILL);
+			while (waitpid(p->pid, &st, 0) < 0 && errno == EINTR)
+				;
+		}
+		p->pid = -1;
+	}
+	if (p->sock[0])
+		unlink(p->sock);
+	if (p->dir[0])
+		rmdir(p->dir);
+	p->sock[0] = p->dir[0] = '\0';
+}
+
+/*
+ * Start the proxy with one route per worker and host of `uri` and fill
+ * c->worker_uri[]. The broken: store has no host: its workers get a route
+ * each to a port nobody connects to, so the faults still go through the
+ * proxy (and are counted) though no traffic does. Returns 0, or -1 with a
+ * message in err.
+ */
+static int proxy_start(proxy *p, run_ctx *c, char *err, size_t errlen)
+{
+	char (*targets)[FAULTPROXY_HOST_MAX] = calloc(FAULTPROXY_MAX_HOSTS, sizeof *targets);
+	int *ports = NULL, out[2] = { -1, -1 }, rc = -1;
+	char **argv = NULL;
+	const char *hs = NULL, *he = NULL;
+	int n = -1;
+	p->pid = -1;
+	p->ctl = -1;
+	if (!targets) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	if (c->broken) {
+		n = 1;
+		snprintf(targets[0], FAULTPROXY_HOST_MAX, "127.0.0.1:9");
+	} else {
+		n = faultproxy_uri_hosts(c->uri ? c->uri : "", targets, FAULTPROXY_MAX_HOSTS, &hs, &he, err,
+					 errlen);
+		if (n < 0)
+			goto out;
+	}
+	p->nhosts = n;
+	p->nroutes = n * (int)c->o->clients;
+	const char *tmp = getenv("TMPDIR");
+	snprintf(p->dir, sizeof p->dir, "%.200s/dlock-check-proxy.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (strlen(p->dir) + 5 >= sizeof p->sock)
+		snprintf(p->dir, sizeof p->dir, "/tmp/dlock-check-proxy.XXXXXX");
+	if (!mkdtemp(p->dir)) {
+		snprintf(err, errlen, "cannot make %s: %s", p->dir, strerror(errno));
+		p->dir[0] = '\0';
+		goto out;
+	}
+	snprintf(p->sock, sizeof p->sock, "%s/ctl", p->dir);
+	ports = calloc((size_t)p->nroutes, sizeof *ports);
+	argv = calloc((size_t)p->nroutes + 3, sizeof *argv);
+	if (!ports || !argv || pipe2(out, O_CLOEXEC) < 0) {
+		snprintf(err, errlen, "cannot start the fault proxy: %s", strerror(errno));
+		goto out;
+	}
+	argv[0] = "faultproxy";
+	argv[1] = p->sock;
+	for (int r = 0; r < p->nroutes; r++)
+		argv[r + 2] = targets[r % n];
+	fflush(NULL);
+	pid_t parent = getpid();
+	p->pid = fork();
+	if (p->pid < 0) {
+		snprintf(err, errlen, "fork: %s", strerror(errno));
+		goto out;
+	}
+	if (p->pid == 0) {
+		/* Dies with us; its stdout (route ports, "ready") goes to the pipe;
+		 * routes start in pass whatever the tests' variable says. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
+		unsetenv("FAULTPROXY_BLACKHOLE");
+		signal(SIGINT, SIG_DFL);
+		signal(SIGTERM, SIG_DFL);
+		signal(SIGHUP, SIG_IGN);
+		int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(out[1], 1) < 0)
+			_exit(127);
+		fflush(stdout);
+		_exit(dlock__faultproxy_main(p->nroutes + 2, argv));
+	}
+	close(out[1]);
+	out[1] = -1;
+	char line[64];
+	for (int r = 0; r < p->nroutes; r++) {
+		char *end;
+		long v = 0;
+		if (read_line_fd(out[0], line, sizeof line, 10000) < 0 || (v = strtol(line, &end, 10)) <= 0 ||
+		    *end || v > 65535) {
+			snprintf(err, errlen, "the fault proxy did not start (route %d)", r);
+			goto out;
+		}
+		ports[r] = (int)v;
+	}
+	if (read_line_fd(out[0], line, sizeof line, 10000) < 0 || strcmp(line, "ready") != 0) {
+		snprintf(err, errlen, "the fault proxy did not get ready");
+		goto out;
+	}
+	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+	snprintf(sun.sun_path, sizeof sun.sun_path, "%s", p->sock);
+	if ((p->ctl = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+	    connect(p->ctl, (struct sockaddr *)&sun, sizeof sun) < 0) {
+		snprintf(err, errlen, "cannot reach the fault proxy at %s: %s", p->sock, strerror(errno));
+		goto out;
+	}
+	if (!c->broken)
+		for (unsigned w = 0; w < c->o->clients; w++)
+			if (!(c->worker_uri[w] = faultproxy_uri_rewrite(c->uri, hs, he, ports + w * n, n))) {
+				snprintf(err, errlen, "out of memory");
+				goto out;
+			}
+	rc = 0;
+out:
+	if (out[0] >= 0)
+		close(out[0]);
+	if (out[1] >= 0)
+		close(out[1]);
+	if (rc != 0)
+		proxy_stop(p);
+	free(targets);
+	free(ports);
+	free(argv);
+	return rc;
+}
+
+/* ---- the server's processes (server-pause) ------------------------------------ */
+
+/* Whether the server script offers the command WORD: a `WORD)` case, or
+ * WORD in the a|b|c list of its usage comment (redlock.sh hands its commands
+ * on to redis.sh). */
+static bool script_offers(const char *script, const char *word)
+{
+	FILE *f = fopen(script, "r");
+	if (!f)
+		return false;
+	char line[512];
+	size_t wl = strlen(word);
+	bool found = false;
+	while (!found && fgets(line, sizeof line, f)) {
+		const char *q = line + strspn(line, " \t");
+		if (strncmp(q, word, wl) == 0 && q[wl] == ')') {
+			found = true;
+		} else if (*q == '#') {
+			for (const char *w = strstr(q, word); w && !found; w = strstr(w + 1, word)) {
+				char before = w[-1], after = w[wl];
+				found = (before == '|' && (after == '|' || after == ' ')) ||
+					(before == ' ' && after == '|');
+			}
+		}
+	}
+	fclose(f);
+	return found;
+}
+
+static pid_t pid_from(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	int v = -1;
+	if (f) {
+		if (fscanf(f, "%d", &v) != 1)
+			v = -1;
+		fclose(f);
+	}
+	return v > 0 && kill(v, 0) == 0 ? (pid_t)v : -1;
+}
+
+static void add_pid(pid_t *pids, int *n, int max, pid_t p)
+{
+	if (p <= 0 || *n >= max)
+		return;
+	for (int i = 0; i < *n; i++)
+		if (pids[i] == p)
+			return;
+	pids[(*n)++] = p;
+}
+
+/*
+ * The processes of the servers started in `dir`, read the way the scripts of
+ * tests/servers/ keep them: DIR/members (ZooKeeper, etcd), DIR/<i>/redis.pid
+ * (Redis, Redlock), DIR/m/redis.pid (the Sentinel setup's master),
+ * DIR/memcached.pid, DIR/pid (MariaDB), the postmaster of DIR/data or of the
+ * cluster named in DIR/pgroot (PostgreSQL), and every descendant of those
+ * (PostgreSQL's backends): a stopped postmaster alone would leave the
+ * connections served.
+ */
+static int server_pids(const char *dir, pid_t *pids, int max)
+{
+	int n = 0;
+	char path[PATH_MAX], line[PATH_MAX + 64];
+	snprintf(path, sizeof path, "%.4000s/members", dir);
+	FILE *f = fopen(path, "r");
+	if (f) {
+		char name[32], pidfile[PATH_MAX];
+		int port;
+		while (fgets(line, sizeof line, f))
+			if (sscanf(line, "%31s %d %4095s", name, &port, pidfile) == 3)
+				add_pid(pids, &n, max, pid_from(pidfile));
+		fclose(f);
+	}
+	for (int i = 0; i < 64; i++) {
+		snprintf(path, sizeof path, "%.4000s/%d/redis.pid", dir, i);
+		pid_t p = pid_from(path);
+		if (p < 0)
+			break;
+		add_pid(pids, &n, max, p);
+	}
+	const char *single[] = { "m/redis.pid", "memcached.pid", "pid", "data/postmaster.pid" };
+	for (size_t i = 0; i < sizeof single / sizeof *single; i++) {
+		snprintf(path, sizeof path, "%.4000s/%s", dir, single[i]);
+		add_pid(pids, &n, max, pid_from(path));
+	}
+	snprintf(path, sizeof path, "%.4000s/pgroot", dir);
+	if ((f = fopen(path, "r"))) {
+		if (fgets(line, sizeof line, f)) {
+			line[strcspn(line, "\n")] = '\0';
+			char pm[PATH_MAX + 32];
+			snprintf(pm, sizeof pm, "%.4000s/data/postmaster.pid", line);
+			add_pid(pids, &n, max, pid_from(pm));
+		}
+		fclose(f);
+	}
+	/* Descendants, to a fixed point (a process list has no tree order). */
+	for (int grew = n > 0; grew;) {
+		grew = 0;
+		DIR *d = opendir("/proc");
+		struct dirent *e;
+		while (d && (e = readdir(d))) {
+			if (e->d_name[0] < '1' || e->d_name[0] > '9')
+				continue;
+			snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+			FILE *sf = fopen(path, "r");
+			if (!sf)
+				continue;
+			int pid = 0, ppid = 0;
+			/* pid (comm) state ppid: comm may hold spaces, so parse after the last ')'. */
+			if (fgets(line, sizeof line, sf) && sscanf(line, "%d", &pid) == 1) {
+				char *rp = strrchr(line, ')');
+				char st;
+				if (rp && sscanf(rp + 1, " %c %d", &st, &ppid) == 2) {
+					for (int i = 0; i < n; i++)
+						if (pids[i] == ppid) {
+							int before = n;
+							add_pid(pids, &n, max, pid);
+							grew |= n > before;
+							break;
+						}
+				}
+			}
+			fclose(sf);
+		}
+		if (d)
+			closedir(d);
+	}
+	return n;
+}
+
+/* The SQLite database file of the store: from its URI, or the default one. */
+static char *sqlite_path(const char *uri)
+{
+	char *dflt = NULL;
+	if (!uri) {
+		if (dlock_default_uri(&dflt) != 0)
+			return NULL;
+		uri = dflt;
+	}
+	char *path = NULL;
+	if (strncmp(uri, "sqlite:", 7) == 0) {
+		const char *q = uri + 7;
+		if (strncmp(q, "//", 2) == 0)
+			q += 2;
+		path = strndup(q, strcspn(q, "?#"));
+	}
+	free(dflt);
+	if (path && !*path) {
+		free(path);
+		path = NULL;
+	}
+	return path;
+}
+
 /* ---- the log, read back ---------------------------------------------------- */
 
 typedef struct hold {
@@ -640,6 +1101,7 @@ typedef struct results {
 	size_t nfaults;
 	fault *faults;
 	int64_t worst_heal_us;
+	size_t stuck;           /* workers still in a call ttl+hold+10s after the end: killed */
 	bool liveness_gap;      /* a fault was followed by no grant at all */
 	bool pass;
 } results;
@@ -831,6 +1293,16 @@ static void analyse(results *r, const check_opts *o)
 		}
 		if (f->heal_to_grant_us < 0 && f->ok)
 			r->liveness_gap = true;
+		/* How long the store stayed split: a bounded window (the holder learns
+		 * of the fault at its next renewal) or for good (two worlds). */
+		int64_t until = k + 1 < r->nfaults ? r->faults[k + 1].start_us : INT64_MAX;
+		f->split_us = -1;
+		for (size_t i = 0; i < r->noverlaps; i++) {
+			const pair *p = &r->overlaps[i];
+			if (!p->explained && p->from_us >= f->start_us && p->from_us < until &&
+			    p->to_us - f->end_us > f->split_us)
+				f->split_us = p->to_us - f->end_us;
+		}
 		if (f->heal_to_grant_us > r->worst_heal_us)
 			r->worst_heal_us = f->heal_to_grant_us;
 	}
@@ -865,16 +1337,21 @@ static void print_text(const check_opts *o, const char *shown, const results *r)
 	       r->nholds, (long long)r->reg.accepted, (long long)r->reg.rejected, reads_refused, r->errors, r->nfaults);
 	for (size_t k = 0; k < r->nfaults; k++) {
 		const fault *f = &r->faults[k];
-		char heal[32] = "no grant after it";
+		char heal[96] = "no grant after it";
 		if (f->heal_to_grant_us >= 0)
 			snprintf(heal, sizeof heal, "next grant %.0fms later", ms(f->heal_to_grant_us));
+		if (f->split_us >= 0)
+			snprintf(heal + strlen(heal), sizeof heal - strlen(heal), ", OVERLAPS until %.0fms after",
+				 ms(f->split_us));
 		char target[32] = "server";
 		if (f->slot >= 0)
 			snprintf(target, sizeof target, "worker %d", f->slot);
 		else if (f->member >= 0)
 			snprintf(target, sizeof target, "member %d", f->member);
-		printf("  fault %-7s %-9s %.0f-%.0fms: %s%s\n", fault_name(f->kind), target, ms(f->start_us),
-		       ms(f->end_us), f->ok ? heal : "FAILED: ", f->ok ? "" : f->note);
+		if (f->slot < 0 && (f->kind & F_NET))
+			snprintf(target, sizeof target, "every worker");
+		printf("  fault %-14s %-12s %.0f-%.0fms: %s%s%s\n", fault_name(f->kind), target, ms(f->start_us),
+		       ms(f->end_us), f->ok ? heal : "FAILED: ", f->ok && f->note[0] ? "; " : "", f->note);
 	}
 	printf("\n  %-40s %8s\n", "property", "count");
 	printf("  %-40s %8zu%s\n", "overlapping holds (store at fault)", r->unexplained,
@@ -886,6 +1363,8 @@ static void print_text(const check_opts *o, const char *shown, const results *r)
 	printf("  %-40s %8zu%s\n", "stale writes accepted", r->stale_writes,
 	       r->stale_writes ? "  VIOLATED" : "");
 	printf("  %-40s %8.0f\n", "worst fault end -> next grant (ms)", ms(r->worst_heal_us));
+	if (r->stuck)
+		printf("  %-40s %8zu\n", "workers stuck in a call at the end", r->stuck);
 	size_t shown_n = 0;
 	char a[160], b[160];
 	for (size_t i = 0; i < r->noverlaps && shown_n < MAX_SHOWN; i++) {
@@ -929,19 +1408,20 @@ static void print_json(FILE *f, const check_opts *o, const char *shown, const re
 		"\"seed\":%" PRIu64 ",\"grants\":%zu,\"writes\":{\"accepted\":%lld,\"refused\":%lld,"
 		"\"stale_accepted\":%zu},\"final_value\":%lld,\"errors\":%zu,"
 		"\"overlaps\":%zu,\"overlaps_after_pause\":%zu,\"fence_order_violations\":%zu,"
-		"\"lost_updates\":%lld,\"stale_writes_accepted\":%zu,\"worst_heal_to_grant_ms\":%.1f,"
+		"\"lost_updates\":%lld,\"stale_writes_accepted\":%zu,\"worst_heal_to_grant_ms\":%.1f,\"workers_stuck\":%zu,"
 		"\"faults\":[",
 		o->clients, ms(r->end_us), (long long)o->ttl_ms, (long long)o->hold_ms,
 		o->fencing ? "true" : "false", o->seed, r->nholds, (long long)r->reg.accepted,
 		(long long)r->reg.rejected, r->stale_writes, (long long)r->reg.value, r->errors,
 		r->unexplained, r->noverlaps - r->unexplained, r->nfence_bad, (long long)r->lost_updates,
-		r->stale_writes, ms(r->worst_heal_us));
+		r->stale_writes, ms(r->worst_heal_us), r->stuck);
 	for (size_t k = 0; k < r->nfaults; k++) {
 		const fault *x = &r->faults[k];
 		fprintf(f, "%s{\"kind\":\"%s\",\"worker\":%d,\"member\":%d,\"start_ms\":%.1f,\"end_ms\":%.1f,"
-			   "\"ok\":%s,\"heal_to_grant_ms\":%.1f,\"note\":",
+			   "\"ok\":%s,\"heal_to_grant_ms\":%.1f,\"split_ms\":%.1f,\"dropped_bytes\":%lld,\"note\":",
 			k ? "," : "", fault_name(x->kind), x->slot, x->member, ms(x->start_us), ms(x->end_us),
-			x->ok ? "true" : "false", x->heal_to_grant_us < 0 ? -1.0 : ms(x->heal_to_grant_us));
+			x->ok ? "true" : "false", x->heal_to_grant_us < 0 ? -1.0 : ms(x->heal_to_grant_us),
+			x->split_us < 0 ? -1.0 : ms(x->split_us), x->dropped);
 		cli_json_str(f, x->note);
 		fputc('}', f);
 	}
@@ -1029,6 +1509,65 @@ static void reap(run_ctx *c, pid_t *pids, int *incs, bool respawn)
 	}
 }
 
+/* Wait (briefly) for someone to hold the lock: a fault aimed at a holder. */
+static int aim_at_holder(run_ctx *c, uint64_t *rs)
+{
+	int slot = -1;
+	int64_t until = now_us() + (c->o->ttl_ms + c->o->hold_ms) * 1000;
+	while (!pick_holder(c, rs, &slot) && now_us() < until)
+		sleep_ms(5);
+	return slot;
+}
+
+/* A network fault through the proxy: `mode` on worker `slot`'s routes (-1:
+ * all) for ms, then pass again. */
+static void net_fault(run_ctx *c, int slot, const char *mode, int64_t ms, fault *f)
+{
+	struct proxy *px = c->px;
+	long long d0 = proxy_dropped(px, slot);
+	f->start_us = now_us();
+	if (proxy_set(px, slot, mode) != 0) {
+		snprintf(f->note, sizeof f->note, "the fault proxy refused '%s'", mode);
+		proxy_set(px, slot, "pass");
+		f->end_us = now_us();
+		return;
+	}
+	f->start_us = now_us();
+	fault_sleep_ms(ms);
+	f->end_us = now_us();
+	long long d1 = proxy_dropped(px, slot);
+	if (proxy_set(px, slot, "pass") != 0) {
+		snprintf(f->note, sizeof f->note, "the fault proxy did not return to pass");
+		return;
+	}
+	f->dropped = d0 >= 0 && d1 >= 0 ? d1 - d0 : -1;
+	f->ok = 1;
+}
+
+/* Every process of the server: SIGSTOP (stop=true) or SIGCONT, through the
+ * script where it offers pause/resume (Redis, Redlock: every master), else
+ * by the pids the scripts keep in DIR. Returns how many it reached. */
+static int pause_servers(run_ctx *c, bool stop, pid_t *pids, int npids)
+{
+	const check_opts *o = c->o;
+	bool mfile;
+	int n = count_members(o->server_dir, &mfile);
+	if (!mfile && n > 0 && script_offers(o->server_script, "pause")) {
+		int done = 0;
+		for (int i = 0; i < n; i++) {
+			char idx[16];
+			snprintf(idx, sizeof idx, "%d", i);
+			done += run_script(o->work_dir, o->server_script, stop ? "pause" : "resume", o->server_dir,
+					   idx) == 0;
+		}
+		return done;
+	}
+	int done = 0;
+	for (int i = 0; i < npids; i++)
+		done += kill(pids[i], stop ? SIGSTOP : SIGCONT) == 0;
+	return done;
+}
+
 /* Carry out one fault; fills f. */
 static void do_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *incs, fault *f)
 {
@@ -1036,12 +1575,11 @@ static void do_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *
 	memset(f, 0, sizeof *f);
 	f->kind = kind;
 	f->slot = f->inc = f->member = -1;
-	if (kind == F_PAUSE || kind == F_KILL) {
-		/* Wait (briefly) for someone to hold the lock: the fault is aimed at a holder. */
-		int slot = -1;
-		int64_t until = now_us() + (o->ttl_ms + o->hold_ms) * 1000;
-		while (!pick_holder(c, rs, &slot) && now_us() < until)
-			sleep_ms(5);
+	f->dropped = -1;
+	if (kind == F_PAUSE || kind == F_KILL || kind == F_PARTITION || kind == F_FDELETE) {
+		int slot = aim_at_holder(c, rs);
+		if (slot < 0 && kind == F_PARTITION)
+			slot = (int)rnd_below(rs, o->clients); /* a waiter's link fails too */
 		f->start_us = now_us();
 		if (slot < 0 || pids[slot] <= 0) {
 			snprintf(f->note, sizeof f->note, "no holder to aim at");
@@ -1050,6 +1588,37 @@ static void do_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *
 		}
 		f->slot = slot;
 		f->inc = incs[slot];
+		if (kind == F_PARTITION) {
+			net_fault(c, slot, "blackhole", o->pause_ms, f);
+			if (f->ok)
+				snprintf(f->note, sizeof f->note, "black hole for %lldms, %lld bytes discarded",
+					 (long long)o->pause_ms, f->dropped);
+			return;
+		}
+		if (kind == F_FDELETE) {
+			const char *sfx[] = { "", "-wal", "-shm", "-journal" };
+			char path[PATH_MAX];
+			f->start_us = now_us();
+			int rc = unlink(c->db_path), e = errno;
+			for (size_t i = 1; i < sizeof sfx / sizeof *sfx; i++) {
+				snprintf(path, sizeof path, "%.4000s%s", c->db_path, sfx[i]);
+				unlink(path);
+			}
+			f->end_us = now_us();
+			f->ok = rc == 0;
+			/* Everyone but the holder opens the store again, as processes
+			 * started now would: they make a new file, the holder must
+			 * learn that its lock is gone. */
+			for (unsigned i = 0; i < o->clients; i++)
+				if ((int)i != slot)
+					atomic_store(&c->sh->reopen[i], 1);
+			if (rc == 0)
+				snprintf(f->note, sizeof f->note, "deleted %.120s (and -wal, -shm); the others reopen",
+					 c->db_path);
+			else
+				snprintf(f->note, sizeof f->note, "unlink %.120s: %s", c->db_path, strerror(e));
+			return;
+		}
 		if (kind == F_PAUSE) {
 			kill(pids[slot], SIGSTOP);
 			f->start_us = now_us();
@@ -1066,6 +1635,30 @@ static void do_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *
 			pids[slot] = spawn_worker(c, slot, ++incs[slot]);
 		}
 		f->ok = 1;
+		return;
+	}
+	if (kind == F_LOSE) {
+		int slot = (int)rnd_below(rs, o->clients);
+		int64_t len = o->ttl_ms / 4 + (int64_t)rnd_below(rs, (uint64_t)(o->ttl_ms * 3 / 4 + 1));
+		f->slot = slot;
+		f->inc = incs[slot];
+		net_fault(c, slot, "drop", len, f);
+		if (f->ok)
+			snprintf(f->note, sizeof f->note, "replies dropped for %lldms, %lld bytes discarded",
+				 (long long)len, f->dropped);
+		return;
+	}
+	if (kind == F_DELAY) {
+		int slot = rnd_below(rs, 2) ? (int)rnd_below(rs, o->clients) : -1;
+		char mode[48];
+		snprintf(mode, sizeof mode, "delay %lld", (long long)o->delay_ms);
+		f->slot = slot;
+		f->inc = slot >= 0 ? incs[slot] : -1;
+		net_fault(c, slot, mode, o->pause_ms, f);
+		f->dropped = -1;
+		if (f->ok)
+			snprintf(f->note, sizeof f->note, "%lldms each way for %lldms, %s", (long long)o->delay_ms,
+				 (long long)o->pause_ms, slot < 0 ? "every worker" : "one worker");
 		return;
 	}
 	f->start_us = now_us();
@@ -1085,15 +1678,75 @@ static void do_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *
 				 o->server_script, rc);
 		return;
 	}
+	if (kind == F_SPAUSE) {
+		pid_t sp[256];
+		int np = server_pids(o->server_dir, sp, 256);
+		f->start_us = now_us();
+		int n = pause_servers(c, true, sp, np);
+		f->start_us = now_us();
+		if (n > 0)
+			fault_sleep_ms(o->pause_ms);
+		f->end_us = now_us();
+		int m = pause_servers(c, false, sp, np);
+		f->ok = n > 0 && m == n;
+		snprintf(f->note, sizeof f->note, "%d server process%s stopped for %lldms%s", n, n == 1 ? "" : "es",
+			 (long long)o->pause_ms, m == n ? "" : "; NOT ALL CONTINUED");
+		if (n == 0)
+			snprintf(f->note, sizeof f->note, "no server process found in %.120s", o->server_dir);
+		return;
+	}
+	if (kind == F_FAILOVER) {
+		int rc = run_script(o->work_dir, o->server_script, "kill-master", o->server_dir, NULL);
+		f->end_us = now_us();
+		f->ok = rc == 0;
+		c->failed_over = true;
+		if (rc == 0)
+			snprintf(f->note, sizeof f->note, "master killed; Sentinel promotes the replica");
+		else
+			snprintf(f->note, sizeof f->note, "kill-master exited %d (see server.log)", rc);
+		return;
+	}
 	bool mfile;
 	int n = count_members(o->server_dir, &mfile);
-	if (n < 1) {
-		snprintf(f->note, sizeof f->note, "no members listed in %s", o->server_dir);
+	if (n < 1 || (kind == F_MRESTART && mfile)) {
+		snprintf(f->note, sizeof f->note, "no %s listed in %.120s", kind == F_MRESTART ? "Redis masters" : "members",
+			 o->server_dir);
 		f->end_us = f->start_us;
 		return;
 	}
 	char idx[16];
 	int rc;
+	if (kind == F_MRESTART) {
+		/* A rolling restart without the delayed-restart rule: each master comes
+		 * back at once, empty unless it runs with AOF, ttl/2 after the previous
+		 * one (time for a renewal round in between). */
+		int first = (int)rnd_below(rs, (uint64_t)n), bad = 0;
+		size_t off = (size_t)snprintf(f->note, sizeof f->note, "restarted masters");
+		for (int k = 0; k < n && !interrupted; k++) {
+			int i = (first + k) % n;
+			if (k > 0)
+				fault_sleep_ms(o->ttl_ms / 2);
+			snprintf(idx, sizeof idx, "%d", i);
+			run_script(o->work_dir, o->server_script, "kill", o->server_dir, idx);
+			rc = run_script(o->work_dir, o->server_script, "restart", o->server_dir, idx);
+			bad += rc != 0;
+			if (off < sizeof f->note)
+				off += (size_t)snprintf(f->note + off, sizeof f->note - off, " %d%s", i, rc ? "(FAILED)" : "");
+		}
+		char conf[PATH_MAX], line[256];
+		snprintf(conf, sizeof conf, "%.4000s/0/redis.conf", o->server_dir);
+		FILE *cf = fopen(conf, "r");
+		bool aof = false;
+		while (cf && fgets(line, sizeof line, cf))
+			aof |= strncmp(line, "appendonly yes", 14) == 0;
+		if (cf)
+			fclose(cf);
+		if (off < sizeof f->note)
+			snprintf(f->note + off, sizeof f->note - off, aof ? " (with AOF)" : " (no persistence)");
+		f->end_us = now_us();
+		f->ok = bad == 0;
+		return;
+	}
 	if (mfile) {
 		int i = 1 + (int)rnd_below(rs, (uint64_t)n);
 		f->member = i;
@@ -1139,6 +1792,7 @@ int cli_check(cli_global *g, int argc, char **argv)
 	o.fencing = true;
 	o.every_ms = -1;
 	o.pause_ms = -1;
+	o.delay_ms = -1;
 	cli_args a;
 	int rc = cli_parse(g, argc, argv, opts_table, on_opt, &o, &a);
 	if (rc == 0 && a.help) {
@@ -1164,8 +1818,30 @@ int cli_check(cli_global *g, int argc, char **argv)
 	if ((o.faults & F_PAUSE) && o.pause_ms <= o.ttl_ms)
 		cli_info(g, "warning: --pause %lldms is not longer than --ttl: pauses will not outlast leases",
 			 (long long)o.pause_ms);
-	if ((o.faults & (F_RESTART | F_MEMBER)) && (!o.server_script || !o.server_dir))
-		return cli_usage_error(g, "--faults restart/member need --server-script and --server-dir");
+	if (o.delay_ms < 0)
+		o.delay_ms = o.ttl_ms / 4;
+	if (o.delay_ms > 3600000)
+		return cli_usage_error(g, "--delay must be at most 1h");
+	if ((o.faults & F_SERVER) && (!o.server_script || !o.server_dir))
+		return cli_usage_error(g, "--faults restart/member/server-pause/member-restart/failover need "
+					  "--server-script and --server-dir");
+	if ((o.faults & F_FAILOVER) && !script_offers(o.server_script, "kill-master"))
+		return cli_usage_error(g, "--faults failover: %s has no kill-master (use tests/servers/redis-sentinel.sh)",
+				       o.server_script);
+	if (o.faults & F_MRESTART) {
+		bool mfile;
+		if (count_members(o.server_dir, &mfile) < 1 || mfile || !script_offers(o.server_script, "restart"))
+			return cli_usage_error(g, "--faults member-restart: not available here: needs Redis masters "
+						  "started by tests/servers/redis.sh or redlock.sh (DIR/0/, DIR/1/, ...)");
+	}
+	if (o.faults & F_SPAUSE) {
+		pid_t sp[256];
+		bool mfile;
+		int nm = count_members(o.server_dir, &mfile);
+		if (server_pids(o.server_dir, sp, 256) == 0 && !(nm > 0 && !mfile && script_offers(o.server_script, "pause")))
+			return cli_usage_error(g, "--faults server-pause: not available here: no server process found "
+						  "in %s and %s has no pause", o.server_dir, o.server_script);
+	}
 	if (!o.seed_set) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -1194,6 +1870,15 @@ int cli_check(cli_global *g, int argc, char **argv)
 		shown = strdup(dlock_store_uri(store));
 		dlock_store_close(store);
 	}
+	if (o.faults & F_FDELETE) {
+		if (!c.broken && shown && strncmp(shown, "sqlite:", 7) == 0)
+			c.db_path = sqlite_path(c.uri);
+		if (!c.db_path) {
+			free(shown);
+			return cli_usage_error(g, "--faults file-delete: not available on %s: it needs an sqlite store",
+					       c.broken ? "broken:" : "this store");
+		}
+	}
 	char tmpdir[PATH_MAX];
 	bool own_dir = !o.work_dir;
 	if (own_dir) {
@@ -1202,14 +1887,17 @@ int cli_check(cli_global *g, int argc, char **argv)
 		o.work_dir = mkdtemp(tmpdir);
 		if (!o.work_dir) {
 			cli_error(g, "cannot make a temp dir %s: %s", tmpdir, strerror(errno));
+			free(c.db_path);
 			free(shown);
 			return CLI_EXIT_FAIL;
 		}
 	} else if (strlen(o.work_dir) > 4000) {
+		free(c.db_path);
 		free(shown);
 		return cli_usage_error(g, "--work-dir: path too long");
 	} else if (mkdir(o.work_dir, 0755) != 0 && errno != EEXIST) {
 		cli_error(g, "--work-dir %s: %s", o.work_dir, strerror(errno));
+		free(c.db_path);
 		free(shown);
 		return CLI_EXIT_FAIL;
 	}
@@ -1227,11 +1915,27 @@ int cli_check(cli_global *g, int argc, char **argv)
 			close(c.log_fd);
 		if (reg_fd >= 0)
 			close(reg_fd);
+		free(c.db_path);
 		free(shown);
 		return CLI_EXIT_FAIL;
 	}
 	close(reg_fd);
 	memset(c.sh, 0, sizeof *c.sh);
+	proxy px = { .pid = -1, .ctl = -1 };
+	if (o.faults & F_NET) {
+		char err[400];
+		if (proxy_start(&px, &c, err, sizeof err) != 0) {
+			close(c.log_fd);
+			munmap(c.sh, sizeof *c.sh);
+			if (own_dir)
+				rm_work(o.work_dir);
+			free(c.db_path);
+			free(shown);
+			return cli_usage_error(g, "--faults partition/lose-reply/delay: not available on this store: %s",
+					       err);
+		}
+		c.px = &px;
+	}
 
 	cli_info(g, "%u workers on %s for %.1fs (ttl %lldms, hold %lldms, fencing %s, seed %" PRIu64
 		 "); work dir %s",
@@ -1245,9 +1949,9 @@ int cli_check(cli_global *g, int argc, char **argv)
 	for (unsigned i = 0; i < o.clients; i++)
 		pids[i] = spawn_worker(&c, (int)i, 0);
 
-	unsigned kinds[4];
+	unsigned kinds[NKINDS];
 	int nkinds = 0;
-	for (unsigned k = F_PAUSE; k <= F_MEMBER; k <<= 1)
+	for (unsigned k = F_PAUSE; k <= F_LAST; k <<= 1)
 		if (o.faults & k)
 			kinds[nkinds++] = k;
 	fault *faults = calloc(MAX_FAULTS, sizeof *faults);
@@ -1270,6 +1974,10 @@ int cli_check(cli_global *g, int argc, char **argv)
 			cli_debug(g, "fault %s at %.0fms: %s", fault_name(kind), ms(faults[nfaults].start_us),
 				  faults[nfaults].ok ? "done" : faults[nfaults].note);
 			nfaults++;
+			if (c.failed_over) /* once: no master is left to fail over */
+				for (int k = 0; k < nkinds; k++)
+					if (kinds[k] == F_FAILOVER)
+						kinds[k] = kinds[--nkinds];
 			next_fault = now_us() + (o.every_ms + (int64_t)rnd_below(&rs, (uint64_t)o.every_ms / 4 + 1)) * 1000;
 			continue;
 		}
@@ -1286,6 +1994,7 @@ int cli_check(cli_global *g, int argc, char **argv)
 	}
 	/* Workers finish their hold and leave; one stuck past ttl+hold+10s is killed. */
 	int64_t give_up = now_us() + (2 * o.ttl_ms + o.hold_ms + 10000) * 1000;
+	size_t stuck = 0;
 	for (;;) {
 		reap(&c, pids, incs, false);
 		bool any = false;
@@ -1296,8 +2005,9 @@ int cli_check(cli_global *g, int argc, char **argv)
 		if (now_us() > give_up) {
 			for (unsigned i = 0; i < o.clients; i++)
 				if (pids[i] > 0) {
-					cli_error(g, "worker %u did not stop; killing it", i);
+					cli_error(g, "worker %u did not stop (a call into the store hangs?); killing it", i);
 					kill(pids[i], SIGKILL);
+					stuck++;
 				}
 			give_up = INT64_MAX;
 		}
@@ -1311,6 +2021,7 @@ int cli_check(cli_global *g, int argc, char **argv)
 
 	results r = { 0 };
 	r.end_us = end_us;
+	r.stuck = stuck;
 	r.faults = faults;
 	r.nfaults = nfaults;
 	int fd = open(c.reg_path, O_RDONLY | O_CLOEXEC);
@@ -1355,6 +2066,10 @@ int cli_check(cli_global *g, int argc, char **argv)
 	if (interrupted && rc == CLI_EXIT_OK)
 		rc = 128 + SIGINT;
 out:
+	proxy_stop(&px);
+	for (unsigned i = 0; i < o.clients; i++)
+		free(c.worker_uri[i]);
+	free(c.db_path);
 	if (own_dir)
 		rm_work(o.work_dir);
 	free(r.holds);

@@ -82,7 +82,7 @@ static const char *const tail[] = {
 	"tip(r,'overlap of fences '+D.holds[a].fence+' and '+D.holds[b].fence+' from '+from+' to '+to+' ms'+(expl?' (holder was paused: its lease ran out)':''));}}\n"
 	"document.getElementById('timeline').appendChild(svg);\n"
 	"if(D.faults.length){const ft=h('table');const r0=h('tr');for(const c of ['fault','target','start ms','end ms','end \\u2192 next grant ms','note'])r0.appendChild(h('th',c));ft.appendChild(r0);"
-	"for(const f of D.faults){const tr=h('tr');for(const c of [f.kind,f.worker>=0?'worker '+f.worker:f.member>=0?'member '+f.member:'server',f.start_ms,f.end_ms,f.heal_to_grant_ms<0?'none':f.heal_to_grant_ms,f.ok?f.note:'FAILED: '+f.note])tr.appendChild(h('td',String(c)));ft.appendChild(tr);}"
+	"for(const f of D.faults){const tr=h('tr');for(const c of [f.kind,f.worker>=0?'worker '+f.worker:f.member>=0?'member '+f.member:['partition','lose-reply','delay'].includes(f.kind)?'every worker':'server',f.start_ms,f.end_ms,f.heal_to_grant_ms<0?'none':f.heal_to_grant_ms,f.ok?f.note:'FAILED: '+f.note])tr.appendChild(h('td',String(c)));ft.appendChild(tr);}"
 	"document.getElementById('faults').appendChild(ft);}\n"
 	"</script>\n</body></html>\n",
 };

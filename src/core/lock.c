@@ -1,5 +1,6 @@
 #include "core/internal.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,10 +129,33 @@ static int64_t request_deadline(const dlock_store *s, int64_t until)
 	return d < until ? d : until;
 }
 
+/* call_acquire's answer when the store handle stayed busy past the deadline
+ * (positive: never a DLOCK_E* code). */
+#define BE_BUSY 1
+
+/* Take the store's backend mutex, waiting no later than `by` (CLOCK_MONOTONIC
+ * ms; INT64_MAX: as long as it takes). Every request that holds it is bounded
+ * by its own deadline, so the wait is too; this keeps it within ours. */
+static bool lock_be_by(dlock_store *s, int64_t by)
+{
+	atomic_fetch_add(&s->fg_waiting, 1);
+	bool ok = true;
+	if (by == INT64_MAX) {
+		pthread_mutex_lock(&s->be_mu);
+	} else {
+		struct timespec ts;
+		dlock__abstime(&ts, by - dlock_clock_ms());
+		ok = pthread_mutex_clocklock(&s->be_mu, CLOCK_MONOTONIC, &ts) == 0;
+	}
+	atomic_fetch_sub(&s->fg_waiting, 1);
+	return ok;
+}
+
 static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t until)
 {
 	dlock_backend *be = l->store->be;
-	pthread_mutex_lock(&l->store->be_mu);
+	if (!lock_be_by(l->store, until))
+		return BE_BUSY;
 	l->req.deadline_ms = request_deadline(l->store, until);
 	int rc = be->acquire(be, &l->req, fence, retry);
 	pthread_mutex_unlock(&l->store->be_mu);
@@ -145,11 +169,16 @@ static void call_cancel(dlock_lock *l, int64_t deadline)
 		return;
 	dlock__saved_error saved; /* cancel is cleanup: keep the caller's error */
 	dlock__error_save(&saved);
-	pthread_mutex_lock(&l->store->be_mu);
-	l->req.deadline_ms = deadline;
-	be->cancel(be, &l->req);
-	pthread_mutex_unlock(&l->store->be_mu);
-	l->req.slot = NULL; /* the store freed its per-attempt state */
+	if (lock_be_by(l->store, deadline)) {
+		l->req.deadline_ms = deadline;
+		be->cancel(be, &l->req);
+		pthread_mutex_unlock(&l->store->be_mu);
+	} else {
+		/* busy past our bound: the renewer cancels it (the slot goes with it) */
+		dlock__orphan_add(l->store, &l->req, DLOCK__ORPHAN_CANCEL,
+				  dlock_clock_ms() + l->req.queue_ttl_ms);
+	}
+	l->req.slot = NULL; /* the store freed (or will free) its per-attempt state */
 	dlock__error_restore(&saved);
 }
 
@@ -172,15 +201,17 @@ static bool undo(dlock_lock *l, int64_t deadline)
 	dlock_store *s = l->store;
 	dlock__saved_error saved;
 	dlock__error_save(&saved);
-	pthread_mutex_lock(&s->be_mu);
+	int rc = DLOCK_EUNAVAILABLE;
 	l->req.confirm = 1;
-	l->req.deadline_ms = deadline;
-	int rc = s->be->release(s->be, &l->req);
-	pthread_mutex_unlock(&s->be_mu);
+	if (lock_be_by(s, deadline)) {
+		l->req.deadline_ms = deadline;
+		rc = s->be->release(s->be, &l->req);
+		pthread_mutex_unlock(&s->be_mu);
+	}
 	l->req.slot = NULL;
 	bool done = rc == 0 || rc == DLOCK_ENOTHELD;
 	if (!done)
-		dlock__orphan_add(s, &l->req, dlock_clock_ms() + l->ttl_ms);
+		dlock__orphan_add(s, &l->req, DLOCK__ORPHAN_RELEASE, dlock_clock_ms() + l->ttl_ms);
 	dlock__error_restore(&saved);
 	return done;
 }
@@ -269,23 +300,39 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	const dlock_backend *be = l->store->be;
 	int64_t start = dlock_clock_ms();
 	int64_t until = wait_ms < 0 || wait_ms > DLOCK_TTL_MAX_MS ? INT64_MAX : start + wait_ms;
+	/* A try-once gets one request timeout; a wait, what is left of it. */
+	int64_t try_until = wait_ms == 0 ? INT64_MAX : until;
 	int64_t cleanup_by = until == INT64_MAX ? INT64_MAX : until + slack_ms(wait_ms) / 2;
 	int64_t backoff = BACKOFF_FIRST_MS;
 	bool registered = false;
 	int64_t unknown_t0 = -1; /* start of the earliest try whose outcome is unknown */
+	int rc = DLOCK_EUNAVAILABLE;
 	for (int attempt = 0;; attempt++) {
 		uint64_t fence = 0;
 		int64_t retry = -1;
 		int64_t t0 = dlock_clock_ms(); /* the lease counts from before the request */
+		int last = rc;
+		if (attempt > 0 && t0 >= until) {
+			rc = last; /* the wait ended while we napped: no try with no time left */
+			goto give_up;
+		}
 		l->req.waiting = wait_ms != 0;
-		int rc = call_acquire(l, &fence, &retry, until);
+		rc = call_acquire(l, &fence, &retry, try_until);
+		if (rc == BE_BUSY) {
+			/* Another request of this store handle held it until our deadline. */
+			rc = last == DLOCK_ELOCKED ? DLOCK_ELOCKED
+						   : dlock_error_set(DLOCK_EUNAVAILABLE, be->kind, NULL,
+								     "timed out: the store handle was busy with "
+								     "another request");
+			goto give_up;
+		}
 		int64_t t_lease = unknown_t0 >= 0 ? unknown_t0 : t0;
 		if (rc == 0) {
 			int64_t now = dlock_clock_ms();
 			if (now < t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms))
 				return granted(l, fence, t_lease);
 			/* The grant came after the lease it may carry had ended: not ours to use. */
-			if (!undo(l, request_deadline(l->store, INT64_MAX))) {
+			if (!undo(l, request_deadline(l->store, cleanup_by > now ? cleanup_by : now + 1))) {
 				new_owner(l); /* the old owner's release goes on in the background */
 				dlock__lock_fill_request(l);
 				registered = false;
@@ -296,28 +343,14 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		} else if (outcome_unknown(rc) && unknown_t0 < 0) {
 			unknown_t0 = t0;
 		}
-		bool transient = rc == DLOCK_EUNAVAILABLE && attempt > 0;
-		int64_t now = dlock_clock_ms();
-		bool give_up = (rc != DLOCK_ELOCKED && !transient) || wait_ms == 0 || now >= until;
-		if (give_up) {
-			dlock__saved_error saved;
-			dlock__error_save(&saved);
-			int64_t by = request_deadline(l->store, cleanup_by > now ? cleanup_by : now + 1);
-			if (registered || (rc == DLOCK_ELOCKED && l->req.waiting))
-				call_cancel(l, by);
-			if (unknown_t0 >= 0)
-				undo(l, by);
-			dlock__error_restore(&saved);
-			if (rc != DLOCK_ELOCKED)
-				return rc;
-			if (wait_ms == 0)
-				return dlock_error_set(DLOCK_ELOCKED, be->kind, NULL,
-						       "lock '%s' is held by another owner", l->name);
-			return dlock_error_set(DLOCK_ETIMEOUT, be->kind, NULL,
-					       "lock '%s' not acquired within %lld ms", l->name,
-					       (long long)wait_ms);
-		}
 		registered |= rc == DLOCK_ELOCKED && l->req.waiting;
+		/* A store that does not answer is retried within a finite wait; with
+		 * no answer at all on a first try of a try-once or an endless wait,
+		 * the caller hears at once that the store is unreachable. */
+		bool transient = rc == DLOCK_EUNAVAILABLE && (attempt > 0 || until != INT64_MAX) && wait_ms != 0;
+		int64_t now = dlock_clock_ms();
+		if ((rc != DLOCK_ELOCKED && !transient) || wait_ms == 0 || now >= until)
+			goto give_up;
 		/* Come back before our waiter registration expires, and by the deadline. */
 		int64_t nap = min64(until - now, l->req.queue_ttl_ms / 3);
 		if (retry >= 0)
@@ -329,12 +362,30 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			backoff = min64(backoff * 2, rc == DLOCK_ELOCKED ? BACKOFF_MAX_MS : 1000);
 		}
 	}
+
+give_up:;
+	dlock__saved_error saved;
+	dlock__error_save(&saved);
+	int64_t now = dlock_clock_ms();
+	int64_t by = request_deadline(l->store, cleanup_by > now ? cleanup_by : now + 1);
+	if (registered)
+		call_cancel(l, by);
+	if (unknown_t0 >= 0)
+		undo(l, by);
+	dlock__error_restore(&saved);
+	if (rc != DLOCK_ELOCKED)
+		return rc;
+	if (wait_ms == 0)
+		return dlock_error_set(DLOCK_ELOCKED, be->kind, NULL, "lock '%s' is held by another owner",
+				       l->name);
+	return dlock_error_set(DLOCK_ETIMEOUT, be->kind, NULL, "lock '%s' not acquired within %lld ms",
+			       l->name, (long long)wait_ms);
 }
 
 static int release_in_store(dlock_lock *l)
 {
 	dlock_backend *be = l->store->be;
-	pthread_mutex_lock(&l->store->be_mu);
+	lock_be_by(l->store, INT64_MAX);
 	l->req.confirm = l->attached;
 	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
 	int rc = be->release(be, &l->req);
@@ -349,7 +400,7 @@ static int release_in_store(dlock_lock *l)
 					? l->deadline + dlock__drift_ms(l->ttl_ms) + l->store->request_timeout_ms
 					: dlock_clock_ms() + l->ttl_ms;
 		pthread_mutex_unlock(&l->mu);
-		dlock__orphan_add(l->store, &l->req, until);
+		dlock__orphan_add(l->store, &l->req, DLOCK__ORPHAN_RELEASE, until);
 	}
 	return rc;
 }
@@ -362,7 +413,7 @@ static int release_again(dlock_lock *l)
 	if (!dlock__orphan_take(s, l->owner, &o))
 		return 0; /* confirmed in the background, or its lease has ended */
 	dlock_request req = *dlock__orphan_request(o);
-	pthread_mutex_lock(&s->be_mu);
+	lock_be_by(s, INT64_MAX);
 	req.deadline_ms = request_deadline(s, INT64_MAX);
 	int rc = s->be->release(s->be, &req);
 	pthread_mutex_unlock(&s->be_mu);
@@ -444,7 +495,7 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 		ttl_ms = l->ttl_ms;
 	dlock_backend *be = l->store->be;
 	int64_t t0 = dlock_clock_ms();
-	pthread_mutex_lock(&l->store->be_mu);
+	lock_be_by(l->store, INT64_MAX);
 	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
 	int rc = be->extend(be, &l->req, ttl_ms);
 	if (rc == 0)

@@ -1,5 +1,6 @@
 #include "core/internal.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,10 +41,13 @@ struct dlock__orphan {
 	dlock_request req;       /* name and owner point at the strings below */
 	char *name;
 	char owner[DLOCK__OWNER_MAX];
+	dlock__orphan_kind kind;
 	int64_t until;           /* CLOCK_MONOTONIC ms: the hold cannot outlive this */
 	int64_t next_try;
 	int64_t backoff;
 };
+
+static dlock__orphan *orphan_new(const dlock_request *req, dlock__orphan_kind kind, int64_t until);
 
 static int64_t min64(int64_t a, int64_t b)
 {
@@ -249,6 +253,15 @@ static void renew_batch(dlock_store *s, int64_t now)
 		pthread_mutex_lock(&l->mu);
 		bool held = l->state == DLOCK__HELD && r->lock->registered;
 		int64_t ttl = ttls[i];
+		if (l->state == DLOCK__LOST && rc == 0) {
+			/* Confirmed after the watchdog had called it lost: the store now
+			 * keeps it one more lease for nobody. Give it back. */
+			dlock__orphan *o = orphan_new(&l->req, DLOCK__ORPHAN_RELEASE, t0 + ttl + s->request_timeout_ms);
+			if (o) {
+				o->next = s->orphans;
+				s->orphans = o;
+			}
+		}
 		if (held && rc == 0) {
 			/* Never move a deadline back: a slower renewal may come after an extend. */
 			int64_t d = t0 + ttl - dlock__drift_ms(ttl);
@@ -279,9 +292,12 @@ static void orphan_free(dlock__orphan *o)
 /* Under reg_mu: retry the releases that are due; drop those done or moot. */
 static void retry_orphans(dlock_store *s, int64_t now)
 {
+	/* While the store keeps failing, or a caller waits for the backend, stand back. */
+	if (now < s->orphan_pause_until || atomic_load(&s->fg_waiting) > 0)
+		return;
 	for (dlock__orphan **p = &s->orphans; *p;) {
 		dlock__orphan *o = *p;
-		if (now >= o->until) {
+		if (now >= o->until && o->kind == DLOCK__ORPHAN_RELEASE) {
 			*p = o->next;
 			orphan_free(o);
 			continue;
@@ -297,23 +313,34 @@ static void retry_orphans(dlock_store *s, int64_t now)
 		dlock__error_save(&saved);
 		pthread_mutex_lock(&s->be_mu);
 		o->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
-		o->req.slot = NULL;
-		int rc = s->be->release(s->be, &o->req);
+		int rc = 0;
+		if (o->kind == DLOCK__ORPHAN_CANCEL) {
+			s->be->cancel(s->be, &o->req); /* once: a waiter's registration expires anyway */
+		} else {
+			o->req.slot = NULL;
+			rc = s->be->release(s->be, &o->req);
+		}
 		pthread_mutex_unlock(&s->be_mu);
 		dlock__error_restore(&saved);
 		pthread_mutex_lock(&s->reg_mu);
 		s->orphan_busy = NULL;
-		if (rc == 0 || rc == DLOCK_ENOTHELD || rc == DLOCK_EINVAL) {
+		if (rc == 0 || rc == DLOCK_ENOTHELD || rc == DLOCK_EINVAL || o->kind == DLOCK__ORPHAN_CANCEL) {
 			orphan_free(o);
 		} else {
 			o->next_try = dlock_clock_ms() + o->backoff;
+			/* the others would fail the same way: none before this one's next try */
+			s->orphan_pause_until = o->next_try;
 			o->backoff = min64(o->backoff * 2, RETRY_MAX_MS);
 			o->next = s->orphans;
 			s->orphans = o;
+			pthread_cond_broadcast(&s->reg_cv);
+			return;
 		}
 		pthread_cond_broadcast(&s->reg_cv);
 		p = &s->orphans; /* the list may have changed while unlocked */
 		now = dlock_clock_ms();
+		if (atomic_load(&s->fg_waiting) > 0)
+			return;
 	}
 }
 
@@ -329,8 +356,14 @@ static void *renewer_main(void *arg)
 		int64_t next = INT64_MAX;
 		for (dlock__reg *r = s->regs; r; r = r->next)
 			next = min64(next, r->next_renew);
-		for (dlock__orphan *o = s->orphans; o; o = o->next)
-			next = min64(next, min64(o->next_try, o->until));
+		for (dlock__orphan *o = s->orphans; o; o = o->next) {
+			int64_t t = o->kind == DLOCK__ORPHAN_CANCEL ? o->next_try : min64(o->next_try, o->until);
+			if (t < s->orphan_pause_until)
+				t = s->orphan_pause_until;
+			if (atomic_load(&s->fg_waiting) > 0 && t < now + ORPHAN_RETRY_FIRST_MS)
+				t = now + ORPHAN_RETRY_FIRST_MS; /* after the caller that waits for the backend */
+			next = min64(next, t);
+		}
 		if (s->renewer_stop)
 			break;
 		s->renewer_wake = next;
@@ -408,22 +441,11 @@ void dlock__renewer_remove(dlock_store *s, dlock__reg *reg)
 	pthread_mutex_unlock(&s->reg_mu);
 }
 
-int dlock__orphan_add(dlock_store *s, const dlock_request *req, int64_t until)
+int dlock__orphan_add(dlock_store *s, const dlock_request *req, dlock__orphan_kind kind, int64_t until)
 {
-	dlock__orphan *o = calloc(1, sizeof(*o));
-	if (!o || !(o->name = strdup(req->name))) {
-		free(o);
+	dlock__orphan *o = orphan_new(req, kind, until);
+	if (!o)
 		return DLOCK_ENOMEM;
-	}
-	o->req = *req;
-	snprintf(o->owner, sizeof(o->owner), "%s", req->owner);
-	o->req.name = o->name;
-	o->req.owner = o->owner;
-	o->req.slot = NULL;
-	o->req.confirm = 1;
-	o->until = until;
-	o->backoff = ORPHAN_RETRY_FIRST_MS;
-	o->next_try = dlock_clock_ms();
 	pthread_mutex_lock(&s->reg_mu);
 	int rc = start_threads(s);
 	if (rc) {
@@ -438,6 +460,27 @@ int dlock__orphan_add(dlock_store *s, const dlock_request *req, int64_t until)
 	return 0;
 }
 
+static dlock__orphan *orphan_new(const dlock_request *req, dlock__orphan_kind kind, int64_t until)
+{
+	dlock__orphan *o = calloc(1, sizeof(*o));
+	if (!o || !(o->name = strdup(req->name))) {
+		free(o);
+		return NULL;
+	}
+	o->req = *req;
+	snprintf(o->owner, sizeof(o->owner), "%s", req->owner);
+	o->req.name = o->name;
+	o->req.owner = o->owner;
+	o->kind = kind;
+	if (kind == DLOCK__ORPHAN_RELEASE)
+		o->req.slot = NULL;
+	o->req.confirm = 1;
+	o->until = until;
+	o->backoff = ORPHAN_RETRY_FIRST_MS;
+	o->next_try = dlock_clock_ms();
+	return o;
+}
+
 int dlock__orphan_take(dlock_store *s, const char *owner, dlock__orphan **out)
 {
 	*out = NULL;
@@ -445,7 +488,7 @@ int dlock__orphan_take(dlock_store *s, const char *owner, dlock__orphan **out)
 	for (;;) {
 		bool busy;
 		for (dlock__orphan **p = &s->orphans; *p; p = &(*p)->next) {
-			if (strcmp((*p)->owner, owner) == 0) {
+			if ((*p)->kind == DLOCK__ORPHAN_RELEASE && strcmp((*p)->owner, owner) == 0) {
 				*out = *p;
 				*p = (*p)->next;
 				pthread_mutex_unlock(&s->reg_mu);
@@ -514,10 +557,13 @@ void dlock__renewer_stop(dlock_store *s)
 	while (s->orphans) {
 		dlock__orphan *o = s->orphans;
 		s->orphans = o->next;
-		if (dlock_clock_ms() < o->until) {
+		if (o->kind == DLOCK__ORPHAN_CANCEL || dlock_clock_ms() < o->until) {
 			pthread_mutex_lock(&s->be_mu);
 			o->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
-			s->be->release(s->be, &o->req);
+			if (o->kind == DLOCK__ORPHAN_CANCEL)
+				s->be->cancel(s->be, &o->req);
+			else
+				s->be->release(s->be, &o->req);
 			pthread_mutex_unlock(&s->be_mu);
 		}
 		orphan_free(o);

@@ -34,6 +34,9 @@ typedef struct mc_backend {
 	memcached_st *mc;
 	char *ns;
 	char hostport[300];
+	int64_t deadline;           /* of the call in progress (calls hold the store mutex) */
+	int dropped;                /* the last call closed the connection (timed out, failed) */
+	int64_t request_timeout_ms; /* bound of status */
 } mc_backend;
 
 /* One entry of a holder list. */
@@ -58,9 +61,26 @@ typedef struct list {
 
 /* ----------------------------------------------------------------- errors */
 
+/* Close the connection: nothing late is ever read from it. memcached_quit
+ * first sends "quit", which may wait (purging replies still owed) for a
+ * whole poll timeout: give it 1 ms. */
+static void drop_conn(mc_backend *be)
+{
+	be->dropped = 1;
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_POLL_TIMEOUT, 1);
+	memcached_quit(be->mc);
+}
+
 static int mc_error(mc_backend *be, memcached_return_t rc, const char *what)
 {
 	int code;
+	if (rc == MEMCACHED_TIMEOUT) {
+		/* Drop the connection: a late reply must not answer a later request. */
+		drop_conn(be);
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "TIMEOUT",
+				       "%s on %s: timed out (no answer by the deadline); the connection was closed",
+				       what, be->hostport);
+	}
 	switch (rc) {
 	case MEMCACHED_CONNECTION_FAILURE:
 	case MEMCACHED_CONNECTION_SOCKET_CREATE_FAILURE:
@@ -86,8 +106,64 @@ static int mc_error(mc_backend *be, memcached_return_t rc, const char *what)
 	default:
 		code = DLOCK_ESTORE;
 	}
-	return dlock_error_set(code, KIND, memcached_strerror(be->mc, rc), "%s on %s: %s", what,
-			       be->hostport, memcached_last_error_message(be->mc));
+	int err = dlock_error_set(code, KIND, memcached_strerror(be->mc, rc), "%s on %s: %s", what,
+				  be->hostport, memcached_last_error_message(be->mc));
+	if (code == DLOCK_EUNAVAILABLE)
+		drop_conn(be); /* the next call starts on a new connection */
+	return err;
+}
+
+/*
+ * Cut libmemcached's timers to the time left before each of its calls: the
+ * poll of every socket wait (POLL_TIMEOUT, read per wait) and the connect
+ * (CONNECT_TIMEOUT). A call that finds no time left sends nothing.
+ */
+static int arm(mc_backend *be, const char *what)
+{
+	int64_t left = be->deadline - dlock_clock_ms();
+	if (left <= 0) {
+		drop_conn(be);
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "TIMEOUT",
+				       "%s on %s: timed out (no time left before the deadline)", what,
+				       be->hostport);
+	}
+	if (left > INT32_MAX)
+		left = INT32_MAX;
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_POLL_TIMEOUT, (uint64_t)left);
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_CONNECT_TIMEOUT, (uint64_t)left);
+	return 0;
+}
+
+/*
+ * The deadline of an acquire try. Two kinds come without time (deadline =
+ * now): a try-once (wait 0; the core cuts its deadline to start + wait) gets
+ * one request timeout rather than fail unsent; the last try of a wait that
+ * has run out gets 0: send nothing, "not acquired" (nothing was applied).
+ * So does a waiting try left with less than LAST_TRY_MIN_MS (or half of
+ * timeout=): it would only time out, and turn the caller's "not acquired in
+ * time" into "unavailable".
+ */
+#define LAST_TRY_MIN_MS 50
+static int64_t try_deadline(const mc_backend *be, const dlock_request *req)
+{
+	int64_t now = dlock_clock_ms();
+	if (!req->waiting && req->deadline_ms <= now)
+		return now + be->request_timeout_ms;
+	int64_t least = be->request_timeout_ms / 2 < LAST_TRY_MIN_MS ? be->request_timeout_ms / 2 : LAST_TRY_MIN_MS;
+	if (req->waiting && req->deadline_ms - now < least)
+		return 0;
+	return req->deadline_ms;
+}
+
+/* memcached_fetch_result with the time left; NULL and MEMCACHED_TIMEOUT when none is. */
+static memcached_result_st *fetch(mc_backend *be, memcached_return_t *rc)
+{
+	if (be->deadline - dlock_clock_ms() <= 0) {
+		*rc = MEMCACHED_TIMEOUT;
+		return NULL;
+	}
+	arm(be, "read");
+	return memcached_fetch_result(be->mc, NULL, rc);
 }
 
 /* ------------------------------------------------------------------- keys */
@@ -277,6 +353,9 @@ static int read_list(mc_backend *be, const char *k, list *l, uint64_t *cas, int 
 {
 	const char *keys[1] = { k };
 	size_t lens[1] = { strlen(k) };
+	int err = arm(be, "gets");
+	if (err)
+		return err;
 	memcached_return_t rc = memcached_mget(be->mc, keys, lens, 1);
 	if (rc != MEMCACHED_SUCCESS)
 		return mc_error(be, rc, "gets");
@@ -284,8 +363,7 @@ static int read_list(mc_backend *be, const char *k, list *l, uint64_t *cas, int 
 	memset(l, 0, sizeof *l);
 	l->next_seq = 1;
 	memcached_result_st *res;
-	int err = 0;
-	while ((res = memcached_fetch_result(be->mc, NULL, &rc))) {
+	while ((res = fetch(be, &rc))) {
 		if (!*found && !err) {
 			*cas = memcached_result_cas(res);
 			err = list_parse(l, memcached_result_value(res), memcached_result_length(res));
@@ -321,13 +399,15 @@ static int check_leases(mc_backend *be, const char *k, list *l)
 		lens[i] = strlen(names[i]);
 		l->e[i].live = 0;
 	}
+	if ((err = arm(be, "get leases")))
+		goto out;
 	memcached_return_t rc = memcached_mget(be->mc, keys, lens, l->n);
 	if (rc != MEMCACHED_SUCCESS) {
 		err = mc_error(be, rc, "get leases");
 		goto out;
 	}
 	memcached_result_st *res;
-	while ((res = memcached_fetch_result(be->mc, NULL, &rc))) {
+	while ((res = fetch(be, &rc))) {
 		const char *key = memcached_result_key_value(res);
 		size_t kl = memcached_result_key_length(res);
 		for (size_t i = 0; i < l->n; i++)
@@ -350,6 +430,9 @@ static int write_list(mc_backend *be, const char *k, const list *l, int found, u
 		      int *raced)
 {
 	size_t len;
+	int err = arm(be, found ? "cas" : "add");
+	if (err)
+		return err;
 	char *v = list_format(l, &len);
 	if (!v)
 		return dlock__oom();
@@ -372,8 +455,30 @@ static int set_lease(mc_backend *be, const char *lk, int64_t ttl_ms)
 {
 	char v[64];
 	int n = snprintf(v, sizeof v, "%" PRId64 " %" PRId64, dlock_wall_ms(), ttl_ms);
+	int err = arm(be, "set lease");
+	if (err)
+		return err;
 	memcached_return_t rc = memcached_set(be->mc, lk, strlen(lk), v, (size_t)n, lease_s(ttl_ms), 0);
 	return rc == MEMCACHED_SUCCESS ? 0 : mc_error(be, rc, "set lease");
+}
+
+/* Refresh our own lease key if it still exists (see mc_renew); *gone = 1 if not. */
+static int refresh_lease(mc_backend *be, const char *lk, int64_t ttl_ms, int *gone)
+{
+	char v[64];
+	int n = snprintf(v, sizeof v, "%" PRId64 " %" PRId64, dlock_wall_ms(), ttl_ms);
+	*gone = 0;
+	int err = arm(be, "replace lease");
+	if (err)
+		return err;
+	memcached_return_t rc = memcached_replace(be->mc, lk, strlen(lk), v, (size_t)n, lease_s(ttl_ms), 0);
+	if (rc == MEMCACHED_SUCCESS)
+		return 0;
+	if (rc == MEMCACHED_NOTSTORED || rc == MEMCACHED_NOTFOUND) {
+		*gone = 1;
+		return 0;
+	}
+	return mc_error(be, rc, "replace lease");
 }
 
 /*
@@ -388,6 +493,9 @@ static int next_fence(mc_backend *be, const char *k, uint64_t *fence)
 	snprintf(fk, sizeof fk, "%s/f", k);
 	for (int i = 0; i < 5; i++) {
 		uint64_t v = 0;
+		int err = arm(be, "incr fence");
+		if (err)
+			return err;
 		memcached_return_t rc = memcached_increment(be->mc, fk, strlen(fk), 1, &v);
 		if (rc == MEMCACHED_SUCCESS) {
 			*fence = v;
@@ -398,6 +506,8 @@ static int next_fence(mc_backend *be, const char *k, uint64_t *fence)
 		char init[32];
 		uint64_t start = (uint64_t)dlock_wall_ms() * 1000;
 		int n = snprintf(init, sizeof init, "%" PRIu64, start);
+		if ((err = arm(be, "add fence")))
+			return err;
 		rc = memcached_add(be->mc, fk, strlen(fk), init, (size_t)n, 0, 0);
 		if (rc == MEMCACHED_SUCCESS) {
 			*fence = start;
@@ -453,6 +563,11 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 {
 	mc_backend *be = (mc_backend *)base;
 	char k[MAX_ENCODED + 64], lk[320];
+	be->deadline = try_deadline(be, req);
+	if (!be->deadline)
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
+				       req->name);
+	be->dropped = 0;
 	base_key(be, req->name, k, sizeof k);
 	lease_key(k, req->owner, lk, sizeof lk);
 	(void)retry_ms; /* memcached cannot tell how long a key has left */
@@ -469,10 +584,18 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 		}
 		entry *h = find(&l, req->owner, 'H');
 		if (h) {
-			/* Already ours (a retried request): keep the grant, refresh the lease. */
-			*fence = h->fence;
+			/* Already ours (a try whose reply was lost): keep that grant and
+			 * refresh its lease, unless the lease ended since we read it (a
+			 * set would revive a hold someone may have pruned): read again. */
+			uint64_t f = h->fence;
+			int gone = 0;
 			list_free(&l);
-			return set_lease(be, lk, req->ttl_ms);
+			if ((rc = refresh_lease(be, lk, req->ttl_ms, &gone)) != 0)
+				return rc;
+			if (gone)
+				continue;
+			*fence = f;
+			return 0;
 		}
 		if (may_grant(&l, req)) {
 			entry *q = find(&l, req->owner, 'Q');
@@ -593,6 +716,9 @@ static int remove_entry(mc_backend *be, dlock_request *req, char kind, int *was_
 	}
 	/* Our own lease key: no one else ever writes it, so an unconditional
 	 * delete cannot touch another holder. */
+	int err = arm(be, "delete lease");
+	if (err)
+		return err;
 	memcached_return_t rc = memcached_delete(be->mc, lk, strlen(lk), 0);
 	if (rc != MEMCACHED_SUCCESS && rc != MEMCACHED_NOTFOUND)
 		return mc_error(be, rc, "delete lease");
@@ -602,6 +728,7 @@ static int remove_entry(mc_backend *be, dlock_request *req, char kind, int *was_
 static int mc_release(dlock_backend *base, dlock_request *req)
 {
 	int live = 0;
+	((mc_backend *)base)->deadline = req->deadline_ms;
 	int rc = remove_entry((mc_backend *)base, req, 'H', &live);
 	if (rc)
 		return rc;
@@ -611,76 +738,40 @@ static int mc_release(dlock_backend *base, dlock_request *req)
 static int mc_cancel(dlock_backend *base, dlock_request *req)
 {
 	int live = 0;
+	mc_backend *be = (mc_backend *)base;
+	/* The core cancels when a wait ends. If the last try lost the connection
+	 * (it timed out), a reconnect now would overrun the caller's wait on a
+	 * link that just failed: leave the queue entry to expire by itself (its
+	 * lease key lives queue_ttl_ms, as a crashed waiter's does). */
+	if (be->dropped)
+		return 0;
+	be->deadline = req->deadline_ms;
 	return remove_entry((mc_backend *)base, req, 'Q', &live);
 }
 
 /*
- * Renew = gets + cas of each hold's own lease key. cas fails with NOT_FOUND
- * once the key expired, so a lease that ended can never be revived, and
- * nothing but the owner ever writes that key.
+ * Renew = replace of each hold's own lease key: one round trip, and replace
+ * stores only if the key is still there (NOT_STORED once it expired), so a
+ * lease that ended can never be revived; nothing but the owner ever writes
+ * that key. One round trip matters: a renewal must come back well inside
+ * the lease even on a slow link.
  */
 static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
 {
 	mc_backend *be = (mc_backend *)base;
 	if (n == 0)
 		return 0;
-	char (*names)[320] = calloc(n, sizeof *names);
-	const char **keys = calloc(n, sizeof *keys);
-	size_t *lens = calloc(n, sizeof *lens);
-	uint64_t *cas = calloc(n, sizeof *cas);
-	int err = 0;
-	if (!names || !keys || !lens || !cas) {
-		err = dlock__oom();
-		goto out;
-	}
+	be->deadline = reqs[0]->deadline_ms;
 	for (size_t i = 0; i < n; i++) {
-		char k[MAX_ENCODED + 64];
+		char k[MAX_ENCODED + 64], lk[320];
 		base_key(be, reqs[i]->name, k, sizeof k);
-		lease_key(k, reqs[i]->owner, names[i], sizeof names[i]);
-		keys[i] = names[i];
-		lens[i] = strlen(names[i]);
-		results[i] = DLOCK_ENOTHELD;
-	}
-	memcached_return_t rc = memcached_mget(be->mc, keys, lens, n);
-	if (rc != MEMCACHED_SUCCESS) {
-		err = mc_error(be, rc, "gets leases");
-		goto out;
-	}
-	memcached_result_st *res;
-	while ((res = memcached_fetch_result(be->mc, NULL, &rc))) {
-		const char *key = memcached_result_key_value(res);
-		size_t kl = memcached_result_key_length(res);
-		for (size_t i = 0; i < n; i++)
-			if (lens[i] == kl && memcmp(names[i], key, kl) == 0) {
-				cas[i] = memcached_result_cas(res);
-				results[i] = 1; /* present */
-			}
-		memcached_result_free(res);
-	}
-	if (rc != MEMCACHED_END && rc != MEMCACHED_SUCCESS && rc != MEMCACHED_NOTFOUND) {
-		err = mc_error(be, rc, "gets leases");
-		goto out;
-	}
-	for (size_t i = 0; i < n; i++) {
-		if (results[i] != 1)
-			continue;
-		char v[64];
-		int vl = snprintf(v, sizeof v, "%" PRId64 " %" PRId64, dlock_wall_ms(), reqs[i]->ttl_ms);
-		rc = memcached_cas(be->mc, keys[i], lens[i], v, (size_t)vl, lease_s(reqs[i]->ttl_ms), 0,
-				   cas[i]);
-		if (rc == MEMCACHED_SUCCESS)
-			results[i] = 0;
-		else if (rc == MEMCACHED_NOTFOUND || rc == MEMCACHED_DATA_EXISTS)
+		lease_key(k, reqs[i]->owner, lk, sizeof lk);
+		int gone = 0;
+		results[i] = refresh_lease(be, lk, reqs[i]->ttl_ms, &gone);
+		if (results[i] == 0 && gone)
 			results[i] = DLOCK_ENOTHELD;
-		else
-			results[i] = mc_error(be, rc, "cas lease");
 	}
-out:
-	free(names);
-	free(keys);
-	free(lens);
-	free(cas);
-	return err;
+	return 0;
 }
 
 static int mc_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
@@ -697,6 +788,7 @@ static int mc_status(dlock_backend *base, const char *const *names, size_t nname
 		     dlock_lock_status **out, size_t *count)
 {
 	mc_backend *be = (mc_backend *)base;
+	be->deadline = dlock_clock_ms() + be->request_timeout_ms;
 	if (!names || !nnames)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
 				       "memcached cannot list its keys: ask for names");
@@ -750,7 +842,13 @@ static int mc_status(dlock_backend *base, const char *const *names, size_t nname
 			size_t vl = 0;
 			uint32_t fl = 0;
 			memcached_return_t mrc;
+			if ((rc = arm(be, "get lease")))
+				break;
 			char *v = memcached_get(be->mc, lk, strlen(lk), &vl, &fl, &mrc);
+			if (!v && mrc != MEMCACHED_NOTFOUND && mrc != MEMCACHED_SUCCESS) {
+				rc = mc_error(be, mrc, "get lease");
+				break;
+			}
 			long long at = 0, ttl = 0;
 			if (v && sscanf(v, "%lld %lld", &at, &ttl) == 2) {
 				int64_t left = at + ttl - dlock_wall_ms();
@@ -824,13 +922,19 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 		mc_close(&be->base);
 		return dlock__oom();
 	}
-	uint64_t tmo = (uint64_t)uri->connect_timeout_ms;
+	int64_t tmo = uri->connect_timeout_ms > 0 ? uri->connect_timeout_ms : DLOCK__DEFAULT_CONNECT_TIMEOUT_MS;
+	be->deadline = dlock_clock_ms() + tmo;
+	be->request_timeout_ms =
+		uri->request_timeout_ms > 0 ? uri->request_timeout_ms : DLOCK__DEFAULT_REQUEST_TIMEOUT_MS;
 	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_SUPPORT_CAS, 1);
 	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_TCP_NODELAY, 1);
-	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_CONNECT_TIMEOUT, tmo);
-	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_POLL_TIMEOUT, (int32_t)tmo);
-	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_RCV_TIMEOUT, tmo * 1000);
-	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_SND_TIMEOUT, tmo * 1000);
+	/* Every socket wait is bounded by POLL_TIMEOUT/CONNECT_TIMEOUT, cut to the
+	 * time left before each call (arm). libmemcached's sockets are non-blocking,
+	 * so RCV/SND_TIMEOUT (SO_RCVTIMEO) never bound anything: not set. Keepalive
+	 * ends a connection to a host that went away; libmemcached gives no access
+	 * to its socket, so no TCP_USER_TIMEOUT. */
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_TCP_KEEPALIVE, 1);
+	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_TCP_KEEPIDLE, (uint64_t)((tmo + 999) / 1000));
 	/* Try the one server again at once after a failure (never "mark dead"). */
 	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_RETRY_TIMEOUT, 0);
 	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_DEAD_TIMEOUT, 0);
@@ -844,6 +948,10 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 	/* Reach the server now so that open reports an unreachable store. */
 	size_t vl;
 	uint32_t fl;
+	if ((rc = arm(be, "connect")) != 0) {
+		mc_close(&be->base);
+		return rc;
+	}
 	char *v = memcached_get(be->mc, "dlock:ping", 10, &vl, &fl, &mrc);
 	free(v);
 	if (mrc != MEMCACHED_SUCCESS && mrc != MEMCACHED_NOTFOUND) {

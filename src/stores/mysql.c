@@ -24,11 +24,16 @@
 #include <mysqld_error.h>
 #include <errmsg.h>
 
+#include <errno.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define KIND "mysql"
 #define SCHEMA_VERSION 1
@@ -53,7 +58,10 @@ typedef struct mysql_be {
 	int mode;
 	char *host, *user, *password, *db, *socket;
 	int port;
-	unsigned int timeout_s; /* connect, read and write timeouts */
+	unsigned int timeout_s;     /* connect timeout, whole seconds (keepalive, backstop timers) */
+	unsigned int lock_wait_s;   /* innodb_lock_wait_timeout: under one request's bound */
+	int64_t connect_timeout_ms; /* bound of the whole open */
+	int64_t request_timeout_ms; /* bound of status */
 	char *ssl_ca, *ssl_capath, *ssl_cert, *ssl_key;
 	int ssl_enforce, ssl_verify;
 	char *ns_hex; /* X'..' literal of the prefix */
@@ -203,18 +211,166 @@ static int sql_fail(const mysql_be *b, MYSQL *c, const char *what)
 	return dlock_error_set(rc, KIND, code, "mysql %s: %s", what, msg);
 }
 
-/* ---- connections ---- */
+/* ---- connections: every socket wait bounded by the caller's deadline ---- */
+
+/*
+ * Every connection runs in MariaDB's non-blocking mode (MYSQL_OPT_NONBLOCK):
+ * each call is started with its _start function and continued with _cont
+ * while we poll the socket, never past the deadline the core gave. A call
+ * that runs out of time leaves its connection unusable (a late reply must
+ * never be read as the answer to the next statement): the socket is shut
+ * down at once (mariadb_cancel), tl_timed_out is set, and the caller closes
+ * the connection; the next call opens a new one, bounded by its own deadline.
+ */
+static _Thread_local int tl_timed_out;
+/* An acquire's answer (its SELECT) comes before its COMMIT's OK. When only the
+ * OK is missing at the deadline, a refusal is still known for sure (a refused
+ * try grants nothing, committed or not): read_all keeps the last result set
+ * here for a caller that set tl_want_partial, which takes and frees it. */
+static _Thread_local int tl_want_partial;
+static _Thread_local MYSQL_RES *tl_partial;
+
+/* The events libmariadb asked for (status), once they happen; 0 when the deadline passed first. */
+static int nb_wait(MYSQL *c, int status, int64_t deadline)
+{
+	struct pollfd p = { .fd = (int)mysql_get_socket(c), .events = 0 };
+	if (status & MYSQL_WAIT_READ)
+		p.events |= POLLIN;
+	if (status & MYSQL_WAIT_WRITE)
+		p.events |= POLLOUT;
+	if (status & MYSQL_WAIT_EXCEPT)
+		p.events |= POLLPRI;
+	for (;;) {
+		int64_t left = deadline - dlock_clock_ms();
+		int tmo = left <= 0 ? 0 : left > INT32_MAX ? INT32_MAX : (int)left, lib = 0;
+		if (status & MYSQL_WAIT_TIMEOUT) {
+			unsigned int t = mysql_get_timeout_value_ms(c);
+			if (t <= (unsigned)tmo) {
+				tmo = (int)t;
+				lib = 1;
+			}
+		}
+		int n = poll(&p, 1, tmo);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return status & (MYSQL_WAIT_READ | MYSQL_WAIT_WRITE); /* let the library see the error */
+		if (n == 0) {
+			if (lib)
+				return MYSQL_WAIT_TIMEOUT; /* the library's own timer (connect_timeout) */
+			if (left <= 0)
+				return 0;
+			continue;
+		}
+		int ev = 0;
+		if (p.revents & POLLIN)
+			ev |= MYSQL_WAIT_READ;
+		if (p.revents & POLLOUT)
+			ev |= MYSQL_WAIT_WRITE;
+		if (p.revents & POLLPRI)
+			ev |= MYSQL_WAIT_EXCEPT;
+		if (p.revents & (POLLERR | POLLHUP | POLLNVAL))
+			ev |= status & (MYSQL_WAIT_READ | MYSQL_WAIT_WRITE);
+		return ev ? ev : status & ~MYSQL_WAIT_TIMEOUT;
+	}
+}
+
+/* Out of time in the middle of a call: no byte of this connection is read again. */
+static int timed_out(MYSQL *c, const char *what)
+{
+	tl_timed_out = 1;
+	mariadb_cancel(c); /* shutdown(): the late reply is refused, mysql_close cannot block */
+	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout",
+			       "mysql %s: timed out (no answer by the deadline); the connection was closed", what);
+}
+
+/* The connection cannot be used again: it timed out, or the server or the network ended it. */
+static int conn_dead(MYSQL *c)
+{
+	return tl_timed_out || is_conn_error(mysql_errno(c));
+}
+
+/* Drive one non-blocking call to its end: `st` from its _start, `cont` its _cont. */
+#define NB_RUN(c, deadline, st, cont)                            \
+	while (st) {                                             \
+		int ev_ = nb_wait((c), (st), (deadline));        \
+		if (!ev_)                                        \
+			return -1;                               \
+		st = (cont);                                     \
+	}
+
+/* 0 ok, 1 failed (mysql_errno), -1 out of time. */
+static int nb_query(MYSQL *c, const char *sql, size_t len, int64_t deadline)
+{
+	int ret = 0, st = mysql_real_query_start(&ret, c, sql, (unsigned long)len);
+	NB_RUN(c, deadline, st, mysql_real_query_cont(&ret, c, ev_));
+	return ret ? 1 : 0;
+}
+
+static int nb_send(MYSQL *c, const char *sql, size_t len, int64_t deadline)
+{
+	int ret = 0, st = mysql_send_query_start(&ret, c, sql, (unsigned long)len);
+	NB_RUN(c, deadline, st, mysql_send_query_cont(&ret, c, ev_));
+	return ret ? 1 : 0;
+}
+
+static int nb_read_result(MYSQL *c, int64_t deadline)
+{
+	my_bool ret = 0;
+	int st = mysql_read_query_result_start(&ret, c);
+	NB_RUN(c, deadline, st, mysql_read_query_result_cont(&ret, c, ev_));
+	return ret ? 1 : 0;
+}
+
+static int nb_store(MYSQL *c, MYSQL_RES **res, int64_t deadline)
+{
+	*res = NULL;
+	int st = mysql_store_result_start(res, c);
+	NB_RUN(c, deadline, st, mysql_store_result_cont(res, c, ev_));
+	return 0;
+}
+
+/* mysql_next_result's values: 0 another result, -1 no more, >0 error; -2 out of time. */
+static int nb_next(MYSQL *c, int64_t deadline)
+{
+	int ret = 0, st = mysql_next_result_start(&ret, c);
+	while (st) {
+		int ev = nb_wait(c, st, deadline);
+		if (!ev)
+			return -2;
+		st = mysql_next_result_cont(&ret, c, ev);
+	}
+	return ret;
+}
+
+static int nb_connect(MYSQL *c, const mysql_be *b, int64_t deadline)
+{
+	MYSQL *ret = NULL;
+	/* FOUND_ROWS: an UPDATE that sets the same expiry still counts as "ours".
+	 * MULTI_STATEMENTS: a whole transaction in one round trip; safe because every
+	 * value we send is a number or a hex literal. */
+	int st = mysql_real_connect_start(&ret, c, b->socket ? NULL : b->host, b->user, b->password, b->db,
+					  (unsigned)b->port, b->socket, CLIENT_FOUND_ROWS | CLIENT_MULTI_STATEMENTS);
+	NB_RUN(c, deadline, st, mysql_real_connect_cont(&ret, c, ev_));
+	return ret ? 0 : 1;
+}
 
 /*
  * Read every result of a batch already sent on c. *out (if given) receives
  * the last result set, or NULL. On error the remaining statements did not
  * run; the caller rolls back if a transaction was open.
  */
-static int read_all(mysql_be *b, MYSQL *c, MYSQL_RES **out, const char *what)
+static int read_all(mysql_be *b, MYSQL *c, MYSQL_RES **out, const char *what, int64_t deadline)
 {
 	MYSQL_RES *last = NULL;
 	for (;;) {
-		MYSQL_RES *r = mysql_store_result(c);
+		MYSQL_RES *r = NULL;
+		if (nb_store(c, &r, deadline) < 0) {
+			if (tl_want_partial && !tl_partial)
+				tl_partial = last, last = NULL;
+			mysql_free_result(last);
+			return timed_out(c, what);
+		}
 		if (r) {
 			mysql_free_result(last);
 			last = r;
@@ -222,9 +378,15 @@ static int read_all(mysql_be *b, MYSQL *c, MYSQL_RES **out, const char *what)
 			mysql_free_result(last);
 			return sql_fail(b, c, what);
 		}
-		int st = mysql_next_result(c);
-		if (st < 0)
+		int st = nb_next(c, deadline);
+		if (st == -1)
 			break;
+		if (st == -2) {
+			if (tl_want_partial && !tl_partial)
+				tl_partial = last, last = NULL;
+			mysql_free_result(last);
+			return timed_out(c, what);
+		}
 		if (st > 0) {
 			mysql_free_result(last);
 			return sql_fail(b, c, what);
@@ -238,15 +400,19 @@ static int read_all(mysql_be *b, MYSQL *c, MYSQL_RES **out, const char *what)
 }
 
 /* Run a batch of statements on c (see read_all). */
-static int exec(mysql_be *b, MYSQL *c, const char *sql, size_t len, MYSQL_RES **out, const char *what)
+static int exec(mysql_be *b, MYSQL *c, const char *sql, size_t len, MYSQL_RES **out, const char *what,
+		int64_t deadline)
 {
+	tl_timed_out = 0;
 	if (out)
 		*out = NULL;
-	if (mysql_real_query(c, sql, (unsigned long)len) != 0)
+	int st = nb_query(c, sql, len, deadline);
+	if (st < 0)
+		return timed_out(c, what);
+	if (st > 0)
 		return sql_fail(b, c, what);
-	return read_all(b, c, out, what);
+	return read_all(b, c, out, what, deadline);
 }
-
 
 static pthread_once_t lib_once = PTHREAD_ONCE_INIT;
 static int lib_rc;
@@ -256,7 +422,25 @@ static void lib_init(void)
 	lib_rc = mysql_library_init(0, NULL, NULL);
 }
 
-static int conn_open(mysql_be *b, MYSQL **out)
+/* Keepalive probes and TCP_USER_TIMEOUT: a connection to a host that went away
+ * (a held GET_LOCK connection sits idle between renewals) is ended by the
+ * kernel within about the connect timeout, not the system's two hours. */
+static void tcp_tune(MYSQL *c, const mysql_be *b)
+{
+	int fd = (int)mysql_get_socket(c);
+	if (fd < 0 || b->socket)
+		return;
+	int on = 1, idle = (int)b->timeout_s, intvl = 1, cnt = 3;
+	unsigned int user_ms = b->timeout_s * 1000u;
+	(void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof(user_ms));
+}
+
+/* Open a session (connect, TLS, login, session setup), all by `deadline`. */
+static int conn_open(mysql_be *b, MYSQL **out, int64_t deadline)
 {
 	*out = NULL;
 	pthread_once(&lib_once, lib_init);
@@ -266,9 +450,15 @@ static int conn_open(mysql_be *b, MYSQL **out)
 	if (!c)
 		return dlock__oom();
 	my_bool off = 0, on = 1;
-	/* A second more than the server's row lock wait, so that one reports first. */
+	/* The library's own timers are a backstop; the deadline is what bounds a call. */
+	int64_t left = deadline - dlock_clock_ms();
+	unsigned int conn_s = left <= 1000 ? 1 : (unsigned)((left + 999) / 1000);
 	unsigned int io_s = b->timeout_s + 1;
-	mysql_options(c, MYSQL_OPT_CONNECT_TIMEOUT, &b->timeout_s);
+	if (mysql_options(c, MYSQL_OPT_NONBLOCK, 0) != 0) {
+		mysql_close(c);
+		return dlock__oom();
+	}
+	mysql_options(c, MYSQL_OPT_CONNECT_TIMEOUT, &conn_s);
 	mysql_options(c, MYSQL_OPT_READ_TIMEOUT, &io_s);
 	mysql_options(c, MYSQL_OPT_WRITE_TIMEOUT, &io_s);
 	/* A silent reconnect would lose GET_LOCK holds and session settings. */
@@ -286,11 +476,15 @@ static int conn_open(mysql_be *b, MYSQL **out)
 		mysql_options(c, MYSQL_OPT_SSL_CERT, b->ssl_cert);
 	if (b->ssl_key)
 		mysql_options(c, MYSQL_OPT_SSL_KEY, b->ssl_key);
-	/* FOUND_ROWS: an UPDATE that sets the same expiry still counts as "ours".
-	 * MULTI_STATEMENTS: a whole transaction in one round trip; safe because every
-	 * value we send is a number or a hex literal. */
-	if (!mysql_real_connect(c, b->socket ? NULL : b->host, b->user, b->password, b->db, (unsigned)b->port,
-				b->socket, CLIENT_FOUND_ROWS | CLIENT_MULTI_STATEMENTS)) {
+	int st = nb_connect(c, b, deadline);
+	if (st < 0) {
+		mariadb_cancel(c);
+		mysql_close(c);
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout",
+				       "mysql: connecting to %s:%d timed out (no answer by the deadline)",
+				       b->socket ? b->socket : b->host, b->port);
+	}
+	if (st > 0) {
 		unsigned int e = mysql_errno(c);
 		char msg[512], code[32];
 		snprintf(msg, sizeof(msg), "%s", mysql_error(c));
@@ -314,13 +508,15 @@ static int conn_open(mysql_be *b, MYSQL **out)
 				       "mysql: TLS is required (ssl=...) but %s:%d did not set up TLS",
 				       b->socket ? b->socket : b->host, b->port);
 	}
+	tcp_tune(c, b);
 	/* READ COMMITTED: each statement sees the latest committed holders (no stale
-	 * snapshot); the per-name row lock is what serialises decisions. */
+	 * snapshot); the per-name row lock is what serialises decisions. A row lock
+	 * wait ends in the server before a request's own deadline. */
 	char sql[160];
 	snprintf(sql, sizeof(sql),
 		 "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; SET SESSION innodb_lock_wait_timeout = %u",
-		 b->timeout_s);
-	int rc = exec(b, c, sql, strlen(sql), NULL, "session setup");
+		 b->lock_wait_s);
+	int rc = exec(b, c, sql, strlen(sql), NULL, "session setup", deadline);
 	if (rc) {
 		mysql_close(c);
 		return rc;
@@ -340,33 +536,37 @@ static void conn_drop(MYSQL **c)
 /*
  * Run a batch on the main connection, connecting first if needed. A batch that
  * met a dead connection (the server restarted, or killed an idle session) is
- * sent once more on a new one: every batch here is safe to repeat, because it
- * acts only on rows of this hold's own owner token or of expired holds.
+ * sent once more on a new one if time is left: every batch here is safe to
+ * repeat, because it acts only on rows of this hold's own owner token or of
+ * expired holds. A batch that ran out of time is not repeated: its connection
+ * is closed (so a late reply is never taken for another answer) and the
+ * caller hears "timed out"; its effect is unknown (see sys/backend.h).
  */
-static int run(mysql_be *b, sbuf *sql, MYSQL_RES **out, const char *what, int txn)
+static int run(mysql_be *b, sbuf *sql, MYSQL_RES **out, const char *what, int txn, int64_t deadline)
 {
 	int rc = sb_check(sql);
 	if (rc)
 		return rc;
 	for (int attempt = 0; attempt < 4; attempt++) {
-		if (!b->conn && (rc = conn_open(b, &b->conn)) != 0)
+		if (!b->conn && (rc = conn_open(b, &b->conn, deadline)) != 0)
 			return rc;
-		rc = exec(b, b->conn, sql->p, sql->len, out, what);
+		rc = exec(b, b->conn, sql->p, sql->len, out, what, deadline);
 		if (rc == 0)
 			return 0;
 		unsigned int e = mysql_errno(b->conn);
-		if (is_conn_error(e)) {
+		if (conn_dead(b->conn)) {
+			int late = tl_timed_out;
 			conn_drop(&b->conn);
-			if (attempt >= 1)
+			if (late || attempt >= 1 || dlock_clock_ms() >= deadline)
 				return rc;
 			continue;
 		}
 		if (txn) {
 			/* Deadlock rolled back the whole transaction; anything else left it open. */
-			if (mysql_real_query(b->conn, "ROLLBACK", 8) != 0)
+			if (exec(b, b->conn, "ROLLBACK", 8, NULL, "rollback", deadline) != 0)
 				conn_drop(&b->conn);
 		}
-		if (e != ER_LOCK_DEADLOCK)
+		if (e != ER_LOCK_DEADLOCK || dlock_clock_ms() >= deadline)
 			return rc;
 	}
 	return rc;
@@ -414,11 +614,11 @@ static const char schema_sql[] =
 	"SELECT v FROM dlock_meta WHERE k = 'schema_version'";
 
 /* Create the tables if missing (and record the version); refuse a newer schema. */
-static int schema_ensure(mysql_be *b)
+static int schema_ensure(mysql_be *b, int64_t deadline)
 {
 	static const char probe[] = "SELECT v FROM dlock_meta WHERE k = 'schema_version'";
 	MYSQL_RES *res = NULL;
-	int rc = exec(b, b->conn, probe, sizeof(probe) - 1, &res, "schema check");
+	int rc = exec(b, b->conn, probe, sizeof(probe) - 1, &res, "schema check", deadline);
 	if (rc && mysql_errno(b->conn) != ER_NO_SUCH_TABLE)
 		return rc;
 	MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
@@ -426,7 +626,7 @@ static int schema_ensure(mysql_be *b)
 		/* Only now DDL: a user without CREATE can run on tables an admin made. */
 		mysql_free_result(res);
 		res = NULL;
-		if ((rc = exec(b, b->conn, schema_sql, sizeof(schema_sql) - 1, &res, "creating the schema")) != 0)
+		if ((rc = exec(b, b->conn, schema_sql, sizeof(schema_sql) - 1, &res, "creating the schema", deadline)) != 0)
 			return rc;
 		row = res ? mysql_fetch_row(res) : NULL;
 	}
@@ -462,6 +662,47 @@ static void where_name(sbuf *s, const mysql_be *b, const char *name)
 static long long us(int64_t ms)
 {
 	return (long long)ms * 1000;
+}
+
+/*
+ * The deadline of an acquire try. Two kinds come without time (deadline =
+ * now): a try-once (wait 0; the core cuts its deadline to start + wait) gets
+ * one request timeout rather than fail unsent; the last try of a wait that
+ * has run out gets 0: send nothing, "not acquired" (nothing was applied).
+ * So does a waiting try left with less than LAST_TRY_MIN_MS (or half of
+ * timeout=): it would only time out, and turn the caller's "not acquired in
+ * time" into "unavailable".
+ */
+#define LAST_TRY_MIN_MS 50
+static int64_t try_deadline(const mysql_be *b, const dlock_request *req)
+{
+	int64_t now = dlock_clock_ms();
+	if (!req->waiting && req->deadline_ms <= now)
+		return now + b->request_timeout_ms;
+	int64_t least = b->request_timeout_ms / 2 < LAST_TRY_MIN_MS ? b->request_timeout_ms / 2 : LAST_TRY_MIN_MS;
+	if (req->waiting && req->deadline_ms - now < least)
+		return 0;
+	return req->deadline_ms;
+}
+
+static int too_late(const dlock_request *req)
+{
+	return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
+			       req->name);
+}
+
+/* After a try that timed out: 1 if its answer (the result set whose first
+ * column is `flag`, not an earlier one of the batch) had arrived and said
+ * "refused" — then nothing was granted, whatever became of the COMMIT. */
+static int refused_before_timeout(const char *flag)
+{
+	MYSQL_RES *res = tl_partial;
+	tl_partial = NULL;
+	MYSQL_FIELD *f = res && mysql_num_fields(res) > 0 ? mysql_fetch_field_direct(res, 0) : NULL;
+	MYSQL_ROW row = f && f->name && strcmp(f->name, flag) == 0 ? mysql_fetch_row(res) : NULL;
+	int refused = row && row[0] && strcmp(row[0], "1") != 0;
+	mysql_free_result(res);
+	return refused;
 }
 
 /* ================= mode=table ================= */
@@ -552,11 +793,25 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	}
 	sb_add(&s, "SET @dl_left = (SELECT TIMESTAMPDIFF(MICROSECOND, @dl_now, MIN(expires)) FROM dlock_holder WHERE ");
 	where_name(&s, b, req->name);
-	sb_add(&s, ");COMMIT;SELECT @dl_ok, @dl_f, @dl_left");
+	/* The answer before COMMIT: once the grant or the waiter row is visible to
+	 * others, only the COMMIT's OK is still on its way to us. */
+	sb_add(&s, ");SELECT @dl_ok, @dl_f, @dl_left;COMMIT");
 
 	MYSQL_RES *res;
-	int rc = run(b, &s, &res, "acquire", 1);
+	int64_t deadline = try_deadline(b, req);
+	if (!deadline) {
+		free(s.p);
+		return too_late(req);
+	}
+	tl_want_partial = 1;
+	int rc = run(b, &s, &res, "acquire", 1, deadline);
+	tl_want_partial = 0;
 	free(s.p);
+	if (rc && tl_timed_out && refused_before_timeout("@dl_ok"))
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' is held (the answer came, its commit's did not)",
+				       req->name);
+	mysql_free_result(tl_partial); /* a partial answer that says nothing for sure */
+	tl_partial = NULL;
 	if (rc)
 		return rc;
 	MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
@@ -577,10 +832,10 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	return DLOCK_ELOCKED;
 }
 
-static int affected_one(mysql_be *b, sbuf *s, const char *what, int *hit)
+static int affected_one(mysql_be *b, sbuf *s, const char *what, int *hit, int64_t deadline)
 {
 	MYSQL_RES *res;
-	int rc = run(b, s, &res, what, 0);
+	int rc = run(b, s, &res, what, 0, deadline);
 	free(s->p);
 	if (rc)
 		return rc;
@@ -604,7 +859,7 @@ static int t_release(dlock_backend *be, dlock_request *req)
 	sb_add(&s, " AND owner = ");
 	sb_hex(&s, req->owner);
 	sb_add(&s, ";SELECT @dl_n");
-	int hit = 0, rc = affected_one(b, &s, "release", &hit);
+	int hit = 0, rc = affected_one(b, &s, "release", &hit, req->deadline_ms);
 	if (rc)
 		return rc;
 	return hit ? 0 : dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s' is not held by this owner", req->name);
@@ -620,7 +875,7 @@ static int t_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 	sb_add(&s, " AND owner = ");
 	sb_hex(&s, req->owner);
 	sb_add(&s, " AND expires > UTC_TIMESTAMP(6);SELECT ROW_COUNT()");
-	int hit = 0, rc = affected_one(b, &s, "extend", &hit);
+	int hit = 0, rc = affected_one(b, &s, "extend", &hit, req->deadline_ms);
 	if (rc)
 		return rc;
 	return hit ? 0 : dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s' is not held by this owner", req->name);
@@ -652,7 +907,7 @@ static int t_renew_chunk(mysql_be *b, dlock_request *const *reqs, size_t n, int 
 	       b->ns_hex, in.p ? in.p : "", b->ns_hex, in.p ? in.p : "");
 	free(in.p);
 	MYSQL_RES *res;
-	rc = run(b, &s, &res, "renew", 0);
+	rc = run(b, &s, &res, "renew", 0, reqs[0]->deadline_ms);
 	free(s.p);
 	if (rc)
 		return rc;
@@ -686,12 +941,18 @@ static int t_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int 
 static int t_cancel(dlock_backend *be, dlock_request *req)
 {
 	mysql_be *b = (mysql_be *)be;
+	/* The core cancels when a wait ends. If the last try lost the connection
+	 * (it timed out), a reconnect now would overrun the caller's wait on a
+	 * link that just failed: leave the registration to expire by itself
+	 * (queue_ttl_ms, as a crashed waiter's does). */
+	if (!b->conn)
+		return 0;
 	sbuf s = { 0 };
 	sb_add(&s, "DELETE FROM dlock_waiter WHERE ");
 	where_name(&s, b, req->name);
 	sb_add(&s, " AND owner = ");
 	sb_hex(&s, req->owner);
-	int rc = run(b, &s, NULL, "cancel", 0);
+	int rc = run(b, &s, NULL, "cancel", 0, req->deadline_ms);
 	free(s.p);
 	return rc;
 }
@@ -775,6 +1036,43 @@ static void sb_touch(sbuf *s, const mysql_be *b, const gl_hold *h, const dlock_r
 	sb_add(s, ";SELECT @dl_ok");
 }
 
+/*
+ * The statements after "SET @dl_got = GET_LOCK(...)" (1 when this session now
+ * holds the key): count the fence and write the holder record if got, and
+ * keep the waiter record. Ends with the transaction open: the caller adds
+ * COMMIT and its SELECT. nm: the name as a hex literal.
+ */
+static void sb_grant(sbuf *s, const mysql_be *b, const dlock_request *req, const char *nm, int waiting)
+{
+	/* The fence is counted while the lock is already ours, so fences grow in
+	 * grant order. The holder row is a record for status; older rows of this
+	 * name are of sessions that no longer hold it (we do). */
+	sb_add(s, "START TRANSACTION;"
+		  "INSERT INTO dlock_lock (ns, name, fence) SELECT %s, %s, LAST_INSERT_ID(1) FROM DUAL "
+		  "WHERE @dl_got = 1 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(dlock_lock.fence + 1);"
+		  "SET @dl_f = IF(@dl_got = 1, LAST_INSERT_ID(), 0);"
+		  "DELETE FROM dlock_holder WHERE @dl_got = 1 AND ns = %s AND name = %s AND conn_id <> 0;"
+		  "INSERT INTO dlock_holder (ns, name, owner, mode, permits, fence, expires, host, pid, conn_id) "
+		  "SELECT %s, %s, ",
+	       b->ns_hex, nm, b->ns_hex, nm, b->ns_hex, nm);
+	sb_hex(s, req->owner);
+	sb_add(s, ", 0, 1, @dl_f, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND, ", us(req->ttl_ms));
+	sb_hex(s, req->host ? req->host : "");
+	sb_add(s, ", %d, CONNECTION_ID() FROM DUAL WHERE @dl_got = 1;", req->pid);
+	/* A waiter is a record for status (the queue itself is the server's
+	 * GET_LOCK wait): refused and waiting, register or refresh; granted, leave. */
+	sb_add(s, "DELETE FROM dlock_waiter WHERE @dl_got = 1 AND ns = %s AND name = %s AND owner = ", b->ns_hex, nm);
+	sb_hex(s, req->owner);
+	sb_add(s, ";");
+	if (waiting) {
+		sb_add(s, "INSERT INTO dlock_waiter (ns, name, owner, mode, expires) SELECT %s, %s, ", b->ns_hex, nm);
+		sb_hex(s, req->owner);
+		sb_add(s, ", 0, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND FROM DUAL WHERE @dl_got <> 1 "
+			  "ON DUPLICATE KEY UPDATE expires = VALUES(expires);",
+		       us(req->queue_ttl_ms > 0 ? req->queue_ttl_ms : DLOCK__QUEUE_TTL_MS));
+	}
+}
+
 static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	mysql_be *b = (mysql_be *)be;
@@ -803,24 +1101,10 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 		return rc;
 	sb_add(&s, "SET SESSION wait_timeout = %ld;SET @dl_k = ", wait_timeout_s(req->ttl_ms));
 	sb_key(&s, b, nm.p);
-	/* The fence is counted while the lock is already ours, so fences grow in
-	 * grant order. The holder row is a record for status; older rows of this
-	 * name are of sessions that no longer hold it (we do). */
 	/* GET_LOCK nests: a session that already holds the key (from g_wait) must not take it twice. */
-	sb_add(&s, ";SET @dl_got = IF(IS_USED_LOCK(@dl_k) <=> CONNECTION_ID(), 1, GET_LOCK(@dl_k, 0));"
-		   "START TRANSACTION;"
-		   "INSERT INTO dlock_lock (ns, name, fence) SELECT %s, %s, LAST_INSERT_ID(1) FROM DUAL "
-		   "WHERE @dl_got = 1 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(dlock_lock.fence + 1);"
-		   "SET @dl_f = IF(@dl_got = 1, LAST_INSERT_ID(), 0);"
-		   "DELETE FROM dlock_holder WHERE @dl_got = 1 AND ns = %s AND name = %s AND conn_id <> 0;"
-		   "INSERT INTO dlock_holder (ns, name, owner, mode, permits, fence, expires, host, pid, conn_id) "
-		   "SELECT %s, %s, ",
-	       b->ns_hex, nm.p, b->ns_hex, nm.p, b->ns_hex, nm.p);
-	sb_hex(&s, req->owner);
-	sb_add(&s, ", 0, 1, @dl_f, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND, ", us(req->ttl_ms));
-	sb_hex(&s, req->host ? req->host : "");
-	sb_add(&s, ", %d, CONNECTION_ID() FROM DUAL WHERE @dl_got = 1;COMMIT;"
-		   "SELECT @dl_got, @dl_f, HEX(@dl_k), CONNECTION_ID()", req->pid);
+	sb_add(&s, ";SET @dl_got = IF(IS_USED_LOCK(@dl_k) <=> CONNECTION_ID(), 1, GET_LOCK(@dl_k, 0));");
+	sb_grant(&s, b, req, nm.p, req->waiting);
+	sb_add(&s, "SELECT @dl_got, @dl_f, HEX(@dl_k), CONNECTION_ID();COMMIT");
 	free(nm.p);
 	if ((rc = sb_check(&s)) != 0) {
 		if (waited)
@@ -829,25 +1113,47 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	}
 	MYSQL *c = NULL;
 	MYSQL_RES *res = NULL;
+	/* A grant g_wait got at the very end of the wait is completed all the same
+	 * (one batch on its open connection), within the acquire slack. */
+	int64_t deadline = try_deadline(b, req);
+	if (!deadline && waited)
+		deadline = dlock_clock_ms() + 50;
+	if (!deadline) {
+		free(s.p);
+		return too_late(req);
+	}
 	for (int attempt = 0; attempt < 2; attempt++) {
-		int pooled = !waited && b->npool > 0;
+		int pooled = !waited && (b->npool > 0 || b->conn);
 		if (waited)
 			c = waited, waited = NULL;
-		else if (pooled)
+		else if (b->npool > 0)
 			c = b->pool[--b->npool];
-		else if ((rc = conn_open(b, &c)) != 0)
+		else if (b->conn) /* the open's session: status reconnects when it needs one */
+			c = b->conn, b->conn = NULL;
+		else if ((rc = conn_open(b, &c, deadline)) != 0)
 			break;
-		rc = exec(b, c, s.p, s.len, &res, "GET_LOCK");
+		tl_want_partial = 1;
+		rc = exec(b, c, s.p, s.len, &res, "GET_LOCK", deadline);
+		tl_want_partial = 0;
 		if (rc == 0)
 			break;
 		/* A pooled session the server ended meanwhile (wait_timeout): use a new one. */
-		int retry = pooled && is_conn_error(mysql_errno(c));
-		mysql_close(c); /* closing also drops a GET_LOCK the failed batch may have taken */
+		int retry = pooled && !tl_timed_out && is_conn_error(mysql_errno(c)) && dlock_clock_ms() < deadline;
+		/* Closing also drops a GET_LOCK the failed batch may have taken (a batch
+		 * that timed out may have been applied: its session ends with it). */
+		mysql_close(c);
 		c = NULL;
 		if (!retry)
 			break;
 	}
 	free(s.p);
+	/* Refused, and only the COMMIT's OK missing: refused (the connection, which
+	 * holds nothing, is closed already). */
+	if (rc && tl_timed_out && refused_before_timeout("@dl_got"))
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' is held (the answer came, its commit's did not)",
+				       req->name);
+	mysql_free_result(tl_partial);
+	tl_partial = NULL;
 	if (rc)
 		return rc;
 	MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
@@ -896,21 +1202,34 @@ static int g_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 	if (b->nwait_pool > 0)
 		c = b->wait_pool[--b->nwait_pool];
 	pthread_mutex_unlock(&b->wait_mu);
-	if (!c && conn_open(b, &c) != 0) {
-		dlock__sleep_ms(timeout_ms < 50 ? timeout_ms : 50); /* not a busy loop while the server is away */
+	/* The server answers GET_LOCK a little before our own limit, so that a wait
+	 * that simply ran out keeps its connection. */
+	int64_t start = dlock_clock_ms(), deadline = start + timeout_ms;
+	int64_t margin = timeout_ms / 5 < 100 ? timeout_ms / 5 : 100;
+	if (!c && conn_open(b, &c, deadline) != 0) {
+		int64_t left = deadline - dlock_clock_ms();
+		if (left > 0) /* not a busy loop while the server is away */
+			dlock__sleep_ms(left < 50 ? left : 50);
 		return 0;
 	}
+	int64_t server_ms = deadline - margin - dlock_clock_ms();
+	if (server_ms < 0)
+		server_ms = 0;
 	sbuf s = { 0 }, nm = { 0 };
 	sb_hex(&nm, req->name);
 	if (!nm.oom) {
 		/* If ever nobody completes the grant, the server frees it after a lease. */
 		sb_add(&s, "SET SESSION wait_timeout = %ld;SET @dl_k = ", wait_timeout_s(req->ttl_ms));
 		sb_key(&s, b, nm.p);
-		sb_add(&s, ";SELECT GET_LOCK(@dl_k, %.3f), HEX(@dl_k)", (double)timeout_ms / 1000.0);
+		/* A grant is recorded (fence, holder record) in the same batch, so that
+		 * a grant whose reply is lost is seen in status like any other. */
+		sb_add(&s, ";SET @dl_got = GET_LOCK(@dl_k, %.3f);", (double)server_ms / 1000.0);
+		sb_grant(&s, b, req, nm.p, 0);
+		sb_add(&s, "SELECT @dl_got, HEX(@dl_k);COMMIT");
 	}
 	free(nm.p);
 	MYSQL_RES *res = NULL;
-	if (nm.oom || sb_check(&s) || exec(b, c, s.p, s.len, &res, "GET_LOCK wait") != 0) {
+	if (nm.oom || sb_check(&s) || exec(b, c, s.p, s.len, &res, "GET_LOCK wait", deadline) != 0) {
 		free(s.p);
 		mysql_close(c);
 		return 0;
@@ -974,13 +1293,15 @@ static int g_release(dlock_backend *be, dlock_request *req)
 		return rc;
 	}
 	MYSQL_RES *res;
-	rc = exec(b, h->conn, s.p, s.len, &res, "RELEASE_LOCK");
+	rc = exec(b, h->conn, s.p, s.len, &res, "RELEASE_LOCK", req->deadline_ms);
 	free(s.p);
 	if (rc) {
-		/* Closing the connection frees the lock in the server anyway. */
-		int dead = is_conn_error(mysql_errno(h->conn));
+		/* A release that cannot be confirmed ends the session: closing the
+		 * connection frees the lock in the server (at once if the server sees
+		 * the close, else when its wait_timeout — the lease — runs out). */
+		int late = tl_timed_out, dead = is_conn_error(mysql_errno(h->conn));
 		hold_free(b, h, 0);
-		return dead ? conn_lost(req) : rc;
+		return late || !dead ? rc : conn_lost(req);
 	}
 	MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
 	int ok = row && row_i64(row, 0, 0) == 1;
@@ -988,6 +1309,33 @@ static int g_release(dlock_backend *be, dlock_request *req)
 	hold_free(b, h, ok);
 	return ok ? 0 : dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s' was no longer held by our connection",
 					req->name);
+}
+
+/* Leave the waiters' record (status) of a wait that ended without a grant. */
+static int g_cancel(dlock_backend *be, dlock_request *req)
+{
+	mysql_be *b = (mysql_be *)be;
+	MYSQL *c = NULL;
+	if (b->npool > 0)
+		c = b->pool[--b->npool];
+	else if (b->conn)
+		c = b->conn, b->conn = NULL;
+	else
+		return 0; /* no session at hand: the record expires by itself (queue_ttl_ms) */
+	sbuf s = { 0 };
+	sb_add(&s, "DELETE FROM dlock_waiter WHERE ");
+	where_name(&s, b, req->name);
+	sb_add(&s, " AND owner = ");
+	sb_hex(&s, req->owner);
+	int rc = sb_check(&s);
+	if (rc == 0)
+		rc = exec(b, c, s.p, s.len, NULL, "cancel", req->deadline_ms);
+	free(s.p);
+	if (rc)
+		mysql_close(c);
+	else
+		pool_put(b, c);
+	return rc;
 }
 
 static int g_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
@@ -1005,11 +1353,12 @@ static int g_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 	if (rc)
 		return rc;
 	MYSQL_RES *res;
-	rc = exec(b, h->conn, s.p, s.len, &res, "extend");
+	rc = exec(b, h->conn, s.p, s.len, &res, "extend", req->deadline_ms);
 	free(s.p);
 	if (rc) {
-		unsigned int e = mysql_errno(h->conn);
-		if (is_conn_error(e)) {
+		if (conn_dead(h->conn)) {
+			/* Out of time, or the session ended: either way no reply can be
+			 * trusted on it, and the lock ends with it. */
 			conn_drop(&h->conn);
 			return conn_lost(req);
 		}
@@ -1039,10 +1388,15 @@ static int g_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int 
 			results[i] = DLOCK_ENOMEM; /* transient: retried until the deadline */
 			continue;
 		}
-		if (mysql_send_query(h->conn, s.p, (unsigned long)s.len) == 0)
+		int64_t deadline = reqs[i]->deadline_ms;
+		int st = nb_send(h->conn, s.p, s.len, deadline);
+		if (st == 0) {
 			results[i] = SENT;
-		else
+		} else {
+			if (st < 0)
+				mariadb_cancel(h->conn);
 			conn_drop(&h->conn);
+		}
 		free(s.p);
 	}
 	for (size_t i = 0; i < n; i++) {
@@ -1051,10 +1405,14 @@ static int g_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int 
 			continue;
 		results[i] = DLOCK_ENOTHELD;
 		MYSQL_RES *res = NULL;
-		if (mysql_read_query_result(h->conn) != 0 || read_all(b, h->conn, &res, "renew") != 0) {
-			unsigned int e = mysql_errno(h->conn);
-			/* The connection is gone (killed, server restart, timeout): so is the lock. */
-			if (is_conn_error(e))
+		tl_timed_out = 0;
+		int st = nb_read_result(h->conn, reqs[i]->deadline_ms);
+		if (st < 0)
+			timed_out(h->conn, "renew");
+		if (st != 0 || read_all(b, h->conn, &res, "renew", reqs[i]->deadline_ms) != 0) {
+			/* The connection is gone (killed, server restart), or gave no answer
+			 * in time and was closed: the lock ends with it. */
+			if (conn_dead(h->conn))
 				conn_drop(&h->conn);
 			else
 				results[i] = DLOCK_ESTORE;
@@ -1097,6 +1455,7 @@ static int be_status(dlock_backend *be, const char *const *names, size_t nnames,
 		    size_t *count)
 {
 	mysql_be *b = (mysql_be *)be;
+	int64_t deadline = dlock_clock_ms() + b->request_timeout_ms;
 	sbuf filter = { 0 };
 	if (names) {
 		sb_add(&filter, " AND name IN (");
@@ -1142,7 +1501,7 @@ static int be_status(dlock_backend *be, const char *const *names, size_t nnames,
 				   "(SELECT name FROM dlock_holder WHERE ns = %s UNION SELECT name FROM dlock_waiter "
 				   "WHERE ns = %s)", b->ns_hex, b->ns_hex, b->ns_hex);
 		MYSQL_RES *res;
-		rc = run(b, &s, &res, "status", 0);
+		rc = run(b, &s, &res, "status", 0, deadline);
 		free(s.p);
 		if (rc)
 			break;
@@ -1274,7 +1633,12 @@ static int parse(mysql_be *b, dlock_uri *uri)
 		return DLOCK_ENOMEM;
 
 	int64_t t = uri->connect_timeout_ms > 0 ? uri->connect_timeout_ms : DLOCK__DEFAULT_CONNECT_TIMEOUT_MS;
+	b->connect_timeout_ms = t;
 	b->timeout_s = (unsigned)((t + 999) / 1000);
+	b->request_timeout_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : DLOCK__DEFAULT_REQUEST_TIMEOUT_MS;
+	/* Whole seconds (the variable is an integer), under the request bound
+	 * where it can be: the server's "lock wait timeout" then comes first. */
+	b->lock_wait_s = b->request_timeout_ms <= 2000 ? 1 : (unsigned)((b->request_timeout_ms - 1) / 1000);
 
 	int rc;
 	if ((rc = opt_dup(&b->ssl_ca, dlock_uri_param(uri, "ssl_ca"))) ||
@@ -1323,6 +1687,7 @@ int dlock__mysql_open(dlock_backend **out, dlock_uri *uri)
 	b->base.close = be_close;
 	pthread_mutex_init(&b->wait_mu, NULL);
 	int rc = parse(b, uri);
+	int64_t deadline = dlock_clock_ms() + b->connect_timeout_ms;
 	if (rc == 0) {
 		if (b->mode == MODE_TABLE) {
 			b->base.acquire = t_acquire;
@@ -1337,13 +1702,14 @@ int dlock__mysql_open(dlock_backend **out, dlock_uri *uri)
 			b->base.release = g_release;
 			b->base.extend = g_extend;
 			b->base.renew = g_renew;
+			b->base.cancel = g_cancel;
 			b->base.status = be_status;
 		}
-		rc = conn_open(b, &b->conn);
+		rc = conn_open(b, &b->conn, deadline);
 	}
 	/* Both modes need the counter table (get_lock takes its fences there). */
 	if (rc == 0)
-		rc = schema_ensure(b);
+		rc = schema_ensure(b, deadline);
 	/* MariaDB takes fractional GET_LOCK timeouts; MySQL is not known to (its manual
 	 * says seconds), and a rounded-up wait could overrun the caller's deadline:
 	 * there waiters back off and retry. */

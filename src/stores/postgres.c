@@ -16,6 +16,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +31,11 @@
 #define NBUCKETS 256
 #define NMARKS 64
 #define POOL_MAX 8
+/* TCP settings of every connection (see connect_db). */
+#define KEEPALIVE_IDLE_S 5
+#define KEEPALIVE_INTERVAL_S 2
+#define KEEPALIVE_COUNT 3
+#define TCP_USER_TIMEOUT_MS 10000
 /* pg_advisory_xact_lock key that serialises schema creation ("dlockSCH"). */
 #define SCHEMA_LOCK_KEY "7236281174070608712"
 
@@ -40,10 +47,12 @@ typedef struct mark {
 
 typedef struct pg_backend {
 	dlock_backend base;
-	char *host, *port, *user, *password, *dbname, *sslmode, *connect_timeout;
+	char *host, *port, *user, *password, *dbname, *sslmode;
 	char *sslrootcert, *sslcert, *sslkey; /* TLS files, passed to libpq as they are */
 	char *ns;
 	int advisory;
+	int64_t connect_timeout_ms; /* bound of one connect (and of the open) */
+	int64_t request_timeout_ms; /* bound of status, and of a call without a deadline */
 	PGconn *conn; /* under the store mutex */
 	unsigned prepared; /* bits of stmts[] prepared on conn */
 
@@ -120,10 +129,107 @@ static int query_error(PGconn *c, PGresult *res, const char *what)
 
 /* ------------------------------------------------------------ connections */
 
-static PGconn *connect_db(pg_backend *be, int *code)
+/* A timed-out statement may still run on the server (or a stopped backend
+ * may run it when it wakes): ask the server to cancel it. libpq 15's
+ * PQcancel blocks (connect, send, wait for the close) with no time limit, so
+ * it runs on a detached thread of its own that owns nothing but the PGcancel;
+ * the caller never waits for it. A few at most at a time (a black-holed
+ * server would keep each one until the connection dies). */
+#define CANCELS_MAX 4
+static atomic_int cancels_running;
+
+static void *cancel_main(void *arg)
+{
+	PGcancel *k = arg;
+	char err[256];
+	PQcancel(k, err, sizeof err);
+	PQfreeCancel(k);
+	atomic_fetch_sub(&cancels_running, 1);
+	return NULL;
+}
+
+static void cancel_async(PGconn *c)
+{
+	if (atomic_fetch_add(&cancels_running, 1) >= CANCELS_MAX) {
+		atomic_fetch_sub(&cancels_running, 1);
+		return;
+	}
+	PGcancel *k = PQgetCancel(c);
+	pthread_attr_t a;
+	pthread_t t;
+	int ok = k && pthread_attr_init(&a) == 0;
+	if (ok) {
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		ok = pthread_create(&t, &a, cancel_main, k) == 0;
+		pthread_attr_destroy(&a);
+	}
+	if (!ok) {
+		PQfreeCancel(k);
+		atomic_fetch_sub(&cancels_running, 1);
+	}
+}
+
+/* Close *cp and forget it, cancelling the statement in flight if asked:
+ * nothing it sends later can be read as the answer to another request. */
+static void drop_conn(PGconn **cp, int cancel)
+{
+	PGconn *c = *cp;
+	*cp = NULL;
+	if (!c)
+		return;
+	if (cancel && PQstatus(c) == CONNECTION_OK && PQtransactionStatus(c) == PQTRANS_ACTIVE)
+		cancel_async(c);
+	PQfinish(c);
+}
+
+static int timed_out(const char *what, const char *detail)
+{
+	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out %s", what, detail);
+}
+
+/*
+ * The deadline of an acquire: the core's. Two cases come without time:
+ * a try-once (wait 0) gets a deadline equal to its start (the core cuts it to
+ * start + wait): give it one request timeout rather than fail it unsent; the
+ * last try of a wait that has run out (the core tries once more at the end of
+ * its wait): send nothing and say "not acquired" (nothing was applied).
+ */
+static int acquire_deadline(const pg_backend *be, const dlock_request *req, int64_t *deadline)
+{
+	int64_t now = dlock_clock_ms();
+	*deadline = req->deadline_ms;
+	if (*deadline > now)
+		return 0;
+	if (!req->waiting) {
+		*deadline = now + be->request_timeout_ms;
+		return 0;
+	}
+	return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "acquire: no time left for another try");
+}
+
+static int poll_ms(int64_t deadline)
+{
+	int64_t left = deadline - dlock_clock_ms();
+	return left <= 0 ? 0 : left > INT32_MAX ? INT32_MAX : (int)left;
+}
+
+/*
+ * Connect, bounded by `deadline` (CLOCK_MONOTONIC ms) in total: DNS aside,
+ * every step (TCP, TLS, authentication) is driven by PQconnectPoll and poll,
+ * so the bound holds in milliseconds; libpq's own connect_timeout (whole
+ * seconds, at least 2) is only a second line, cut to the time left.
+ */
+static PGconn *connect_db(pg_backend *be, int64_t deadline, int *code)
 {
 	const char *keys[24], *vals[24];
 	int n = 0;
+	int64_t left = deadline - dlock_clock_ms();
+	if (left <= 0) {
+		*code = timed_out("connect", "before the connection could start");
+		return NULL;
+	}
+	char cts[24];
+	snprintf(cts, sizeof cts, "%" PRId64, (left + 999) / 1000 < 2 ? 2 : (left + 999) / 1000);
 #define KV(k, v)                  \
 	do {                      \
 		if (v) {          \
@@ -140,20 +246,38 @@ static PGconn *connect_db(pg_backend *be, int *code)
 	KV("sslrootcert", be->sslrootcert);
 	KV("sslcert", be->sslcert);
 	KV("sslkey", be->sslkey);
-	KV("connect_timeout", be->connect_timeout);
+	keys[n] = "connect_timeout";
+	vals[n++] = cts;
 	KV("application_name", "dlock");
-	/* A dead client's connection (and its advisory locks) must go away. */
+	/* A dead peer must not keep a connection (and its advisory locks):
+	 * keepalives, and unacknowledged data given up after TCP_USER_TIMEOUT. */
 	KV("keepalives", "1");
-	KV("keepalives_idle", "10");
-	KV("keepalives_interval", "5");
-	KV("keepalives_count", "3");
+	KV("keepalives_idle", STR(KEEPALIVE_IDLE_S));
+	KV("keepalives_interval", STR(KEEPALIVE_INTERVAL_S));
+	KV("keepalives_count", STR(KEEPALIVE_COUNT));
+	KV("tcp_user_timeout", STR(TCP_USER_TIMEOUT_MS));
 	keys[n] = NULL;
 	vals[n] = NULL;
 #undef KV
-	PGconn *c = PQconnectdbParams(keys, vals, 0);
+	PGconn *c = PQconnectStartParams(keys, vals, 0);
 	if (!c) {
 		*code = dlock__oom();
 		return NULL;
+	}
+	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+	while (PQstatus(c) != CONNECTION_BAD && st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
+		int ms = poll_ms(deadline);
+		if (ms == 0) {
+			*code = timed_out("connect", "(connect_timeout or the call's deadline)");
+			PQfinish(c);
+			return NULL;
+		}
+		struct pollfd p = { PQsocket(c), st == PGRES_POLLING_READING ? POLLIN : POLLOUT, 0 };
+		int pn = poll(&p, 1, ms);
+		if (pn < 0 && errno != EINTR)
+			break;
+		if (pn > 0)
+			st = PQconnectPoll(c);
 	}
 	if (PQstatus(c) != CONNECTION_OK) {
 		char msg[512];
@@ -169,12 +293,11 @@ static PGconn *connect_db(pg_backend *be, int *code)
 		PQfinish(c);
 		return NULL;
 	}
-	/* Server-side timeouts stay off: a long wait for a row lock is bounded
-	 * by the statement itself, and idle_session_timeout is set per hold. */
+	/* Every wait is ours (poll with a deadline); libpq never blocks. */
+	PQsetnonblocking(c, 1);
 	return c;
 }
 
-/* The main connection, reconnected if it broke. */
 /* An idle session has nothing to say; anything readable is most likely the
  * server closing it (restart, pg_terminate_backend, a timeout). */
 static int idle_ok(PGconn *c)
@@ -183,15 +306,14 @@ static int idle_ok(PGconn *c)
 	return PQstatus(c) == CONNECTION_OK && p.fd >= 0 && poll(&p, 1, 0) == 0;
 }
 
-static int main_conn(pg_backend *be, PGconn **out)
+/* The main connection, reconnected (by `deadline`) if it broke or was dropped. */
+static int main_conn(pg_backend *be, int64_t deadline, PGconn **out)
 {
-	if (be->conn && !idle_ok(be->conn)) {
-		PQfinish(be->conn);
-		be->conn = NULL;
-	}
+	if (be->conn && !idle_ok(be->conn))
+		drop_conn(&be->conn, 0);
 	if (!be->conn) {
 		int code = 0;
-		be->conn = connect_db(be, &code);
+		be->conn = connect_db(be, deadline, &code);
 		be->prepared = 0;
 		if (!be->conn)
 			return code;
@@ -200,24 +322,94 @@ static int main_conn(pg_backend *be, PGconn **out)
 	return 0;
 }
 
-/* Run one statement; *out gets the result (PGRES_TUPLES_OK / COMMAND_OK). */
-static int run(PGconn *c, const char *what, const char *sql, int n, const char *const *vals,
-	       PGresult **out)
+/* Take what the server sent so far: 1 when the command is complete (*last
+ * is its last result, *code its first error), 0 when more is to come, -1
+ * when the connection failed. Never blocks. */
+static int q_step(PGconn *c, const char *what, PGresult **last, int *code)
 {
+	if (!PQconsumeInput(c))
+		return -1;
+	while (!PQisBusy(c)) {
+		PGresult *r = PQgetResult(c);
+		if (!r)
+			return 1;
+		ExecStatusType s = PQresultStatus(r);
+		if (s == PGRES_TUPLES_OK || s == PGRES_COMMAND_OK) {
+			PQclear(*last);
+			*last = r;
+		} else {
+			if (!*code)
+				*code = query_error(c, r, what);
+			PQclear(r);
+		}
+	}
+	return 0;
+}
+
+/*
+ * Finish the command just sent on *cp (sent = what PQsend* returned) by
+ * `deadline`: 0 and *out (its last result, or cleared if out is NULL), or an
+ * error. When the deadline passes, the statement is cancelled and the
+ * connection dropped (*cp = NULL): its late reply must never be read as the
+ * answer to a later request. A broken connection is dropped too.
+ */
+static int q_finish(PGconn **cp, int64_t deadline, const char *what, int sent, PGresult **out)
+{
+	PGconn *c = *cp;
+	PGresult *last = NULL;
+	int code = 0, s = -1;
 	if (out)
-		*out = NULL; /* defined on every path (and -O3 can see it) */
-	PGresult *r = PQexecParams(c, sql, n, NULL, vals, NULL, NULL, 0);
-	ExecStatusType s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
-	if (s != PGRES_TUPLES_OK && s != PGRES_COMMAND_OK) {
-		int code = query_error(c, r, what);
-		PQclear(r);
+		*out = NULL;
+	if (sent) {
+		for (;;) {
+			int f = PQflush(c);
+			if (f < 0)
+				break;
+			if ((s = q_step(c, what, &last, &code)) != 0)
+				break;
+			int ms = poll_ms(deadline);
+			if (ms == 0)
+				break;
+			struct pollfd p = { PQsocket(c), (short)(POLLIN | (f ? POLLOUT : 0)), 0 };
+			if (p.fd < 0 || (poll(&p, 1, ms) < 0 && errno != EINTR)) {
+				s = -1;
+				break;
+			}
+		}
+	}
+	if (s == 1 && !code) {
+		if (out)
+			*out = last;
+		else
+			PQclear(last);
+		return 0;
+	}
+	PQclear(last);
+	if (s == 0) {
+		code = timed_out(what, "waiting for the server's reply (connection dropped)");
+		drop_conn(cp, 1);
 		return code;
 	}
-	if (out)
-		*out = r;
-	else
-		PQclear(r);
-	return 0;
+	if (s < 0 || PQstatus(c) != CONNECTION_OK) {
+		/* The connection broke (its error result, if any, is the message). */
+		if (!code)
+			code = query_error(c, NULL, what);
+		if (code != DLOCK_EUNAVAILABLE) {
+			char msg[512];
+			snprintf(msg, sizeof msg, "%s", dlock_error_last()->message);
+			code = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "", "%s", msg);
+		}
+		drop_conn(cp, 0);
+	}
+	return code;
+}
+
+/* Run one statement with parameters on *cp by `deadline`; *out gets the result. */
+static int run(PGconn **cp, int64_t deadline, const char *what, const char *sql, int n,
+	       const char *const *vals, PGresult **out)
+{
+	int sent = PQsendQueryParams(*cp, sql, n, NULL, vals, NULL, NULL, 0);
+	return q_finish(cp, deadline, what, sent, out);
 }
 
 /*
@@ -242,41 +434,28 @@ static const struct {
 			" SELECT d.live, pg_notify('" CHANNEL "', $1 || chr(31) || $2) FROM d", 3 },
 };
 
-/* Run stmts[which] on the main connection c, preparing it there first if needed. */
-static int run_stmt(pg_backend *be, PGconn *c, int which, const char *what, const char *const *vals,
-		    PGresult **out)
+/* Run stmts[which] on the main connection by `deadline`, preparing it there first if needed. */
+static int run_stmt(pg_backend *be, int64_t deadline, int which, const char *what,
+		    const char *const *vals, PGresult **out)
 {
 	*out = NULL;
 	if (!(be->prepared & (1u << which))) {
-		PGresult *r = PQprepare(c, stmts[which].name, stmts[which].sql, stmts[which].nparams, NULL);
-		int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
-		int code = ok ? 0 : query_error(c, r, what);
-		PQclear(r);
-		if (!ok)
+		int sent = PQsendPrepare(be->conn, stmts[which].name, stmts[which].sql,
+					 stmts[which].nparams, NULL);
+		int code = q_finish(&be->conn, deadline, what, sent, NULL);
+		if (code)
 			return code;
 		be->prepared |= 1u << which;
 	}
-	PGresult *r = PQexecPrepared(c, stmts[which].name, stmts[which].nparams, vals, NULL, NULL, 0);
-	ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
-	if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
-		int code = query_error(c, r, what);
-		PQclear(r);
-		return code;
-	}
-	*out = r;
-	return 0;
+	int sent = PQsendQueryPrepared(be->conn, stmts[which].name, stmts[which].nparams, vals, NULL,
+				       NULL, 0);
+	return q_finish(&be->conn, deadline, what, sent, out);
 }
 
 /* Several statements without parameters (the simple query protocol). */
-static int run_script(PGconn *c, const char *what, const char *sql)
+static int run_script(PGconn **cp, int64_t deadline, const char *what, const char *sql)
 {
-	PGresult *r = PQexec(c, sql);
-	ExecStatusType s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
-	int code = 0;
-	if (s != PGRES_TUPLES_OK && s != PGRES_COMMAND_OK)
-		code = query_error(c, r, what);
-	PQclear(r);
-	return code;
+	return q_finish(cp, deadline, what, PQsendQuery(*cp, sql), NULL);
 }
 
 /* ----------------------------------------------------------------- schema */
@@ -360,14 +539,16 @@ static const char schema_sql[] =
 	"INSERT INTO dlock_schema VALUES ('dlock', " STR(SCHEMA_VERSION) ")"
 	" ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version;";
 
-static int ensure_schema(pg_backend *be)
+static int ensure_schema(pg_backend *be, int64_t deadline)
 {
 	PGconn *c = NULL;
-	int rc = main_conn(be, &c);
+	int rc = main_conn(be, deadline, &c);
 	if (rc)
 		return rc;
-	PGresult *r = PQexec(c, "SELECT version FROM dlock_schema WHERE component = 'dlock'");
-	if (r && PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
+	PGresult *r = NULL;
+	rc = run(&be->conn, deadline, "read schema version",
+		 "SELECT version FROM dlock_schema WHERE component = 'dlock'", 0, NULL, &r);
+	if (rc == 0 && PQntuples(r) == 1) {
 		int v = atoi(PQgetvalue(r, 0, 0));
 		PQclear(r);
 		if (v == SCHEMA_VERSION)
@@ -379,16 +560,22 @@ static int ensure_schema(pg_backend *be)
 	} else {
 		PQclear(r);
 	}
-	if (PQstatus(c) != CONNECTION_OK)
-		return query_error(c, NULL, "read schema version");
-	/* Serialise concurrent creators; CREATE … IF NOT EXISTS alone can race. */
-	if ((rc = run(c, "create schema", "BEGIN", 0, NULL, NULL)))
+	/* No table yet is an error of the statement; a dead connection is not. */
+	if (!be->conn)
 		return rc;
-	if ((rc = run(c, "create schema", "SELECT pg_advisory_xact_lock(" SCHEMA_LOCK_KEY ")", 0,
-		      NULL, NULL)) ||
-	    (rc = run_script(c, "create schema", schema_sql)) ||
-	    (rc = run(c, "create schema", "COMMIT", 0, NULL, NULL))) {
-		PQclear(PQexec(c, "ROLLBACK"));
+	/* Serialise concurrent creators; CREATE … IF NOT EXISTS alone can race. */
+	if ((rc = run(&be->conn, deadline, "create schema", "BEGIN", 0, NULL, NULL)))
+		return rc;
+	if ((rc = run(&be->conn, deadline, "create schema",
+		      "SELECT pg_advisory_xact_lock(" SCHEMA_LOCK_KEY ")", 0, NULL, NULL)) ||
+	    (rc = run_script(&be->conn, deadline, "create schema", schema_sql)) ||
+	    (rc = run(&be->conn, deadline, "create schema", "COMMIT", 0, NULL, NULL))) {
+		if (be->conn) {
+			dlock__saved_error saved;
+			dlock__error_save(&saved);
+			run(&be->conn, deadline, "create schema", "ROLLBACK", 0, NULL, NULL);
+			dlock__error_restore(&saved);
+		}
 		return rc;
 	}
 	return 0;
@@ -455,36 +642,47 @@ static void wake_all(pg_backend *be)
 		be->bucket_gen[i] = be->gen;
 }
 
-static int listen_connect(pg_backend *be)
+/* A new LISTEN connection in *out, by `deadline`. */
+static int listen_connect(pg_backend *be, int64_t deadline, PGconn **out)
 {
 	int code = 0;
-	PGconn *c = connect_db(be, &code);
+	PGconn *c = connect_db(be, deadline, &code);
 	if (!c)
 		return code;
-	PGresult *r = PQexec(c, "LISTEN " CHANNEL);
-	if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) {
-		code = query_error(c, r, "LISTEN");
-		PQclear(r);
-		PQfinish(c);
+	if ((code = run(&c, deadline, "LISTEN", "LISTEN " CHANNEL, 0, NULL, NULL))) {
+		drop_conn(&c, 0);
 		return code;
 	}
-	PQclear(r);
-	PQsetnonblocking(c, 1);
-	be->lconn = c;
+	*out = c;
 	return 0;
 }
 
+/* The LISTEN thread. It reconnects without lmu (waiters keep their own
+ * timeouts meanwhile), each connect bounded by connect_timeout. */
 static void *listener(void *arg)
 {
 	pg_backend *be = arg;
 	pthread_mutex_lock(&be->lmu);
 	while (!be->lstop) {
 		struct pollfd p[2] = { { be->wakefd[0], POLLIN, 0 }, { -1, POLLIN, 0 } };
-		if (be->lconn)
-			p[1].fd = PQsocket(be->lconn);
+		PGconn *lc = be->lconn;
+		if (lc)
+			p[1].fd = PQsocket(lc);
 		pthread_mutex_unlock(&be->lmu);
-		/* Without a connection, try again in a second. */
-		int n = poll(p, 2, p[1].fd >= 0 ? -1 : 1000);
+		if (!lc) {
+			PGconn *c = NULL;
+			int rc = listen_connect(be, dlock_clock_ms() + be->connect_timeout_ms, &c);
+			pthread_mutex_lock(&be->lmu);
+			if (rc == 0) {
+				be->lconn = c;
+				wake_all(be);
+				pthread_cond_broadcast(&be->lcv);
+				continue;
+			}
+			pthread_mutex_unlock(&be->lmu);
+		}
+		/* Without a connection, try again in a second (or when closed). */
+		int n = poll(p, 2, lc ? -1 : 1000);
 		pthread_mutex_lock(&be->lmu);
 		if (be->lstop)
 			break;
@@ -495,13 +693,9 @@ static void *listener(void *arg)
 			while (read(be->wakefd[0], buf, sizeof buf) > 0) {
 			}
 		}
-		if (!be->lconn) {
-			if (listen_connect(be) == 0)
-				wake_all(be);
-		} else if (p[1].revents) {
+		if (lc && p[1].revents) {
 			if (!PQconsumeInput(be->lconn) || PQstatus(be->lconn) != CONNECTION_OK) {
-				PQfinish(be->lconn);
-				be->lconn = NULL;
+				drop_conn(&be->lconn, 0);
 				wake_all(be);
 			} else {
 				drain_notifies(be);
@@ -513,21 +707,24 @@ static void *listener(void *arg)
 	return NULL;
 }
 
-/* Under lmu: make sure we LISTEN before an acquire whose refusal we may wait on. */
+/*
+ * Make sure the LISTEN thread runs (before an acquire whose refusal we may
+ * wait on). It connects on its own, so no call waits for that connect: a
+ * notification sent before its LISTEN is in place is covered by the
+ * wake-up of every waiter that follows each (re)connect.
+ */
 static int listen_ensure(pg_backend *be)
 {
-	if (be->lthread_on)
-		return 0;
-	int rc = listen_connect(be);
-	if (rc)
-		return rc;
-	if (pthread_create(&be->lthread, NULL, listener, be) != 0) {
-		PQfinish(be->lconn);
-		be->lconn = NULL;
-		return dlock_error_set(DLOCK_ESTORE, KIND, NULL, "cannot start the LISTEN thread");
+	int rc = 0;
+	pthread_mutex_lock(&be->lmu);
+	if (!be->lthread_on && !be->lstop) {
+		if (pthread_create(&be->lthread, NULL, listener, be) == 0)
+			be->lthread_on = 1;
+		else
+			rc = dlock_error_set(DLOCK_ESTORE, KIND, NULL, "cannot start the LISTEN thread");
 	}
-	be->lthread_on = 1;
-	return 0;
+	pthread_mutex_unlock(&be->lmu);
+	return rc;
 }
 
 static mark *mark_find(pg_backend *be, const char *owner, int create)
@@ -552,12 +749,17 @@ static mark *mark_find(pg_backend *be, const char *owner, int create)
  */
 static void mark_before_try(pg_backend *be, const dlock_request *req)
 {
+	/* Without a LISTEN thread the waiter falls back to its timeout. */
+	dlock__saved_error saved;
+	dlock__error_save(&saved);
+	int rc = listen_ensure(be);
+	dlock__error_restore(&saved);
+	if (rc)
+		return;
 	pthread_mutex_lock(&be->lmu);
-	if (listen_ensure(be) == 0) {
-		mark *m = mark_find(be, req->owner, 1);
-		m->gen = be->bucket_gen[bucket_for(be, req->name)];
-		m->used = ++be->mark_clock;
-	}
+	mark *m = mark_find(be, req->owner, 1);
+	m->gen = be->bucket_gen[bucket_for(be, req->name)];
+	m->used = ++be->mark_clock;
 	pthread_mutex_unlock(&be->lmu);
 }
 
@@ -574,13 +776,13 @@ static int pg_wait(dlock_backend *base, dlock_request *req, int64_t timeout_ms)
 {
 	pg_backend *be = (pg_backend *)base;
 	int64_t end = dlock_clock_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
-	pthread_mutex_lock(&be->lmu);
 	if (listen_ensure(be) != 0) {
-		/* No LISTEN connection: the core backs off by timeout alone. */
-		pthread_mutex_unlock(&be->lmu);
-		dlock__sleep_ms(timeout_ms < 100 ? timeout_ms : 100);
+		/* No LISTEN thread: the core backs off by timeout alone. */
+		int64_t left = end - dlock_clock_ms();
+		dlock__sleep_ms(left < 0 ? 0 : left < 100 ? left : 100);
 		return 0;
 	}
+	pthread_mutex_lock(&be->lmu);
 	unsigned b = bucket_for(be, req->name);
 	mark *m = mark_find(be, req->owner, 0);
 	uint64_t g0 = m ? m->gen : be->bucket_gen[b];
@@ -606,9 +808,10 @@ static void i64s(char *buf, size_t n, int64_t v)
 static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	pg_backend *be = (pg_backend *)base;
+	int64_t deadline;
+	int rc = acquire_deadline(be, req, &deadline);
 	PGconn *c = NULL;
-	int rc = main_conn(be, &c);
-	if (rc)
+	if (rc || (rc = main_conn(be, deadline, &c)))
 		return rc;
 	if (req->waiting)
 		mark_before_try(be, req);
@@ -622,7 +825,7 @@ static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 			    req->waiting ? "t" : "f", req->fair ? "t" : "f", qttl,
 			    req->host ? req->host : "", pid };
 	PGresult *r;
-	rc = run_stmt(be, c, S_ACQUIRE, "acquire", v, &r);
+	rc = run_stmt(be, deadline, S_ACQUIRE, "acquire", v, &r);
 	if (rc)
 		return rc;
 	uint64_t f = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
@@ -642,13 +845,14 @@ static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 static int tbl_release(dlock_backend *base, dlock_request *req)
 {
 	pg_backend *be = (pg_backend *)base;
+	int64_t deadline = req->deadline_ms;
 	PGconn *c = NULL;
-	int rc = main_conn(be, &c);
+	int rc = main_conn(be, deadline, &c);
 	if (rc)
 		return rc;
 	const char *v[] = { be->ns, req->name, req->owner };
 	PGresult *r;
-	rc = run_stmt(be, c, S_RELEASE, "release", v, &r);
+	rc = run_stmt(be, deadline, S_RELEASE, "release", v, &r);
 	if (rc)
 		return rc;
 	int live = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
@@ -659,15 +863,16 @@ static int tbl_release(dlock_backend *base, dlock_request *req)
 static int tbl_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
 {
 	pg_backend *be = (pg_backend *)base;
+	int64_t deadline = req->deadline_ms;
 	PGconn *c = NULL;
-	int rc = main_conn(be, &c);
+	int rc = main_conn(be, deadline, &c);
 	if (rc)
 		return rc;
 	char ttl[24];
 	i64s(ttl, sizeof ttl, ttl_ms);
 	const char *v[] = { be->ns, req->name, req->owner, ttl };
 	PGresult *r;
-	rc = run(c, "extend",
+	rc = run(&be->conn, deadline, "extend",
 		 "UPDATE dlock_holders SET expires = clock_timestamp() + $4::bigint * interval '1 millisecond'"
 		 " WHERE ns = $1 AND name = $2 AND owner = $3 AND expires > clock_timestamp() RETURNING 1",
 		 4, v, &r);
@@ -742,8 +947,9 @@ static int arr_close(arr *a)
 static int tbl_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
 {
 	pg_backend *be = (pg_backend *)base;
+	int64_t deadline = n ? reqs[0]->deadline_ms : dlock_clock_ms();
 	PGconn *c = NULL;
-	int rc = main_conn(be, &c);
+	int rc = main_conn(be, deadline, &c);
 	if (rc)
 		return rc;
 	arr names = { 0 }, owners = { 0 }, ttls = { 0 }, idx = { 0 };
@@ -764,7 +970,7 @@ static int tbl_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, 
 	const char *v[] = { be->ns, names.buf, owners.buf, ttls.buf, idx.buf };
 	PGresult *r;
 	/* One statement for the whole batch; only live rows of their owners move. */
-	rc = run(c, "renew",
+	rc = run(&be->conn, deadline, "renew",
 		 "UPDATE dlock_holders h SET expires = clock_timestamp() + r.ttl * interval '1 millisecond'"
 		 " FROM unnest($2::text[], $3::text[], $4::bigint[], $5::int[]) AS r(name, owner, ttl, i)"
 		 " WHERE h.ns = $1 AND h.name = r.name AND h.owner = r.owner"
@@ -792,13 +998,14 @@ static int tbl_cancel(dlock_backend *base, dlock_request *req)
 {
 	pg_backend *be = (pg_backend *)base;
 	mark_forget(be, req);
+	int64_t deadline = req->deadline_ms;
 	PGconn *c = NULL;
-	int rc = main_conn(be, &c);
+	int rc = main_conn(be, deadline, &c);
 	if (rc)
 		return rc;
 	const char *v[] = { be->ns, req->name, req->owner };
 	/* The queue head may have changed: wake the others. */
-	return run(c, "cancel",
+	return run(&be->conn, deadline, "cancel",
 		   "WITH d AS (DELETE FROM dlock_waiters WHERE ns = $1 AND name = $2 AND owner = $3"
 		   " RETURNING 1) SELECT pg_notify('" CHANNEL "', $1 || chr(31) || $2) FROM d",
 		   3, v, NULL);
@@ -830,8 +1037,9 @@ static int tbl_status(dlock_backend *base, const char *const *names, size_t nnam
 		      dlock_lock_status **out, size_t *count)
 {
 	pg_backend *be = (pg_backend *)base;
+	int64_t deadline = dlock_clock_ms() + be->request_timeout_ms;
 	PGconn *c = NULL;
-	int rc = main_conn(be, &c);
+	int rc = main_conn(be, deadline, &c);
 	if (rc)
 		return rc;
 	dlock_lock_status *st = NULL;
@@ -851,7 +1059,7 @@ static int tbl_status(dlock_backend *base, const char *const *names, size_t nnam
 		}
 	}
 	const char *v[] = { be->ns, a.buf };
-	rc = run(c, "status",
+	rc = run(&be->conn, deadline, "status",
 		 "SELECT l.name, l.fence, h.owner, h.host, h.pid, h.mode, h.permits, h.fence,"
 		 " floor(extract(epoch FROM (h.expires - clock_timestamp())) * 1000)::bigint,"
 		 " (SELECT count(*) FROM dlock_waiters w WHERE w.ns = l.ns AND w.name = l.name"
@@ -922,7 +1130,7 @@ static void pool_put(pg_backend *be, PGconn *c)
 		PQfinish(c);
 }
 
-static int pool_get(pg_backend *be, PGconn **out)
+static int pool_get(pg_backend *be, int64_t deadline, PGconn **out)
 {
 	while (be->npool > 0) {
 		PGconn *c = be->pool[--be->npool];
@@ -933,7 +1141,7 @@ static int pool_get(pg_backend *be, PGconn **out)
 		PQfinish(c);
 	}
 	int code = 0;
-	*out = connect_db(be, &code);
+	*out = connect_db(be, deadline, &code);
 	return *out ? 0 : code;
 }
 
@@ -958,15 +1166,32 @@ static const char *no_lease(PGconn *c)
 	return PQserverVersion(c) >= 140000 ? ", set_config('idle_session_timeout', '0', false)" : "";
 }
 
-/* Try one advisory key on c; on success *fence is the name's next fence. */
-static int adv_try(pg_backend *be, PGconn *c, dlock_request *req, int64_t key, int shared,
-		   int64_t unlock_intent, int *got, uint64_t *fence)
+/*
+ * Every statement of a hold's session starts with "/\* dlock-hold <owner> *\/":
+ * pg_stat_activity.query keeps a session's last statement, so status can
+ * name the holder's owner (application_name has no room for it). Owners are
+ * "<hex client id>-<serial>"; anything else is left out.
+ */
+static void hold_tag(char *buf, size_t n, const char *owner)
+{
+	buf[0] = 0;
+	if (!owner || !*owner || strspn(owner, "0123456789abcdefABCDEF-") != strlen(owner) ||
+	    strlen(owner) > 96)
+		return;
+	snprintf(buf, n, "/* dlock-hold %s */ ", owner);
+}
+
+/* Try one advisory key on *cp by `deadline`; on success *fence is the name's
+ * next fence. On an error the connection may hold the key: the caller
+ * closes it (a timeout has already dropped it: *cp == NULL). */
+static int adv_try(pg_backend *be, PGconn **cp, int64_t deadline, dlock_request *req, int64_t key,
+		   int shared, int64_t unlock_intent, int *got, uint64_t *fence)
 {
 	char k[24], ik[24], ttl[24];
 	i64s(k, sizeof k, key);
 	i64s(ik, sizeof ik, unlock_intent);
 	ms_setting(req->ttl_ms, ttl, sizeof ttl);
-	int lease = PQserverVersion(c) >= 140000;
+	int lease = PQserverVersion(*cp) >= 140000;
 	char app[96], pid[16];
 	snprintf(pid, sizeof pid, "%d", req->pid);
 	snprintf(app, sizeof app, "%s", req->host ? req->host : "");
@@ -976,9 +1201,10 @@ static int adv_try(pg_backend *be, PGconn *c, dlock_request *req, int64_t key, i
 	 * set the session's idle timeout to the lease, so that a hung or cut-off
 	 * client loses the lock on the server once a TTL passes without renewal.
 	 */
-	char sql[1024];
+	char sql[1280], tag[128];
+	hold_tag(tag, sizeof tag, req->owner);
 	snprintf(sql, sizeof sql,
-		 "WITH l AS MATERIALIZED (SELECT %s($1::bigint) AS ok),"
+		 "%sWITH l AS MATERIALIZED (SELECT %s($1::bigint) AS ok),"
 		 " f AS (INSERT INTO dlock_locks AS d (ns, name, fence) SELECT $2, $3, 1 FROM l WHERE l.ok"
 		 "  ON CONFLICT (ns, name) DO UPDATE SET fence = d.fence + 1 RETURNING d.fence)"
 		 " SELECT l.ok, (SELECT fence FROM f),"
@@ -987,10 +1213,10 @@ static int adv_try(pg_backend *be, PGconn *c, dlock_request *req, int64_t key, i
 		 /* what status shows of this holder (application_name is visible to all) */
 		 " CASE WHEN l.ok THEN set_config('application_name', 'dlock ' || $6 || ' ' ||"
 		 "  (SELECT fence FROM f) || ' ' || $4 || ' ' || $7, false) END FROM l",
-		 shared ? "pg_try_advisory_lock_shared" : "pg_try_advisory_lock",
+		 tag, shared ? "pg_try_advisory_lock_shared" : "pg_try_advisory_lock",
 		 lease ? "true" : "false");
 	PGresult *r;
-	int rc = run(c, "acquire", sql, 7, v, &r);
+	int rc = run(cp, deadline, "acquire", sql, 7, v, &r);
 	if (rc)
 		return rc;
 	*got = PQgetvalue(r, 0, 0)[0] == 't';
@@ -1006,32 +1232,44 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	if (req->fair)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
 				       "fair locks need mode=table: advisory try-locks have no queue");
+	int64_t deadline;
+	int rc = acquire_deadline(be, req, &deadline);
+	if (rc)
+		return rc;
 	int shared = req->mode == DLOCK_SHARED;
 	unsigned permits = shared || !req->permits ? 1 : req->permits;
 	int64_t intent_key = adv_key(be->ns, req->name, "writer-intent");
 	if (req->waiting)
 		mark_before_try(be, req);
 
+	/*
+	 * Unknown outcomes: any statement that fails here may have taken a key
+	 * on its session, so the session is closed (the key goes with it), never
+	 * pooled; a timeout has dropped it already. Nothing survives a failed try.
+	 */
 	PGconn *c = NULL;
 	intent **ip = intent_find(be, req->owner), *in = *ip;
-	int rc;
 	if (in) {
 		c = in->conn; /* a waiting writer retries on the connection holding its intent */
-	} else if ((rc = pool_get(be, &c))) {
+		in->conn = NULL;
+		*ip = in->next;
+		free(in);
+	} else if ((rc = pool_get(be, deadline, &c))) {
 		return rc;
 	}
+	int had_intent = in != NULL;
 	if (shared) {
 		/* Writer preference: back off while a writer announced it waits. */
 		char ik[24];
 		i64s(ik, sizeof ik, intent_key);
 		const char *v[] = { ik };
 		PGresult *r;
-		rc = run(c, "acquire",
+		rc = run(&c, deadline, "acquire",
 			 "SELECT CASE WHEN pg_try_advisory_lock_shared($1::bigint)"
 			 " THEN pg_advisory_unlock_shared($1::bigint) ELSE false END",
 			 1, v, &r);
 		if (rc) {
-			PQfinish(c);
+			drop_conn(&c, 0);
 			return rc;
 		}
 		int free_ = PQgetvalue(r, 0, 0)[0] == 't';
@@ -1048,68 +1286,60 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 		char slot[16];
 		snprintf(slot, sizeof slot, "%u", i);
 		key = adv_key(be->ns, req->name, permits > 1 ? slot : NULL);
-		rc = adv_try(be, c, req, key, shared, in ? intent_key : 0, &got, &f);
+		rc = adv_try(be, &c, deadline, req, key, shared, had_intent ? intent_key : 0, &got, &f);
 		if (rc) {
-			/* A session lock taken by a failed statement would stay: drop the session. */
-			if (in) {
-				*ip = in->next;
-				free(in);
-			}
-			PQfinish(c);
+			drop_conn(&c, 0);
 			return rc;
 		}
 	}
 	if (!got) {
-		if (!shared && permits == 1 && req->waiting && !in) {
-			/* Announce the waiting writer: hold the intent key on this connection. */
-			char ik[24], qttl[24];
-			i64s(ik, sizeof ik, intent_key);
-			ms_setting(req->queue_ttl_ms > 0 ? req->queue_ttl_ms : DLOCK__QUEUE_TTL_MS, qttl,
-				   sizeof qttl);
-			const char *v[] = { ik, qttl };
-			PGresult *r;
-			/* A writer that stops retrying (hung) must not block readers for
-			 * ever: its session ends after a queue TTL without a statement. */
-			int irc = run(c, "acquire",
-				      PQserverVersion(c) >= 140000
-					      ? "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock($1::bigint) AS ok)"
-						" SELECT ok, CASE WHEN ok THEN"
-						" set_config('idle_session_timeout', $2, false) END FROM l"
-					      : "SELECT pg_try_advisory_lock($1::bigint), $2",
-				      2, v, &r);
-			if (irc) {
-				/* It may hold the intent key now: drop the session, not pool it. */
-				PQfinish(c);
+		if (had_intent || (!shared && permits == 1 && req->waiting)) {
+			/* Announce the waiting writer: hold the intent key on this connection
+			 * (a waiter that already holds it keeps it). */
+			int mine = had_intent;
+			if (!mine) {
+				char ik[24], qttl[24];
+				i64s(ik, sizeof ik, intent_key);
+				ms_setting(req->queue_ttl_ms > 0 ? req->queue_ttl_ms : DLOCK__QUEUE_TTL_MS, qttl,
+					   sizeof qttl);
+				const char *v[] = { ik, qttl };
+				PGresult *r;
+				/* A writer that stops retrying (hung) must not block readers for
+				 * ever: its session ends after a queue TTL without a statement. */
+				int irc = run(&c, deadline, "acquire",
+					      PQserverVersion(c) >= 140000
+						      ? "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock($1::bigint) AS ok)"
+							" SELECT ok, CASE WHEN ok THEN"
+							" set_config('idle_session_timeout', $2, false) END FROM l"
+						      : "SELECT pg_try_advisory_lock($1::bigint), $2",
+					      2, v, &r);
+				if (irc) {
+					/* It may hold the intent key now: drop the session, not pool it. */
+					drop_conn(&c, 0);
+					return DLOCK_ELOCKED;
+				}
+				mine = PQgetvalue(r, 0, 0)[0] == 't';
+				PQclear(r);
+			}
+			intent *ni = mine ? calloc(1, sizeof *ni) : NULL;
+			if (ni) {
+				snprintf(ni->owner, sizeof ni->owner, "%s", req->owner);
+				ni->conn = c;
+				ni->next = be->intents;
+				be->intents = ni;
 				return DLOCK_ELOCKED;
 			}
-			{
-				int mine = PQgetvalue(r, 0, 0)[0] == 't';
-				PQclear(r);
-				intent *ni = mine ? calloc(1, sizeof *ni) : NULL;
-				if (ni) {
-					snprintf(ni->owner, sizeof ni->owner, "%s", req->owner);
-					ni->conn = c;
-					ni->next = be->intents;
-					be->intents = ni;
-					return DLOCK_ELOCKED;
-				}
-				if (mine) {
-					PQfinish(c);
-					return DLOCK_ELOCKED;
-				}
+			if (mine) {
+				drop_conn(&c, 0);
+				return DLOCK_ELOCKED;
 			}
 		}
-		if (!in)
-			pool_put(be, c);
+		pool_put(be, c);
 		return DLOCK_ELOCKED;
-	}
-	if (in) {
-		*ip = in->next;
-		free(in);
 	}
 	adv_hold *h = calloc(1, sizeof *h);
 	if (!h) {
-		PQfinish(c); /* closing the session frees the lock */
+		drop_conn(&c, 0); /* closing the session frees the lock */
 		return dlock__oom();
 	}
 	h->conn = c;
@@ -1123,6 +1353,12 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	return 0;
 }
 
+/*
+ * A release that cannot be confirmed (timeout, broken connection, any error)
+ * closes the hold's session: the server then frees every key it held, so
+ * nothing outlives the release. A timeout says so (DLOCK_EUNAVAILABLE, "timed
+ * out"); a session that was already gone held nothing (DLOCK_ENOTHELD).
+ */
 static int adv_release(dlock_backend *base, dlock_request *req)
 {
 	pg_backend *be = (pg_backend *)base;
@@ -1131,6 +1367,12 @@ static int adv_release(dlock_backend *base, dlock_request *req)
 		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL,
 				       "advisory locks live on their connection: this handle holds none");
 	req->slot = NULL;
+	if (!h->conn) {
+		free(h);
+		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL,
+				       "the lock's connection was closed earlier (and the lock with it)");
+	}
+	int64_t deadline = req->deadline_ms;
 	char k[24];
 	i64s(k, sizeof k, h->key);
 	const char *v[] = { k, be->ns, req->name };
@@ -1140,12 +1382,17 @@ static int adv_release(dlock_backend *base, dlock_request *req)
 		 "SELECT %s($1::bigint)%s, set_config('application_name', 'dlock', false),"
 		 " pg_notify('" CHANNEL "', $2 || chr(31) || $3)",
 		 h->shared ? "pg_advisory_unlock_shared" : "pg_advisory_unlock", no_lease(h->conn));
-	int rc = run(h->conn, "release", sql, 3, v, &r);
+	int rc = run(&h->conn, deadline, "release", sql, 3, v, &r);
 	if (rc) {
-		/* The session is gone or unusable; closing it frees whatever it held. */
-		PQfinish(h->conn);
+		int gone = !h->conn || PQstatus(h->conn) != CONNECTION_OK;
+		int tmo = rc == DLOCK_EUNAVAILABLE && strcmp(dlock_error_last()->store_code, "timeout") == 0;
+		drop_conn(&h->conn, 0);
 		free(h);
-		return rc == DLOCK_EUNAVAILABLE
+		if (tmo)
+			return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout",
+					       "release: timed out; the lock's connection was closed, "
+					       "so the server ends the lock with its session");
+		return gone && rc == DLOCK_EUNAVAILABLE
 			       ? dlock_error_set(DLOCK_ENOTHELD, KIND, NULL,
 						 "the lock's connection was lost (and the lock with it)")
 			       : rc;
@@ -1168,65 +1415,116 @@ static void key_oids(int64_t key, char *hi, char *lo)
 	snprintf(lo, 16, "%" PRIu32, (uint32_t)u);
 }
 
+/* A hold whose statement timed out has lost its connection (the late answer
+ * must not be read later) and with it the lock: DLOCK_ENOTHELD. */
 static int adv_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
 {
+	(void)base;
 	adv_hold *h = req->slot;
-	if (!h)
+	if (!h || !h->conn)
 		return DLOCK_ENOTHELD;
+	int64_t deadline = req->deadline_ms;
 	char hi[16], lo[16], ttl[24];
 	key_oids(h->key, hi, lo);
 	ms_setting(ttl_ms, ttl, sizeof ttl);
 	int lease = PQserverVersion(h->conn) >= 140000;
 	const char *v[] = { hi, lo, ttl };
 	PGresult *r;
-	char sql[512];
+	char sql[768], tag[128];
+	hold_tag(tag, sizeof tag, req->owner);
 	/* Field 4 of application_name is the lease that status reports. */
 	snprintf(sql, sizeof sql,
-		 "SELECT (%s) > 0%s, set_config('application_name', regexp_replace("
+		 "%sSELECT (%s) > 0%s, set_config('application_name', regexp_replace("
 		 "current_setting('application_name'), '^(dlock \\S+ \\S+) \\S+', '\\1 ' || $3), false)",
-		 held_sql, lease ? ", set_config('idle_session_timeout', $3, false)" : ", $3");
-	int rc = run(h->conn, "extend", sql, 3, v, &r);
+		 tag, held_sql, lease ? ", set_config('idle_session_timeout', $3, false)" : ", $3");
+	int rc = run(&h->conn, deadline, "extend", sql, 3, v, &r);
 	if (rc)
-		return PQstatus(h->conn) == CONNECTION_OK ? rc : DLOCK_ENOTHELD;
+		return h->conn && PQstatus(h->conn) == CONNECTION_OK ? rc : DLOCK_ENOTHELD;
 	int ok = PQgetvalue(r, 0, 0)[0] == 't';
 	PQclear(r);
 	return ok ? 0 : DLOCK_ENOTHELD;
 }
 
-/* All holds at once: send every check, then collect (one round trip overall). */
+/*
+ * All holds at once: send every check, then collect the answers as they come
+ * (one round trip overall), all by one deadline. A hold whose answer does not
+ * come in time loses its connection (so no late answer is read later) and the
+ * lock with it: DLOCK_ENOTHELD, which the core reports as lost.
+ */
 static int adv_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
 {
-	char (*keys)[2][16] = calloc(n ? n : 1, sizeof *keys);
-	if (!keys)
+	(void)base;
+	int64_t deadline = n ? reqs[0]->deadline_ms : dlock_clock_ms();
+	struct pend {
+		PGresult *last;
+		int code;
+		int state; /* 1 sent, 2 done, 0 nothing to do */
+	} *pd = calloc(n ? n : 1, sizeof *pd);
+	struct pollfd *pf = calloc(n ? n : 1, sizeof *pf);
+	if (!pd || !pf) {
+		free(pd);
+		free(pf);
 		return dlock__oom();
+	}
 	for (size_t i = 0; i < n; i++) {
 		adv_hold *h = reqs[i]->slot;
 		results[i] = DLOCK_ENOTHELD;
-		if (!h || PQstatus(h->conn) != CONNECTION_OK)
+		if (!h || !h->conn || PQstatus(h->conn) != CONNECTION_OK)
 			continue;
-		key_oids(h->key, keys[i][0], keys[i][1]);
-		const char *v[] = { keys[i][0], keys[i][1] };
-		if (PQsendQueryParams(h->conn, held_sql, 2, NULL, v, NULL, NULL, 0))
-			results[i] = 1; /* sent */
+		char hi[16], lo[16];
+		key_oids(h->key, hi, lo);
+		const char *v[] = { hi, lo };
+		char sql[512], tag[128];
+		hold_tag(tag, sizeof tag, reqs[i]->owner);
+		snprintf(sql, sizeof sql, "%s%s", tag, held_sql);
+		if (PQsendQueryParams(h->conn, sql, 2, NULL, v, NULL, NULL, 0))
+			pd[i].state = 1;
+		else
+			drop_conn(&h->conn, 0);
+	}
+	for (;;) {
+		nfds_t np = 0;
+		for (size_t i = 0; i < n; i++) {
+			adv_hold *h = reqs[i]->slot;
+			pf[i].fd = -1;
+			if (pd[i].state != 1)
+				continue;
+			int f = PQflush(h->conn);
+			int s = f < 0 ? -1 : q_step(h->conn, "renew", &pd[i].last, &pd[i].code);
+			if (s == 0) {
+				pf[i].fd = PQsocket(h->conn);
+				pf[i].events = (short)(POLLIN | (f ? POLLOUT : 0));
+				np++;
+			} else {
+				pd[i].state = s == 1 ? 2 : 0;
+				if (s < 0)
+					drop_conn(&h->conn, 0);
+			}
+		}
+		int ms = poll_ms(deadline);
+		if (np == 0 || ms == 0)
+			break;
+		if (poll(pf, (nfds_t)n, ms) < 0 && errno != EINTR)
+			break;
 	}
 	for (size_t i = 0; i < n; i++) {
-		if (results[i] != 1)
-			continue;
 		adv_hold *h = reqs[i]->slot;
-		PGresult *r, *last = NULL;
-		while ((r = PQgetResult(h->conn))) {
-			PQclear(last);
-			last = r;
-		}
-		if (last && PQresultStatus(last) == PGRES_TUPLES_OK && PQntuples(last) == 1)
+		PGresult *last = pd[i].last;
+		if (pd[i].state == 1) {
+			/* No answer in time: the session is given up, and the lock with it. */
+			drop_conn(&h->conn, 1);
+			results[i] = DLOCK_ENOTHELD;
+		} else if (pd[i].state == 2 && !pd[i].code && last && PQntuples(last) == 1) {
 			results[i] = atoi(PQgetvalue(last, 0, 0)) > 0 ? 0 : DLOCK_ENOTHELD;
-		else if (PQstatus(h->conn) != CONNECTION_OK)
+		} else if (pd[i].state == 2 && h->conn && PQstatus(h->conn) == CONNECTION_OK) {
+			results[i] = pd[i].code ? pd[i].code : DLOCK_ESTORE;
+		} else {
 			results[i] = DLOCK_ENOTHELD; /* the session died: its locks died with it */
-		else
-			results[i] = query_error(h->conn, last, "renew");
+		}
 		PQclear(last);
 	}
-	free(keys);
+	free(pd);
+	free(pf);
 	return 0;
 }
 
@@ -1238,6 +1536,7 @@ static int adv_cancel(dlock_backend *base, dlock_request *req)
 	if (!in)
 		return 0;
 	*ip = in->next;
+	int64_t deadline = req->deadline_ms;
 	char ik[24];
 	i64s(ik, sizeof ik, adv_key(be->ns, req->name, "writer-intent"));
 	const char *v[] = { ik, be->ns, req->name };
@@ -1245,9 +1544,9 @@ static int adv_cancel(dlock_backend *base, dlock_request *req)
 	snprintf(sql, sizeof sql,
 		 "SELECT pg_advisory_unlock($1::bigint)%s, pg_notify('" CHANNEL "', $2 || chr(31) || $3)",
 		 no_lease(in->conn));
-	int rc = run(in->conn, "cancel", sql, 3, v, NULL);
+	int rc = run(&in->conn, deadline, "cancel", sql, 3, v, NULL);
 	if (rc)
-		PQfinish(in->conn);
+		drop_conn(&in->conn, 0); /* the intent key goes with the session */
 	else
 		pool_put(be, in->conn);
 	free(in);
@@ -1262,8 +1561,9 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
 				       "advisory mode cannot list lock names (keys are hashes); "
 				       "ask for names");
+	int64_t deadline = dlock_clock_ms() + be->request_timeout_ms;
 	PGconn *c = NULL;
-	int rc = main_conn(be, &c);
+	int rc = main_conn(be, deadline, &c);
 	if (rc)
 		return rc;
 	dlock_lock_status *st = NULL;
@@ -1282,13 +1582,15 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 		const char *v[] = { hi, lo, be->ns, names[i], ihi, ilo };
 		PGresult *r;
 		/* application_name of a holder: "dlock <pid> <fence> <lease ms> <host>";
-		 * the lease counts from the session's last statement (idle_session_timeout). */
-		rc = run(c, "status",
+		 * the lease counts from the session's last statement (idle_session_timeout),
+		 * whose text names the owner (hold_tag; visible to the same role). */
+		rc = run(&be->conn, deadline, "status",
 			 "SELECT l.pid, l.mode, a.application_name,"
 			 " floor(extract(epoch FROM (clock_timestamp() - a.state_change)) * 1000)::bigint,"
 			 " (SELECT fence FROM dlock_locks WHERE ns = $3 AND name = $4),"
 			 " (SELECT count(*) FROM pg_locks w WHERE w.locktype = 'advisory' AND w.granted"
-			 "  AND w.objsubid = 1 AND w.classid = $5::oid AND w.objid = $6::oid)"
+			 "  AND w.objsubid = 1 AND w.classid = $5::oid AND w.objid = $6::oid),"
+			 " substring(a.query FROM '^/\\* dlock-hold ([0-9a-fA-F-]+) \\*/')"
 			 " FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted"
 			 " AND l.objsubid = 1 AND l.classid = $1::oid AND l.objid = $2::oid"
 			 " LEFT JOIN pg_stat_activity a ON a.pid = l.pid",
@@ -1302,7 +1604,9 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 			if (PQgetisnull(r, row, 0))
 				continue;
 			dlock_holder *h = dlock__status_add_holder(s);
-			if (!h || !(h->owner = dlock__sprintf("backend-%s", PQgetvalue(r, row, 0)))) {
+			if (!h || !(h->owner = PQgetisnull(r, row, 6)
+						       ? dlock__sprintf("backend-%s", PQgetvalue(r, row, 0))
+						       : dlock__strdup(PQgetvalue(r, row, 6)))) {
 				PQclear(r);
 				rc = DLOCK_ENOMEM;
 				goto fail;
@@ -1379,7 +1683,6 @@ static void pg_close(dlock_backend *base)
 	free(be->sslrootcert);
 	free(be->sslcert);
 	free(be->sslkey);
-	free(be->connect_timeout);
 	free(be->ns);
 	free(be);
 }
@@ -1463,15 +1766,13 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 		pthread_condattr_destroy(&ca);
 	}
 	int rc = 0;
-	/* libpq's connect_timeout is whole seconds (minimum 2); round up. */
-	int64_t cts = (uri->connect_timeout_ms + 999) / 1000;
-	if (cts < 2)
-		cts = 2;
+	/* The whole open (connect, TLS, authentication, schema) is bounded by connect_timeout. */
+	int64_t open_deadline = dlock_clock_ms() + uri->connect_timeout_ms;
+	be->connect_timeout_ms = uri->connect_timeout_ms;
+	be->request_timeout_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : 2000;
 	if (!rc && hp && !(be->host = dlock__strdup(hp[0].host)))
 		rc = DLOCK_ENOMEM;
 	if (!rc && hp && !(be->port = dlock__sprintf("%d", hp[0].port)))
-		rc = DLOCK_ENOMEM;
-	if (!rc && !(be->connect_timeout = dlock__sprintf("%" PRId64, cts)))
 		rc = DLOCK_ENOMEM;
 	if (!rc)
 		rc = dup_opt(&be->user, uri->user);
@@ -1495,10 +1796,16 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 	for (int i = 0; !rc && i < 2; i++)
 		fcntl(be->wakefd[i], F_SETFL, fcntl(be->wakefd[i], F_GETFL) | O_NONBLOCK);
 	if (!rc)
-		rc = ensure_schema(be);
+		rc = ensure_schema(be, open_deadline);
 	if (rc) {
 		pg_close(&be->base);
 		return rc;
+	}
+	/* Advisory: the first acquire takes the open's connection from the pool
+	 * (no second connect inside a short wait); status connects when asked. */
+	if (advisory && be->conn && PQtransactionStatus(be->conn) == PQTRANS_IDLE) {
+		be->pool[be->npool++] = be->conn;
+		be->conn = NULL;
 	}
 	*out = &be->base;
 	return 0;

@@ -5,12 +5,71 @@
 # 0, stale writes refused) and which corrupt the register without them
 # (fencing off: exit 1, stale write accepted, lost update); a SIGKILLed holder
 # is replaced and the lock is granted again within about one TTL; a seed
-# repeats the fault schedule; a store that grants twice is caught; SIGTERM
-# mid-run prints the results so far and leaves no worker behind.
+# repeats the fault schedule; a store that grants twice is caught (also
+# under the network faults, which never excuse an overlap); deleting the
+# database file under a holder must not split the store in two for good;
+# SIGTERM mid-run prints the results so far and leaves no worker behind.
+#
+# With CLI_TEST_URI_FILE (cli.check.redis, the redis server of the store
+# suite) only the network part at the end runs: partition, lose-reply and
+# delay through the proxy built into dlock, and server-pause on a private
+# redis-server (stopping the suite's shared one would stall other tests).
 . "$(dirname "$0")/lib.sh" "$@"
 
 # jfield KEY: first value of "KEY": in $T/out (numbers, true/false, strings unquoted).
 jfield() { grep -o "\"$1\":\"\?[^,\"}]*" "$T/out" | head -1 | sed 's/^"[^"]*":"\{0,1\}//'; }
+# faults_of KIND FILE: the fault objects of that kind that were carried out, one a line.
+faults_of() { grep -o "{\"kind\":\"$1\",[^}]*\"ok\":true[^}]*}" "$2"; }
+# fvals KEY: the values of KEY in the fault objects on stdin, one a line.
+fvals() { grep -o "\"$1\":[0-9.-]*" | cut -d: -f2; }
+
+if [ -n "${DLOCK_STORE:-}" ]; then
+	servers=$(cd "$(dirname "$0")/../servers" && pwd)
+	N=(--json check --clients 3 --ttl 500ms --hold 50ms --duration 5s --fault-every 1s)
+	# nbg NAME ARGS...: dlock check on $DLOCK_STORE in the background (own lock name each).
+	nbg() {
+		local n=$1; shift
+		( "$DLOCK" "${N[@]}" "$@" >"$T/$n.out" 2>"$T/$n.err"; echo $? >"$T/$n.rc" ) &
+	}
+	nbg part --faults partition --seed 1
+	nbg lose --faults lose-reply --seed 2
+	nbg delay --faults delay --delay 150ms --seed 3
+	rs=$T/redis-own
+	if bash "$servers/redis.sh" start "$rs" >"$T/rs.log" 2>&1; then
+		( "$DLOCK" --store "$(cat "$rs/uri")" "${N[@]}" --faults server-pause --pause 700ms --seed 4 \
+			--server-script "$servers/redis.sh" --server-dir "$rs" >"$T/spause.out" 2>"$T/spause.err"
+		  echo $? >"$T/spause.rc" ) &
+	else
+		fail "private redis-server did not start: $(tail -3 "$T/rs.log")"
+	fi
+	wait
+	[ -d "$rs" ] && bash "$servers/redis.sh" stop "$rs" >/dev/null 2>&1
+	# Each kind: carried out at least twice, grants within 2 s after each,
+	# no overlap, the register exact, exit 0.
+	for n in part:partition lose:lose-reply delay:delay spause:server-pause; do
+		f=${n#*:} n=${n%%:*}
+		[ -f "$T/$n.rc" ] || continue
+		cp "$T/$n.out" "$T/out"
+		rc=$(cat "$T/$n.rc")
+		check "$f: exit 0 ($rc; $(head -c 300 "$T/$n.err"))" [ "$rc" = 0 ]
+		nf=$(faults_of "$f" "$T/out" | wc -l)
+		check "$f: injected at least twice ($nf)" [ "$nf" -ge 2 ]
+		heals=$(faults_of "$f" "$T/out" | fvals heal_to_grant_ms | tr '\n' ' ')
+		check "$f: a grant within 2 s after each ($heals)" awk -v h="$heals" \
+			'BEGIN { n = split(h, a, " "); for (i = 1; i <= n; i++) if (a[i] < 0 || a[i] > 2000) exit 1; exit !(n > 0) }'
+		check "$f: no overlap ($(jfield overlaps))" [ "$(jfield overlaps)" = 0 ]
+		check "$f: grants ($(jfield grants))" [ "$(jfield grants)" -gt 5 ]
+		check "$f: final value = accepted writes" [ "$(jfield final_value)" = "$(jfield accepted)" ]
+	done
+	# The black hole and the lost replies really discarded traffic.
+	d=$(faults_of partition "$T/part.out" | fvals dropped_bytes | awk '{ s += $1 } END { print s + 0 }')
+	check "partition: bytes discarded ($d)" [ "$d" -gt 0 ]
+	d=$(faults_of lose-reply "$T/lose.out" | fvals dropped_bytes | awk '{ s += $1 } END { print s + 0 }')
+	check "lose-reply: replies discarded ($d)" [ "$d" -gt 0 ]
+	check "delay: 150ms each way" grep -q '"note":"150ms each way' "$T/delay.out"
+	check "server-pause: the server was stopped" grep -q '"note":"1 server process stopped for 700ms"' "$T/spause.out"
+	finish
+fi
 
 expect_rc 64 "unknown fault" "$DLOCK" check --faults nap
 check "names the bad fault" grep -q "unknown fault 'nap'" "$T/err"
@@ -22,6 +81,21 @@ check "says what restart needs" grep -q -- "--server-script" "$T/err"
 expect_rc 69 "unreachable store" "$DLOCK" --store "postgres://u:p@127.0.0.1:1/x?connect_timeout=1s" check --duration 1s
 expect_rc 0 "--help" "$DLOCK" check --help
 check "help lists the faults" grep -q "pause, kill, restart, member" "$T/out"
+for f in partition lose-reply delay server-pause file-delete member-restart failover; do
+	check "help names $f" grep -q -- "$f" "$T/out"
+done
+expect_rc 64 "partition on a file store" "$DLOCK" check --faults partition --duration 1s
+check "says why partition is not available" grep -q "not available on this store" "$T/err"
+expect_rc 64 "file-delete on the broken store" "$DLOCK" --store broken: check --faults file-delete
+check "says file-delete needs sqlite" grep -q "needs an sqlite store" "$T/err"
+expect_rc 64 "member-restart without a server script" "$DLOCK" check --faults member-restart
+expect_rc 64 "failover with a script that has no kill-master" "$DLOCK" check --faults failover \
+	--server-script "$(dirname "$0")/../servers/memcached.sh" --server-dir "$T"
+check "says failover needs kill-master" grep -q "kill-master" "$T/err"
+expect_rc 64 "server-pause with no server in DIR" "$DLOCK" check --faults server-pause \
+	--server-script "$(dirname "$0")/../servers/memcached.sh" --server-dir "$T"
+check "says server-pause is not available" grep -q "server-pause: not available" "$T/err"
+expect_rc 64 "bad --delay" "$DLOCK" check --delay soon
 check "help hides the test-only store" bash -c "! grep -q broken '$T/out'"
 
 # The runs below are independent (each its own SQLite file) and mostly
@@ -45,6 +119,14 @@ bg poff --duration 3s --faults pause --fencing off --seed 11
 bg s1 --duration 3s --faults pause,kill --seed 5
 bg s2 --duration 3s --faults pause,kill --seed 5
 bg kill --duration 2500ms --faults kill --seed 3
+# Deleting the database under a holder: the others open the store again (as
+# processes started afterwards would) and make a new file. The holder must
+# learn that its lock is gone (at its next renewal: holds of 150 ms see one)
+# and rejoin; a store that keeps granting on the deleted file runs two
+# worlds side by side, each with its own holder, until the run ends.
+bg fdel --duration 3s --hold 150ms --faults file-delete --fault-every 900ms --seed 4
+( "$DLOCK" --store broken: "${O[@]}" --clients 2 --duration 2s --faults partition,lose-reply,delay \
+	--fault-every 500ms --pause 300ms --seed 6 >"$T/bnet.out" 2>"$T/bnet.err"; echo $? >"$T/bnet.rc" ) &
 wait
 
 # No faults: every grant exclusive, the register exact.
@@ -87,6 +169,27 @@ check "kill: a holder was killed" grep -q '"kind":"kill","worker":[0-9]*,"member
 heal=$(grep -o '"kind":"kill"[^}]*"heal_to_grant_ms":[0-9.-]*' "$T/out" | head -1 | sed 's/.*://')
 check "kill: next grant within 1.5 s of the kill ($heal ms)" awk -v h="${heal:--1}" 'BEGIN { exit !(h >= 0 && h < 1500) }'
 check "kill: no lost updates" [ "$(jfield lost_updates)" = 0 ]
+
+# file-delete: carried out (the file existed each time), grants after each,
+# and any overlap it causes ends within 500 ms (ttl 300 ms + a renewal).
+use fdel "$(cat "$T/fdel.rc")" "file-delete"
+nf=$(faults_of file-delete "$T/out" | wc -l)
+check "file-delete: injected at least twice ($nf)" [ "$nf" -ge 2 ]
+heals=$(faults_of file-delete "$T/out" | fvals heal_to_grant_ms | tr '\n' ' ')
+check "file-delete: a grant after each ($heals)" awk -v h="$heals" \
+	'BEGIN { n = split(h, a, " "); for (i = 1; i <= n; i++) if (a[i] < 0) exit 1; exit !(n > 0) }'
+splits=$(faults_of file-delete "$T/out" | fvals split_ms | tr '\n' ' ')
+check "file-delete: no two holders past 500 ms after a deletion (split ms: $splits; overlaps $(jfield overlaps))" \
+	awk -v h="$splits" 'BEGIN { n = split(h, a, " "); for (i = 1; i <= n; i++) if (a[i] > 500) exit 1; exit 0 }'
+check "file-delete: zero stale writes accepted" [ "$(jfield stale_writes_accepted)" = 0 ]
+
+# The network faults never excuse an overlap: the broken store fails under them.
+use bnet 1 "broken store under network faults"
+nf=$(grep -Eo '"kind":"(partition|lose-reply|delay)",[^}]*"ok":true' "$T/out" | wc -l)
+check "broken/net: network faults injected ($nf)" [ "$nf" -ge 2 ]
+check "broken/net: overlaps counted as the store's ($(jfield overlaps))" [ "$(jfield overlaps)" -gt 0 ]
+check "broken/net: none excused as after a pause" [ "$(jfield overlaps_after_pause)" = 0 ]
+check "broken/net: verdict fail" [ "$(jfield verdict)" = fail ]
 
 # Text output names both holds of a violation; the broken store is caught.
 expect_rc 1 "broken store" "$DLOCK" --store broken: check --clients 2 --duration 600ms --hold 40ms

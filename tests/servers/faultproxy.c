@@ -26,6 +26,11 @@
  * FAULTPROXY_BLACKHOLE=1 in the environment starts every route in blackhole
  * (for shell tests that need a server that accepts and never answers).
  * One thread, epoll, non-blocking sockets; pass mode arms no timer.
+ *
+ * The same file is built into the dlock CLI (src/cli/CMakeLists.txt) with
+ * FAULTPROXY_MAIN defined to another name: `dlock check` forks and runs the
+ * proxy there to fault each worker's connections (an installed tool cannot
+ * depend on a test binary). Everything else here is static.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -681,7 +686,13 @@ static int add_fd(int fd, struct item *it)
 	return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e);
 }
 
-int main(int argc, char **argv)
+#ifndef FAULTPROXY_MAIN
+#define FAULTPROXY_MAIN main
+#else
+int FAULTPROXY_MAIN(int argc, char **argv);
+#endif
+
+int FAULTPROXY_MAIN(int argc, char **argv)
 {
 	int error = 1, ctl_fd = -1, sig_fd = -1;
 	struct item ctl_it = { K_CTL_LISTEN, NULL }, sig_it = { K_SIGNAL, NULL }, timer_it = { K_TIMER, NULL };

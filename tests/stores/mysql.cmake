@@ -36,3 +36,18 @@ if(TARGET dlock_cli)
   set_tests_properties(mysql.auth_cli PROPERTIES
     FIXTURES_REQUIRED server.mysql RUN_SERIAL ON TIMEOUT 180)
 endif()
+
+# mysql.net / mysql.net_get_lock: network faults through a fault proxy
+# (mysql_proxy.c): bounded acquire wait and release on a black-holed link, the
+# lost signal before another client's grant, a granting try whose reply is
+# dropped (one holder, fences grow). memcached.cmake builds the same program.
+if(NOT TARGET store_net)
+  add_executable(store_net mysql_net.c mysql_proxy.c)
+  target_link_libraries(store_net PRIVATE dlock_testutil Threads::Threads)
+endif()
+add_test(NAME mysql.net COMMAND sh -c "exec \"$0\" \"$(cat \"$1\")\"" $<TARGET_FILE:store_net>
+         ${DLOCK_SERVER_DIR_mysql}/uri)
+add_test(NAME mysql.net_get_lock COMMAND sh -c "exec \"$0\" \"$(cat \"$1\")?mode=get_lock\" session"
+         $<TARGET_FILE:store_net> ${DLOCK_SERVER_DIR_mysql}/uri)
+set_tests_properties(mysql.net mysql.net_get_lock PROPERTIES
+  FIXTURES_REQUIRED server.mysql RUN_SERIAL ON TIMEOUT 120)

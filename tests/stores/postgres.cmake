@@ -38,3 +38,28 @@ if(TARGET dlock_cli)
   set_tests_properties(postgres.auth_cli PROPERTIES
     FIXTURES_REQUIRED server.postgres RUN_SERIAL ON TIMEOUT 180)
 endif()
+
+# postgres.hang: the store's backends (or the postmaster) stopped with SIGSTOP,
+# in both modes: acquire(wait 1000) within 1050 ms, also when the server hangs
+# mid-wait; release and status within timeout= + 50 ms, and an unconfirmed
+# advisory release closes its session; open within connect_timeout + 50 ms;
+# a held lock's on_lost no later than its deadline + 20 ms and before another
+# client is granted (postgres_hang.c).
+add_executable(postgres_hang postgres_hang.c)
+target_link_libraries(postgres_hang PRIVATE dlock_testutil ${LIBPQ_LINK_LIBRARIES})
+target_include_directories(postgres_hang PRIVATE ${LIBPQ_INCLUDE_DIRS})
+add_test(NAME postgres.hang COMMAND postgres_hang)
+set_tests_properties(postgres.hang PROPERTIES
+  FIXTURES_REQUIRED server.postgres RUN_SERIAL ON TIMEOUT 300
+  ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_postgres}/uri")
+
+# postgres.net: the same bounds through the fault proxy (blackhole), in both
+# modes; an unconfirmed advisory release frees the lock with its session;
+# table mode: a try whose reply was lost ("drop") and its retry never make
+# two holders, fences increase (postgres_net.c).
+add_executable(postgres_net postgres_net.c)
+target_link_libraries(postgres_net PRIVATE dlock_testutil)
+add_test(NAME postgres.net COMMAND postgres_net)
+set_tests_properties(postgres.net PROPERTIES
+  FIXTURES_REQUIRED server.postgres RUN_SERIAL ON TIMEOUT 300
+  ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_postgres}/uri")

@@ -1,4 +1,5 @@
 #include "unit/faultproxy.h"
+#include "servers/faultproxy_uri.h"
 #include "unit/testutil.h"
 
 #include <errno.h>
@@ -81,49 +82,9 @@ out:
 	return error;
 }
 
-/* Split the authority of uri into host:port targets; *hs and *he bound the
- * host list (after any userinfo). Returns the count or -1. */
-static int parse_hosts(const char *uri, char targets[][300], const char **hs, const char **he)
-{
-	const char *a = strstr(uri, "://");
-	if (!a) {
-		fprintf(stderr, "faultproxy: '%s' is not scheme://authority\n", uri);
-		return -1;
-	}
-	a += 3;
-	const char *end = a + strcspn(a, "/?#");
-	for (const char *at = a; at < end; at++)
-		if (*at == '@')
-			a = at + 1;
-	*hs = a;
-	*he = end;
-	int n = 0;
-	while (a < end) {
-		const char *comma = memchr(a, ',', (size_t)(end - a));
-		const char *e = comma ? comma : end;
-		const char *colon = NULL;
-		for (const char *q = a; q < e; q++)
-			if (*q == ':')
-				colon = q;
-		if (n == MAX_ROUTES || e - a >= 300 || !colon || colon == a || colon + 1 == e) {
-			fprintf(stderr, "faultproxy: host '%.*s' of '%s' needs host:port\n", (int)(e - a), a, uri);
-			return -1;
-		}
-		memcpy(targets[n], a, (size_t)(e - a));
-		targets[n][e - a] = '\0';
-		n++;
-		a = comma ? comma + 1 : end;
-	}
-	if (n == 0) {
-		fprintf(stderr, "faultproxy: no host in '%s'\n", uri);
-		return -1;
-	}
-	return n;
-}
-
 tu_proxy *tu_proxy_start(const char *uri, char **proxied)
 {
-	char targets[MAX_ROUTES][300];
+	char targets[MAX_ROUTES][FAULTPROXY_HOST_MAX], err[400];
 	int ports[MAX_ROUTES];
 	const char *hs, *he;
 	int out_pipe[2] = { -1, -1 };
@@ -131,9 +92,11 @@ tu_proxy *tu_proxy_start(const char *uri, char **proxied)
 	char *copy = NULL;
 	*proxied = NULL;
 
-	int n = parse_hosts(uri, targets, &hs, &he);
-	if (n < 0)
+	int n = faultproxy_uri_hosts(uri, targets, MAX_ROUTES, &hs, &he, err, sizeof(err));
+	if (n < 0) {
+		fprintf(stderr, "faultproxy: %s: %s\n", uri, err);
 		return NULL;
+	}
 	if (!(p = calloc(1, sizeof(*p))))
 		return NULL;
 	p->pid = -1;
@@ -211,14 +174,8 @@ tu_proxy *tu_proxy_start(const char *uri, char **proxied)
 		goto fail;
 	}
 
-	size_t cap = strlen(uri) + (size_t)n * 24 + 1;
-	if (!(copy = malloc(cap)))
+	if (!(copy = faultproxy_uri_rewrite(uri, hs, he, ports, n)))
 		goto fail;
-	size_t off = (size_t)(hs - uri);
-	memcpy(copy, uri, off);
-	for (int i = 0; i < n; i++)
-		off += (size_t)snprintf(copy + off, cap - off, "%s127.0.0.1:%d", i ? "," : "", ports[i]);
-	snprintf(copy + off, cap - off, "%s", he);
 	*proxied = copy;
 	return p;
 
