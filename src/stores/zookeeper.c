@@ -57,6 +57,7 @@ typedef struct zsess {
 	bool expired;     /* expired, auth failed or closed: never usable again */
 	bool auth_failed;
 	bool current;     /* new holds with this key go here */
+	int64_t probed;   /* when the sweeper last sent a probe */
 	int refs;
 } zsess;
 
@@ -68,13 +69,24 @@ typedef struct watch_wait {
 	bool fired;
 } watch_wait;
 
-/* A node of ours in doubt (connection lost while creating or deleting it):
- * adopted by a retry of the same owner, else deleted once we can. */
+/* The nodes of one owner under one name whose create or delete outcome is
+ * unknown (a reply that never came, a call whose deadline passed), and
+ * that no hold of ours uses: deleted by a sweep as soon as the session is
+ * connected (the session watcher starts it; no call of the user is needed),
+ * or gone with the session if it expires. A retry of the same owner claims
+ * it instead (find_own adopts the node). Under st->mu, like the sweep's
+ * completions, which run on libzookeeper's completion thread. */
 typedef struct orphan {
 	struct orphan *next;
+	zk_store *st;
 	zsess *sess;
 	char *dir;
 	char *owner;
+	bool sweeping; /* a listing or deletes of the sweep are in flight */
+	bool again;    /* asked to sweep while sweeping */
+	bool failed;   /* the sweep lost the connection: the next CONNECTED retries */
+	int pending;   /* deletes in flight */
+	int64_t since; /* when the sweep in flight was started */
 } orphan;
 
 /* Per-hold state (req->slot) from the first acquire to release or cancel. */
@@ -88,6 +100,14 @@ typedef struct hold {
 	char *watch;        /* what wait() watches: a node, or dir when watch_children */
 	bool watch_children;
 	int32_t cversion;   /* dir's cversion when we last listed it */
+	bool doubt;         /* a node of ours may exist that h->node does not name */
+	/* The lease, as this store enforces it (under st->mu): a granted hold
+	 * not confirmed again (renew, extend) by `expires` is given up by the
+	 * sweeper, so that a live process that stops renewing frees the name
+	 * like a dead one would. */
+	struct hold *lprev, *lnext;
+	bool leased;
+	int64_t expires;
 } hold;
 
 struct zk_store {
@@ -99,14 +119,25 @@ struct zk_store {
 	char *auth;             /* "user:password" or NULL */
 	int64_t fixed_session;  /* session_timeout= (0: follow each hold's ttl) */
 	int64_t connect_ms;
+	int64_t request_ms;     /* bound of status and list (timeout=) */
+	bool closing;           /* zk_close is closing the sessions */
+	bool sweeper_started;   /* the sweeper thread (see sweeper_main) */
+	pthread_t sweeper;
 	int64_t default_ttl;
 	zsess *sessions;
+	zsess *graveyard;       /* unreferenced in a callback: closed by the next call */
 	watch_wait *waits;
-	orphan *orphans;
+	orphan *orphans;        /* under mu */
+	hold *leased;           /* granted holds with a lease to enforce, under mu */
+	struct zop *ops;        /* requests waited for or still out, under mu */
 	hold *holds;            /* under the core's mutex, like every hold */
 	struct ACL acl_entries[2];
 	struct ACL_vector acl;
 };
+
+/* Our own "code" for a request whose reply did not come by the call's
+ * deadline: its outcome is unknown, like ZCONNECTIONLOSS. */
+#define ZDEADLINE (-9000)
 
 /* ---------------------------------------------------------------- errors */
 
@@ -127,6 +158,8 @@ static const char *zcode(int rc)
 	case ZCLOSING: return "ZCLOSING";
 	case ZMARSHALLINGERROR: return "ZMARSHALLINGERROR";
 	case ZNOCHILDRENFOREPHEMERALS: return "ZNOCHILDRENFOREPHEMERALS";
+	case ZDEADLINE: return "TIMEDOUT";
+	case ZRUNTIMEINCONSISTENCY: return "ZRUNTIMEINCONSISTENCY";
 	default: return "ZSYSTEMERROR";
 	}
 }
@@ -138,13 +171,32 @@ static int zerr(int rc, const char *what, const char *path)
 		code = DLOCK_EAUTH;
 	else if (rc == ZBADARGUMENTS || rc == ZINVALIDACL)
 		code = DLOCK_EINVAL;
+	if (rc == ZDEADLINE)
+		return dlock_error_set(code, KIND, zcode(rc),
+				       "zookeeper: %s %s: timed out (no reply by the call's deadline; outcome unknown)",
+				       what, path ? path : "");
 	return dlock_error_set(code, KIND, zcode(rc), "zookeeper: %s %s: %s", what, path ? path : "",
 			       zerror(rc));
 }
 
+/* The request may or may not have been applied. (libzookeeper fails the
+ * requests in flight with ZRUNTIMEINCONSISTENCY when it drops a connection
+ * over a reply out of order: a request lost on a link that works again.) */
 static bool lost_conn(int rc)
 {
-	return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT;
+	return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZRUNTIMEINCONSISTENCY || rc == ZDEADLINE;
+}
+
+/* ...and there may be time to ask again once reconnected. */
+static bool retryable(int rc)
+{
+	return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZRUNTIMEINCONSISTENCY;
+}
+
+/* A sweep's answer that settles the question (anything else: try again). */
+static bool settled(int rc)
+{
+	return rc == ZOK || rc == ZNONODE || rc == ZNOAUTH || rc == ZBADARGUMENTS || rc == ZINVALIDACL;
 }
 
 /* ---------------------------------------------------------------- names */
@@ -256,14 +308,240 @@ static const char *base_name(const char *path)
 	return s ? s + 1 : path;
 }
 
-/* Does child name c belong to owner? ("_c_<owner>-<kind>-<seq>") */
-static bool owned_by(const char *c, const char *owner)
+
+/* ---------------------------------------------------------------- requests with a deadline */
+
+/*
+ * Every request is sent with libzookeeper's asynchronous API and waited for
+ * on st->cv until the call's deadline; a synchronous zoo_* call cannot be
+ * bounded (it waits until the reply or until the library gives the
+ * connection up, 2/3 of the session timeout later). A request we stop
+ * waiting for still completes later, into its zop: the zop is shared by the
+ * waiter and the completion and freed by whichever lets go last. Its late
+ * reply cannot be taken for the answer to another request (each reply goes
+ * to its own completion), so the connection is kept: it is the session.
+ */
+typedef struct zop {
+	zk_store *st;
+	struct zop *prev, *next; /* every live op of the store (see zk_close) */
+	int refs;    /* the waiter's and the completion's, under st->mu */
+	bool done;
+	int rc;
+	struct Stat stat;
+	struct String_vector kids; /* our copy */
+	char *value;               /* created path, or node data */
+	int vlen;
+} zop;
+
+static zop *op_new(zk_store *st)
 {
-	size_t n = strlen(owner);
-	return strncmp(c, "_c_", 3) == 0 && strncmp(c + 3, owner, n) == 0 && c[3 + n] == '-';
+	zop *op = calloc(1, sizeof(*op));
+	if (!op)
+		return NULL;
+	op->st = st;
+	op->refs = 2;
+	op->rc = ZSYSTEMERROR;
+	pthread_mutex_lock(&st->mu);
+	op->next = st->ops;
+	if (st->ops)
+		st->ops->prev = op;
+	st->ops = op;
+	pthread_mutex_unlock(&st->mu);
+	return op;
+}
+
+static void op_free_locked(zop *op)
+{
+	zk_store *st = op->st;
+	if (op->prev)
+		op->prev->next = op->next;
+	else
+		st->ops = op->next;
+	if (op->next)
+		op->next->prev = op->prev;
+	deallocate_String_vector(&op->kids);
+	free(op->value);
+	free(op);
+}
+
+/* Under st->mu. */
+static void op_unref_locked(zop *op)
+{
+	if (--op->refs > 0)
+		return;
+	op_free_locked(op);
+}
+
+/* The completion's part: record, wake the waiters, let go. */
+static void op_finish(zop *op, int rc, const struct Stat *stat, struct String_vector kids, char *value, int vlen)
+{
+	zk_store *st = op->st;
+	pthread_mutex_lock(&st->mu);
+	op->rc = rc;
+	if (stat)
+		op->stat = *stat;
+	op->kids = kids;
+	op->value = value;
+	op->vlen = vlen;
+	op->done = true;
+	pthread_cond_broadcast(&st->cv);
+	op_unref_locked(op);
+	pthread_mutex_unlock(&st->mu);
+}
+
+static struct String_vector copy_kids(int *rc, const struct String_vector *sv)
+{
+	struct String_vector kids = { 0, NULL };
+	if (*rc != ZOK || !sv || sv->count <= 0)
+		return kids;
+	kids.data = calloc((size_t)sv->count, sizeof(char *));
+	for (int i = 0; kids.data && i < sv->count; i++) {
+		if (!(kids.data[i] = strdup(sv->data[i])))
+			break;
+		kids.count++;
+	}
+	if (kids.count != sv->count)
+		*rc = ZSYSTEMERROR; /* out of memory: as good as no answer */
+	return kids;
+}
+
+static void cb_void(int rc, const void *data)
+{
+	op_finish((zop *)data, rc, NULL, (struct String_vector){ 0, NULL }, NULL, 0);
+}
+
+static void cb_stat(int rc, const struct Stat *stat, const void *data)
+{
+	op_finish((zop *)data, rc, rc == ZOK ? stat : NULL, (struct String_vector){ 0, NULL }, NULL, 0);
+}
+
+static void cb_created(int rc, const char *value, const struct Stat *stat, const void *data)
+{
+	char *v = rc == ZOK && value ? strdup(value) : NULL;
+	if (rc == ZOK && !v)
+		rc = ZSYSTEMERROR;
+	op_finish((zop *)data, rc, rc == ZOK ? stat : NULL, (struct String_vector){ 0, NULL }, v, 0);
+}
+
+static void cb_kids(int rc, const struct String_vector *strings, const struct Stat *stat, const void *data)
+{
+	struct String_vector kids = copy_kids(&rc, strings);
+	op_finish((zop *)data, rc, rc == ZOK ? stat : NULL, kids, NULL, 0);
+}
+
+static void cb_data(int rc, const char *value, int len, const struct Stat *stat, const void *data)
+{
+	char *v = NULL;
+	if (rc == ZOK && value && len > 0 && (v = malloc((size_t)len)) != NULL)
+		memcpy(v, value, (size_t)len);
+	op_finish((zop *)data, rc, rc == ZOK ? stat : NULL, (struct String_vector){ 0, NULL }, v, v ? len : 0);
+}
+
+/* After zoo_a*: a request the library refused will have no completion. */
+static zop *op_sent(zk_store *st, zop *op, int r)
+{
+	if (op && r != ZOK) {
+		pthread_mutex_lock(&st->mu);
+		op->rc = r;
+		op->done = true;
+		op_unref_locked(op);
+		pthread_mutex_unlock(&st->mu);
+	}
+	return op;
+}
+
+/* Wait until every op is done or the deadline passes. @return all done. */
+static bool ops_wait(zk_store *st, zop *const *ops, size_t n, int64_t deadline)
+{
+	pthread_mutex_lock(&st->mu);
+	for (;;) {
+		size_t i = 0;
+		while (i < n && (!ops[i] || ops[i]->done))
+			i++;
+		if (i == n)
+			break;
+		int64_t left = deadline - dlock_clock_ms();
+		if (left <= 0)
+			break;
+		struct timespec ts;
+		dlock__abstime(&ts, left);
+		pthread_cond_timedwait(&st->cv, &st->mu, &ts);
+	}
+	bool all = true;
+	for (size_t i = 0; i < n; i++)
+		all = all && ops[i] && ops[i]->done;
+	pthread_mutex_unlock(&st->mu);
+	return all;
+}
+
+/* The op's result (ZDEADLINE if it is still out), after ops_wait. A done op
+ * is no longer touched by its completion: its fields may be read freely. */
+static int op_rc(zk_store *st, zop *op)
+{
+	if (!op)
+		return ZSYSTEMERROR;
+	pthread_mutex_lock(&st->mu);
+	int rc = op->done ? op->rc : ZDEADLINE;
+	pthread_mutex_unlock(&st->mu);
+	return rc;
+}
+
+static void op_put(zk_store *st, zop *op)
+{
+	if (!op)
+		return;
+	pthread_mutex_lock(&st->mu);
+	op_unref_locked(op);
+	pthread_mutex_unlock(&st->mu);
+}
+
+static int op_wait1(zk_store *st, zop *op, int64_t deadline)
+{
+	ops_wait(st, &op, 1, deadline);
+	return op_rc(st, op);
+}
+
+/* The bounded forms of the synchronous calls. */
+static int z_children(zk_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct String_vector *out,
+		      int32_t *cversion)
+{
+	zop *op = op_new(st);
+	op_sent(st, op, op ? zoo_aget_children2(zh, path, 0, cb_kids, op) : ZSYSTEMERROR);
+	int rc = op_wait1(st, op, deadline);
+	if (rc == ZOK) {
+		*out = op->kids;
+		op->kids = (struct String_vector){ 0, NULL };
+		if (cversion)
+			*cversion = op->stat.cversion;
+	}
+	op_put(st, op);
+	return rc;
+}
+
+static int z_exists(zk_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct Stat *stat)
+{
+	zop *op = op_new(st);
+	op_sent(st, op, op ? zoo_aexists(zh, path, 0, cb_stat, op) : ZSYSTEMERROR);
+	int rc = op_wait1(st, op, deadline);
+	if (rc == ZOK && stat)
+		*stat = op->stat;
+	op_put(st, op);
+	return rc;
+}
+
+static int z_delete(zk_store *st, zhandle_t *zh, const char *path, int64_t deadline)
+{
+	zop *op = op_new(st);
+	op_sent(st, op, op ? zoo_adelete(zh, path, -1, cb_void, op) : ZSYSTEMERROR);
+	int rc = op_wait1(st, op, deadline);
+	op_put(st, op);
+	return rc;
 }
 
 /* ---------------------------------------------------------------- sessions */
+
+static void sweep_start_locked(orphan *o);
+static void orphan_free_locked(orphan *o);
 
 static void watcher(zhandle_t *zh, int type, int state, const char *path, void *ctx)
 {
@@ -278,6 +556,22 @@ static void watcher(zhandle_t *zh, int type, int state, const char *path, void *
 			z->expired = true;
 		if (state == ZOO_AUTH_FAILED_STATE)
 			z->expired = z->auth_failed = true;
+		/* Orphans: connected again, delete them now (an idle process
+		 * would otherwise keep them alive with its pings); expired, they
+		 * are gone with the session. */
+		for (orphan **p = &st->orphans; *p && !st->closing;) {
+			orphan *o = *p;
+			if (o->sess != z) {
+				p = &o->next;
+			} else if (z->expired && !o->sweeping) {
+				*p = o->next;
+				orphan_free_locked(o);
+			} else {
+				if (state == ZOO_CONNECTED_STATE)
+					sweep_start_locked(o);
+				p = &o->next;
+			}
+		}
 	} else if (path) {
 		for (watch_wait *w = st->waits; w; w = w->next)
 			if (w->sess == z && strcmp(w->path, path) == 0)
@@ -308,6 +602,17 @@ static zsess *unref_locked(zsess *z)
 	return z;
 }
 
+/* Under st->mu, on any thread (also libzookeeper's completion thread, which
+ * cannot close its own handle): the last reference goes to the graveyard. */
+static void unref_later_locked(zsess *z)
+{
+	zsess *dead = unref_locked(z);
+	if (dead) {
+		dead->next = dead->st->graveyard;
+		dead->st->graveyard = dead;
+	}
+}
+
 static void close_sess(zsess *z)
 {
 	if (!z)
@@ -315,6 +620,20 @@ static void close_sess(zsess *z)
 	if (z->zh)
 		zookeeper_close(z->zh);
 	free(z);
+}
+
+/* Close the sessions the completion thread let go (from a caller's thread). */
+static void reap(zk_store *st)
+{
+	pthread_mutex_lock(&st->mu);
+	zsess *all = st->graveyard;
+	st->graveyard = NULL;
+	pthread_mutex_unlock(&st->mu);
+	while (all) {
+		zsess *z = all;
+		all = z->next;
+		close_sess(z);
+	}
 }
 
 static void unref(zk_store *st, zsess *z)
@@ -327,12 +646,11 @@ static void unref(zk_store *st, zsess *z)
 	close_sess(dead);
 }
 
-/* Under st->mu: wait until z is connected (true) or dead, or ms pass. */
-static bool wait_connected_locked(zk_store *st, zsess *z, int64_t ms)
+/* Under st->mu: wait until z is connected (true) or dead, or the deadline. */
+static bool wait_connected_locked(zk_store *st, zsess *z, int64_t deadline)
 {
-	int64_t until = dlock_clock_ms() + ms;
 	while (!z->expired && z->state != ZOO_CONNECTED_STATE) {
-		int64_t left = until - dlock_clock_ms();
+		int64_t left = deadline - dlock_clock_ms();
 		if (left <= 0)
 			break;
 		struct timespec ts;
@@ -342,10 +660,10 @@ static bool wait_connected_locked(zk_store *st, zsess *z, int64_t ms)
 	return !z->expired && z->state == ZOO_CONNECTED_STATE;
 }
 
-static bool wait_connected(zk_store *st, zsess *z, int64_t ms)
+static bool wait_connected(zk_store *st, zsess *z, int64_t deadline)
 {
 	pthread_mutex_lock(&st->mu);
-	bool ok = wait_connected_locked(st, z, ms);
+	bool ok = wait_connected_locked(st, z, deadline);
 	pthread_mutex_unlock(&st->mu);
 	return ok;
 }
@@ -386,10 +704,19 @@ static int dead_sess_error(zsess *z)
 	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ZSESSIONEXPIRED", "zookeeper: session expired");
 }
 
-/* A connected session with timeout key `want` (made, or remade after expiry,
- * as needed). Borrowed: valid while the caller holds the core's store mutex. */
-static int get_session(zk_store *st, int64_t want, zsess **out)
+static int not_connected_error(zk_store *st, int64_t waited)
 {
+	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ZCONNECTIONLOSS",
+			       "zookeeper: not connected to any of %s: timed out after %lld ms", st->hosts,
+			       (long long)waited);
+}
+
+/* A connected session with timeout key `want` (made, or remade after expiry,
+ * as needed), by `deadline`. Borrowed: valid while the caller holds the
+ * core's store mutex. */
+static int get_session(zk_store *st, int64_t want, int64_t deadline, zsess **out)
+{
+	int64_t start = dlock_clock_ms();
 	pthread_mutex_lock(&st->mu);
 	zsess *z = NULL, *retired = NULL;
 	for (int round = 0; round < 2; round++) {
@@ -406,17 +733,14 @@ static int get_session(zk_store *st, int64_t want, zsess **out)
 		}
 		if (!z)
 			break;
-		bool ok = wait_connected_locked(st, z, st->connect_ms);
+		bool ok = wait_connected_locked(st, z, deadline);
 		if (ok) {
 			pthread_mutex_unlock(&st->mu);
 			*out = z;
 			return 0;
 		}
 		if (!z->expired || z->auth_failed) {
-			int rc = z->expired ? dead_sess_error(z)
-					    : dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ZCONNECTIONLOSS",
-							      "zookeeper: not connected to any of %s within %lld ms",
-							      st->hosts, (long long)st->connect_ms);
+			int rc = z->expired ? dead_sess_error(z) : not_connected_error(st, dlock_clock_ms() - start);
 			pthread_mutex_unlock(&st->mu);
 			return rc;
 		}
@@ -452,6 +776,7 @@ static int get_session(zk_store *st, int64_t want, zsess **out)
 	z->zh = zh;
 	pthread_mutex_unlock(&st->mu);
 	if (st->auth) {
+		/* queued: sent with the connect request, answered before CONNECTED */
 		int rc = zoo_add_auth(zh, "digest", st->auth, (int)strlen(st->auth), NULL, NULL);
 		if (rc != ZOK) {
 			unref(st, z);
@@ -459,7 +784,7 @@ static int get_session(zk_store *st, int64_t want, zsess **out)
 		}
 	}
 	pthread_mutex_lock(&st->mu);
-	bool ok = wait_connected_locked(st, z, st->connect_ms);
+	bool ok = wait_connected_locked(st, z, deadline);
 	bool auth = z->auth_failed;
 	pthread_mutex_unlock(&st->mu);
 	if (!ok) {
@@ -471,8 +796,8 @@ static int get_session(zk_store *st, int64_t want, zsess **out)
 			return dlock_error_set(DLOCK_EAUTH, KIND, "ZAUTHFAILED",
 					       "zookeeper: the server refused our credentials");
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ZCONNECTIONLOSS",
-				       "zookeeper: no server of %s answered within %lld ms", st->hosts,
-				       (long long)st->connect_ms);
+				       "zookeeper: no server of %s answered: timed out after %lld ms", st->hosts,
+				       (long long)(dlock_clock_ms() - start));
 	}
 	*out = z;
 	return 0;
@@ -480,9 +805,9 @@ static int get_session(zk_store *st, int64_t want, zsess **out)
 
 /* The session for a hold of ttl_ms, refusing a ttl the server's session
  * timeout cannot cover. */
-static int session_for(zk_store *st, int64_t ttl_ms, zsess **out)
+static int session_for(zk_store *st, int64_t ttl_ms, int64_t deadline, zsess **out)
 {
-	int rc = get_session(st, session_key(st, ttl_ms), out);
+	int rc = get_session(st, session_key(st, ttl_ms), deadline, out);
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&st->mu);
@@ -509,10 +834,13 @@ static char *dir_of(zk_store *st, const char *name)
 	return d;
 }
 
+static void lease_drop(zk_store *st, hold *h);
+
 static void hold_free(zk_store *st, hold *h)
 {
 	if (!h)
 		return;
+	lease_drop(st, h);
 	if (h->prev)
 		h->prev->next = h->next;
 	else if (st->holds == h)
@@ -527,164 +855,408 @@ static void hold_free(zk_store *st, hold *h)
 	free(h);
 }
 
-static void orphan_free(zk_store *st, orphan *o)
+/* Under st->mu (the orphan is unlinked). */
+static void orphan_free_locked(orphan *o)
 {
-	unref(st, o->sess);
+	if (o->sess && !o->st->closing)
+		unref_later_locked(o->sess);
 	free(o->dir);
 	free(o->owner);
 	free(o);
 }
 
-/* Our node's fate is unknown (or its delete failed): remember it, so a retry
- * of the same owner adopts it and otherwise it is deleted as soon as we can.
- * Takes over h (freed). */
-static void orphan_hold(zk_store *st, hold *h)
+/* Under st->mu: the sweep of o is over. */
+static void sweep_done_locked(orphan *o, bool ok)
+{
+	zk_store *st = o->st;
+	o->sweeping = false;
+	pthread_cond_broadcast(&st->cv);
+	if (st->closing)
+		return; /* zk_close frees every orphan */
+	if (!ok && !o->sess->expired) {
+		o->failed = true;
+		if (o->again && o->sess->state == ZOO_CONNECTED_STATE)
+			sweep_start_locked(o);
+		return;
+	}
+	if (ok && o->again) {
+		sweep_start_locked(o);
+		return;
+	}
+	/* Nothing of the owner is left (or the session, and its nodes, died). */
+	for (orphan **p = &st->orphans; *p; p = &(*p)->next) {
+		if (*p == o) {
+			*p = o->next;
+			break;
+		}
+	}
+	orphan_free_locked(o);
+}
+
+static void sweep_deleted(int rc, const void *data)
+{
+	orphan *o = (orphan *)data;
+	zk_store *st = o->st;
+	pthread_mutex_lock(&st->mu);
+	if (!settled(rc))
+		o->failed = true;
+	if (--o->pending == 0)
+		sweep_done_locked(o, !o->failed); /* may free o */
+	pthread_mutex_unlock(&st->mu);
+}
+
+static bool owned_by(const char *c, const char *owner);
+
+static void sweep_listed(int rc, const struct String_vector *sv, const void *data)
+{
+	orphan *o = (orphan *)data;
+	zk_store *st = o->st;
+	pthread_mutex_lock(&st->mu);
+	if (rc != ZOK && settled(rc)) {
+		sweep_done_locked(o, true); /* nothing there (or nothing we can do) */
+		pthread_mutex_unlock(&st->mu);
+		return;
+	}
+	if (rc != ZOK) {
+		sweep_done_locked(o, false);
+		pthread_mutex_unlock(&st->mu);
+		return;
+	}
+	o->failed = false;
+	o->pending = 1; /* ours, until every delete is sent */
+	for (int i = 0; sv && i < sv->count; i++) {
+		if (!owned_by(sv->data[i], o->owner))
+			continue;
+		char *p = dlock__sprintf("%s/%s", o->dir, sv->data[i]);
+		int r = p ? zoo_adelete(o->sess->zh, p, -1, sweep_deleted, o) : ZSYSTEMERROR;
+		free(p);
+		if (r == ZOK)
+			o->pending++;
+		else
+			o->failed = true;
+	}
+	if (--o->pending == 0)
+		sweep_done_locked(o, !o->failed);
+	pthread_mutex_unlock(&st->mu);
+}
+
+/* Under st->mu, on any thread: list o's name and delete the owner's nodes,
+ * asynchronously. Requests of one session run in order, so the listing sees
+ * every create or delete of the owner that was sent before it. */
+static void sweep_start_locked(orphan *o)
+{
+	if (o->sweeping) {
+		o->again = true;
+		return;
+	}
+	if (o->st->closing || o->sess->expired || o->sess->state != ZOO_CONNECTED_STATE)
+		return;
+	o->again = false;
+	o->sweeping = true;
+	o->since = dlock_clock_ms();
+	int r = zoo_aget_children(o->sess->zh, o->dir, 0, sweep_listed, o);
+	if (r != ZOK) {
+		o->sweeping = false;
+		o->failed = true;
+	}
+}
+
+/* Under st->mu. */
+static void lease_unlink_locked(zk_store *st, hold *h)
+{
+	if (!h->leased)
+		return;
+	if (h->lprev)
+		h->lprev->lnext = h->lnext;
+	else
+		st->leased = h->lnext;
+	if (h->lnext)
+		h->lnext->lprev = h->lprev;
+	h->lprev = h->lnext = NULL;
+	h->leased = false;
+}
+
+static void lease_drop(zk_store *st, hold *h)
 {
 	pthread_mutex_lock(&st->mu);
-	bool dead = h->sess->expired;
+	lease_unlink_locked(st, h);
 	pthread_mutex_unlock(&st->mu);
-	orphan *o = dead ? NULL : calloc(1, sizeof(*o));
-	if (o) {
+}
+
+static void *sweeper_main(void *arg);
+
+/* Under st->mu: make sure the sweeper runs (it has work: an orphan or a lease). */
+static void sweeper_wake_locked(zk_store *st)
+{
+	if (!st->sweeper_started && !st->closing)
+		st->sweeper_started = pthread_create(&st->sweeper, NULL, sweeper_main, st) == 0;
+	pthread_cond_broadcast(&st->cv);
+}
+
+/* h was confirmed by a request sent after `since` (>= the core's own start
+ * of that request): its lease now ends at since + ttl_ms, never before the
+ * core's deadline for it. A renewal (`again`) does not bring back a lease
+ * the sweeper already ended. @return whether h is leased now. */
+static bool lease_set(zk_store *st, hold *h, int64_t since, int64_t ttl_ms, bool again)
+{
+	pthread_mutex_lock(&st->mu);
+	if (again && !h->leased) {
+		pthread_mutex_unlock(&st->mu);
+		return false;
+	}
+	h->expires = since + ttl_ms;
+	if (!h->leased) {
+		h->leased = true;
+		h->lprev = NULL;
+		h->lnext = st->leased;
+		if (st->leased)
+			st->leased->lprev = h;
+		st->leased = h;
+	}
+	sweeper_wake_locked(st);
+	pthread_mutex_unlock(&st->mu);
+	return true;
+}
+
+static void probe_done(int rc, const struct Stat *stat, const void *data)
+{
+	(void)rc;
+	(void)stat;
+	(void)data;
+}
+
+/*
+ * The sweeper: a thread of the store's own, running while orphans exist.
+ * Requests lost on a link that then works again (a black hole that passes
+ * once more, a dropped reply) are never answered: ZooKeeper has no
+ * per-request timeout, and pings keep the connection alive, so a sweep
+ * waiting for such a reply would wait as long as the session lives — and
+ * keep the orphan's node blocking others. When a sweep has waited longer
+ * than the request timeout, the sweeper sends a probe (exists of "/") on
+ * its session: if the link works, the probe's answer arrives ahead of the
+ * lost one, libzookeeper takes that for a broken connection and reconnects,
+ * and the session watcher sweeps again. A probe lost too is followed by
+ * another one request timeout later. It also restarts sweeps that
+ * failed while the session stayed connected.
+ */
+static void *sweeper_main(void *arg)
+{
+	zk_store *st = arg;
+	pthread_mutex_lock(&st->mu);
+	while (!st->closing) {
+		int64_t now = dlock_clock_ms(), next = INT64_MAX;
+		for (hold *h = st->leased; h;) {
+			hold *hn = h->lnext;
+			if (h->expires <= now) {
+				/* Its lease ended unconfirmed (the core has reported it
+				 * lost by now): its node goes, by the orphan sweep. */
+				lease_unlink_locked(st, h);
+				orphan *o = h->sess->expired ? NULL : calloc(1, sizeof(*o));
+				if (o && (o->dir = strdup(h->dir)) && (o->owner = strdup(h->owner))) {
+					o->st = st;
+					o->sess = h->sess;
+					h->sess->refs++;
+					o->next = st->orphans;
+					st->orphans = o;
+					sweep_start_locked(o);
+				} else if (o) {
+					free(o->dir);
+					free(o);
+				}
+			} else if (h->expires < next) {
+				next = h->expires;
+			}
+			h = hn;
+		}
+		for (orphan *o = st->orphans; o; o = o->next) {
+			zsess *z = o->sess;
+			bool up = !z->expired && z->state == ZOO_CONNECTED_STATE;
+			if (!o->sweeping && o->failed && up)
+				sweep_start_locked(o);
+			if (!o->sweeping)
+				continue;
+			if (now - o->since >= st->request_ms && up && now - z->probed >= st->request_ms) {
+				/* (a probe lost like the rest is followed by another) */
+				zoo_aexists(z->zh, "/", 0, probe_done, NULL);
+				z->probed = now;
+				o->since = now;
+			}
+			if (o->since + st->request_ms < next)
+				next = o->since + st->request_ms;
+		}
+		if (!st->orphans && !st->leased) {
+			pthread_cond_wait(&st->cv, &st->mu);
+			continue;
+		}
+		struct timespec ts;
+		int64_t left = next == INT64_MAX ? st->request_ms : next - dlock_clock_ms();
+		dlock__abstime(&ts, left < 10 ? 10 : left);
+		pthread_cond_timedwait(&st->cv, &st->mu, &ts);
+	}
+	pthread_mutex_unlock(&st->mu);
+	return NULL;
+}
+
+/* The node(s) of h's owner are in doubt (a create or delete whose outcome is
+ * unknown) and no hold will use them: hand them to the sweep. Takes over h. */
+static void orphan_hold(zk_store *st, hold *h)
+{
+	orphan *o = calloc(1, sizeof(*o));
+	pthread_mutex_lock(&st->mu);
+	if (o && !h->sess->expired) {
+		o->st = st;
 		o->sess = h->sess;
 		o->dir = h->dir;
 		o->owner = h->owner;
 		h->sess = NULL;
 		h->dir = h->owner = NULL;
-		o->next = st->orphans; /* the list is only used under the core's mutex */
+		o->next = st->orphans;
 		st->orphans = o;
+		sweep_start_locked(o);
+		o = NULL;
+		sweeper_wake_locked(st);
 	}
+	pthread_mutex_unlock(&st->mu);
+	free(o);
 	hold_free(st, h);
 }
 
-/* Note that a node of h may exist (a create whose reply was lost) so that
- * place_node's adopt_orphan looks for it; h stays ours. */
-static void orphan_hold_keep(zk_store *st, hold *h)
+/* A new hold of an owner that left an orphan (a retry of the same acquire):
+ * take the orphan back so find_own adopts its node and keeps its place in
+ * line, after any sweep of it in flight is over. @return ZOK (h->doubt set
+ * when there was one), or ZDEADLINE. */
+static int claim_orphan(zk_store *st, hold *h, int64_t deadline)
 {
-	orphan *o = calloc(1, sizeof(*o));
-	if (!o)
-		return;
-	o->dir = strdup(h->dir);
-	o->owner = strdup(h->owner);
-	if (!o->dir || !o->owner) {
-		free(o->dir);
-		free(o->owner);
-		free(o);
-		return;
-	}
 	pthread_mutex_lock(&st->mu);
-	o->sess = h->sess;
-	h->sess->refs++;
+	int rc = ZOK;
+	for (;;) {
+		orphan *o = NULL, **at = NULL;
+		for (orphan **p = &st->orphans; *p; p = &(*p)->next) {
+			if (strcmp((*p)->owner, h->owner) == 0 && strcmp((*p)->dir, h->dir) == 0) {
+				o = *p;
+				at = p;
+				break;
+			}
+		}
+		if (!o)
+			break;
+		if (o->sweeping) {
+			int64_t left = deadline - dlock_clock_ms();
+			if (left <= 0) {
+				rc = ZDEADLINE;
+				break;
+			}
+			struct timespec ts;
+			dlock__abstime(&ts, left);
+			pthread_cond_timedwait(&st->cv, &st->mu, &ts);
+			continue;
+		}
+		*at = o->next;
+		/* An orphan of an older session of ours: its nodes die with it, or
+		 * are ours to find in the listing all the same. */
+		h->doubt = true;
+		orphan_free_locked(o);
+	}
 	pthread_mutex_unlock(&st->mu);
-	o->next = st->orphans;
-	st->orphans = o;
+	return rc;
 }
 
-/* Delete every node of `owner` under dir. @return ZOK, ZNONODE (none), or an error. */
-static int delete_owned(zhandle_t *zh, const char *dir, const char *owner, int *deleted)
+/* Does child name c belong to owner? ("_c_<owner>-<kind>-<seq>") */
+static bool owned_by(const char *c, const char *owner)
+{
+	size_t n = strlen(owner);
+	return strncmp(c, "_c_", 3) == 0 && strncmp(c + 3, owner, n) == 0 && c[3 + n] == '-';
+}
+
+/* Delete every node of `owner` under dir, by `deadline`.
+ * @return ZOK, ZNONODE (no dir), or an error (ZDEADLINE: in doubt). */
+static int delete_owned(zk_store *st, zhandle_t *zh, const char *dir, const char *owner, int64_t deadline,
+			int *deleted)
 {
 	struct String_vector sv = { 0, NULL };
-	int rc = zoo_get_children(zh, dir, 0, &sv);
+	int rc = z_children(st, zh, dir, deadline, &sv, NULL);
 	*deleted = 0;
 	if (rc != ZOK)
 		return rc;
-	int first = ZOK;
+	zop **ops = sv.count > 0 ? calloc((size_t)sv.count, sizeof(*ops)) : NULL;
+	int n = 0;
 	for (int i = 0; i < sv.count; i++) {
 		if (!owned_by(sv.data[i], owner))
 			continue;
+		if (!ops) {
+			rc = ZSYSTEMERROR;
+			break;
+		}
 		char *p = dlock__sprintf("%s/%s", dir, sv.data[i]);
-		int r = p ? zoo_delete(zh, p, -1) : ZSYSTEMERROR;
+		zop *op = p ? op_new(st) : NULL;
+		ops[n++] = op_sent(st, op, op ? zoo_adelete(zh, p, -1, cb_void, op) : ZSYSTEMERROR);
 		free(p);
+	}
+	ops_wait(st, ops, (size_t)n, deadline);
+	int first = ZOK;
+	for (int i = 0; i < n; i++) {
+		int r = op_rc(st, ops[i]);
 		if (r == ZOK)
 			(*deleted)++;
 		else if (r != ZNONODE && first == ZOK)
 			first = r;
+		op_put(st, ops[i]);
 	}
+	free(ops);
 	deallocate_String_vector(&sv);
-	return first;
+	return rc != ZOK ? rc : first;
 }
 
-/* Delete the nodes of holds we gave up on while the connection was down
- * (except those of `keep`, an owner whose acquire is being retried: it
- * adopts its node and keeps its place in the queue). */
-static void sweep_orphans(zk_store *st, const char *keep)
-{
-	for (orphan **p = &st->orphans; *p;) {
-		orphan *o = *p;
-		if (keep && strcmp(o->owner, keep) == 0) {
-			p = &o->next;
-			continue;
-		}
-		if (sess_dead(st, o->sess)) { /* its nodes died with it */
-			*p = o->next;
-			orphan_free(st, o);
-			continue;
-		}
-		if (!sess_connected(st, o->sess)) {
-			p = &o->next;
-			continue;
-		}
-		int n, rc = delete_owned(o->sess->zh, o->dir, o->owner, &n);
-		if (lost_conn(rc)) {
-			p = &o->next;
-			continue;
-		}
-		*p = o->next;
-		orphan_free(st, o);
-	}
-}
-
-/* Take back an orphan of this owner (a retry after a lost create). */
-static bool adopt_orphan(zk_store *st, hold *h)
-{
-	for (orphan **p = &st->orphans; *p; p = &(*p)->next) {
-		orphan *o = *p;
-		if (o->sess == h->sess && strcmp(o->owner, h->owner) == 0 && strcmp(o->dir, h->dir) == 0) {
-			*p = o->next;
-			orphan_free(st, o);
-			return true;
-		}
-	}
-	return false;
-}
-
-/* Create the chroot (persistent), prefix and name (containers) nodes. */
-static int make_parents(zk_store *st, zsess *z, const char *dir)
+/* Create the chroot (persistent), prefix and name (containers) nodes: one
+ * pipelined round trip (the creates run in order). */
+static int make_parents(zk_store *st, zsess *z, const char *dir, int64_t deadline)
 {
 	char *p = dlock__strdup(dir);
 	if (!p)
 		return DLOCK_ENOMEM;
 	size_t chroot_len = strlen(st->root) - strlen(base_name(st->root)) - 1;
-	int rc = ZOK;
-	for (char *c = p + 1;; c++) {
+	zop *ops[64];
+	size_t n = 0;
+	for (char *c = p + 1; n < 64; c++) {
 		if (*c != '/' && *c != '\0')
 			continue;
 		char save = *c;
 		*c = '\0';
 		/* Inside the chroot only the prefix and the name are ours to reap. */
 		bool ours = strlen(p) > chroot_len;
-		int r = zoo_create(z->zh, p, NULL, -1, &st->acl, ours ? ZOO_CONTAINER : ZOO_PERSISTENT, NULL, 0);
+		zop *op = op_new(st);
+		ops[n++] = op_sent(st, op,
+				   op ? zoo_acreate2(z->zh, p, NULL, -1, &st->acl, ours ? ZOO_CONTAINER : ZOO_PERSISTENT,
+						     cb_created, op)
+				      : ZSYSTEMERROR);
 		*c = save;
-		if (r != ZOK && r != ZNODEEXISTS) {
-			rc = r;
-			break;
-		}
 		if (save == '\0')
 			break;
+	}
+	ops_wait(st, ops, n, deadline);
+	int rc = ZOK;
+	for (size_t i = 0; i < n; i++) {
+		int r = op_rc(st, ops[i]);
+		if (r != ZOK && r != ZNODEEXISTS && rc == ZOK)
+			rc = r;
+		op_put(st, ops[i]);
 	}
 	int out = rc == ZOK ? 0 : zerr(rc, "create", p);
 	free(p);
 	return out;
 }
 
-/* Find our own node after a lost connection (h->node NULL afterwards if none). */
-static int find_own(zk_store *st, hold *h)
+/* Find our own node after a lost connection (h->node NULL afterwards if
+ * none; h->doubt cleared once the listing answered). */
+static int find_own(zk_store *st, hold *h, int64_t deadline)
 {
-	(void)st;
 	struct String_vector sv = { 0, NULL };
 	zhandle_t *zh = h->sess->zh;
-	int rc = zoo_get_children(zh, h->dir, 0, &sv);
-	if (rc == ZNONODE)
+	int rc = z_children(st, zh, h->dir, deadline, &sv, NULL);
+	if (rc == ZNONODE) {
+		h->doubt = false;
 		return ZOK;
+	}
 	if (rc != ZOK)
 		return rc;
 	/* Exactly one create can have reached the server per attempt; should
@@ -706,7 +1278,7 @@ static int find_own(zk_store *st, hold *h)
 		}
 		if (sv.data[i] == best.name) {
 			struct Stat stat;
-			int r = zoo_exists(zh, p, 0, &stat);
+			int r = z_exists(st, zh, p, deadline, &stat);
 			if (r == ZOK) {
 				h->node = p;
 				h->czxid = stat.czxid;
@@ -715,13 +1287,15 @@ static int find_own(zk_store *st, hold *h)
 				rc = r;
 			}
 		} else {
-			int r = zoo_delete(zh, p, -1);
+			int r = z_delete(st, zh, p, deadline);
 			if (r != ZOK && r != ZNONODE)
 				rc = r;
 		}
 		free(p);
 	}
 	deallocate_String_vector(&sv);
+	if (rc == ZOK)
+		h->doubt = false;
 	return rc;
 }
 
@@ -741,63 +1315,58 @@ static node_kind req_kind(const dlock_request *req)
 }
 
 /* Make sure h has a node in ZooKeeper: create it, or after a lost
- * connection find the one our earlier create made. On failure *doubt says
- * whether a node of ours may exist anyway. */
-static int place_node(zk_store *st, hold *h, dlock_request *req, bool *doubt)
+ * connection (h->doubt) find the one our earlier create made. On failure
+ * h->doubt says whether a node of ours may exist anyway. */
+static int place_node(zk_store *st, hold *h, dlock_request *req, int64_t deadline)
 {
 	zhandle_t *zh = h->sess->zh;
-	*doubt = adopt_orphan(st, h);
 	char *prefix = dlock__sprintf("%s/_c_%s-%s-", h->dir, h->owner, kind_word(req_kind(req)));
 	int dlen;
 	char *data = node_data(req, &dlen);
-	size_t cap = prefix ? strlen(prefix) + SEQ_DIGITS + 2 : 0;
-	char *created = prefix ? malloc(cap) : NULL;
 	int rc = 0;
-	if (!prefix || !data || !created) {
+	if (!prefix || !data) {
 		rc = dlock__oom();
 		goto out;
 	}
 	for (int tries = 0;; tries++) {
 		int r;
-		if (*doubt) {
-			r = find_own(st, h);
+		if (h->doubt) {
+			r = find_own(st, h, deadline);
 			if (r == ZOK && h->node)
 				break;
-			if (r == ZOK) {
-				*doubt = false; /* the create never reached the server: make it now */
-				continue;
-			}
+			if (r == ZOK)
+				continue; /* the create never reached the server: make it now */
 		} else {
-			struct Stat stat;
-			r = zoo_create2(zh, prefix, data, dlen, &st->acl, ZOO_EPHEMERAL_SEQUENTIAL, created, (int)cap,
-					&stat);
+			zop *op = op_new(st);
+			op_sent(st, op,
+				op ? zoo_acreate2(zh, prefix, data, dlen, &st->acl, ZOO_EPHEMERAL_SEQUENTIAL, cb_created, op)
+				   : ZSYSTEMERROR);
+			r = op_wait1(st, op, deadline);
 			if (r == ZOK) {
-				if (!(h->node = dlock__strdup(created))) {
-					rc = DLOCK_ENOMEM;
-					*doubt = true;
-					goto out;
-				}
-				h->czxid = stat.czxid;
-				break;
+				h->node = op->value;
+				h->czxid = op->stat.czxid;
+				op->value = NULL;
 			}
+			op_put(st, op);
+			if (r == ZOK)
+				break;
 			if (r == ZNONODE && tries < 4) {
 				/* first use of the name, or its container was just reaped */
-				if ((rc = make_parents(st, h->sess, h->dir)))
+				if ((rc = make_parents(st, h->sess, h->dir, deadline)))
 					goto out;
 				continue;
 			}
-			if (lost_conn(r))
-				*doubt = true;
+			if (lost_conn(r) || r == ZSYSTEMERROR)
+				h->doubt = true;
 		}
-		if (!lost_conn(r) || tries >= 4 || !wait_connected(st, h->sess, st->connect_ms)) {
-			rc = zerr(r, *doubt ? "create (outcome unknown)" : "create", prefix);
+		if (!retryable(r) || tries >= 4 || !wait_connected(st, h->sess, deadline)) {
+			rc = zerr(r, h->doubt ? "create (outcome unknown)" : "create", prefix);
 			goto out;
 		}
 	}
 out:
 	free(prefix);
 	free(data);
-	free(created);
 	return rc;
 }
 
@@ -853,138 +1422,88 @@ done:
 	return out;
 }
 
-static int evaluate(hold *h, dlock_request *req, bool *granted)
+/* @return as evaluate_list, or 2 when the listing did not answer by the deadline. */
+static int evaluate(zk_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted)
 {
 	struct String_vector sv = { 0, NULL };
-	struct Stat dstat;
-	int rc = zoo_get_children2(h->sess->zh, h->dir, 0, &sv, &dstat);
+	int32_t cversion = 0;
+	int rc = z_children(st, h->sess->zh, h->dir, deadline, &sv, &cversion);
 	if (rc == ZNONODE)
 		return 1;
+	if (rc == ZDEADLINE)
+		return 2;
 	if (rc != ZOK)
 		return zerr(rc, "list", h->dir);
-	rc = evaluate_list(h, req, &sv, dstat.cversion, granted);
+	rc = evaluate_list(h, req, &sv, cversion, granted);
 	deallocate_String_vector(&sv);
 	return rc;
 }
 
 /* The fast path of a first try: create our node and list its siblings in
  * one round trip. ZooKeeper runs a session's requests in order, so the list
- * already contains the node the create made. */
-typedef struct pipelined {
-	zk_store *st;
-	int pending;
-	int create_rc, list_rc;
-	char *created;
-	int64_t czxid;
-	struct String_vector kids; /* our copy: the library frees its own */
-	int32_t cversion;
-} pipelined;
-
-static void pl_done(pipelined *p)
+ * already contains the node the create made.
+ * @return 0 with h->node set and *granted decided; 1 when it could not be
+ * used (no parent yet, or a lost connection: the careful path takes over,
+ * h->doubt saying a node of ours may exist); 2 when the node was made but
+ * its listing did not answer by the deadline; or an error (h->doubt set
+ * when the create's outcome is unknown). */
+static int create_and_list(zk_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted)
 {
-	if (--p->pending == 0)
-		pthread_cond_broadcast(&p->st->cv);
-}
-
-static void pl_created(int rc, const char *value, const struct Stat *stat, const void *data)
-{
-	pipelined *p = (pipelined *)data;
-	char *v = rc == ZOK && value ? strdup(value) : NULL;
-	pthread_mutex_lock(&p->st->mu);
-	p->create_rc = rc == ZOK && !v ? ZSYSTEMERROR : rc;
-	p->created = v;
-	if (rc == ZOK && stat)
-		p->czxid = stat->czxid;
-	pl_done(p);
-	pthread_mutex_unlock(&p->st->mu);
-}
-
-static void pl_listed(int rc, const struct String_vector *strings, const struct Stat *stat, const void *data)
-{
-	pipelined *p = (pipelined *)data;
-	struct String_vector kids = { 0, NULL };
-	if (rc == ZOK && strings && strings->count > 0) {
-		kids.data = calloc((size_t)strings->count, sizeof(char *));
-		for (int i = 0; kids.data && i < strings->count; i++) {
-			if (!(kids.data[i] = strdup(strings->data[i])))
-				break;
-			kids.count++;
-		}
-		if (kids.count != strings->count)
-			rc = ZSYSTEMERROR;
-	}
-	pthread_mutex_lock(&p->st->mu);
-	p->list_rc = rc;
-	p->kids = kids;
-	if (rc == ZOK && stat)
-		p->cversion = stat->cversion;
-	pl_done(p);
-	pthread_mutex_unlock(&p->st->mu);
-}
-
-/* Try the fast path. @return 0 with h->node set and *granted decided; 1 when
- * it could not be used (no parent yet, or a lost connection: the careful
- * path takes over, knowing a node of ours may exist, *doubt); or an error. */
-static int create_and_list(zk_store *st, hold *h, dlock_request *req, bool *granted, bool *doubt)
-{
-	*doubt = false;
 	char *path = dlock__sprintf("%s/_c_%s-%s-", h->dir, h->owner, kind_word(req_kind(req)));
 	int dlen;
 	char *data = node_data(req, &dlen);
-	if (!path || !data) {
+	zop *ops[2] = { NULL, NULL };
+	if (!path || !data || !(ops[0] = op_new(st)) || !(ops[1] = op_new(st))) {
 		free(path);
 		free(data);
+		if (ops[0]) { /* never sent */
+			pthread_mutex_lock(&st->mu);
+			op_free_locked(ops[0]);
+			pthread_mutex_unlock(&st->mu);
+		}
 		return DLOCK_ENOMEM;
 	}
-	pipelined p = { .st = st, .pending = 0, .create_rc = ZSYSTEMERROR, .list_rc = ZSYSTEMERROR };
 	zhandle_t *zh = h->sess->zh;
-	pthread_mutex_lock(&st->mu);
-	p.pending = 2;
-	pthread_mutex_unlock(&st->mu);
-	int r = zoo_acreate2(zh, path, data, dlen, &st->acl, ZOO_EPHEMERAL_SEQUENTIAL, pl_created, &p);
-	int r2 = r == ZOK ? zoo_aget_children2(zh, h->dir, 0, pl_listed, &p) : r;
-	pthread_mutex_lock(&st->mu);
-	if (r != ZOK) {
-		p.pending -= 2;
-		p.create_rc = r;
-	} else if (r2 != ZOK) {
-		p.pending--;
-		p.list_rc = r2;
-	}
-	while (p.pending > 0)
-		pthread_cond_wait(&st->cv, &st->mu);
-	pthread_mutex_unlock(&st->mu);
+	int r = zoo_acreate2(zh, path, data, dlen, &st->acl, ZOO_EPHEMERAL_SEQUENTIAL, cb_created, ops[0]);
+	op_sent(st, ops[0], r);
+	op_sent(st, ops[1], r == ZOK ? zoo_aget_children2(zh, h->dir, 0, cb_kids, ops[1]) : r);
 	free(path);
 	free(data);
+	ops_wait(st, ops, 2, deadline);
+	int create_rc = op_rc(st, ops[0]), list_rc = op_rc(st, ops[1]);
 	int out;
-	if (p.create_rc == ZOK && p.list_rc == ZOK) {
-		h->node = p.created;
-		h->czxid = p.czxid;
-		p.created = NULL;
-		out = evaluate_list(h, req, &p.kids, p.cversion, granted);
-		if (out == 1) /* cannot be (requests run in order), but never leave our node behind */
-			out = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
-					      "zookeeper: our new node is missing from %s", h->dir);
-	} else if (p.create_rc == ZOK) {
-		h->node = p.created; /* made, but not listed: the careful path lists */
-		h->czxid = p.czxid;
-		p.created = NULL;
+	if (create_rc == ZOK) {
+		h->node = ops[0]->value; /* made; if not listed, the careful path lists */
+		h->czxid = ops[0]->stat.czxid;
+		ops[0]->value = NULL;
 		out = 1;
+		if (list_rc == ZOK) {
+			out = evaluate_list(h, req, &ops[1]->kids, ops[1]->stat.cversion, granted);
+			if (out == 1) /* cannot be (requests run in order), but never leave our node behind */
+				out = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
+						      "zookeeper: our new node is missing from %s", h->dir);
+		} else if (list_rc == ZDEADLINE) {
+			out = 2; /* as evaluate */
+		}
 	} else {
-		*doubt = lost_conn(p.create_rc) || p.create_rc == ZSYSTEMERROR;
-		out = p.create_rc == ZNONODE || *doubt ? 1 : zerr(p.create_rc, "create", h->dir);
+		h->doubt = lost_conn(create_rc) || create_rc == ZSYSTEMERROR;
+		if (create_rc == ZDEADLINE)
+			out = zerr(create_rc, "create (outcome unknown)", h->dir);
+		else
+			out = create_rc == ZNONODE || h->doubt ? 1 : zerr(create_rc, "create", h->dir);
 	}
-	free(p.created);
-	deallocate_String_vector(&p.kids);
+	op_put(st, ops[0]);
+	op_put(st, ops[1]);
 	return out;
 }
 
-/* Delete h's node (a refused try, a cancelled wait) and free h. */
-static void discard_hold(zk_store *st, hold *h)
+/* Delete h's node (a refused try, a cancelled wait) and free h; what could
+ * not be deleted in time goes to the sweep. */
+static void discard_hold(zk_store *st, hold *h, int64_t deadline)
 {
-	if (h->node && !sess_dead(st, h->sess)) {
-		int r = zoo_delete(h->sess->zh, h->node, -1);
-		if (lost_conn(r)) {
+	if ((h->node || h->doubt) && !sess_dead(st, h->sess)) {
+		int r = h->node ? z_delete(st, h->sess->zh, h->node, deadline) : ZDEADLINE;
+		if (r != ZOK && r != ZNONODE && (lost_conn(r) || h->doubt)) {
 			orphan_hold(st, h);
 			return;
 		}
@@ -993,11 +1512,11 @@ static void discard_hold(zk_store *st, hold *h)
 }
 
 /* A slot left from an earlier hold of the same lock handle (lost, attached). */
-static hold *current_hold(zk_store *st, dlock_request *req)
+static hold *current_hold(zk_store *st, dlock_request *req, int64_t deadline)
 {
 	hold *h = req->slot;
 	if (h && strcmp(h->owner, req->owner) != 0) {
-		discard_hold(st, h);
+		discard_hold(st, h, deadline);
 		req->slot = h = NULL;
 	}
 	return h;
@@ -1005,21 +1524,33 @@ static hold *current_hold(zk_store *st, dlock_request *req)
 
 /* ---------------------------------------------------------------- methods */
 
+/* The core's deadline for a try-once acquire can be its start (wait 0):
+ * give such a call one request timeout rather than none. */
+static int64_t acquire_deadline(zk_store *st, const dlock_request *req)
+{
+	int64_t now = dlock_clock_ms();
+	if (!req->waiting && req->deadline_ms <= now)
+		return now + st->request_ms;
+	return req->deadline_ms;
+}
+
 static int zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	zk_store *st = (zk_store *)be;
 	(void)retry_ms;
-	hold *h = current_hold(st, req);
+	int64_t start = dlock_clock_ms();
+	int64_t deadline = acquire_deadline(st, req);
+	reap(st);
+	hold *h = current_hold(st, req, deadline);
 	if (h && sess_dead(st, h->sess)) {
 		/* our queue position died with the session: queue again */
 		hold_free(st, h);
 		req->slot = h = NULL;
 	}
 	zsess *z;
-	int rc = session_for(st, req->ttl_ms, &z);
+	int rc = session_for(st, req->ttl_ms, deadline, &z);
 	if (rc)
 		return rc;
-	sweep_orphans(st, req->owner); /* after session_for: it waits for a reconnect */
 	if (!h) {
 		h = dlock__calloc(1, sizeof(*h));
 		if (!h)
@@ -1039,34 +1570,39 @@ static int zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		z->refs++;
 		pthread_mutex_unlock(&st->mu);
 		req->slot = h;
+		int r = claim_orphan(st, h, deadline);
+		if (r != ZOK) {
+			req->slot = NULL;
+			hold_free(st, h);
+			return zerr(r, "wait for the sweep of", req->name);
+		}
 	}
 	bool granted = false;
 	for (int round = 0;; round++) {
 		bool listed = false;
 		if (!h->node) {
-			bool doubt = false;
 			rc = 1;
-			if (round == 0) {
-				rc = create_and_list(st, h, req, &granted, &doubt);
-				listed = rc == 0;
+			if (round == 0 && !h->doubt) {
+				rc = create_and_list(st, h, req, deadline, &granted);
+				listed = rc == 0 || rc == 2;
 			}
-			if (rc == 1 && !h->node) {
-				if (doubt) /* let place_node look for what our create made */
-					orphan_hold_keep(st, h);
-				rc = place_node(st, h, req, &doubt);
-				if (rc && doubt) { /* our create's outcome is unknown */
-					req->slot = NULL;
-					orphan_hold(st, h);
-					return rc;
-				}
-			}
+			if (rc == 1 && !h->node)
+				rc = place_node(st, h, req, deadline);
 			if (rc == 1)
 				rc = 0;
-			if (rc)
+			if (rc && rc != 2)
 				break;
 		}
 		if (!listed)
-			rc = evaluate(h, req, &granted);
+			rc = evaluate(st, h, req, deadline, &granted);
+		if (rc == 2) {
+			/* Our place in line is known and the time ran out before we
+			 * could look again: not granted, still queued (the core
+			 * cancels or tries again). */
+			if (req->waiting)
+				return DLOCK_ELOCKED;
+			rc = zerr(ZDEADLINE, "list", h->dir);
+		}
 		if (rc != 1)
 			break;
 		/* Our node is gone (deleted by hand, or by `dlock release` with our
@@ -1081,8 +1617,8 @@ static int zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	}
 	if (rc) {
 		req->slot = NULL;
-		if (h->node)
-			orphan_hold(st, h);
+		if (h->node || h->doubt)
+			orphan_hold(st, h); /* our node, or a create in doubt: swept */
 		else
 			hold_free(st, h);
 		return rc;
@@ -1091,21 +1627,22 @@ static int zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		free(h->watch);
 		h->watch = NULL;
 		*fence = (uint64_t)h->czxid;
+		lease_set(st, h, start, req->ttl_ms, false);
 		return 0;
 	}
 	if (!req->waiting) {
 		req->slot = NULL;
-		discard_hold(st, h);
+		discard_hold(st, h, deadline);
 	}
 	return DLOCK_ELOCKED;
 }
 
-/* release/extend of a hold this handle did not make (an attached handle):
- * find its node by owner. */
-static int by_owner(zk_store *st, dlock_request *req, bool del)
+/* release/extend of a hold this handle did not make (an attached handle, or
+ * the core retrying a release that was not confirmed): find its node by owner. */
+static int by_owner(zk_store *st, dlock_request *req, bool del, int64_t deadline)
 {
 	zsess *z;
-	int rc = get_session(st, session_key(st, st->default_ttl), &z);
+	int rc = get_session(st, session_key(st, st->default_ttl), deadline, &z);
 	if (rc)
 		return rc;
 	char *dir = dir_of(st, req->name);
@@ -1114,10 +1651,10 @@ static int by_owner(zk_store *st, dlock_request *req, bool del)
 	int n = 0;
 	int r;
 	if (del) {
-		r = delete_owned(z->zh, dir, req->owner, &n);
+		r = delete_owned(st, z->zh, dir, req->owner, deadline, &n);
 	} else {
 		struct String_vector sv = { 0, NULL };
-		r = zoo_get_children(z->zh, dir, 0, &sv);
+		r = z_children(st, z->zh, dir, deadline, &sv, NULL);
 		for (int i = 0; r == ZOK && i < sv.count; i++)
 			n += owned_by(sv.data[i], req->owner);
 		deallocate_String_vector(&sv);
@@ -1135,21 +1672,27 @@ static int by_owner(zk_store *st, dlock_request *req, bool del)
 static int zk_release(dlock_backend *be, dlock_request *req)
 {
 	zk_store *st = (zk_store *)be;
-	sweep_orphans(st, NULL);
-	hold *h = current_hold(st, req);
+	int64_t deadline = req->deadline_ms;
+	reap(st);
+	hold *h = current_hold(st, req, deadline);
 	if (!h)
-		return by_owner(st, req, true);
+		return by_owner(st, req, true, deadline);
 	req->slot = NULL;
 	if (!h->node || sess_dead(st, h->sess)) {
+		if (!h->node && h->doubt) { /* a create in doubt: the sweep finds it */
+			orphan_hold(st, h);
+			return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "zookeeper: '%s' was not granted",
+					       req->name);
+		}
 		hold_free(st, h);
 		return dlock_error_set(DLOCK_ENOTHELD, KIND, "ZSESSIONEXPIRED",
 				       "zookeeper: the session that held '%s' expired", req->name);
 	}
-	int r = zoo_delete(h->sess->zh, h->node, -1);
+	int r = z_delete(st, h->sess->zh, h->node, deadline);
 	bool retried = false;
-	while (lost_conn(r) && !retried && wait_connected(st, h->sess, st->connect_ms)) {
+	while (retryable(r) && !retried && wait_connected(st, h->sess, deadline)) {
 		retried = true;
-		r = zoo_delete(h->sess->zh, h->node, -1);
+		r = z_delete(st, h->sess->zh, h->node, deadline);
 		if (r == ZNONODE) /* our first delete went through before the connection dropped */
 			r = ZOK;
 	}
@@ -1165,7 +1708,7 @@ static int zk_release(dlock_backend *be, dlock_request *req)
 	} else {
 		rc = zerr(r, "delete", h->node);
 		if (lost_conn(r))
-			orphan_hold(st, h); /* deleted as soon as we are connected again */
+			orphan_hold(st, h); /* deleted as soon as the session is connected again */
 		else
 			hold_free(st, h);
 	}
@@ -1175,9 +1718,11 @@ static int zk_release(dlock_backend *be, dlock_request *req)
 static int zk_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 {
 	zk_store *st = (zk_store *)be;
-	hold *h = current_hold(st, req);
+	int64_t start = dlock_clock_ms();
+	int64_t deadline = req->deadline_ms;
+	hold *h = current_hold(st, req, deadline);
 	if (!h)
-		return by_owner(st, req, false); /* held by another session: it lives as long as that */
+		return by_owner(st, req, false, deadline); /* held by another session: it lives as long as that */
 	if (!h->node || sess_dead(st, h->sess))
 		return dlock_error_set(DLOCK_ENOTHELD, KIND, "ZSESSIONEXPIRED",
 				       "zookeeper: the session that held '%s' expired", req->name);
@@ -1190,8 +1735,9 @@ static int zk_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 				       "(release it and acquire with the longer ttl)",
 				       req->name, (long long)ttl_ms, granted);
 	struct Stat stat;
-	int r = zoo_exists(h->sess->zh, h->node, 0, &stat);
-	if (r == ZOK && stat.ephemeralOwner == (int64_t)zoo_client_id(h->sess->zh)->client_id)
+	int r = z_exists(st, h->sess->zh, h->node, deadline, &stat);
+	if (r == ZOK && stat.ephemeralOwner == (int64_t)zoo_client_id(h->sess->zh)->client_id &&
+	    lease_set(st, h, start, ttl_ms, true))
 		return 0;
 	if (r == ZOK || r == ZNONODE)
 		return dlock_error_set(DLOCK_ENOTHELD, KIND, "ZNONODE", "zookeeper: our node for '%s' is gone",
@@ -1199,28 +1745,11 @@ static int zk_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 	return zerr(r, "check", h->node);
 }
 
-/* One pipelined exists() of a renewal batch. */
-typedef struct probe {
-	zk_store *st;
-	int *pending;
-	int rc;
-} probe;
-
-static void probe_done(int rc, const struct Stat *stat, const void *data)
-{
-	(void)stat;
-	probe *p = (probe *)data;
-	pthread_mutex_lock(&p->st->mu);
-	p->rc = rc;
-	if (--*p->pending == 0)
-		pthread_cond_broadcast(&p->st->cv);
-	pthread_mutex_unlock(&p->st->mu);
-}
-
 /* Confirm the holds of one session in one round trip: exists() of every
  * node, pipelined. Reads, not a multi of checks: a multi is a write, which
  * would cost a quorum proposal and a log fsync per renewal. */
-static void renew_session(zk_store *st, zsess *z, dlock_request *const *reqs, size_t n, int *results)
+static void renew_session(zk_store *st, zsess *z, dlock_request *const *reqs, size_t n, int *results,
+			  int64_t start, int64_t deadline)
 {
 	bool dead = sess_dead(st, z), up = sess_connected(st, z);
 	size_t m = 0;
@@ -1235,52 +1764,42 @@ static void renew_session(zk_store *st, zsess *z, dlock_request *const *reqs, si
 	}
 	if (m == 0)
 		return;
-	probe *ps = calloc(m, sizeof(*ps));
+	zop **ops = calloc(m, sizeof(*ops));
 	size_t *idx = calloc(m, sizeof(*idx));
-	if (!ps || !idx) {
-		free(ps);
+	if (!ops || !idx) {
+		free(ops);
 		free(idx);
 		return; /* left -1: reported transient */
 	}
-	int pending = 0;
 	size_t k = 0;
 	for (size_t i = 0; i < n && k < m; i++) {
 		hold *h = reqs[i]->slot;
 		if (results[i] != -1 || !h || h->sess != z)
 			continue;
-		ps[k] = (probe){ st, &pending, ZSYSTEMERROR };
-		idx[k] = i;
-		pthread_mutex_lock(&st->mu);
-		pending++;
-		pthread_mutex_unlock(&st->mu);
-		int r = zoo_aexists(z->zh, h->node, 0, probe_done, &ps[k]);
-		if (r != ZOK) { /* not queued: no completion will come */
-			pthread_mutex_lock(&st->mu);
-			pending--;
-			ps[k].rc = r;
-			pthread_mutex_unlock(&st->mu);
-		}
-		k++;
+		zop *op = op_new(st);
+		ops[k] = op_sent(st, op, op ? zoo_aexists(z->zh, h->node, 0, cb_stat, op) : ZSYSTEMERROR);
+		idx[k++] = i;
 	}
-	/* Every queued request completes (with ZCONNECTIONLOSS at worst). */
-	pthread_mutex_lock(&st->mu);
-	while (pending > 0)
-		pthread_cond_wait(&st->cv, &st->mu);
-	pthread_mutex_unlock(&st->mu);
+	ops_wait(st, ops, k, deadline);
 	for (size_t j = 0; j < k; j++) {
-		int r = ps[j].rc;
+		int r = op_rc(st, ops[j]);
 		results[idx[j]] = r == ZOK ? 0
 				  : (r == ZNONODE || r == ZSESSIONEXPIRED || r == ZINVALIDSTATE) ? DLOCK_ENOTHELD
 				  : DLOCK_EUNAVAILABLE;
+		if (r == ZOK && !lease_set(st, reqs[idx[j]]->slot, start, reqs[idx[j]]->ttl_ms, true))
+			results[idx[j]] = DLOCK_ENOTHELD; /* its lease ended: the sweep deletes it */
+		op_put(st, ops[j]);
 	}
-	free(ps);
+	free(ops);
 	free(idx);
 }
 
 static int zk_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
 	zk_store *st = (zk_store *)be;
-	sweep_orphans(st, NULL);
+	int64_t start = dlock_clock_ms();
+	reap(st);
+	int64_t deadline = n ? reqs[0]->deadline_ms : start;
 	for (size_t i = 0; i < n; i++) {
 		hold *h = reqs[i]->slot;
 		results[i] = -1; /* not done yet */
@@ -1290,7 +1809,7 @@ static int zk_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 	for (size_t i = 0; i < n; i++) {
 		if (results[i] != -1)
 			continue;
-		renew_session(st, ((hold *)reqs[i]->slot)->sess, reqs, n, results);
+		renew_session(st, ((hold *)reqs[i]->slot)->sess, reqs, n, results, start, deadline);
 	}
 	for (size_t i = 0; i < n; i++)
 		if (results[i] == -1)
@@ -1304,7 +1823,7 @@ static int zk_cancel(dlock_backend *be, dlock_request *req)
 	hold *h = req->slot;
 	req->slot = NULL;
 	if (h)
-		discard_hold(st, h);
+		discard_hold(st, h, req->deadline_ms);
 	return 0;
 }
 
@@ -1328,28 +1847,24 @@ static int zk_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 	st->waits = &w;
 	pthread_mutex_unlock(&st->mu);
 
-	bool fired = false;
-	int r;
-	if (h->watch_children) {
-		struct String_vector sv = { 0, NULL };
-		struct Stat stat;
-		r = zoo_wget_children2(z->zh, h->dir, watcher, z, &sv, &stat);
-		if (r == ZOK) {
-			fired = stat.cversion != h->cversion; /* changed since we looked */
-			deallocate_String_vector(&sv);
-		}
-	} else {
-		/* A data watch, not an exists watch: it is set only if the node
-		 * exists, so a vanished predecessor leaves no watch behind. */
-		char buf[1];
-		int len = 0;
-		struct Stat stat;
-		r = zoo_wget(z->zh, h->watch, watcher, z, buf, &len, &stat);
-	}
-	fired = fired || r != ZOK; /* gone (ZNONODE) or an error acquire will report */
+	/* A data watch, not an exists watch: it is set only if the node exists,
+	 * so a vanished predecessor leaves no watch behind. */
+	zop *op = op_new(st);
+	int r = !op ? ZSYSTEMERROR
+	      : h->watch_children ? zoo_awget_children2(z->zh, h->dir, watcher, z, cb_kids, op)
+				  : zoo_awget(z->zh, h->watch, watcher, z, cb_data, op);
+	op_sent(st, op, r);
 
 	pthread_mutex_lock(&st->mu);
-	while (!fired && !w.fired && !z->expired && z->state == ZOO_CONNECTED_STATE) {
+	for (;;) {
+		if (!op || op->done) {
+			/* gone (ZNONODE), an error acquire will report, or the
+			 * children changed since we looked */
+			if (!op || op->rc != ZOK || (h->watch_children && op->stat.cversion != h->cversion))
+				break;
+		}
+		if (w.fired || z->expired || z->state != ZOO_CONNECTED_STATE)
+			break;
 		int64_t left = until - dlock_clock_ms();
 		if (left <= 0)
 			break;
@@ -1363,6 +1878,8 @@ static int zk_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 			break;
 		}
 	}
+	if (op)
+		op_unref_locked(op);
 	zsess *dead = unref_locked(z);
 	pthread_mutex_unlock(&st->mu);
 	close_sess(dead);
@@ -1371,7 +1888,8 @@ static int zk_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 
 /* ---------------------------------------------------------------- status */
 
-static int status_one(zk_store *st, zhandle_t *zh, const char *name, dlock_lock_status **out, size_t *count)
+static int status_one(zk_store *st, zhandle_t *zh, const char *name, int64_t deadline, dlock_lock_status **out,
+		      size_t *count)
 {
 	dlock_lock_status *s = dlock__status_add(out, count);
 	if (!s || !(s->name = dlock__strdup(name)))
@@ -1380,7 +1898,7 @@ static int status_one(zk_store *st, zhandle_t *zh, const char *name, dlock_lock_
 	if (!dir)
 		return DLOCK_ENOMEM;
 	struct String_vector sv = { 0, NULL };
-	int r = zoo_get_children(zh, dir, 0, &sv);
+	int r = z_children(st, zh, dir, deadline, &sv, NULL);
 	if (r == ZNONODE) {
 		free(dir);
 		return 0;
@@ -1391,30 +1909,40 @@ static int status_one(zk_store *st, zhandle_t *zh, const char *name, dlock_lock_
 		return rc;
 	}
 	child *cs = calloc((size_t)sv.count + 1, sizeof(*cs));
-	int rc = cs ? 0 : dlock__oom();
+	zop **ops = calloc((size_t)sv.count + 1, sizeof(*ops));
+	int rc = cs && ops ? 0 : dlock__oom();
 	size_t n = 0;
 	for (int i = 0; cs && i < sv.count; i++)
 		if (dlock__zk_parse_child(sv.data[i], &cs[n]))
 			n++;
 	if (cs)
 		qsort(cs, n, sizeof(*cs), by_seq);
+	/* Every node's data in one pipelined round trip. */
+	for (size_t i = 0; i < n && !rc; i++) {
+		char *p = dlock__sprintf("%s/%s", dir, cs[i].name);
+		zop *op = p ? op_new(st) : NULL;
+		ops[i] = op_sent(st, op, op ? zoo_aget(zh, p, 0, cb_data, op) : ZSYSTEMERROR);
+		free(p);
+	}
+	if (!rc)
+		ops_wait(st, ops, n, deadline);
 	/* Who holds: the same rule acquire applies, node by node. */
 	size_t sems = 0;
 	bool writer_seen = false, reader_seen = false;
 	for (size_t i = 0; i < n && !rc; i++) {
-		char *p = dlock__sprintf("%s/%s", dir, cs[i].name);
-		char data[600];
-		int len = (int)sizeof(data) - 1;
-		struct Stat stat;
-		r = p ? zoo_get(zh, p, 0, data, &len, &stat) : ZSYSTEMERROR;
-		free(p);
+		r = op_rc(st, ops[i]);
 		if (r == ZNONODE)
 			continue;
 		if (r != ZOK) {
 			rc = zerr(r, "read", dir);
 			break;
 		}
+		char data[600];
+		int len = ops[i]->vlen < (int)sizeof(data) - 1 ? ops[i]->vlen : (int)sizeof(data) - 1;
+		if (len > 0)
+			memcpy(data, ops[i]->value, (size_t)len);
 		data[len > 0 ? len : 0] = '\0';
+		struct Stat stat = ops[i]->stat;
 		int pid = 0;
 		long long ttl = -1;
 		unsigned permits = 1;
@@ -1468,21 +1996,27 @@ static int status_one(zk_store *st, zhandle_t *zh, const char *name, dlock_lock_
 		if (!hd->owner || !hd->host)
 			rc = DLOCK_ENOMEM;
 	}
+	for (size_t i = 0; ops && i < n; i++)
+		op_put(st, ops[i]);
+	free(ops);
 	free(cs);
 	deallocate_String_vector(&sv);
 	free(dir);
 	return rc;
 }
 
-/* The core lists through zk_list, so names is never NULL here. */
+/* The core lists through zk_list, so names is never NULL here. Bounded by
+ * the request timeout from the start of the call. */
 static int zk_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
 		     size_t *count)
 {
 	zk_store *st = (zk_store *)be;
+	int64_t deadline = dlock_clock_ms() + st->request_ms;
+	reap(st);
 	zsess *z;
-	int rc = get_session(st, session_key(st, st->default_ttl), &z);
+	int rc = get_session(st, session_key(st, st->default_ttl), deadline, &z);
 	for (size_t i = 0; i < nnames && !rc; i++)
-		rc = status_one(st, z->zh, names[i], out, count);
+		rc = status_one(st, z->zh, names[i], deadline, out, count);
 	return rc;
 }
 
@@ -1491,12 +2025,14 @@ static int zk_status(dlock_backend *be, const char *const *names, size_t nnames,
 static int zk_list(dlock_backend *be, char ***names, size_t *n)
 {
 	zk_store *st = (zk_store *)be;
+	int64_t deadline = dlock_clock_ms() + st->request_ms;
+	reap(st);
 	zsess *z;
-	int rc = get_session(st, session_key(st, st->default_ttl), &z);
+	int rc = get_session(st, session_key(st, st->default_ttl), deadline, &z);
 	if (rc)
 		return rc;
 	struct String_vector sv = { 0, NULL };
-	int r = zoo_get_children(z->zh, st->root, 0, &sv);
+	int r = z_children(st, z->zh, st->root, deadline, &sv, NULL);
 	if (r == ZNONODE)
 		return 0;
 	if (r != ZOK)
@@ -1515,22 +2051,20 @@ static int zk_list(dlock_backend *be, char ***names, size_t *n)
 static void zk_close(dlock_backend *be)
 {
 	zk_store *st = (zk_store *)be;
+	reap(st);
 	/* Holds nobody released: a lock freed after it was lost (the core does
 	 * not release those). Their nodes end with the sessions below. */
 	while (st->holds)
 		hold_free(st, st->holds);
-	while (st->orphans) {
-		orphan *o = st->orphans;
-		st->orphans = o->next;
-		o->next = NULL;
-		unref(st, o->sess);
-		o->sess = NULL;
-		free(o->dir);
-		free(o->owner);
-		free(o);
-	}
-	/* Holds still referencing sessions belong to handles the caller should
-	 * have freed first; closing the sessions ends their nodes anyway. */
+	/* Orphans' nodes end with the sessions too. Closing a session completes
+	 * its requests in flight (ZCLOSING), sweeps included: `closing` keeps
+	 * those from freeing orphans or starting anything. */
+	pthread_mutex_lock(&st->mu);
+	st->closing = true;
+	pthread_cond_broadcast(&st->cv);
+	pthread_mutex_unlock(&st->mu);
+	if (st->sweeper_started)
+		pthread_join(st->sweeper, NULL);
 	pthread_mutex_lock(&st->mu);
 	zsess *all = st->sessions;
 	st->sessions = NULL;
@@ -1539,6 +2073,18 @@ static void zk_close(dlock_backend *be)
 		zsess *z = all;
 		all = z->next;
 		close_sess(z);
+	}
+	reap(st);
+	/* libzookeeper (3.8) can lose completions it queues while closing (its
+	 * completion thread may stop before running them): free what never
+	 * came back. No completion can come any more. */
+	while (st->ops)
+		op_free_locked(st->ops);
+	while (st->orphans) {
+		orphan *o = st->orphans;
+		st->orphans = o->next;
+		o->sess = NULL; /* closed above */
+		orphan_free_locked(o);
 	}
 	pthread_mutex_destroy(&st->mu);
 	pthread_cond_destroy(&st->cv);
@@ -1617,6 +2163,7 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	st->base.flags = DLOCK_BACKEND_F_SESSION; /* ephemeral nodes live with our session */
 	st->fixed_session = fixed;
 	st->connect_ms = uri->connect_timeout_ms;
+	st->request_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : 2000;
 	st->default_ttl = uri->ttl_ms;
 	pthread_mutex_init(&st->mu, NULL);
 	pthread_condattr_t ca;
@@ -1670,7 +2217,7 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	/* Connect now: a wrong address or credentials should fail at open (a
 	 * ttl the session cannot cover is refused per lock, at acquire). */
 	zsess *z;
-	rc = get_session(st, session_key(st, st->default_ttl), &z);
+	rc = get_session(st, session_key(st, st->default_ttl), dlock_clock_ms() + st->connect_ms, &z);
 	if (rc) {
 		zk_close(&st->base);
 		return rc;
