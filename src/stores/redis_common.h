@@ -58,6 +58,30 @@ int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const 
 /* Blocking connect + AUTH + SELECT. @return 0; EUNAVAILABLE; EAUTH; EINVAL (bad db). */
 int dlock__rconnect(redisContext **out, const dlock__rserver *srv, const char *kind);
 
+/*
+ * The same, bounded by `deadline` (CLOCK_MONOTONIC ms, dlock_clock_ms) for the
+ * whole handshake; the TCP connect also by srv->connect_timeout_ms. The
+ * socket is left NON-BLOCKING, with keepalive and TCP_USER_TIMEOUT: use the
+ * context only through redisAppendCommand* + dlock__rread_by (never the
+ * blocking redisCommand/redisGetReply). @return as dlock__rconnect; a
+ * timeout is DLOCK_EUNAVAILABLE with store code "ETIMEDOUT".
+ */
+int dlock__rconnect_by(redisContext **out, const dlock__rserver *srv, const char *kind, int64_t deadline);
+
+/*
+ * Write what is appended on c, then read the next reply, by `deadline`
+ * (poll before every read and write; blocking sockets work too, for short
+ * commands). @return 0 and *out (caller frees); DLOCK_EUNAVAILABLE when the
+ * connection broke or the deadline passed (store code "ETIMEDOUT"): then the
+ * caller must redisFree(c), so that no late reply answers a later request.
+ */
+int dlock__rread_by(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline,
+		    redisReply **out);
+
+/* TCP keepalive (idle about timeout_ms) and TCP_USER_TIMEOUT on c's socket
+ * (dlock__rconnect and dlock__rconnect_by already do it). */
+void dlock__rsock_setup(redisContext *c, int64_t timeout_ms);
+
 /* Turn a Redis error reply into a dlock error (EAUTH, ESTORE, ...). */
 int dlock__rreply_error(const redisReply *r, const dlock__rserver *srv, const char *kind);
 
@@ -130,6 +154,11 @@ int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char 
  * Free each name and the array with free(). */
 int dlock__rscan_names(redisContext **c, const dlock__rserver *srv, const char *prefix, const char *kind,
 		       char ***names, size_t *n);
+
+/* dlock__rscan_names with the whole scan bounded by `deadline`; a connection
+ * it makes is non-blocking (dlock__rconnect_by). */
+int dlock__rscan_names_by(redisContext **c, const dlock__rserver *srv, const char *prefix, const char *kind,
+			  char ***names, size_t *n, int64_t deadline);
 
 /* ---- notifier: pub/sub wake-ups for waiters (one per store handle) ---- */
 typedef struct dlock__rnotify dlock__rnotify;
