@@ -270,9 +270,12 @@ int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const 
 	if (!uri->hosts || !*uri->hosts)
 		return dlock_error_set(DLOCK_EINVAL, kind, NULL, "%s:// needs a host: %s://host:port", uri->scheme,
 				       uri->scheme);
-	if (strlen(uri->prefix) > DLOCK__REDIS_PREFIX_MAX)
-		return dlock_error_set(DLOCK_EINVAL, kind, NULL, "prefix is too long (%zu bytes; at most %d)",
-				       strlen(uri->prefix), DLOCK__REDIS_PREFIX_MAX);
+	size_t esc = 0; /* each escaped character takes 3 bytes in the keys */
+	for (const char *p = uri->prefix; *p; p++)
+		esc += strchr(":%{}", *p) ? 3 : 1;
+	if (esc > DLOCK__REDIS_PREFIX_MAX - 4)
+		return dlock_error_set(DLOCK_EINVAL, kind, NULL, "prefix is too long (%zu bytes in keys; at most %d)",
+				       esc, DLOCK__REDIS_PREFIX_MAX - 4);
 	int db = 0;
 	const char *p = dbpath ? dbpath : "";
 	if (*p == '/')
@@ -538,11 +541,32 @@ int dlock__rconnect(redisContext **out, const dlock__rserver *srv, const char *k
 /* keys and arguments                                                        */
 /* ------------------------------------------------------------------------ */
 
+/*
+ * The prefix as it appears in keys: ':' (which ends it), '%' (the escape) and
+ * the hash-tag braces are percent-escaped, so "{P:NAME}" is injective: prefix
+ * "app" + name "jobs:x" and prefix "app:jobs" + name "x" are different keys.
+ * A prefix without those characters (the default "dlock") is unchanged.
+ */
+size_t dlock__rprefix_enc(char *out, size_t cap, const char *prefix)
+{
+	size_t o = 0;
+	for (const char *p = prefix; *p && o + 4 < cap; p++) {
+		if (strchr(":%{}", *p))
+			o += (size_t)snprintf(out + o, cap - o, "%%%02X", (unsigned char)*p);
+		else
+			out[o++] = *p;
+	}
+	out[o] = 0;
+	return o;
+}
+
 void dlock__rkeys_make(dlock__rkeys *k, const char *prefix, const char *name)
 {
 	static const char *const suffix[DLOCK__RK_COUNT] = { "", ":c" };
+	char pe[DLOCK__REDIS_PREFIX_MAX + 1];
+	dlock__rprefix_enc(pe, sizeof(pe), prefix);
 	for (int i = 0; i < DLOCK__RK_COUNT; i++) {
-		int n = snprintf(k->k[i], sizeof(k->k[i]), "{%s:%s}%s", prefix, name, suffix[i]);
+		int n = snprintf(k->k[i], sizeof(k->k[i]), "{%s:%s}%s", pe, name, suffix[i]);
 		k->len[i] = (size_t)n < sizeof(k->k[i]) ? (size_t)n : sizeof(k->k[i]) - 1;
 	}
 }
@@ -709,12 +733,14 @@ int dlock__rbatch_renew(dlock__rbatch *b, const char *prefix, dlock_request *con
 		dlock__rbatch_free(b);
 		return dlock__oom();
 	}
+	char pe[DLOCK__REDIS_PREFIX_MAX + 1];
+	dlock__rprefix_enc(pe, sizeof(pe), prefix);
 	snprintf(b->nums + n * 24, 24, "%zu", n);
 	b->argv[2] = b->nums + n * 24;
 	b->lens[2] = strlen(b->argv[2]);
 	for (size_t i = 0; i < n; i++) {
 		char *key = b->keys + i * DLOCK__REDIS_KEY_MAX;
-		int kl = snprintf(key, DLOCK__REDIS_KEY_MAX, "{%s:%s}", prefix, reqs[i]->name);
+		int kl = snprintf(key, DLOCK__REDIS_KEY_MAX, "{%s:%s}", pe, reqs[i]->name);
 		b->argv[3 + i] = key;
 		b->lens[3 + i] = (size_t)kl;
 		b->argv[3 + n + 2 * i] = reqs[i]->owner;
@@ -1766,9 +1792,10 @@ static int scan_names(redisContext **cp, const dlock__rserver *srv, const char *
 		      char ***names_io, size_t *n_io, int64_t deadline)
 {
 	char pat[2 * DLOCK__REDIS_PREFIX_MAX + 8], esc[2 * DLOCK__REDIS_PREFIX_MAX + 4];
-	glob_escape(esc, sizeof(esc), prefix);
+	char pe[DLOCK__REDIS_PREFIX_MAX + 1];
+	size_t plen = dlock__rprefix_enc(pe, sizeof(pe), prefix) + 2; /* "{prefix:" */
+	glob_escape(esc, sizeof(esc), pe);
 	snprintf(pat, sizeof(pat), "{%s:*", esc);
-	size_t plen = strlen(prefix) + 2; /* "{prefix:" */
 	char **names = *names_io;
 	size_t n = *n_io, cap = n;
 	char cursor[32] = "0";

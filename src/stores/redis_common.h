@@ -6,7 +6,9 @@
  * parallel fan-out to N masters and the quorum rules.
  *
  * Key layout of one lock NAME under prefix P (all share the hash tag {P:NAME},
- * so Redis Cluster keeps them in one slot):
+ * so Redis Cluster keeps them in one slot). P is written escaped
+ * (dlock__rprefix_enc: ':' '%' '{' '}' as %3A %25 %7B %7D) so that no two
+ * (prefix, name) pairs share a key; a prefix without them is written as is.
  *
  *   {P:NAME}     HASH  holders: field owner -> "expiry_ms fence mode permits pid host"
  *                      (expiry on the server's clock, mode 'x' or 's'). Key TTL >=
@@ -109,6 +111,9 @@ typedef struct dlock__rkeys {
 	size_t len[DLOCK__RK_COUNT];
 } dlock__rkeys;
 void dlock__rkeys_make(dlock__rkeys *k, const char *prefix, const char *name);
+/* The prefix as written in keys (see the key layout above) into out (cap
+ * bytes, at least DLOCK__REDIS_PREFIX_MAX + 1); returns its length. */
+size_t dlock__rprefix_enc(char *out, size_t cap, const char *prefix);
 
 /*
  * Argument vectors for the scripts: fills argv/lens after the first two
