@@ -51,6 +51,35 @@
 	"  end\n"                                                                    \
 	"end\n"
 
+/*
+ * The next fence. With ARGV[8] (the fence guard: the id of the server the
+ * client talks to, sent by redis+sentinel://) fences never go back after a
+ * failover that loses grants: a fence is handed out only when it is at most a
+ * reservation r (key ":e") that is on the replicas. The client waits (WAIT)
+ * for the replicas when a grant returns a third element (a new reservation)
+ * and then confirms it (c := r); a server that has not granted since it
+ * became master (its id differs from ":e"'s) first lifts the counter to r,
+ * above every fence handed out before the failover. Returns f[, r].
+ */
+#define LUA_FENCE                                                                    \
+	"local function fence()\n"                                                   \
+	"  local F = H .. ':f'\n"                                                    \
+	"  local id = ARGV[8]\n"                                                     \
+	"  if not id or id == '' then return redis.call('INCR', F) end\n"            \
+	"  local E = H .. ':e'\n"                                                    \
+	"  local e = redis.call('HMGET', E, 'id', 'r', 'c')\n"                       \
+	"  if e[1] ~= id then\n"                                                     \
+	"    local r = tonumber(e[2] or '0')\n"                                      \
+	"    if tonumber(redis.call('GET', F) or '0') < r then redis.call('SET', F, r) end\n" \
+	"    redis.call('HSET', E, 'id', id)\n"                                      \
+	"  end\n"                                                                    \
+	"  local f = redis.call('INCR', F)\n"                                        \
+	"  if f <= tonumber(e[3] or '0') then return f end\n"                        \
+	"  local r = math.max(f + " DLOCK__RFENCE_BLOCK " - 1, tonumber(e[2] or '0'))\n" \
+	"  redis.call('HSET', E, 'r', r)\n"                                          \
+	"  return f, r\n"                                                            \
+	"end\n"
+
 /* Wake one waiter, by its owner token, on its client's own channel
  * ":c:<client id>" (only that store handle listens there); an owner of
  * another shape is told on the lock's channel. */
@@ -70,14 +99,14 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"local H, owner, ttl, fl = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]\n"
 		"local mode, fair, reg = string.sub(fl, 1, 1), string.sub(fl, 2, 2) == '1', string.sub(fl, 3, 3)\n"
 		"local permits = tonumber(ARGV[4])\n"
-		LUA_REPL LUA_NOW
+		LUA_REPL LUA_NOW LUA_FENCE
 		/* the common case first, with nothing else to look at: a free mutex or
 		 * semaphore, not fair, no registration of ours to clean up */
 		"if mode == 'x' and not fair and reg ~= '2' and redis.call('EXISTS', H) == 0 then\n"
-		"  local f = redis.call('INCR', H .. ':f')\n"
+		"  local f, r = fence()\n"
 		"  redis.call('HSET', H, owner, string.format('%d %d x %d ', now + ttl, f, permits) .. ARGV[6])\n"
 		"  redis.call('PEXPIRE', H, ttl)\n"
-		"  return {1, f}\n"
+		"  return r and {1, f, r} or {1, f}\n"
 		"end\n"
 		"local W, Q, X = H .. ':w', H .. ':q', H .. ':x'\n"
 		LUA_HEAD LUA_WAKE
@@ -97,6 +126,12 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"    elseif k == owner then\n"
 		"      redis.call('HSET', H, owner, string.format('%d ', now + ttl) .. string.match(v, '^%d+ (.*)$'))\n"
 		"      if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end\n"
+		/* its fence may be one whose reservation was never confirmed (the
+		 * reply carrying it was lost): the client must wait for it again */
+		"      local e = ARGV[8] and ARGV[8] ~= '' and redis.call('HMGET', H .. ':e', 'r', 'c')\n"
+		"      if e and tonumber(f) > tonumber(e[2] or '0') then\n"
+		"        return {1, tonumber(f), math.max(tonumber(f), tonumber(e[1] or '0'))}\n"
+		"      end\n"
 		"      return {1, tonumber(f)}\n"
 		"    else\n"
 		"      live, lmode, limit = live + 1, m, math.min(limit, tonumber(p))\n"
@@ -123,7 +158,7 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"  if h and h ~= owner then ok = false till = tonumber(redis.call('ZSCORE', W, h)) end\n"
 		"end\n"
 		"if ok then\n"
-		"  local f = redis.call('INCR', H .. ':f')\n"
+		"  local f, r = fence()\n"
 		"  redis.call('HSET', H, owner, string.format('%d %d %s %d ', now + ttl, f, mode, permits) .. ARGV[6])\n"
 		"  if live == 0 then redis.call('PEXPIRE', H, ttl)\n"
 		"  elseif redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end\n"
@@ -135,7 +170,7 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"      if mode == 's' then local h = head() if h then wake(h) end end\n"
 		"    end\n"
 		"  end\n"
-		"  return {1, f}\n"
+		"  return r and {1, f, r} or {1, f}\n"
 		"end\n"
 		"local qttl = tonumber(ARGV[5])\n"
 		"if reg ~= '0' then\n"
@@ -669,7 +704,7 @@ static int reply_int(const redisReply *r, long long *v)
 int dlock__racquire_reply(const redisReply *r, uint64_t *fence, int64_t *retry_ms, const char *kind)
 {
 	long long ok, v;
-	if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || reply_int(r->element[0], &ok) ||
+	if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->elements > 3 || reply_int(r->element[0], &ok) ||
 	    reply_int(r->element[1], &v))
 		return bad_reply(kind, "acquire");
 	if (ok == 1) {
@@ -1363,6 +1398,9 @@ typedef struct rstore {
 	size_t npend;
 	rpending *again;     /* [PIPELINE_MAX]: answered NOSCRIPT, to send again */
 	size_t nagain;
+	int wait_replicas;   /* a grant returns only once on this many replicas (WAIT) */
+	int fence_replicas;  /* fence guard: reservations go to this many replicas; 0 = off */
+	char server_id[48];  /* run_id of the server s->c talks to (fence guard) */
 } rstore;
 
 static void drop(rstore *s)
@@ -1452,14 +1490,44 @@ static int connect_master(rstore *s, int64_t deadline)
  * up: during a failover the old master refuses or is a replica, and the
  * sentinels name the new one a moment later.
  */
+/* The fence guard names the server it talks to: its run_id, new for every
+ * process, so a promoted replica or a restarted server differs. */
+static int fetch_server_id(rstore *s, int64_t deadline)
+{
+	s->server_id[0] = 0;
+	if (!s->fence_replicas)
+		return 0;
+	redisReply *r = NULL;
+	redisAppendCommand(s->c, "INFO server");
+	int rc = dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r);
+	if (rc) {
+		drop(s);
+		return rc;
+	}
+	const char *p = r->type == REDIS_REPLY_STRING ? strstr(r->str, "run_id:") : NULL;
+	if (p)
+		snprintf(s->server_id, sizeof(s->server_id), "%.*s", (int)strcspn(p + 7, "\r\n"), p + 7);
+	freeReplyObject(r);
+	if (!s->server_id[0]) {
+		drop(s);
+		return dlock_error_set(DLOCK_ESTORE, KIND, NULL, "%s:%d: INFO server has no run_id (fence guard)",
+				       s->srv[0].host, s->srv[0].port);
+	}
+	return 0;
+}
+
 static int connect_cmd(rstore *s, int64_t deadline)
 {
-	if (!s->sentinels)
-		return timed_out_error(dlock__rconnect_by(&s->c, &s->srv[0], KIND, deadline), "timed out: ");
+	if (!s->sentinels) {
+		int rc = dlock__rconnect_by(&s->c, &s->srv[0], KIND, deadline);
+		if (!rc)
+			rc = fetch_server_id(s, deadline);
+		return timed_out_error(rc, "timed out: ");
+	}
 	int rc;
 	for (;;) {
 		rc = sentinel_resolve(s, deadline);
-		if (!rc && (rc = connect_master(s, deadline)) == 0)
+		if (!rc && (rc = connect_master(s, deadline)) == 0 && (rc = fetch_server_id(s, deadline)) == 0)
 			return 0;
 		if (rc != DLOCK_EUNAVAILABLE)
 			return rc;
@@ -1622,11 +1690,77 @@ static rstore *RS(dlock_backend *be)
 /* A try at the end of a wait (or a try-once, whose wait is 0) comes with a
  * deadline that has (nearly) passed: it still gets TRY_MIN_MS, inside the
  * core's slack (max(50 ms, 5 %), half of it for the clean-up after). */
-#define TRY_MIN_MS 20
+#define TRY_MIN_MS 40
 static int64_t try_deadline(const dlock_request *req)
 {
 	int64_t floor = dlock_clock_ms() + TRY_MIN_MS;
 	return req->deadline_ms >= floor ? req->deadline_ms : floor;
+}
+
+static const char confirm_lua[] =
+	"local E = KEYS[1] .. ':e'\n"
+	"if redis.call('HGET', E, 'id') == ARGV[2] and tonumber(redis.call('HGET', E, 'c') or '0') < tonumber(ARGV[1]) then\n"
+	"  redis.call('HSET', E, 'c', ARGV[1])\n"
+	"end\n"
+	"return 1\n";
+
+/*
+ * After a grant: wait until the replicas have it (wait_replicas), or have the
+ * fence reservation it made (reserve > 0; then confirm the reservation).
+ * Otherwise give the grant back: a grant or a fence that a failover can lose
+ * is not handed out. @return 0; DLOCK_EUNAVAILABLE.
+ */
+static int replicate_grant(rstore *s, dlock_request *req, const dlock__rkeys *k, long long reserve, int64_t deadline)
+{
+	int n = s->wait_replicas;
+	if (reserve > 0 && s->fence_replicas > n)
+		n = s->fence_replicas;
+	if (n <= 0)
+		return 0;
+	int64_t left = ms_left(deadline);
+	int64_t margin = left / 10 > 5 ? left / 10 : 5; /* for the reply to come back in time */
+	long long acked = -1;
+	int rc = 0;
+	if (left - margin >= 1) {
+		char num[16], ms[24];
+		snprintf(num, sizeof(num), "%d", n);
+		snprintf(ms, sizeof(ms), "%lld", (long long)(left - margin));
+		const char *argv[3] = { "WAIT", num, ms };
+		redisReply *r = NULL;
+		redisAppendCommandArgv(s->c, 3, argv, NULL);
+		if ((rc = dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r)) != 0) {
+			drop(s);
+			return timed_out_error(rc, "timed out waiting for the replicas: ");
+		}
+		if (r->type == REDIS_REPLY_INTEGER)
+			acked = r->integer;
+		freeReplyObject(r);
+	}
+	if (acked >= n) {
+		if (reserve > 0) { /* best effort: unconfirmed, the next grant waits again */
+			char rv[24];
+			snprintf(rv, sizeof(rv), "%lld", reserve);
+			const char *argv[6] = { "EVAL", confirm_lua, "1", k->k[DLOCK__RK_H], rv, s->server_id };
+			size_t lens[6] = { 4, sizeof(confirm_lua) - 1, 1, k->len[DLOCK__RK_H], strlen(rv),
+					   strlen(s->server_id) };
+			redisReply *r = NULL;
+			redisAppendCommandArgv(s->c, 6, argv, lens);
+			if (dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r) != 0)
+				drop(s);
+			else
+				freeReplyObject(r);
+		}
+		return 0;
+	}
+	/* give it back (the core undoes it again if this does not arrive) */
+	dlock__rargs a;
+	dlock__rargs_owner(&a, k, req);
+	redisReply *r = run(s, DLOCK__RS_RELEASE, &a, deadline, &rc);
+	if (r)
+		freeReplyObject(r);
+	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "NOREPLICAS",
+			       "lock '%s': the grant reached %lld of %d replica(s) in time; given back%s", req->name,
+			       acked < 0 ? 0 : acked, n, acked < 0 ? " (timed out)" : "");
 }
 
 static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
@@ -1636,13 +1770,28 @@ static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_acquire(&a, &k, req, 0);
+	int64_t deadline = try_deadline(req);
 	dlock__rnotify_arm(s->nt, req);
 	int rc;
-	redisReply *r = run(s, DLOCK__RS_ACQUIRE, &a, try_deadline(req), &rc);
+	redisReply *r = NULL;
+	if (s->fence_replicas) {
+		/* ARGV[8]: the server's id, read when connecting: connect first */
+		if (!s->c && (rc = connect_cmd(s, deadline)) != 0)
+			return rc;
+		arg_s(&a, s->server_id);
+	}
+	r = run(s, DLOCK__RS_ACQUIRE, &a, deadline, &rc);
 	if (!r)
 		return rc;
 	rc = dlock__racquire_reply(r, fence, retry_ms, KIND);
+	long long reserve = 0;
+	if (rc == 0 && r->elements == 3)
+		reply_int(r->element[2], &reserve);
 	freeReplyObject(r);
+	if (rc == 0 && (s->wait_replicas > 0 || reserve > 0) && s->c)
+		rc = replicate_grant(s, req, &k, reserve, deadline);
+	else if (rc == 0 && !s->c && (s->wait_replicas > 0 || reserve > 0))
+		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "lock '%s': connection lost before WAIT", req->name);
 	dlock__racquire_done(req, rc);
 	if (rc == 0)
 		dlock__rnotify_forget(s->nt, req);
@@ -2018,6 +2167,25 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 		if (!(s->pend = dlock__calloc(PIPELINE_MAX, sizeof(*s->pend))) ||
 		    !(s->again = dlock__calloc(PIPELINE_MAX, sizeof(*s->again))))
 			goto oom;
+	}
+	/* Sentinel: a failover must not lose a grant that was handed out, nor
+	 * make a fence go back (see docs/stores/redis.md) */
+	s->wait_replicas = s->fence_replicas = sentinel ? 1 : 0;
+	const char *opt[2] = { "wait_replicas", "fence_replicas" };
+	int *val[2] = { &s->wait_replicas, &s->fence_replicas };
+	for (int i = 0; i < 2; i++) {
+		const char *v = dlock_uri_param(uri, opt[i]);
+		if (!v)
+			continue;
+		char *end;
+		errno = 0;
+		long x = strtol(v, &end, 10);
+		if (errno || end == v || *end || x < 0 || x > 100) {
+			rc = dlock_error_set(DLOCK_EINVAL, KIND, NULL, "option %s: want a number of replicas (0-100), not '%s'",
+					     opt[i], v);
+			goto fail;
+		}
+		*val[i] = (int)x;
 	}
 	if ((rc = dlock__rnotify_new(&s->nt, s->srv, 1, KIND)) != 0)
 		goto fail;

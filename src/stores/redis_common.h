@@ -15,6 +15,9 @@
  *                      the latest holder expiry, so an absent key means "free";
  *                      Redis drops the hash with its last holder.
  *   {P:NAME}:f   STRING fence counter (INCR per grant; never expires or deleted)
+ *   {P:NAME}:e   HASH  fence guard (redis+sentinel://): id = the server that last
+ *                      granted, r = fences reserved (on the replicas before use),
+ *                      c = reservation confirmed replicated; never expires
  *   {P:NAME}:w   ZSET  waiters: owner -> registration deadline (server ms)
  *   {P:NAME}:q   ZSET  fair queue: owner -> ticket (arrival time in us); dead heads pruned
  *   {P:NAME}:x   ZSET  waiting writers (exclusive waiters): blocks new readers
@@ -32,6 +35,9 @@
 #include "core/internal.h"
 
 #include <hiredis/hiredis.h>
+
+/* Fences reserved at a time by the fence guard (one WAIT per block per name). */
+#define DLOCK__RFENCE_BLOCK "1000"
 
 /* Longest prefix accepted: keeps every key in a fixed buffer. */
 #define DLOCK__REDIS_PREFIX_MAX 200
@@ -93,7 +99,9 @@ int dlock__rconn_error(const redisContext *c, const dlock__rserver *srv, const c
 /* ---- scripts ---- */
 enum {
 	/* KEYS[1] is always the holder key H; scripts derive the others from it. */
-	DLOCK__RS_ACQUIRE, /* ARGV owner ttl flags permits qttl "pid host" ticket -> {1, fence} | {0, retry_ms} */
+	DLOCK__RS_ACQUIRE, /* ARGV owner ttl flags permits qttl "pid host" ticket [server id: fence
+			      guard] -> {1, fence} | {1, fence, reservation: WAIT, then confirm} |
+			      {0, retry_ms} */
 	DLOCK__RS_RELEASE, /* ARGV owner -> 1 | 0 (and PUBLISH on the channel) */
 	DLOCK__RS_RENEW,   /* KEYS H1..Hn; ARGV owner1 ttl1 ... -> {1|0, ...} (also extend) */
 	DLOCK__RS_CANCEL,  /* ARGV owner -> 1 */
