@@ -2,6 +2,7 @@
 # fresh machine (it installs make itself, among the rest).
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS ?= 2
 
 .PHONY: all build demo check clean
@@ -19,7 +20,9 @@ demo: build
 
 # The whole suite: a plain gcc build (its programs also run under valgrind),
 # then a clang build with AddressSanitizer + UBSan (and the libFuzzer targets)
-# that runs every test against real servers the harness starts.
+# that runs every test against real servers the harness starts, then a
+# ThreadSanitizer build of the core's tests and the SQLite and Redis
+# conformance (ctest label "tsan").
 check:
 	./scripts/install-deps test
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -27,7 +30,11 @@ check:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DDLOCK_SANITIZE=ON \
 	      -DDLOCK_PLAIN_BUILD=$(abspath $(BUILD))
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DDLOCK_TSAN=ON \
+	      -DDLOCK_BUILD_CLI=OFF
+	cmake --build $(TSAN_BUILD) -j$(JOBS) --target test_core conformance
+	cd $(TSAN_BUILD) && ctest -j$(JOBS) --output-on-failure --timeout 900 -L tsan
 	cd $(ASAN_BUILD) && ctest -j$(JOBS) --output-on-failure --timeout 900
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

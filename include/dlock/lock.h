@@ -13,7 +13,15 @@
 
 DLOCK_BEGIN_DECLS
 
-/** Called once, from the store's renewal thread, when a held lock is lost. */
+/**
+ * Called once when a held lock is lost: at its lease deadline if no renewal
+ * was confirmed by then (whatever the network does — the signal never waits
+ * for I/O), or at once when the store says the hold is no longer ours. It
+ * runs on a thread of its own (one per signal), so a slow callback delays
+ * neither renewal nor another lock's signal; it may call dlock_lock_free on
+ * its own lock. (If no thread can be created it runs on the store's
+ * watchdog thread.)
+ */
 typedef void (*dlock_lost_fn)(dlock_lock *lock, void *payload);
 
 #define DLOCK_LOCK_OPTIONS_VERSION 1
@@ -62,9 +70,18 @@ DLOCK_EXTERN void dlock_lock_free(dlock_lock *lock);
  * @param wait_ms  0 = try once; > 0 = wait at most that long; < 0 = forever
  *                 (so does a wait longer than DLOCK_TTL_MAX_MS)
  * @return 0 (held; the lease deadline counts from before the request was
- *         sent); DLOCK_ELOCKED (wait 0 and held by another); DLOCK_ETIMEOUT;
- *         DLOCK_EUNAVAILABLE; DLOCK_EBUSY (held through this handle by
- *         another thread); other codes from the store.
+ *         sent — from before the EARLIEST try of this call whose reply was
+ *         lost, since the store may have applied it); DLOCK_ELOCKED (wait 0
+ *         and held by another); DLOCK_ETIMEOUT; DLOCK_EUNAVAILABLE;
+ *         DLOCK_EBUSY (held through this handle by another thread);
+ *         DLOCK_ELOST (reentrant acquire after the lease ended); other codes
+ *         from the store.
+ * Bounded whatever the network does: with wait_ms > 0 it returns within
+ * wait_ms + max(50 ms, 5 %); a try-once within the store's request timeout
+ * (URI `timeout=`). A grant whose reply arrives after the lease it carries
+ * has ended is refused. A call that ends without a grant undoes what its
+ * tries may have left in the store (in the background if the store does not
+ * answer at once).
  * If this handle already holds the lock on this thread, the hold count grows
  * and 0 is returned with no round trip; the fence stays the same.
  */
@@ -73,9 +90,16 @@ DLOCK_EXTERN int dlock_acquire(dlock_lock *lock, int64_t wait_ms);
 /**
  * Release one hold. The lock is freed in the store after as many releases as
  * acquires.
+ * Returns within the store's request timeout (URI `timeout=`) plus, at
+ * most, one renewal in flight (also bounded by it).
  * @return 0; DLOCK_ENOTHELD (not held by this handle — nothing changes in
  *         the store); DLOCK_ELOST (the lease had ended: the lock was lost);
- *         DLOCK_EUNAVAILABLE (the store did not answer; the lease will run out).
+ *         DLOCK_EUNAVAILABLE (the store did not confirm). After
+ *         DLOCK_EUNAVAILABLE the handle no longer holds the lock, renewal
+ *         has stopped, and the store's threads retry the release in the
+ *         background until it is confirmed or the lease has ended; calling
+ *         dlock_release again retries it at once (0 when it is confirmed or
+ *         already done).
  */
 DLOCK_EXTERN int dlock_release(dlock_lock *lock);
 

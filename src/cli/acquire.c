@@ -66,7 +66,7 @@ int cli_acquire(cli_global *g, int argc, char **argv)
 		return rc;
 
 	dlock_store *store = NULL;
-	if ((rc = cli_store_open(g, &store)) != 0)
+	if ((rc = cli_store_open_within(g, &store, &c.lo.wait_ms)) != 0)
 		return rc;
 
 	/* DLOCK_TEST_HOLDER: tests run the holder path on any store. */

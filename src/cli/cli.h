@@ -100,7 +100,12 @@ int cli_uint(const cli_global *g, const char *opt, const char *text, unsigned lo
 int cli_name(const cli_global *g, const char *name);
 
 /* Open the store chosen by --store / $DLOCK_STORE / default; prints errors. */
+/* Milliseconds on CLOCK_MONOTONIC. */
+int64_t cli_mono_ms(void);
 int cli_store_open(const cli_global *g, dlock_store **out);
+/* The same within a wait: the open takes at most *wait_ms (if > 0), which is
+ * then cut to what is left of it (at least 1 ms), for the acquire. */
+int cli_store_open_within(const cli_global *g, dlock_store **out, int64_t *wait_ms);
 
 /* Lock options shared by run and acquire. */
 typedef struct cli_lockopts {

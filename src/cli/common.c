@@ -287,10 +287,27 @@ const char *cli_store_choice(const cli_global *g)
 	return uri;
 }
 
+int64_t cli_mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 int cli_store_open(const cli_global *g, dlock_store **out)
 {
+	return cli_store_open_within(g, out, NULL);
+}
+
+int cli_store_open_within(const cli_global *g, dlock_store **out, int64_t *wait_ms)
+{
 	const char *uri = cli_store_choice(g);
-	int rc = dlock_store_open(out, uri);
+	int64_t t0 = cli_mono_ms();
+	int rc = dlock_store_open_timeout(out, uri, wait_ms && *wait_ms > 0 ? *wait_ms : 0);
+	if (wait_ms && *wait_ms > 0) {
+		int64_t left = *wait_ms - (cli_mono_ms() - t0);
+		*wait_ms = left > 0 ? left : 1; /* what the open left of the wait */
+	}
 	if (rc != 0) {
 		*out = NULL;
 		return cli_fail(g, rc, "cannot open store");

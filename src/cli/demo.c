@@ -239,10 +239,7 @@ int cli_demo(cli_global *g, int argc, char **argv)
 		fflush(stdout);
 	}
 	phase_result un = { 0 }, lk = { 0 };
-	int64_t t0 = 0;
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	t0 = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	int64_t t0 = cli_mono_ms();
 	rc = run_phase(g, s, uri, lock_name, false, &un);
 	if (rc == 0 && text) {
 		printf("  without a lock: %3u of %d messages rejected for a stale token (%u token fetches)\n",
@@ -251,8 +248,7 @@ int cli_demo(cli_global *g, int argc, char **argv)
 	}
 	if (rc == 0)
 		rc = run_phase(g, s, uri, lock_name, true, &lk);
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	int64_t took = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 - t0;
+	int64_t took = cli_mono_ms() - t0;
 	if (rc == 0 && text)
 		printf("  with dlock:     %3u of %d messages rejected for a stale token (%u token fetches)\n\n",
 		       lk.stale, WORKERS * MESSAGES, lk.fetches);

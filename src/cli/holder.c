@@ -37,12 +37,6 @@
 #define REQUEST_MAX 1024
 #define REPLY_TIMEOUT_MS 60000
 
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 bool cli_holder_handle(const char *handle)
 {
@@ -129,10 +123,10 @@ static void reply(int fd, int code, int64_t ttl_left, uint64_t fence, const char
 static bool read_line(int fd, char *buf, size_t cap)
 {
 	size_t len = 0;
-	int64_t until = mono_ms() + 1000;
+	int64_t until = cli_mono_ms() + 1000;
 	while (len + 1 < cap) {
 		struct pollfd p = { .fd = fd, .events = POLLIN };
-		int64_t left = until - mono_ms();
+		int64_t left = until - cli_mono_ms();
 		if (left <= 0 || poll(&p, 1, (int)left) <= 0)
 			return false;
 		ssize_t n = read(fd, buf + len, cap - 1 - len);
@@ -208,7 +202,7 @@ static bool serve(int fd, hold *h)
 			return err == DLOCK_ENOTHELD || err == DLOCK_ELOST;
 		}
 		h->ttl = t;
-		h->deadline = mono_ms() + t;
+		h->deadline = cli_mono_ms() + t;
 		char handle[256];
 		make_handle(handle, sizeof handle, h);
 		reply(fd, 0, t, dlock_fence(h->lock), handle);
@@ -221,7 +215,7 @@ static bool serve(int fd, hold *h)
 static void serve_until_done(int lfd, hold *h)
 {
 	for (;;) {
-		int64_t left = h->deadline - mono_ms();
+		int64_t left = h->deadline - cli_mono_ms();
 		if (left <= 0)
 			return; /* TTL passed without an extend: the caller frees the lock */
 		struct pollfd p[2] = { { .fd = lfd, .events = POLLIN }, { .fd = lost_fds[0], .events = POLLIN } };
@@ -290,7 +284,7 @@ static int holder_main(const char *uri, const char *name, const cli_lockopts *lo
 	h.permits = lo->permits;
 	h.ttl = dlock_ttl_left(lock);
 	h.ttl = lo->ttl_ms > 0 ? lo->ttl_ms : h.ttl;
-	h.deadline = mono_ms() + h.ttl;
+	h.deadline = cli_mono_ms() + h.ttl;
 	struct sockaddr_un addr;
 	socklen_t alen = abstract_addr(&addr, h.sockid);
 	lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -427,10 +421,10 @@ int cli_holder_request(const cli_global *g, const char *name, const char *handle
 	}
 	char buf[REQUEST_MAX];
 	size_t len = 0;
-	int64_t until = mono_ms() + REPLY_TIMEOUT_MS;
+	int64_t until = cli_mono_ms() + REPLY_TIMEOUT_MS;
 	while (len + 1 < sizeof buf && !memchr(buf, '\n', len)) {
 		struct pollfd pf = { .fd = fd, .events = POLLIN };
-		int64_t left = until - mono_ms();
+		int64_t left = until - cli_mono_ms();
 		if (left <= 0 || poll(&pf, 1, (int)left) <= 0)
 			break;
 		ssize_t r = read(fd, buf + len, sizeof buf - 1 - len);

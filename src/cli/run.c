@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -87,6 +88,7 @@ static int on_opt(void *p, int id, const char *value)
 
 static int ev_pipe[2] = { -1, -1 };
 static atomic_llong lost_wall_ms;
+static _Atomic int64_t lease_deadline; /* CLOCK_MONOTONIC ms, last seen by the main loop */
 
 static sigset_t handled; /* taken by the signal thread */
 static pthread_mutex_t phase_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -107,12 +109,6 @@ static int64_t wall_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Runs on the library's renewal thread: record when, wake the main loop, return. */
 static void on_lost(dlock_lock *lock, void *payload)
@@ -292,6 +288,22 @@ static bool group_alive(pid_t pgid)
 	return kill(-pgid, 0) == 0 || errno == EPERM;
 }
 
+/* Say that the lock was lost, and when: the lease deadline (if we were
+ * stopped past it, we hear of the loss late). */
+static void report_lost(const cli_global *g, const char *name, int64_t kill_after)
+{
+	char when[64], d[32];
+	int64_t at = (int64_t)atomic_load(&lost_wall_ms);
+	int64_t late = cli_mono_ms() - atomic_load(&lease_deadline);
+	if (at == 0 || (atomic_load(&lease_deadline) > 0 && late > 0 && wall_ms() - late < at))
+		at = wall_ms() - (late > 0 ? late : 0);
+	cli_fmt_time(when, sizeof when, at);
+	cli_error(g,
+		  "lock '%s' was LOST at %s (lease not renewed in time); "
+		  "sending SIGTERM to the command, SIGKILL after %s",
+		  name, when, cli_fmt_duration(d, sizeof d, kill_after));
+}
+
 /* Drain the self-pipe: forward signals to the child's group, act on a loss. */
 static void drain(const cli_global *g, child *ch, bool *lost, int64_t *kill_at, int64_t kill_after,
 		  const char *name)
@@ -305,23 +317,90 @@ static void drain(const cli_global *g, child *ch, bool *lost, int64_t *kill_at, 
 				if (*lost)
 					continue;
 				*lost = true;
-				char when[64], d[32];
-				cli_fmt_time(when, sizeof when, (int64_t)atomic_load(&lost_wall_ms));
-				cli_error(g,
-					  "lock '%s' was LOST at %s (lease not renewed in time); "
-					  "sending SIGTERM to the command, SIGKILL after %s",
-					  name, when, cli_fmt_duration(d, sizeof d, kill_after));
+				report_lost(g, name, kill_after);
 				if (ch->pid > 0 && !ch->exited) {
 					kill(-ch->pid, SIGTERM);
 					kill(-ch->pid, SIGCONT); /* a stopped group must see the TERM */
 				}
-				*kill_at = mono_ms() + kill_after;
+				*kill_at = cli_mono_ms() + kill_after;
 			} else if (ev != SIGCHLD && ch->pid > 0 && !ch->exited) {
 				cli_debug(g, "forwarding signal %d to the command", ev);
 				kill(-ch->pid, ev);
 			}
 		}
 	}
+}
+
+/*
+ * The dead man's switch: a small process of our own that ends the command's
+ * process group at the lease deadline unless we keep moving the deadline
+ * forward. It runs even while dlock itself is stopped (SIGSTOP, a debugger)
+ * or was killed: the command never runs on past a lease nobody renews.
+ */
+typedef struct deadman {
+	_Atomic int64_t deadline; /* CLOCK_MONOTONIC ms, as dlock_ttl_left sees it */
+	_Atomic int done;         /* the command is over: stand down */
+	_Atomic int fired;        /* the switch sent SIGTERM */
+} deadman;
+
+static void sleep_until_ms(int64_t when)
+{
+	struct timespec ts = { (time_t)(when / 1000), (long)(when % 1000) * 1000000 };
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+
+static void deadman_main(deadman *dm, pid_t pgid, int64_t kill_after)
+{
+	for (;;) {
+		int64_t d = atomic_load(&dm->deadline);
+		if (atomic_load(&dm->done))
+			_exit(0);
+		if (cli_mono_ms() < d) {
+			sleep_until_ms(d);
+			continue;
+		}
+		atomic_store(&dm->fired, 1);
+		kill(-pgid, SIGTERM);
+		kill(-pgid, SIGCONT);
+		int64_t until = cli_mono_ms() + kill_after;
+		while (cli_mono_ms() < until && !atomic_load(&dm->done) && group_alive(pgid))
+			sleep_until_ms(cli_mono_ms() + 20 < until ? cli_mono_ms() + 20 : until);
+		if (!atomic_load(&dm->done) && group_alive(pgid))
+			kill(-pgid, SIGKILL);
+		_exit(0);
+	}
+}
+
+/* Start the switch for the command's group; NULL (no switch) if it cannot be. */
+static deadman *deadman_start(pid_t pgid, int64_t deadline, int64_t kill_after, pid_t *pid)
+{
+	deadman *dm = mmap(NULL, sizeof(*dm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (dm == MAP_FAILED)
+		return NULL;
+	atomic_store(&dm->deadline, deadline);
+	atomic_store(&dm->done, 0);
+	atomic_store(&dm->fired, 0);
+	*pid = fork();
+	if (*pid == 0)
+		deadman_main(dm, pgid, kill_after); /* never returns */
+	if (*pid < 0) {
+		munmap(dm, sizeof(*dm));
+		return NULL;
+	}
+	return dm;
+}
+
+static void deadman_stop(deadman *dm, pid_t pid)
+{
+	if (!dm)
+		return;
+	atomic_store(&dm->done, 1);
+	if (pid > 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+	}
+	munmap(dm, sizeof(*dm));
 }
 
 /* Our own stop/continue, when the child was stopped from the terminal (^Z). */
@@ -335,11 +414,18 @@ static void follow_stop(child *ch)
 }
 
 static int supervise(const cli_global *g, child *ch, int64_t kill_after, const char *name,
-		     bool *lost)
+		     bool *lost, dlock_lock *lock, deadman *dm)
 {
 	int64_t kill_at = -1;
 	bool killed = false;
 	for (;;) {
+		/* Keep the dead man's switch at the lease deadline, renewed or not. */
+		int64_t lease_left = dlock_ttl_left(lock);
+		if (!*lost && lease_left > 0) {
+			atomic_store(&lease_deadline, cli_mono_ms() + lease_left);
+			if (dm)
+				atomic_store(&dm->deadline, cli_mono_ms() + lease_left);
+		}
 		/* Reap our child and, as subreaper, orphaned descendants of it. */
 		int st;
 		pid_t r;
@@ -357,8 +443,10 @@ static int supervise(const cli_global *g, child *ch, int64_t kill_after, const c
 		if (ch->exited && (!*lost || !group_alive(ch->pid)))
 			break;
 		int timeout = -1;
+		if (dm && !*lost) /* renewals move the deadline every ttl/3: follow them */
+			timeout = (int)(lease_left / 6 > 10 ? (lease_left / 6 < 1000 ? lease_left / 6 : 1000) : 10);
 		if (*lost) {
-			int64_t left = (killed ? kill_at + 5000 : kill_at) - mono_ms();
+			int64_t left = (killed ? kill_at + 5000 : kill_at) - cli_mono_ms();
 			if (killed && left <= 0)
 				break; /* SIGKILLed and still there: unkillable (D state); give up */
 			timeout = left < 0 ? 0 : (int)(left > 100000 ? 100000 : left);
@@ -372,7 +460,7 @@ static int supervise(const cli_global *g, child *ch, int64_t kill_after, const c
 			return -1;
 		if (pr > 0)
 			drain(g, ch, lost, &kill_at, kill_after, name);
-		if (*lost && !killed && mono_ms() >= kill_at) {
+		if (*lost && !killed && cli_mono_ms() >= kill_at) {
 			char d[32];
 			if (group_alive(ch->pid)) {
 				cli_error(g, "the command is still running %s after SIGTERM: sending SIGKILL",
@@ -444,6 +532,8 @@ int cli_run(cli_global *g, int argc, char **argv)
 	char **env = NULL;
 	child ch = { 0 };
 	bool lost = false;
+	deadman *dm = NULL;
+	pid_t dm_pid = -1;
 	if (pipe2(ev_pipe, O_CLOEXEC | O_NONBLOCK) != 0 ||
 	    pthread_create(&sig_thread, NULL, signal_thread, NULL) != 0) {
 		cli_error(g, "cannot set up signal handling: %s", strerror(errno));
@@ -451,7 +541,7 @@ int cli_run(cli_global *g, int argc, char **argv)
 		return CLI_EXIT_FAIL;
 	}
 
-	if ((rc = cli_store_open(g, &store)) != 0)
+	if ((rc = cli_store_open_within(g, &store, &c.lo.wait_ms)) != 0)
 		goto out;
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
 	cli_lockopts_apply(&c.lo, &o);
@@ -516,6 +606,7 @@ int cli_run(cli_global *g, int argc, char **argv)
 	if (ch.tty)
 		tcsetpgrp(STDIN_FILENO, ch.pid);
 	close(errp[1]);
+	dm = deadman_start(ch.pid, cli_mono_ms() + dlock_ttl_left(lock), c.kill_after_ms, &dm_pid);
 	int exec_errno = 0;
 	ssize_t nr;
 	while ((nr = read(errp[0], &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR)
@@ -526,7 +617,7 @@ int cli_run(cli_global *g, int argc, char **argv)
 		ch.exited = true;
 		cli_error(g, "cannot run %s: %s", cmd[0], strerror(exec_errno));
 		rc = exec_errno == ENOENT ? 127 : 126;
-	} else if (supervise(g, &ch, c.kill_after_ms, name, &lost) != 0) {
+	} else if (supervise(g, &ch, c.kill_after_ms, name, &lost, lock, dm) != 0) {
 		cli_error(g, "poll: %s", strerror(errno));
 		rc = CLI_EXIT_FAIL;
 	} else if (WIFSIGNALED(ch.status)) {
@@ -536,10 +627,15 @@ int cli_run(cli_global *g, int argc, char **argv)
 	}
 	if (ch.tty)
 		tcsetpgrp(STDIN_FILENO, getpgrp());
-
 	/* A loss reported just as the child exited is still a loss. */
 	int64_t ignore = 0;
 	drain(g, &ch, &lost, &ignore, c.kill_after_ms, name);
+	if (dm && atomic_load(&dm->fired) && !lost) {
+		lost = true; /* the switch ended the command at the deadline: that is a loss */
+		report_lost(g, name, c.kill_after_ms);
+	}
+	deadman_stop(dm, dm_pid);
+	dm = NULL;
 	if (!lost) {
 		err = dlock_release(lock);
 		if (err == DLOCK_ELOST) {
@@ -550,6 +646,7 @@ int cli_run(cli_global *g, int argc, char **argv)
 		}
 	}
 out:
+	deadman_stop(dm, dm_pid);
 	if (lost)
 		rc = CLI_EXIT_LOST;
 	dlock_lock_free(lock);

@@ -164,9 +164,10 @@ static bool outcome_unknown(int rc)
 
 /* Undo whatever the tries of this acquire call may have left in the store:
  * release by owner now, within `deadline`; if the store does not confirm,
- * the renewer retries it until the lease it may have set (from t_lease) ends.
- * Returns true when the store confirmed that nothing is left. */
-static bool undo(dlock_lock *l, int64_t t_lease, int64_t deadline)
+ * the renewer retries it until any lease a try may have set has ended (the
+ * latest try started before now). Returns true when the store confirmed
+ * that nothing is left. */
+static bool undo(dlock_lock *l, int64_t deadline)
 {
 	dlock_store *s = l->store;
 	dlock__saved_error saved;
@@ -179,7 +180,7 @@ static bool undo(dlock_lock *l, int64_t t_lease, int64_t deadline)
 	l->req.slot = NULL;
 	bool done = rc == 0 || rc == DLOCK_ENOTHELD;
 	if (!done)
-		dlock__orphan_add(s, &l->req, t_lease + l->ttl_ms);
+		dlock__orphan_add(s, &l->req, dlock_clock_ms() + l->ttl_ms);
 	dlock__error_restore(&saved);
 	return done;
 }
@@ -277,14 +278,14 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		int64_t retry = -1;
 		int64_t t0 = dlock_clock_ms(); /* the lease counts from before the request */
 		l->req.waiting = wait_ms != 0;
-		int rc = call_acquire(l, &fence, &retry, until == INT64_MAX ? INT64_MAX : until);
+		int rc = call_acquire(l, &fence, &retry, until);
 		int64_t t_lease = unknown_t0 >= 0 ? unknown_t0 : t0;
 		if (rc == 0) {
 			int64_t now = dlock_clock_ms();
 			if (now < t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms))
 				return granted(l, fence, t_lease);
 			/* The grant came after the lease it may carry had ended: not ours to use. */
-			if (!undo(l, t_lease, request_deadline(l->store, INT64_MAX))) {
+			if (!undo(l, request_deadline(l->store, INT64_MAX))) {
 				new_owner(l); /* the old owner's release goes on in the background */
 				dlock__lock_fill_request(l);
 				registered = false;
@@ -305,7 +306,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			if (registered || (rc == DLOCK_ELOCKED && l->req.waiting))
 				call_cancel(l, by);
 			if (unknown_t0 >= 0)
-				undo(l, unknown_t0, by);
+				undo(l, by);
 			dlock__error_restore(&saved);
 			if (rc != DLOCK_ELOCKED)
 				return rc;
@@ -342,8 +343,10 @@ static int release_in_store(dlock_lock *l)
 	if (rc != 0 && rc != DLOCK_ENOTHELD && rc != DLOCK_EINVAL) {
 		/* Not confirmed: the renewer retries until the hold's lease would have ended. */
 		pthread_mutex_lock(&l->mu);
+		/* The store's expiry: our deadline plus its drift margin, plus the
+		 * longest a confirmed renewal may have taken to apply. */
 		int64_t until = l->state == DLOCK__HELD && !l->attached
-					? l->deadline + dlock__drift_ms(l->ttl_ms)
+					? l->deadline + dlock__drift_ms(l->ttl_ms) + l->store->request_timeout_ms
 					: dlock_clock_ms() + l->ttl_ms;
 		pthread_mutex_unlock(&l->mu);
 		dlock__orphan_add(l->store, &l->req, until);

@@ -159,7 +159,13 @@ static void *watchdog_main(void *arg)
 		for (dlock__reg *r = s->regs; r; r = r->next) {
 			bool held;
 			int64_t d = lock_deadline(r->lock, &held);
-			if (held && now >= d) {
+			if (!held) {
+				/* lost through extend: nothing to watch or renew any more */
+				unlink_reg(s, r);
+				again = true;
+				break;
+			}
+			if (now >= d) {
 				lost(s, r, now);
 				again = true; /* the list may have changed */
 				break;

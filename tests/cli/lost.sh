@@ -1,9 +1,14 @@
 #!/bin/bash
 # A `dlock run` whose lease runs out while it is stopped (SIGSTOP, short --ttl
-# on the embedded store) loses the lock to another client; when it continues
-# it says the lock was lost and when, SIGTERMs the command's process group,
-# SIGKILLs it after --kill-after if it ignores SIGTERM, and exits 76.
+# on the embedded store) loses the lock to another client. Its command does
+# not outlive the lease even though dlock itself is stopped: a dead man's
+# switch SIGTERMs the command's process group at the deadline and SIGKILLs it
+# after --kill-after if it ignores SIGTERM. When dlock continues it says the
+# lock was lost and when (the deadline, not the time it woke up) and exits 76.
 . "$(dirname "$0")/lib.sh" "$@"
+
+# running PID: the process exists and is not a zombie (dlock, stopped, cannot reap it).
+running() { [ -e "/proc/$1/stat" ] && ! grep -q '^[0-9]* (.*) Z ' "/proc/$1/stat" 2>/dev/null; }
 
 # lose CHILD_SCRIPT KILL_AFTER: start a run, steal its lock, report via globals.
 lose() {
@@ -21,6 +26,14 @@ lose() {
 	"$DLOCK" acquire --ttl 60s --wait 20s victim >"$T/thief" 2>"$T/thief.err"
 	thief_rc=$?
 	stolen_ms=$(( $(now_ms) - t0 ))
+	# dlock is still stopped: the command must go by itself (the switch).
+	gone_while_stopped=no
+	t1=$(now_ms)
+	for _ in $(seq 1 $(( ${kill_after%s} * 50 + 150 ))); do
+		running "$child" || { gone_while_stopped=yes; break; }
+		sleep 0.02
+	done
+	gone_ms=$(( $(now_ms) - t1 ))
 	t0=$(now_ms)
 	kill -CONT "$run_pid"
 	wait "$run_pid"
@@ -34,8 +47,10 @@ check "the thief got the lock (exit $thief_rc: $(cat "$T/thief.err"))" [ "$thief
 check "the lease ran out within a few seconds ($stolen_ms ms)" [ "$stolen_ms" -lt 5000 ]
 check "dlock run exited 76 (got $run_rc)" [ "$run_rc" -eq 76 ]
 check "the TERM-ignoring command is gone" sh -c "! kill -0 $child 2>/dev/null"
+check "it went while dlock was still stopped" [ "$gone_while_stopped" = yes ]
 check "no process of its group is left" sh -c "! pgrep -g $child >/dev/null"
-check "it waited --kill-after before SIGKILL ($exit_ms ms)" test "$exit_ms" -ge 900
+check "it was SIGKILLed only --kill-after after the deadline (${gone_ms} ms after the thief's grant)" \
+	test "$gone_ms" -ge 700
 check "message says the lock was lost, and when" \
 	grep -Eq "lock 'victim' was LOST at [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z" "$T/run.err"
 check "message says SIGKILL was sent" grep -q "SIGKILL" "$T/run.err"
@@ -50,7 +65,8 @@ lose "echo go >'$T/ready'; exec sleep 600" 30s
 check "thief 2 got the lock" [ "$thief_rc" -eq 0 ]
 check "dlock run exited 76 (got $run_rc)" [ "$run_rc" -eq 76 ]
 check "the command is gone" sh -c "! kill -0 $child 2>/dev/null"
-check "no SIGKILL needed: exited in ${exit_ms} ms" test "$exit_ms" -lt 10000
+check "it went while dlock was still stopped" [ "$gone_while_stopped" = yes ]
+check "no SIGKILL needed: gone ${gone_ms} ms after the thief's grant" test "$gone_ms" -lt 10000
 check "no SIGKILL message" sh -c "! grep -q 'SIGKILL$' '$T/run.err'"
 "$DLOCK" release victim "$(cat "$T/thief")"
 finish

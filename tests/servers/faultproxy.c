@@ -23,6 +23,8 @@
  *   reset      RST both sides of every connection of the route; new
  *              connections are reset at once.
  * An error on either socket (RST, failed connect) resets the other side.
+ * FAULTPROXY_BLACKHOLE=1 in the environment starts every route in blackhole
+ * (for shell tests that need a server that accepts and never answers).
  * One thread, epoll, non-blocking sockets; pass mode arms no timer.
  */
 #include <arpa/inet.h>
@@ -738,6 +740,9 @@ int main(int argc, char **argv)
 			goto out;
 		}
 		printf("%d\n", ntohs(sin.sin_port));
+		const char *bh = getenv("FAULTPROXY_BLACKHOLE");
+		if (bh && strcmp(bh, "1") == 0)
+			set_mode(r, M_BLACKHOLE, 0);
 	}
 	printf("ready\n");
 	fflush(stdout);

@@ -6,6 +6,8 @@
 #include "unit/testutil.h"
 
 #include <dlock/sys/backend.h>
+#include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -122,6 +124,15 @@ static fake *fake_new(void)
 	pthread_mutex_init(&f->mu, NULL);
 	pthread_cond_init(&f->gate_cv, NULL);
 	return f;
+}
+
+/* Whether the fake has a holder (the renewer may change it meanwhile). */
+static int fake_holder(fake *f)
+{
+	pthread_mutex_lock(&f->mu);
+	int h = f->holder[0] != '\0';
+	pthread_mutex_unlock(&f->mu);
+	return h;
 }
 
 typedef struct lost_box {
@@ -570,7 +581,7 @@ static void test_lease_from_lost_try(void)
 	f->lost_reply_ms = 150;
 	f->lose_replies = 1;
 	CHECK_RC(dlock_acquire(l, 0), DLOCK_EUNAVAILABLE); /* lost on the first try: given up */
-	CHECK(f->holder[0] == '\0');                      /* and undone */
+	CHECK(!fake_holder(f));                      /* and undone */
 	snprintf(f->holder, sizeof(f->holder), "someone-else");
 	f->acquires = 0;
 	pthread_t t;
@@ -601,7 +612,7 @@ static void test_late_grant_refused(void)
 	f->acquire_delay_ms = 80;
 	CHECK(dlock_acquire(l, 0) != 0);
 	CHECK(!dlock_held(l));
-	CHECK(f->holder[0] == '\0');
+	CHECK(!fake_holder(f));
 	f->acquire_delay_ms = 0;
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	CHECK_RC(dlock_release(l), 0);
@@ -623,9 +634,9 @@ static void test_failed_release_retried(void)
 	CHECK_RC(dlock_release(l), DLOCK_EUNAVAILABLE);
 	CHECK(!dlock_held(l));
 	long long until = tu_now_ms() + 3000;
-	while (f->holder[0] && tu_now_ms() < until)
+	while (fake_holder(f) && tu_now_ms() < until)
 		usleep(2000);
-	CHECK(f->holder[0] == '\0'); /* the renewer retried it */
+	CHECK(!fake_holder(f)); /* the renewer retried it */
 	CHECK(f->releases >= 3);
 	CHECK_RC(dlock_release(l), 0); /* nothing left to do */
 	CHECK_RC(dlock_release(l), DLOCK_ENOTHELD);
@@ -634,13 +645,71 @@ static void test_failed_release_retried(void)
 	f->release_fail = 1000000;
 	CHECK_RC(dlock_release(l), DLOCK_EUNAVAILABLE);
 	CHECK_RC(dlock_release(l), DLOCK_EUNAVAILABLE);
-	CHECK(f->holder[0] != '\0');
+	CHECK(fake_holder(f));
 	f->release_fail = 0;
 	CHECK_RC(dlock_release(l), 0); /* the caller's retry works */
-	CHECK(f->holder[0] == '\0');
+	CHECK(!fake_holder(f));
 	dlock_lock_free(l);
 	dlock_store_close(s);
 }
+
+#ifndef DLOCK_TEST_NO_INTERPOSE
+/* pthread_create that fails the next `fail_creates` calls (the sanitizers
+ * intercept pthread_create themselves: these cases run in the plain build,
+ * under valgrind, in make check). */
+static atomic_int fail_creates;
+
+int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg)
+{
+	typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+	static create_fn real;
+	if (!real)
+		*(void **)&real = dlsym(RTLD_NEXT, "pthread_create");
+	if (atomic_load(&fail_creates) > 0) {
+		atomic_fetch_sub(&fail_creates, 1);
+		return EAGAIN;
+	}
+	return real(t, a, fn, arg);
+}
+
+/* No renewal thread, no watchdog: the grant is given back, never left
+ * unwatched; no callback thread: on_lost still runs. */
+static void test_threads_fail(void)
+{
+	fake *f = fake_new();
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 100;
+	o.no_renew = 1;
+	o.on_lost = on_lost;
+	o.payload = &box;
+	dlock_lock *l;
+	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
+	atomic_store(&fail_creates, 1); /* the renewal thread */
+	CHECK_RC(dlock_acquire(l, 0), DLOCK_ENOMEM);
+	CHECK(!dlock_held(l) && !fake_holder(f));
+	CHECK(f->releases == 1);
+	/* the renewer starts, the watchdog does not */
+	atomic_store(&fail_creates, 0);
+	CHECK_RC(dlock_acquire(l, 0), 0);
+	CHECK_RC(dlock_release(l), 0);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+
+	f = fake_new();
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
+	CHECK_RC(dlock_acquire(l, 0), 0); /* both threads up */
+	atomic_store(&fail_creates, 1);   /* the callback's own thread */
+	CHECK(wait_lost(&box, 3000) == 1);
+	atomic_store(&fail_creates, 0);
+	CHECK(!dlock_held(l));
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+#endif
 
 int main(void)
 {
@@ -658,5 +727,8 @@ int main(void)
 	test_lease_from_lost_try();
 	test_late_grant_refused();
 	test_failed_release_retried();
+#ifndef DLOCK_TEST_NO_INTERPOSE
+	test_threads_fail();
+#endif
 	return tu_done("unit.core");
 }

@@ -1,0 +1,40 @@
+#!/bin/bash
+# A store that accepts connections and never answers (every route of a
+# faultproxy in blackhole): `acquire --wait 1s` and `run --wait 1s` give up
+# within about a second with exit 69 on every network store compiled in —
+# the open is cut to the wait, and no request outlives it.
+#   hung.sh DLOCK FAULTPROXY
+. "$(dirname "$0")/lib.sh" "$@"
+PROXY=${2:?usage: hung.sh DLOCK FAULTPROXY}
+
+FAULTPROXY_BLACKHOLE=1 "$PROXY" "$T/ctl" 127.0.0.1:1 127.0.0.1:1 127.0.0.1:1 >"$T/ports" 2>"$T/proxy.err" &
+for _ in $(seq 1 100); do grep -q ready "$T/ports" 2>/dev/null && break; sleep 0.05; done
+check "the proxy started" grep -q ready "$T/ports"
+mapfile -t P <"$T/ports"
+
+uris=(
+	"redis://127.0.0.1:${P[0]}"
+	"redlock://127.0.0.1:${P[0]},127.0.0.1:${P[1]},127.0.0.1:${P[2]}"
+	"etcd://127.0.0.1:${P[0]}"
+	"zk://127.0.0.1:${P[0]}"
+	"postgres://dlock:secret@127.0.0.1:${P[0]}/dlock"
+	"postgres://dlock:secret@127.0.0.1:${P[0]}/dlock?mode=advisory"
+	"mysql://dlock:secret@127.0.0.1:${P[0]}/dlock"
+	"mysql://dlock:secret@127.0.0.1:${P[0]}/dlock?mode=get_lock"
+	"memcached://127.0.0.1:${P[0]}"
+)
+for u in "${uris[@]}"; do
+	# a store this build was compiled without says so at once: nothing to time
+	if "$DLOCK" --store "$u" status 2>&1 | grep -q "built without"; then
+		continue
+	fi
+	for cmd in "acquire --wait 1s hung" "run --wait 1s hung -- true"; do
+		t0=$(now_ms)
+		# shellcheck disable=SC2086
+		expect_rc 69 "$cmd on a hung ${u%%:*} store" "$DLOCK" --store "$u" $cmd
+		t=$(( $(now_ms) - t0 ))
+		check "$cmd on a hung ${u%%://*} store gave up in ${t} ms (wait 1 s)" [ "$t" -lt 1400 ]
+	done
+done
+kill %1 2>/dev/null
+finish
