@@ -1618,7 +1618,7 @@ static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, 
 {
 	bool eval = !s->sha[script][0];
 	s->retried = false;
-	if (ms_left(deadline) <= 0) { /* nothing sent: no late reply to fear */
+	if (ms_left(deadline) < 3) { /* too late to start: nothing sent, no late reply to fear */
 		*rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ETIMEDOUT", "%s %s:%d: timed out before the request was sent",
 				      KIND, s->srv[0].host, s->srv[0].port);
 		return NULL;
@@ -1688,13 +1688,15 @@ static rstore *RS(dlock_backend *be)
 }
 
 /* A try at the end of a wait (or a try-once, whose wait is 0) comes with a
- * deadline that has (nearly) passed: it still gets TRY_MIN_MS, inside the
- * core's slack (max(50 ms, 5 %), half of it for the clean-up after). */
-#define TRY_MIN_MS 40
+ * deadline that has (nearly) passed: it still gets up to TRY_MIN_MS past that
+ * deadline, inside the core's slack of max(50 ms, 5 %) (time already spent
+ * waiting for the store's mutex counts against it). */
+#define TRY_MIN_MS 35
 static int64_t try_deadline(const dlock_request *req)
 {
-	int64_t floor = dlock_clock_ms() + TRY_MIN_MS;
-	return req->deadline_ms >= floor ? req->deadline_ms : floor;
+	int64_t now = dlock_clock_ms(), d = req->deadline_ms;
+	int64_t floor = now < d ? now + TRY_MIN_MS : d + TRY_MIN_MS;
+	return d >= floor ? d : floor;
 }
 
 static const char confirm_lua[] =
@@ -1718,7 +1720,7 @@ static int replicate_grant(rstore *s, dlock_request *req, const dlock__rkeys *k,
 	if (n <= 0)
 		return 0;
 	int64_t left = ms_left(deadline);
-	int64_t margin = left / 10 > 5 ? left / 10 : 5; /* for the reply to come back in time */
+	int64_t margin = left / 5 > 10 ? left / 5 : 10; /* for the reply to come back in time */
 	long long acked = -1;
 	int rc = 0;
 	if (left - margin >= 1) {

@@ -143,14 +143,18 @@ int main(int argc, char **argv)
 	CHECK_RC(dlock_lock_new(&wl, w, "sentinel-wait", NULL), 0);
 	kill(rpid, SIGSTOP);
 	long long t0 = tu_now_ms();
-	int rc = dlock_acquire(wl, 0);
+	int rc = dlock_acquire(wl, 300);
 	long long took = tu_now_ms() - t0;
 	kill(rpid, SIGCONT);
-	printf("replica stopped: acquire %s after %lld ms (%s)\n", dlock_error_name(rc), took,
+	printf("replica stopped: acquire (wait 300 ms) %s after %lld ms (%s)\n", dlock_error_name(rc), took,
 	       dlock_error_last()->message);
-	CHECK_RC(rc, DLOCK_EUNAVAILABLE);
-	CHECK(took <= 500 + 100);
+	CHECK(rc == DLOCK_EUNAVAILABLE || rc == DLOCK_ETIMEOUT);
+	CHECK(took <= 300 + 50);
 	CHECK(!dlock_held(wl));
+	/* given back at once, or by the core's undo in the background */
+	long long until = tu_now_ms() + 5000;
+	while (raw_int(m, "HLEN {dlock:sentinel-wait}") != 0 && tu_now_ms() < until)
+		nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
 	CHECK(raw_int(m, "HLEN {dlock:sentinel-wait}") == 0);
 	dlock_lock_free(wl);
 	dlock_store_close(w);
@@ -162,6 +166,7 @@ int main(int argc, char **argv)
 	CHECK_RC(open_sentinel(&g, u), 0);
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
 	o.no_renew = 1;
+	o.ttl_ms = 3000; /* if the grant did reach the replica after all, it ends soon */
 	CHECK_RC(dlock_lock_new(&gl, g, "sentinel-lost", &o), 0);
 	CHECK_RC(dlock_acquire(gl, 5000), 0); /* reserves fences and waits for them once */
 	CHECK_RC(dlock_release(gl), 0);
@@ -211,8 +216,9 @@ int main(int argc, char **argv)
 		redisFree(nm2);
 		rc = dlock_acquire(nl, 20000);
 		CHECK_RC(rc, 0);
-		printf("a grant lost in the failover had fence %llu (the new master's counter came up at %lld); "
+		printf("a grant %s in the failover had fence %llu (the new master's counter came up at %lld); "
 		       "the next grant on the new master has %llu\n",
+		       kept < (long long)lost ? "lost" : "NOT lost (it replicated: the check below is weaker)",
 		       (unsigned long long)lost, kept, (unsigned long long)dlock_fence(nl));
 		CHECK(dlock_fence(nl) > lost);
 		if (rc == 0)
