@@ -143,7 +143,9 @@ void dlock__racquire_done(dlock_request *req, int rc);
 void dlock__rargs_owner(dlock__rargs *a, const dlock__rkeys *k, const dlock_request *req);
 void dlock__rargs_status(dlock__rargs *a, const dlock__rkeys *k);
 
-/* Decode an acquire reply. @return 0 (*fence) / DLOCK_ELOCKED (*retry_ms) / ESTORE. */
+/* Decode an acquire reply (a grant's optional third element, the fence
+ * guard's reservation, is the caller's to read). @return 0 (*fence) /
+ * DLOCK_ELOCKED (*retry_ms) / ESTORE. */
 int dlock__racquire_reply(const redisReply *r, uint64_t *fence, int64_t *retry_ms, const char *kind);
 
 /* Append the status of `name` decoded from a STATUS reply to *out. */
