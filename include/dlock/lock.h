@@ -90,8 +90,9 @@ DLOCK_EXTERN int dlock_acquire(dlock_lock *lock, int64_t wait_ms);
 /**
  * Release one hold. The lock is freed in the store after as many releases as
  * acquires.
- * Returns within the store's request timeout (URI `timeout=`) plus, at
- * most, one renewal in flight (also bounded by it).
+ * Returns within twice the store's request timeout (URI `timeout=`): its
+ * own request, after at most one other request of the store handle in
+ * flight (a renewal or a retried release, each bounded by it).
  * @return 0; DLOCK_ENOTHELD (not held by this handle — nothing changes in
  *         the store); DLOCK_ELOST (the lease had ended: the lock was lost);
  *         DLOCK_EUNAVAILABLE (the store did not confirm). After

@@ -127,8 +127,12 @@ void dlock__renewer_remove(dlock_store *store, dlock__reg *reg);
 void dlock__renewer_stop(dlock_store *store);
 
 /* Releases the store did not confirm: retried by the renewer (slot NULL,
- * confirm set) until 0/ENOTHELD or CLOCK_MONOTONIC `until`. req is copied. */
-int dlock__orphan_add(dlock_store *store, const dlock_request *req, int64_t until);
+ * confirm set) until 0/ENOTHELD or CLOCK_MONOTONIC `until`. req is copied.
+ * A cancel the caller could not make in time is made by the renewer once
+ * (with the request's slot, which goes with it). */
+typedef enum { DLOCK__ORPHAN_RELEASE, DLOCK__ORPHAN_CANCEL } dlock__orphan_kind;
+int dlock__orphan_add(dlock_store *store, const dlock_request *req, dlock__orphan_kind kind,
+		      int64_t until);
 /* Take the pending release of `owner` out of the queue (1), or 0 if none. */
 int dlock__orphan_take(dlock_store *store, const char *owner, dlock__orphan **out);
 const dlock_request *dlock__orphan_request(dlock__orphan *o);

@@ -128,10 +128,29 @@ static int64_t request_deadline(const dlock_store *s, int64_t until)
 	return d < until ? d : until;
 }
 
+/* call_acquire's answer when the store handle stayed busy past the deadline
+ * (positive: never a DLOCK_E* code). */
+#define BE_BUSY 1
+
+/* Take the store's backend mutex, waiting no later than `by` (CLOCK_MONOTONIC
+ * ms; INT64_MAX: as long as it takes). Every request that holds it is bounded
+ * by its own deadline, so the wait is too; this keeps it within ours. */
+static bool lock_be_by(dlock_store *s, int64_t by)
+{
+	if (by == INT64_MAX) {
+		pthread_mutex_lock(&s->be_mu);
+		return true;
+	}
+	struct timespec ts;
+	dlock__abstime(&ts, by - dlock_clock_ms());
+	return pthread_mutex_clocklock(&s->be_mu, CLOCK_MONOTONIC, &ts) == 0;
+}
+
 static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t until)
 {
 	dlock_backend *be = l->store->be;
-	pthread_mutex_lock(&l->store->be_mu);
+	if (!lock_be_by(l->store, until))
+		return BE_BUSY;
 	l->req.deadline_ms = request_deadline(l->store, until);
 	int rc = be->acquire(be, &l->req, fence, retry);
 	pthread_mutex_unlock(&l->store->be_mu);
@@ -145,11 +164,16 @@ static void call_cancel(dlock_lock *l, int64_t deadline)
 		return;
 	dlock__saved_error saved; /* cancel is cleanup: keep the caller's error */
 	dlock__error_save(&saved);
-	pthread_mutex_lock(&l->store->be_mu);
-	l->req.deadline_ms = deadline;
-	be->cancel(be, &l->req);
-	pthread_mutex_unlock(&l->store->be_mu);
-	l->req.slot = NULL; /* the store freed its per-attempt state */
+	if (lock_be_by(l->store, deadline)) {
+		l->req.deadline_ms = deadline;
+		be->cancel(be, &l->req);
+		pthread_mutex_unlock(&l->store->be_mu);
+	} else {
+		/* busy past our bound: the renewer cancels it (the slot goes with it) */
+		dlock__orphan_add(l->store, &l->req, DLOCK__ORPHAN_CANCEL,
+				  dlock_clock_ms() + l->req.queue_ttl_ms);
+	}
+	l->req.slot = NULL; /* the store freed (or will free) its per-attempt state */
 	dlock__error_restore(&saved);
 }
 
@@ -172,15 +196,17 @@ static bool undo(dlock_lock *l, int64_t deadline)
 	dlock_store *s = l->store;
 	dlock__saved_error saved;
 	dlock__error_save(&saved);
-	pthread_mutex_lock(&s->be_mu);
+	int rc = DLOCK_EUNAVAILABLE;
 	l->req.confirm = 1;
-	l->req.deadline_ms = deadline;
-	int rc = s->be->release(s->be, &l->req);
-	pthread_mutex_unlock(&s->be_mu);
+	if (lock_be_by(s, deadline)) {
+		l->req.deadline_ms = deadline;
+		rc = s->be->release(s->be, &l->req);
+		pthread_mutex_unlock(&s->be_mu);
+	}
 	l->req.slot = NULL;
 	bool done = rc == 0 || rc == DLOCK_ENOTHELD;
 	if (!done)
-		dlock__orphan_add(s, &l->req, dlock_clock_ms() + l->ttl_ms);
+		dlock__orphan_add(s, &l->req, DLOCK__ORPHAN_RELEASE, dlock_clock_ms() + l->ttl_ms);
 	dlock__error_restore(&saved);
 	return done;
 }
@@ -269,23 +295,39 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	const dlock_backend *be = l->store->be;
 	int64_t start = dlock_clock_ms();
 	int64_t until = wait_ms < 0 || wait_ms > DLOCK_TTL_MAX_MS ? INT64_MAX : start + wait_ms;
+	/* A try-once gets one request timeout; a wait, what is left of it. */
+	int64_t try_until = wait_ms == 0 ? INT64_MAX : until;
 	int64_t cleanup_by = until == INT64_MAX ? INT64_MAX : until + slack_ms(wait_ms) / 2;
 	int64_t backoff = BACKOFF_FIRST_MS;
 	bool registered = false;
 	int64_t unknown_t0 = -1; /* start of the earliest try whose outcome is unknown */
+	int rc = DLOCK_EUNAVAILABLE;
 	for (int attempt = 0;; attempt++) {
 		uint64_t fence = 0;
 		int64_t retry = -1;
 		int64_t t0 = dlock_clock_ms(); /* the lease counts from before the request */
+		int last = rc;
+		if (attempt > 0 && t0 >= until) {
+			rc = last; /* the wait ended while we napped: no try with no time left */
+			goto give_up;
+		}
 		l->req.waiting = wait_ms != 0;
-		int rc = call_acquire(l, &fence, &retry, until);
+		rc = call_acquire(l, &fence, &retry, try_until);
+		if (rc == BE_BUSY) {
+			/* Another request of this store handle held it until our deadline. */
+			rc = last == DLOCK_ELOCKED ? DLOCK_ELOCKED
+						   : dlock_error_set(DLOCK_EUNAVAILABLE, be->kind, NULL,
+								     "timed out: the store handle was busy with "
+								     "another request");
+			goto give_up;
+		}
 		int64_t t_lease = unknown_t0 >= 0 ? unknown_t0 : t0;
 		if (rc == 0) {
 			int64_t now = dlock_clock_ms();
 			if (now < t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms))
 				return granted(l, fence, t_lease);
 			/* The grant came after the lease it may carry had ended: not ours to use. */
-			if (!undo(l, request_deadline(l->store, INT64_MAX))) {
+			if (!undo(l, request_deadline(l->store, cleanup_by > now ? cleanup_by : now + 1))) {
 				new_owner(l); /* the old owner's release goes on in the background */
 				dlock__lock_fill_request(l);
 				registered = false;
@@ -296,28 +338,11 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		} else if (outcome_unknown(rc) && unknown_t0 < 0) {
 			unknown_t0 = t0;
 		}
+		registered |= rc == DLOCK_ELOCKED && l->req.waiting;
 		bool transient = rc == DLOCK_EUNAVAILABLE && attempt > 0;
 		int64_t now = dlock_clock_ms();
-		bool give_up = (rc != DLOCK_ELOCKED && !transient) || wait_ms == 0 || now >= until;
-		if (give_up) {
-			dlock__saved_error saved;
-			dlock__error_save(&saved);
-			int64_t by = request_deadline(l->store, cleanup_by > now ? cleanup_by : now + 1);
-			if (registered || (rc == DLOCK_ELOCKED && l->req.waiting))
-				call_cancel(l, by);
-			if (unknown_t0 >= 0)
-				undo(l, by);
-			dlock__error_restore(&saved);
-			if (rc != DLOCK_ELOCKED)
-				return rc;
-			if (wait_ms == 0)
-				return dlock_error_set(DLOCK_ELOCKED, be->kind, NULL,
-						       "lock '%s' is held by another owner", l->name);
-			return dlock_error_set(DLOCK_ETIMEOUT, be->kind, NULL,
-					       "lock '%s' not acquired within %lld ms", l->name,
-					       (long long)wait_ms);
-		}
-		registered |= rc == DLOCK_ELOCKED && l->req.waiting;
+		if ((rc != DLOCK_ELOCKED && !transient) || wait_ms == 0 || now >= until)
+			goto give_up;
 		/* Come back before our waiter registration expires, and by the deadline. */
 		int64_t nap = min64(until - now, l->req.queue_ttl_ms / 3);
 		if (retry >= 0)
@@ -329,6 +354,24 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			backoff = min64(backoff * 2, rc == DLOCK_ELOCKED ? BACKOFF_MAX_MS : 1000);
 		}
 	}
+
+give_up:;
+	dlock__saved_error saved;
+	dlock__error_save(&saved);
+	int64_t now = dlock_clock_ms();
+	int64_t by = request_deadline(l->store, cleanup_by > now ? cleanup_by : now + 1);
+	if (registered)
+		call_cancel(l, by);
+	if (unknown_t0 >= 0)
+		undo(l, by);
+	dlock__error_restore(&saved);
+	if (rc != DLOCK_ELOCKED)
+		return rc;
+	if (wait_ms == 0)
+		return dlock_error_set(DLOCK_ELOCKED, be->kind, NULL, "lock '%s' is held by another owner",
+				       l->name);
+	return dlock_error_set(DLOCK_ETIMEOUT, be->kind, NULL, "lock '%s' not acquired within %lld ms",
+			       l->name, (long long)wait_ms);
 }
 
 static int release_in_store(dlock_lock *l)
@@ -349,7 +392,7 @@ static int release_in_store(dlock_lock *l)
 					? l->deadline + dlock__drift_ms(l->ttl_ms) + l->store->request_timeout_ms
 					: dlock_clock_ms() + l->ttl_ms;
 		pthread_mutex_unlock(&l->mu);
-		dlock__orphan_add(l->store, &l->req, until);
+		dlock__orphan_add(l->store, &l->req, DLOCK__ORPHAN_RELEASE, until);
 	}
 	return rc;
 }

@@ -40,6 +40,7 @@ struct dlock__orphan {
 	dlock_request req;       /* name and owner point at the strings below */
 	char *name;
 	char owner[DLOCK__OWNER_MAX];
+	dlock__orphan_kind kind;
 	int64_t until;           /* CLOCK_MONOTONIC ms: the hold cannot outlive this */
 	int64_t next_try;
 	int64_t backoff;
@@ -281,7 +282,7 @@ static void retry_orphans(dlock_store *s, int64_t now)
 {
 	for (dlock__orphan **p = &s->orphans; *p;) {
 		dlock__orphan *o = *p;
-		if (now >= o->until) {
+		if (now >= o->until && o->kind == DLOCK__ORPHAN_RELEASE) {
 			*p = o->next;
 			orphan_free(o);
 			continue;
@@ -297,13 +298,18 @@ static void retry_orphans(dlock_store *s, int64_t now)
 		dlock__error_save(&saved);
 		pthread_mutex_lock(&s->be_mu);
 		o->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
-		o->req.slot = NULL;
-		int rc = s->be->release(s->be, &o->req);
+		int rc = 0;
+		if (o->kind == DLOCK__ORPHAN_CANCEL) {
+			s->be->cancel(s->be, &o->req); /* once: a waiter's registration expires anyway */
+		} else {
+			o->req.slot = NULL;
+			rc = s->be->release(s->be, &o->req);
+		}
 		pthread_mutex_unlock(&s->be_mu);
 		dlock__error_restore(&saved);
 		pthread_mutex_lock(&s->reg_mu);
 		s->orphan_busy = NULL;
-		if (rc == 0 || rc == DLOCK_ENOTHELD || rc == DLOCK_EINVAL) {
+		if (rc == 0 || rc == DLOCK_ENOTHELD || rc == DLOCK_EINVAL || o->kind == DLOCK__ORPHAN_CANCEL) {
 			orphan_free(o);
 		} else {
 			o->next_try = dlock_clock_ms() + o->backoff;
@@ -330,7 +336,7 @@ static void *renewer_main(void *arg)
 		for (dlock__reg *r = s->regs; r; r = r->next)
 			next = min64(next, r->next_renew);
 		for (dlock__orphan *o = s->orphans; o; o = o->next)
-			next = min64(next, min64(o->next_try, o->until));
+			next = min64(next, o->kind == DLOCK__ORPHAN_CANCEL ? o->next_try : min64(o->next_try, o->until));
 		if (s->renewer_stop)
 			break;
 		s->renewer_wake = next;
@@ -408,7 +414,7 @@ void dlock__renewer_remove(dlock_store *s, dlock__reg *reg)
 	pthread_mutex_unlock(&s->reg_mu);
 }
 
-int dlock__orphan_add(dlock_store *s, const dlock_request *req, int64_t until)
+int dlock__orphan_add(dlock_store *s, const dlock_request *req, dlock__orphan_kind kind, int64_t until)
 {
 	dlock__orphan *o = calloc(1, sizeof(*o));
 	if (!o || !(o->name = strdup(req->name))) {
@@ -419,7 +425,9 @@ int dlock__orphan_add(dlock_store *s, const dlock_request *req, int64_t until)
 	snprintf(o->owner, sizeof(o->owner), "%s", req->owner);
 	o->req.name = o->name;
 	o->req.owner = o->owner;
-	o->req.slot = NULL;
+	o->kind = kind;
+	if (kind == DLOCK__ORPHAN_RELEASE)
+		o->req.slot = NULL;
 	o->req.confirm = 1;
 	o->until = until;
 	o->backoff = ORPHAN_RETRY_FIRST_MS;
@@ -445,7 +453,7 @@ int dlock__orphan_take(dlock_store *s, const char *owner, dlock__orphan **out)
 	for (;;) {
 		bool busy;
 		for (dlock__orphan **p = &s->orphans; *p; p = &(*p)->next) {
-			if (strcmp((*p)->owner, owner) == 0) {
+			if ((*p)->kind == DLOCK__ORPHAN_RELEASE && strcmp((*p)->owner, owner) == 0) {
 				*out = *p;
 				*p = (*p)->next;
 				pthread_mutex_unlock(&s->reg_mu);
@@ -514,10 +522,13 @@ void dlock__renewer_stop(dlock_store *s)
 	while (s->orphans) {
 		dlock__orphan *o = s->orphans;
 		s->orphans = o->next;
-		if (dlock_clock_ms() < o->until) {
+		if (o->kind == DLOCK__ORPHAN_CANCEL || dlock_clock_ms() < o->until) {
 			pthread_mutex_lock(&s->be_mu);
 			o->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
-			s->be->release(s->be, &o->req);
+			if (o->kind == DLOCK__ORPHAN_CANCEL)
+				s->be->cancel(s->be, &o->req);
+			else
+				s->be->release(s->be, &o->req);
 			pthread_mutex_unlock(&s->be_mu);
 		}
 		orphan_free(o);

@@ -12,6 +12,11 @@
  * distinct TTL (in whole seconds) per store handle, shared by every hold and
  * waiter of that TTL, kept alive by the core's renewal thread.
  *
+ * Time: every call keeps its deadline (e->deadline under the store mutex;
+ * wait its own): each curl transfer's limits are cut to the time left.
+ * Orphans: a key whose delete failed retires its lease (never kept alive
+ * again); rescue() moves our live keys off it and revokes it.
+ *
  * Threading: everything except wait runs under the core's store mutex and
  * uses `cmd` (and `side`, for a keepalive in parallel), reused curl handles
  * on one multi handle (keep-alive connections). wait runs concurrently on
@@ -25,11 +30,14 @@
 #include <json-c/json.h>
 
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define KIND "etcd"
-#define MAX_LEASES 8
+#define MAX_LEASES 16
 #define POOL_MAX 4
 /* etcd's default --max-txn-ops */
 #define TXN_MAX_OPS 128
@@ -47,6 +55,8 @@ typedef struct lease {
 	int64_t alive_until; /* CLOCK_MONOTONIC ms: send time of the last grant/keepalive + TTL */
 	int64_t touched;     /* CLOCK_MONOTONIC ms of that send */
 	int pinned;          /* carries a key of another process (extend of an attached hold): never revoke */
+	int retired;         /* carries an orphan (a key whose delete failed): never kept alive
+				again nor given new keys; revoked once no live key of ours rides on it */
 } lease;
 
 /* Which key of a name an owner of this store handle uses. */
@@ -55,6 +65,8 @@ typedef struct hold {
 	char owner[64];
 	unsigned slot;
 	int64_t lease; /* the lease its key rides on, once known */
+	int64_t maybe; /* a lease a put of unknown outcome may have moved it to (0: none) */
+	int orphan;    /* its delete failed: the key may still be there, nobody wants it */
 } hold;
 
 /* A waiter's pair of transfers, pooled: the watch stream and a read beside
@@ -84,7 +96,8 @@ typedef struct etcd {
 	CURL *cmd;            /* under the store mutex */
 	CURL *side;           /* a second request in flight next to cmd (keepalive during acquire) */
 	CURLM *multi;         /* runs cmd and side: one connection cache for both */
-	long op_timeout_ms;   /* per-attempt limit for cmd requests while renewing; 0: request_timeout_ms */
+	long op_timeout_ms;   /* per-attempt limit for cmd requests while renewing; 0: none */
+	int64_t deadline;     /* CLOCK_MONOTONIC ms by which the current call (cmd, side) must end */
 	lease leases[MAX_LEASES];
 	size_t nleases;
 
@@ -289,14 +302,30 @@ static size_t buf_write(char *data, size_t size, size_t nmemb, void *ud)
 	return len;
 }
 
+/* A peer that vanished (host down, link cut) fails the connection after
+ * this long with data unacknowledged, or keepalive probes unanswered. */
+static int sockopt(void *ud, curl_socket_t fd, curlsocktype purpose)
+{
+	etcd *e = ud;
+	unsigned int ms = (unsigned int)e->connect_timeout_ms;
+	if (purpose == CURLSOCKTYPE_IPCXN)
+		(void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
+	return CURL_SOCKOPT_OK;
+}
+
 static CURL *handle_new(etcd *e)
 {
 	CURL *h = curl_easy_init();
 	if (!h)
 		return NULL;
+	long idle = e->connect_timeout_ms / 3000 > 1 ? e->connect_timeout_ms / 3000 : 1;
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
 	curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+	curl_easy_setopt(h, CURLOPT_TCP_KEEPIDLE, idle);
+	curl_easy_setopt(h, CURLOPT_TCP_KEEPINTVL, 1L);
+	curl_easy_setopt(h, CURLOPT_SOCKOPTFUNCTION, sockopt);
+	curl_easy_setopt(h, CURLOPT_SOCKOPTDATA, e);
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, e->connect_timeout_ms);
 	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
 	if (e->cacert)
@@ -397,12 +426,24 @@ typedef struct xfer {
 	unsigned gen;  /* token generation sent */
 	CURLcode c;
 	long status;
+	int64_t until; /* its deadline */
 } xfer;
 
-static int xfer_start(etcd *e, xfer *x, CURL *h, const char *path, const char *text, long timeout_ms,
+static int timed_out(const char *what)
+{
+	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out (no time left to send it)",
+			       what);
+}
+
+/* Prepare one exchange that must end by `until` (CLOCK_MONOTONIC ms): curl's
+ * limits are cut to the time left, and nothing is sent when none is left. */
+static int xfer_start(etcd *e, xfer *x, CURL *h, const char *path, const char *text, int64_t until,
 		      int with_token)
 {
+	int64_t left = until - dlock_clock_ms();
 	memset(x, 0, sizeof(*x));
+	if (left <= 0)
+		return timed_out(path);
 	x->h = h;
 	x->url = endpoint_url(e, &x->idx, path);
 	x->hd = curl_slist_append(NULL, "Content-Type: application/json");
@@ -429,7 +470,10 @@ static int xfer_start(etcd *e, xfer *x, CURL *h, const char *path, const char *t
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, x->hd);
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, buf_write);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, &x->b);
-	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)left);
+	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+			 (long)(left < e->connect_timeout_ms ? left : e->connect_timeout_ms));
+	x->until = until;
 	return 0;
 }
 
@@ -495,8 +539,12 @@ static int xfer_finish(etcd *e, xfer *x, json_object **out, rpc_result *res, int
 	*next = NEXT_DONE;
 	*out = NULL;
 	if (x->c != CURLE_OK) {
-		int rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, curl_easy_strerror(x->c), "%s: %s",
-					 x->url, curl_easy_strerror(x->c));
+		/* curl closes a connection whose transfer it abandoned: a late
+		 * answer cannot be read as the answer to a later request. */
+		int rc = x->c == CURLE_OPERATION_TIMEDOUT
+				 ? dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out", x->url)
+				 : dlock_error_set(DLOCK_EUNAVAILABLE, KIND, curl_easy_strerror(x->c), "%s: %s",
+						   x->url, curl_easy_strerror(x->c));
 		if (curl_failover(x->c)) {
 			if (!curl_not_sent(x->c))
 				res->ambiguous = 1;
@@ -536,27 +584,29 @@ static int xfer_finish(etcd *e, xfer *x, json_object **out, rpc_result *res, int
 	return rc;
 }
 
-static long limit_for(etcd *e, CURL *h, long timeout_ms)
+/* The deadline of one attempt on h: the call's, cut to the per-attempt
+ * limit while renewing (so a hung member leaves time for the next one). */
+static int64_t attempt_until(etcd *e, CURL *h, int64_t until)
 {
-	if (timeout_ms > 0)
-		return timeout_ms;
-	if (h == e->cmd && e->op_timeout_ms > 0)
-		return e->op_timeout_ms;
-	return e->request_timeout_ms;
+	if ((h == e->cmd || h == e->side) && e->op_timeout_ms > 0) {
+		int64_t cap = dlock_clock_ms() + e->op_timeout_ms;
+		return cap < until ? cap : until;
+	}
+	return until;
 }
 
-static int authenticate(etcd *e, CURL *h, unsigned seen_gen);
+static int authenticate(etcd *e, CURL *h, unsigned seen_gen, int64_t until);
 
 #define RPC_NO_TOKEN 1
 
 /*
  * POST body to path on the current endpoint; on a connection failure (or a
- * member that cannot answer) try the next endpoints, each once. A 401
- * "invalid auth token" re-authenticates and retries once. Takes ownership of
- * body; *out gets the answer object.
+ * member that cannot answer) try the next endpoints, each once, all by
+ * `until`. A 401 "invalid auth token" re-authenticates and retries once.
+ * Takes ownership of body; *out gets the answer object.
  */
 static int rpc_ex(etcd *e, CURL *h, const char *path, json_object *body, json_object **out,
-		  rpc_result *res, long timeout_ms, int flags)
+		  rpc_result *res, int64_t until, int flags)
 {
 	const char *text = json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN);
 	rpc_result dummy;
@@ -573,7 +623,7 @@ static int rpc_ex(etcd *e, CURL *h, const char *path, json_object *body, json_ob
 	while (tries < e->nurls) {
 		xfer x, *xs[1] = { &x };
 		int next;
-		if ((rc = xfer_start(e, &x, h, path, text, limit_for(e, h, timeout_ms),
+		if ((rc = xfer_start(e, &x, h, path, text, attempt_until(e, h, until),
 				     !(flags & RPC_NO_TOKEN))) != 0) {
 			xfer_end(&x);
 			break;
@@ -588,7 +638,7 @@ static int rpc_ex(etcd *e, CURL *h, const char *path, json_object *body, json_ob
 		}
 		if (next == NEXT_REAUTH && !reauthed && !(flags & RPC_NO_TOKEN)) {
 			reauthed = 1;
-			if ((rc = authenticate(e, h, gen)) != 0)
+			if ((rc = authenticate(e, h, gen, until)) != 0)
 				break;
 			continue;
 		}
@@ -598,10 +648,17 @@ static int rpc_ex(etcd *e, CURL *h, const char *path, json_object *body, json_ob
 	return rc;
 }
 
-static int rpc(etcd *e, CURL *h, const char *path, json_object *body, json_object **out,
-	       rpc_result *res, long timeout_ms)
+static int rpc_until(etcd *e, CURL *h, const char *path, json_object *body, json_object **out,
+		     rpc_result *res, int64_t until)
 {
-	return rpc_ex(e, h, path, body, out, res, timeout_ms, 0);
+	return rpc_ex(e, h, path, body, out, res, until, 0);
+}
+
+/* A request of the current call (under the store mutex): by e->deadline. */
+static int rpc(etcd *e, CURL *h, const char *path, json_object *body, json_object **out,
+	       rpc_result *res)
+{
+	return rpc_ex(e, h, path, body, out, res, e->deadline, 0);
 }
 
 /*
@@ -620,14 +677,18 @@ static void rpc_pair(etcd *e, const char *path1, json_object *body1, json_object
 	int next;
 	memset(res1, 0, sizeof(*res1));
 	memset(&r2, 0, sizeof(r2));
+	memset(&x1, 0, sizeof(x1));
+	memset(&x2, 0, sizeof(x2));
 	*out1 = *out2 = NULL;
-	*rc1 = xfer_start(e, &x1, e->cmd, path1, t1 ? t1 : "", limit_for(e, e->cmd, 0), 1);
-	*rc2 = xfer_start(e, &x2, e->side, path2, t2 ? t2 : "", limit_for(e, e->cmd, 0), 1);
+	*rc1 = xfer_start(e, &x1, e->cmd, path1, t1 ? t1 : "", attempt_until(e, e->cmd, e->deadline), 1);
+	*rc2 = *rc1 != 0 ? *rc1
+			 : xfer_start(e, &x2, e->side, path2, t2 ? t2 : "",
+				      attempt_until(e, e->side, e->deadline), 1);
 	if (*rc1 == 0 && *rc2 == 0 && t1 && t2) {
 		run(e, xs, 2);
 		*rc1 = xfer_finish(e, &x1, out1, res1, &next);
 		*rc2 = xfer_finish(e, &x2, out2, &r2, &next);
-	} else {
+	} else if (*rc1 == 0 || *rc2 == 0 || !t1 || !t2) {
 		*rc1 = *rc2 = dlock__oom();
 	}
 	xfer_end(&x1);
@@ -637,7 +698,7 @@ static void rpc_pair(etcd *e, const char *path1, json_object *body1, json_object
 }
 
 /* Get a token for user/password unless another thread already replaced token `seen_gen`. */
-static int authenticate(etcd *e, CURL *h, unsigned seen_gen)
+static int authenticate(etcd *e, CURL *h, unsigned seen_gen, int64_t until)
 {
 	pthread_mutex_lock(&e->mu);
 	int fresh = e->token_gen != seen_gen;
@@ -647,7 +708,7 @@ static int authenticate(etcd *e, CURL *h, unsigned seen_gen)
 	json_object *req = json_object_new_object(), *resp;
 	json_object_object_add(req, "name", json_object_new_string(e->user));
 	json_object_object_add(req, "password", json_object_new_string(e->password ? e->password : ""));
-	int rc = rpc_ex(e, h, "/v3/auth/authenticate", req, &resp, NULL, 0, RPC_NO_TOKEN);
+	int rc = rpc_ex(e, h, "/v3/auth/authenticate", req, &resp, NULL, until, RPC_NO_TOKEN);
 	if (rc == DLOCK_ESTORE)
 		rc = dlock_error_set(DLOCK_EAUTH, KIND, dlock_error_last()->store_code, "%s",
 				     dlock_error_last()->message);
@@ -814,7 +875,7 @@ static int txn(etcd *e, CURL *h, json_object *compare, json_object *success, jso
 	json_object_object_add(body, "compare", compare ? compare : json_object_new_array());
 	json_object_object_add(body, "success", success ? success : json_object_new_array());
 	json_object_object_add(body, "failure", failure ? failure : json_object_new_array());
-	return rpc(e, h, "/v3/kv/txn", body, out, res, 0);
+	return rpc(e, h, "/v3/kv/txn", body, out, res);
 }
 
 static int delete_key(etcd *e, CURL *h, const char *key, int64_t *deleted, rpc_result *res)
@@ -824,7 +885,7 @@ static int delete_key(etcd *e, CURL *h, const char *key, int64_t *deleted, rpc_r
 		json_object_put(body);
 		return DLOCK_ENOMEM;
 	}
-	int rc = rpc(e, h, "/v3/kv/deleterange", body, &resp, res, 0);
+	int rc = rpc(e, h, "/v3/kv/deleterange", body, &resp, res);
 	if (rc == 0) {
 		if (deleted)
 			*deleted = jint(resp, "deleted");
@@ -900,7 +961,12 @@ static int keepalive(etcd *e, int64_t id, int64_t *ttl_s)
 {
 	json_object *resp;
 	int64_t sent = dlock_clock_ms();
-	int rc = rpc(e, e->cmd, "/v3/lease/keepalive", keepalive_body(id), &resp, NULL, 0);
+	lease *l = lease_find_id(e, id);
+	if (l && l->retired)
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
+				       "lease %llx carries a key whose delete failed: not kept alive",
+				       (long long)id);
+	int rc = rpc(e, e->cmd, "/v3/lease/keepalive", keepalive_body(id), &resp, NULL);
 	if (rc != 0)
 		return rc;
 	return keepalive_read(e, id, resp, sent, ttl_s);
@@ -911,7 +977,7 @@ static int lease_get(etcd *e, int64_t ttl_ms, lease **out)
 {
 	int64_t s = ttl_secs(ttl_ms);
 	for (size_t i = 0; i < e->nleases; i++) {
-		if (e->leases[i].ttl_s == s) {
+		if (e->leases[i].ttl_s == s && !e->leases[i].retired) {
 			*out = &e->leases[i];
 			return 0;
 		}
@@ -919,7 +985,7 @@ static int lease_get(etcd *e, int64_t ttl_ms, lease **out)
 	json_object *body = json_object_new_object(), *resp;
 	int64_t sent = dlock_clock_ms();
 	jadd_i64(body, "TTL", s);
-	int rc = rpc(e, e->cmd, "/v3/lease/grant", body, &resp, NULL, 0);
+	int rc = rpc(e, e->cmd, "/v3/lease/grant", body, &resp, NULL);
 	if (rc != 0)
 		return rc;
 	int64_t id = jint(resp, "ID"), granted = jint(resp, "TTL");
@@ -929,11 +995,15 @@ static int lease_get(etcd *e, int64_t ttl_ms, lease **out)
 		return dlock_error_set(DLOCK_ESTORE, KIND, NULL, "lease grant: %s",
 				       err ? err : "no lease in the answer");
 	if (e->nleases == MAX_LEASES) {
-		/* Too many distinct TTLs: forget the least recently kept one (etcd still expires it). */
-		size_t old = 0;
-		for (size_t i = 1; i < e->nleases; i++)
-			if (e->leases[i].touched < e->leases[old].touched)
+		/* Too many distinct TTLs: forget the least recently kept one (etcd
+		 * still expires it). A retired one is kept until it is revoked. */
+		size_t old = MAX_LEASES;
+		for (size_t i = 0; i < e->nleases; i++)
+			if (!e->leases[i].retired && (old == MAX_LEASES || e->leases[i].touched < e->leases[old].touched))
 				old = i;
+		if (old == MAX_LEASES)
+			return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
+					       "too many leases waiting to be revoked");
 		e->leases[old] = e->leases[--e->nleases];
 	}
 	lease *l = &e->leases[e->nleases++];
@@ -970,12 +1040,55 @@ static hold *hold_find(etcd *e, const char *name, const char *owner)
 	return NULL;
 }
 
+/* The key of req now rides on lease_id (known from an answer). */
 static void hold_set_lease(etcd *e, const dlock_request *req, int64_t lease_id)
 {
 	pthread_mutex_lock(&e->mu);
 	hold *h = hold_find(e, req->name, req->owner);
-	if (h)
+	if (h) {
 		h->lease = lease_id;
+		h->maybe = 0;
+	}
+	pthread_mutex_unlock(&e->mu);
+}
+
+/* A put of unknown outcome is about to put req's key on lease_id. */
+static void hold_set_maybe(etcd *e, const dlock_request *req, int64_t lease_id)
+{
+	pthread_mutex_lock(&e->mu);
+	hold *h = hold_find(e, req->name, req->owner);
+	if (h && h->lease != lease_id)
+		h->maybe = lease_id;
+	pthread_mutex_unlock(&e->mu);
+}
+
+static void lease_retire(etcd *e, int64_t id)
+{
+	lease *l = id ? lease_find_id(e, id) : NULL;
+	if (l)
+		l->retired = 1;
+}
+
+/*
+ * The delete of req's key failed (a release, a cancel, an undo): the key may
+ * still be there. Nobody wants it, but every keepalive of its lease would
+ * keep it, and the name blocked, alive. So its lease is retired: never kept
+ * alive again and given no new key; rescue() moves our live keys off it and
+ * then revokes it, which deletes the orphan. The entry stays (marked) so a
+ * retried release still finds the key.
+ */
+static void hold_orphan(etcd *e, const dlock_request *req)
+{
+	pthread_mutex_lock(&e->mu);
+	hold *h = hold_find(e, req->name, req->owner);
+	if (h && !h->lease && !h->maybe) {
+		free(h->name); /* no put of it was ever sent: there is no key */
+		*h = e->holds[--e->nholds];
+	} else if (h) {
+		h->orphan = 1;
+		lease_retire(e, h->lease);
+		lease_retire(e, h->maybe);
+	}
 	pthread_mutex_unlock(&e->mu);
 }
 
@@ -1035,10 +1148,13 @@ static int names_make(etcd *e, const dlock_request *req, keyset *n, int how)
 			h->name = name;
 			snprintf(h->owner, sizeof(h->owner), "%s", req->owner);
 			h->slot = slot;
-			h->lease = 0;
+			h->lease = h->maybe = 0;
+			h->orphan = 0;
 		} else {
 			rc = DLOCK_ENOMEM;
 		}
+	} else if (h && how == MK_CREATE) {
+		h->orphan = 0; /* its owner tries again: the key is wanted after all */
 	}
 	if (h && !(n->key = dlock__sprintf("%s%.*s-%u", n->dir, len, req->owner, h->slot)))
 		rc = DLOCK_ENOMEM;
@@ -1074,6 +1190,128 @@ static int find_by_owner(etcd *e, const dlock_request *req, keyset *n, int64_t *
 	dlock__etcd_kvs_free(keys, nk);
 	if (rc == 0 && !n->key)
 		rc = dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "%s: not held by %s", req->name, req->owner);
+	return rc;
+}
+
+/* The key of a hold entry (see names_make). */
+static char *hold_key(etcd *e, const hold *h)
+{
+	const char *dash = strrchr(h->owner, '-');
+	int len = dash ? (int)(dash - h->owner) : (int)strlen(h->owner);
+	char *dir = dir_of(e, h->name);
+	char *key = dir ? dlock__sprintf("%s%.*s-%u", dir, len, h->owner, h->slot) : NULL;
+	free(dir);
+	return key;
+}
+
+/*
+ * Put `key`, if it exists, on lease `to`: a Put with ignore_value keeps the
+ * create revision (fence, place in line) and the value; the compare makes
+ * sure nothing is created. *moved: 1 moved, 0 the key is gone.
+ */
+static int move_key(etcd *e, const char *key, int64_t to, int *moved)
+{
+	json_object *cmp = json_object_new_array(), *ok = json_object_new_array(), *resp;
+	json_object_array_add(cmp, cmp_create(key, NULL, "GREATER", 0));
+	json_object_array_add(ok, op_put(key, NULL, to, 1));
+	int rc = txn(e, e->cmd, cmp, ok, NULL, &resp, NULL);
+	if (rc == 0) {
+		*moved = jbool(resp, "succeeded");
+		json_object_put(resp);
+	}
+	return rc;
+}
+
+/*
+ * Deal with retired leases (see hold_orphan), by the current call's
+ * deadline: move every live key of ours on one onto the current lease of
+ * its TTL, then revoke it, which deletes what is left on it (the orphans).
+ * Whatever fails is tried again on the next call; meanwhile nobody keeps
+ * the retired lease alive, so the orphans end with it at the latest.
+ * Cheap when there is nothing to do (one pass over the lease table).
+ */
+static int rescue(etcd *e)
+{
+	int rc = 0;
+	for (size_t li = 0; li < e->nleases; li++) {
+		if (!e->leases[li].retired)
+			continue;
+		lease old = e->leases[li];
+		int live = 0;
+		for (size_t i = 0; i < e->nholds; i++) {
+			hold *h = &e->holds[i];
+			if (h->orphan || (h->lease != old.id && h->maybe != old.id))
+				continue;
+			lease *to;
+			int moved = 0;
+			char *key = hold_key(e, h);
+			int r = key ? lease_get(e, old.ttl_s * 1000, &to) : DLOCK_ENOMEM;
+			/* The hold's deadline in the core may rest on the old lease's last
+			 * keepalive: the new lease must last at least as long. */
+			if (r == 0 && to->alive_until < old.alive_until) {
+				int64_t left = 0;
+				int64_t id = to->id;
+				if ((r = keepalive(e, id, &left)) == 0 && left <= 0) {
+					lease_drop(e, id);
+					r = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "lease %llx ended",
+							    (long long)id);
+				}
+				if (r == 0)
+					to = lease_find_id(e, id);
+				if (r == 0 && !to)
+					r = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "lease ended");
+			}
+			int64_t to_id = r == 0 ? to->id : 0;
+			if (r == 0) {
+				pthread_mutex_lock(&e->mu);
+				e->holds[i].maybe = to_id;
+				pthread_mutex_unlock(&e->mu);
+				r = move_key(e, key, to_id, &moved);
+			}
+			free(key);
+			/* lease_get/keepalive may have changed the table: find `old` again. */
+			li = 0;
+			while (li < e->nleases && e->leases[li].id != old.id)
+				li++;
+			if (r != 0) {
+				rc = r;
+				live++;
+				continue;
+			}
+			pthread_mutex_lock(&e->mu);
+			e->holds[i].lease = moved ? to_id : 0;
+			e->holds[i].maybe = 0;
+			pthread_mutex_unlock(&e->mu);
+		}
+		if (live || li == e->nleases)
+			continue;
+		json_object *body = json_object_new_object(), *resp;
+		rpc_result res;
+		jadd_i64(body, "ID", old.id);
+		int r = rpc(e, e->cmd, "/v3/lease/revoke", body, &resp, &res);
+		if (r == 0)
+			json_object_put(resp);
+		else if (res.grpc == GRPC_NOT_FOUND)
+			r = 0; /* already gone */
+		if (r != 0) {
+			rc = r;
+			continue;
+		}
+		/* Its keys are gone: so are the orphans' entries. */
+		pthread_mutex_lock(&e->mu);
+		for (size_t i = 0; i < e->nholds;) {
+			hold *h = &e->holds[i];
+			if (h->orphan && (h->lease == old.id || h->maybe == old.id)) {
+				free(h->name);
+				*h = e->holds[--e->nholds];
+			} else {
+				i++;
+			}
+		}
+		pthread_mutex_unlock(&e->mu);
+		e->leases[li] = e->leases[--e->nleases];
+		li--;
+	}
 	return rc;
 }
 
@@ -1123,6 +1361,30 @@ static char *value_json(const dlock_request *req)
 	return s;
 }
 
+/* Delete req's key (an undo, a release): forget it, or, when that fails, orphan it. */
+static int drop_key(etcd *e, const dlock_request *req, const char *key, int64_t *deleted,
+		    rpc_result *res)
+{
+	int rc = delete_key(e, e->cmd, key, deleted, res);
+	if (rc == 0)
+		hold_forget(e, req);
+	else
+		hold_orphan(e, req);
+	return rc;
+}
+
+/* Set the deadline of a call (under the store mutex). */
+static void call_begin(etcd *e, int64_t deadline)
+{
+	e->deadline = deadline > 0 ? deadline : dlock_clock_ms() + e->request_timeout_ms;
+}
+
+static int lease_retired(etcd *e, int64_t id)
+{
+	lease *l = lease_find_id(e, id);
+	return l && l->retired;
+}
+
 /* req->slot marks "our key was queued by an earlier try of this acquire":
  * the next try reads instead of writing. Only a hint: the read checks. */
 #define QUEUED(e) ((void *)(e))
@@ -1148,7 +1410,17 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 		names_free(&nm);
 		return DLOCK_ENOMEM;
 	}
+	/* A try-once gets deadline = its start from the core (wait 0): give it
+	 * one request's time. A queued waiter past its deadline sends nothing
+	 * and stays queued: not granted in time (the core cancels). */
+	if (req->waiting && queued && req->deadline_ms > 0 && req->deadline_ms <= t0) {
+		free(value);
+		names_free(&nm);
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "%s is held", req->name);
+	}
 	req->slot = NULL;
+	call_begin(e, !req->waiting && req->deadline_ms <= t0 ? 0 : req->deadline_ms);
+	rescue(e);
 	for (int attempt = 0; attempt < 4; attempt++) {
 		lease *l;
 		json_object *resp = NULL, *ka_resp = NULL;
@@ -1171,6 +1443,7 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 			json_object_array_add(ok, op_range(nm.key, NULL, 0, 0, R_SERIALIZABLE));
 			json_object_array_add(ok, op_range(nm.dir, nm.end, 1, limit, R_SERIALIZABLE));
 		} else {
+			hold_set_maybe(e, req, lease_id);
 			json_object_array_add(cmp, try_empty ? cmp_create(nm.dir, nm.end, "EQUAL", 0)
 							     : cmp_create(nm.key, NULL, "EQUAL", 0));
 			/* Created now: our create revision is the put's revision. */
@@ -1198,11 +1471,11 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 			 * Txn may be repeated safely: its compare makes the write happen once. */
 			if (rc != 0 && res.grpc != GRPC_NOT_FOUND &&
 			    (rc == DLOCK_EUNAVAILABLE || res.grpc == GRPC_UNAUTHENTICATED))
-				rc = rpc(e, e->cmd, "/v3/kv/txn", body, &resp, &res, 0);
+				rc = rpc(e, e->cmd, "/v3/kv/txn", body, &resp, &res);
 			else
 				json_object_put(body);
 		} else {
-			rc = rpc(e, e->cmd, "/v3/kv/txn", body, &resp, &res, 0);
+			rc = rpc(e, e->cmd, "/v3/kv/txn", body, &resp, &res);
 		}
 		if (rc != 0) {
 			if (res.grpc == GRPC_NOT_FOUND) {
@@ -1263,6 +1536,14 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 		uint64_t rev = (uint64_t)mine[0].create_rev;
 		dlock__etcd_kvs_free(mine, nmine);
 		dlock__etcd_kvs_free(keys, nkeys);
+		if (granted && lease_retired(e, key_lease)) {
+			/* Our key rides on a lease retired during this call: move it, then
+			 * read again (its place and create revision stay). */
+			if ((rc = rescue(e)) != 0)
+				break;
+			queued = 1;
+			continue;
+		}
 		if (granted) {
 			lease *kl = lease_find_id(e, key_lease);
 			int64_t left;
@@ -1272,7 +1553,10 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 				left = kl->granted_s; /* granted or kept alive after t0 */
 			} else if ((rc = keepalive(e, key_lease, &left)) != 0) {
 				/* Unsure whether the lease lives: do not claim the lock. */
-				delete_key(e, e->cmd, nm.key, NULL, NULL);
+				dlock__saved_error saved;
+				dlock__error_save(&saved);
+				drop_key(e, req, nm.key, NULL, NULL);
+				dlock__error_restore(&saved);
 				break;
 			}
 			if (left <= 0) {
@@ -1288,8 +1572,7 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 					req->slot = QUEUED(e);
 					rc = DLOCK_ELOCKED;
 				} else {
-					if (delete_key(e, e->cmd, nm.key, NULL, NULL) == 0)
-						hold_forget(e, req);
+					drop_key(e, req, nm.key, NULL, NULL);
 					rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
 							     "%s: the grant came after the lease would have ended",
 							     req->name);
@@ -1301,9 +1584,7 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 			break;
 		}
 		if (!req->waiting) {
-			int drc = delete_key(e, e->cmd, nm.key, NULL, NULL);
-			if (drc == 0)
-				hold_forget(e, req);
+			int drc = drop_key(e, req, nm.key, NULL, NULL);
 			rc = drc == 0 ? DLOCK_ELOCKED : drc;
 			break;
 		}
@@ -1324,14 +1605,13 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 	}
 	if (rc != 0 && rc != DLOCK_ELOCKED && !was_queued) {
 		/* The core only cancels waiters it saw queued: a failed first try may
-		 * still have created our key, so take it back (best effort; keep the error). */
-		dlock_error saved = *dlock_error_last();
-		char msg[512], code[64];
-		snprintf(msg, sizeof(msg), "%s", saved.message);
-		snprintf(code, sizeof(code), "%s", saved.store_code);
-		if (delete_key(e, e->cmd, nm.key, NULL, NULL) == 0)
-			hold_forget(e, req);
-		dlock_error_set(rc, KIND, code, "%s", msg);
+		 * still have created our key, so take it back (best effort, within
+		 * this call's deadline; keep the error). If that fails too, the key
+		 * is an orphan: its lease is retired so it cannot outlive its TTL. */
+		dlock__saved_error saved;
+		dlock__error_save(&saved);
+		drop_key(e, req, nm.key, NULL, NULL);
+		dlock__error_restore(&saved);
 	}
 	free(value);
 	names_free(&nm);
@@ -1347,12 +1627,12 @@ static int etcd_release(dlock_backend *be, dlock_request *req)
 	int64_t deleted = 0, rev = 0;
 	rpc_result res;
 	int rc = names_make(e, req, &nm, MK_LOOKUP);
+	memset(&res, 0, sizeof(res));
 	if (rc != 0)
 		return rc;
+	call_begin(e, req->deadline_ms);
 	if (nm.key) {
-		rc = delete_key(e, e->cmd, nm.key, &deleted, &res);
-		if (rc == 0)
-			hold_forget(e, req);
+		rc = drop_key(e, req, nm.key, &deleted, &res);
 	} else if ((rc = find_by_owner(e, req, &nm, &rev)) == 0) {
 		/* Attached from another process: delete that key only if it is still the one we found. */
 		json_object *cmp = json_object_new_array(), *ok = json_object_new_array(), *resp;
@@ -1386,9 +1666,8 @@ static int etcd_cancel(dlock_backend *be, dlock_request *req)
 		names_free(&nm);
 		return rc;
 	}
-	rc = delete_key(e, e->cmd, nm.key, NULL, NULL);
-	if (rc == 0)
-		hold_forget(e, req);
+	call_begin(e, req->deadline_ms);
+	rc = drop_key(e, req, nm.key, NULL, NULL);
 	names_free(&nm);
 	return rc;
 }
@@ -1406,6 +1685,8 @@ static int etcd_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 	int rc = names_make(e, req, &nm, MK_LOOKUP);
 	if (rc != 0)
 		return rc;
+	call_begin(e, req->deadline_ms);
+	rescue(e);
 	if (!nm.key && (rc = find_by_owner(e, req, &nm, &rev)) != 0)
 		goto out;
 	if ((rc = lease_get(e, ttl_ms, &l)) != 0)
@@ -1470,19 +1751,36 @@ static int etcd_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, i
 	int rc = 0;
 	if (!leases)
 		return dlock__oom();
-	/* A member that hangs must not eat the whole lease: give each attempt at
-	 * most half of the shortest TTL, then try the next member. */
-	int64_t min_ttl = INT64_MAX;
-	for (size_t i = 0; i < n; i++)
+	/* With several members, one that hangs must not eat the whole lease:
+	 * give each attempt at most 3/5 of the shortest TTL, then try the next
+	 * member (a link as slow as TTL/2 a round trip still gets through). */
+	int64_t min_ttl = INT64_MAX, deadline = INT64_MAX;
+	for (size_t i = 0; i < n; i++) {
 		if (reqs[i]->ttl_ms < min_ttl)
 			min_ttl = reqs[i]->ttl_ms;
-	int64_t half = min_ttl / 2;
-	e->op_timeout_ms = half < 500 ? 500 : half > e->request_timeout_ms ? e->request_timeout_ms : (long)half;
+		if (reqs[i]->deadline_ms > 0 && reqs[i]->deadline_ms < deadline)
+			deadline = reqs[i]->deadline_ms;
+	}
+	call_begin(e, deadline == INT64_MAX ? 0 : deadline);
+	rescue(e);
+	int64_t cap = min_ttl / 5 * 3;
+	e->op_timeout_ms = e->nurls < 2 ? 0 : cap < 500 ? 500 : (long)cap;
 	/* One Txn reads every hold's key (which lease it rides on, whether it is
-	 * still there); then one keepalive per distinct lease covers them all.
+	 * still there); one keepalive per distinct lease covers them all. The
+	 * keepalive of the lease our holds are known to ride on goes in
+	 * parallel with the read (one round trip, so a link as slow as TTL/2
+	 * keeps its locks); a lease the read finds unexpected gets its own.
 	 * The read is serializable so that it needs no leader (it must not eat
 	 * the lease during an election); the keepalive, which the leader
 	 * answers, is what proves the lease. */
+	int64_t ka_id = 0, ka_left = -1;
+	pthread_mutex_lock(&e->mu);
+	for (size_t i = 0; i < n && !ka_id; i++) {
+		hold *h = hold_find(e, reqs[i]->name, reqs[i]->owner);
+		if (h && h->lease && !h->maybe && !lease_retired(e, h->lease))
+			ka_id = h->lease;
+	}
+	pthread_mutex_unlock(&e->mu);
 	for (size_t from = 0; from < n && rc == 0; from += TXN_MAX_OPS) {
 		size_t cnt = n - from < TXN_MAX_OPS ? n - from : TXN_MAX_OPS;
 		json_object *ok = json_object_new_array(), *resp;
@@ -1500,7 +1798,29 @@ static int etcd_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, i
 			json_object_put(ok);
 			break;
 		}
-		if ((rc = txn(e, e->cmd, NULL, ok, NULL, &resp, NULL)) != 0)
+		json_object *body = json_object_new_object();
+		json_object_object_add(body, "compare", json_object_new_array());
+		json_object_object_add(body, "success", ok);
+		json_object_object_add(body, "failure", json_object_new_array());
+		if (from == 0 && ka_id) {
+			json_object *ka_resp = NULL;
+			rpc_result res;
+			int ka_rc;
+			int64_t sent = dlock_clock_ms();
+			json_object_get(body);
+			rpc_pair(e, "/v3/kv/txn", body, &resp, &rc, &res, "/v3/lease/keepalive",
+				 keepalive_body(ka_id), &ka_resp, &ka_rc);
+			if (ka_rc != 0 || keepalive_read(e, ka_id, ka_resp, sent, &ka_left) != 0)
+				ka_left = -1;
+			/* One attempt only: fail over or re-authenticate through rpc(). */
+			if (rc != 0 && (rc == DLOCK_EUNAVAILABLE || res.grpc == GRPC_UNAUTHENTICATED))
+				rc = rpc(e, e->cmd, "/v3/kv/txn", body, &resp, NULL);
+			else
+				json_object_put(body);
+		} else {
+			rc = rpc(e, e->cmd, "/v3/kv/txn", body, &resp, NULL);
+		}
+		if (rc != 0)
 			break;
 		for (size_t i = 0; i < cnt && rc == 0; i++) {
 			kv *k;
@@ -1523,7 +1843,7 @@ static int etcd_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, i
 		if (results[i] != 1)
 			continue;
 		int64_t left = 0;
-		int krc = keepalive(e, leases[i], &left);
+		int krc = leases[i] == ka_id && ka_left >= 0 ? (left = ka_left, 0) : keepalive(e, leases[i], &left);
 		int r = krc != 0 ? krc : left > 0 ? 0 : DLOCK_ENOTHELD;
 		for (size_t j = i; j < n; j++)
 			if (results[j] == 1 && leases[j] == leases[i])
@@ -1593,7 +1913,7 @@ size_t dlock__etcd_watch_write(char *data, size_t size, size_t nmemb, void *ud)
  * wait for (we hold, our key is gone) or the read failed: 0, and acquire
  * finds out which.
  */
-static int wait_read(etcd *e, CURL *h, const keyset *nm, const dlock_request *req, long timeout_ms,
+static int wait_read(etcd *e, CURL *h, const keyset *nm, const dlock_request *req, int64_t until,
 		     int64_t *rev, char **target)
 {
 	json_object *ok = json_object_new_array(), *body = json_object_new_object(), *resp = NULL;
@@ -1608,7 +1928,7 @@ static int wait_read(etcd *e, CURL *h, const keyset *nm, const dlock_request *re
 	json_object_object_add(body, "compare", json_object_new_array());
 	json_object_object_add(body, "success", ok);
 	json_object_object_add(body, "failure", json_object_new_array());
-	if (rpc(e, h, "/v3/kv/txn", body, &resp, NULL, timeout_ms > 100 ? timeout_ms : 100) != 0)
+	if (rpc_until(e, h, "/v3/kv/txn", body, &resp, NULL, until) != 0)
 		return 0;
 	*rev = jint(jget(resp, "header"), "revision");
 	if (dlock__etcd_txn_range(resp, 0, &mine, &nmine) == 0 &&
@@ -1623,7 +1943,7 @@ static int wait_read(etcd *e, CURL *h, const keyset *nm, const dlock_request *re
 
 /* Open a watch of key (or [key, end)) for deletes from now on, on w's stream. */
 static int watch_start(etcd *e, waitkit *k, xfer *x, watch_ctx *w, const char *key, const char *end,
-		       int64_t timeout_ms)
+		       int64_t until)
 {
 	json_object *cr = json_object_new_object(), *body = json_object_new_object(),
 		    *filters = json_object_new_array();
@@ -1640,7 +1960,7 @@ static int watch_start(etcd *e, waitkit *k, xfer *x, watch_ctx *w, const char *k
 	json_object_object_add(body, "create_request", cr);
 	const char *text = json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN);
 	/* body goes before the transfer runs: libcurl keeps a copy. */
-	if (!text || xfer_start(e, x, k->watch, "/v3/watch", text, (long)(timeout_ms > 1 ? timeout_ms : 1), 1) != 0)
+	if (!text || xfer_start(e, x, k->watch, "/v3/watch", text, until, 1) != 0)
 		goto out;
 	curl_easy_setopt(k->watch, CURLOPT_COPYPOSTFIELDS, text);
 	curl_easy_setopt(k->watch, CURLOPT_WRITEFUNCTION, dlock__etcd_watch_write);
@@ -1680,14 +2000,15 @@ static int etcd_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 	xfer x;
 	memset(&x, 0, sizeof(x));
 	/* Bounded by the wait's own timeout: a hung member must not hold us past it. */
-	if (!k || !wait_read(e, k->read, &nm, req, (long)timeout_ms, &rev, &target))
+	int64_t until = start + timeout_ms, left;
+	if (!k || !wait_read(e, k->read, &nm, req, until, &rev, &target))
 		goto out;
-	int64_t until = start + timeout_ms, left = until - dlock_clock_ms();
+	left = until - dlock_clock_ms();
 	if (left <= 0 || !(w.tok = json_tokener_new()))
 		goto out;
 	/* Watch only the key we queue behind (no thundering herd); a semaphore
 	 * waits for any older key to go, so it watches the directory. */
-	if (watch_start(e, k, &x, &w, target ? target : nm.dir, target ? NULL : nm.end, left) != 0)
+	if (watch_start(e, k, &x, &w, target ? target : nm.dir, target ? NULL : nm.end, until) != 0)
 		goto out;
 	int checked = 0;
 	x.c = CURLE_OK;
@@ -1706,7 +2027,7 @@ static int etcd_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 			/* Revisions moved between our read and the watch: read again, at
 			 * least at the watch's revision, that we still queue behind the
 			 * same key. Else let acquire look. */
-			if (w.rev > rev && (!wait_read(e, k->read, &nm, req, (long)left, &rev2, &again) ||
+			if (w.rev > rev && (!wait_read(e, k->read, &nm, req, until, &rev2, &again) ||
 					    rev2 < w.rev || (target && (!again || strcmp(again, target) != 0)) ||
 					    (!target && again)))
 				break;
@@ -1758,7 +2079,7 @@ static int fill_status(etcd *e, dlock_lock_status *st, kv *keys, size_t n)
 			last = h->fence;
 		json_object *body = json_object_new_object(), *resp;
 		jadd_i64(body, "ID", keys[i].lease);
-		if (rpc(e, e->cmd, "/v3/lease/timetolive", body, &resp, NULL, 0) == 0) {
+		if (rpc(e, e->cmd, "/v3/lease/timetolive", body, &resp, NULL) == 0) {
 			int64_t ttl = jint(resp, "TTL");
 			h->ttl_left_ms = ttl > 0 ? ttl * 1000 : 0;
 			json_object_put(resp);
@@ -1775,6 +2096,7 @@ static int etcd_status(dlock_backend *be, const char *const *names, size_t nname
 	int rc = 0;
 	*out = NULL;
 	*count = 0;
+	call_begin(e, 0);
 	if (names && nnames) {
 		for (size_t i = 0; i < nnames && rc == 0; i++) {
 			char *dir = dir_of(e, names[i]), *end = dir ? range_end(dir) : NULL;
@@ -1875,15 +2197,17 @@ static void etcd_close(dlock_backend *be)
 	 * TTL. But a hold still in the table when the store closes was handed
 	 * over (dlock_lock_detach: `dlock acquire` leaves it held after exit),
 	 * and keys of other processes we adopted (pinned) must outlive us too. */
+	call_begin(e, 0);
 	for (size_t i = 0; e->cmd && i < e->nleases; i++) {
 		int keep = e->leases[i].pinned;
 		for (size_t j = 0; j < e->nholds && !keep; j++)
-			keep = e->holds[j].lease == e->leases[i].id;
+			keep = !e->holds[j].orphan && (e->holds[j].lease == e->leases[i].id ||
+						       e->holds[j].maybe == e->leases[i].id);
 		if (keep)
 			continue;
 		json_object *body = json_object_new_object(), *resp;
 		jadd_i64(body, "ID", e->leases[i].id);
-		if (rpc(e, e->cmd, "/v3/lease/revoke", body, &resp, NULL, 2000) == 0)
+		if (rpc(e, e->cmd, "/v3/lease/revoke", body, &resp, NULL) == 0)
 			json_object_put(resp);
 	}
 	curl_multi_cleanup(e->multi);
@@ -1935,6 +2259,7 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 	size_t nhp = 0;
 	int tls = strcmp(uri->scheme, "etcds") == 0, rc;
 	*out = NULL;
+	int64_t start = dlock_clock_ms();
 	pthread_once(&curl_once, curl_init);
 	if (curl_init_rc != CURLE_OK)
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "curl_global_init failed");
@@ -1962,7 +2287,7 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 	e->base.status = etcd_status;
 	e->base.close = etcd_close;
 	e->connect_timeout_ms = (long)uri->connect_timeout_ms;
-	e->request_timeout_ms = (long)(uri->connect_timeout_ms > 2000 ? uri->connect_timeout_ms : 2000);
+	e->request_timeout_ms = (long)uri->request_timeout_ms;
 	rc = DLOCK_ENOMEM;
 	if (!(e->urls = calloc(nhp, sizeof(char *))))
 		goto fail;
@@ -1991,12 +2316,14 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 	}
 	if (!(e->cmd = handle_new(e)) || !(e->side = handle_new(e)) || !(e->multi = curl_multi_init()))
 		goto fail;
+	/* The whole open (authentication and the first answer) within connect_timeout. */
+	e->deadline = start + e->connect_timeout_ms;
 	curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS, 8L);
 	dlock_free(hp);
 	hp = NULL;
 	/* Check now that a member answers (and that the credentials work), so a
 	 * wrong URI fails at open rather than at the first lock. */
-	if (e->user && (rc = authenticate(e, e->cmd, e->token_gen)) != 0)
+	if (e->user && (rc = authenticate(e, e->cmd, e->token_gen, e->deadline)) != 0)
 		goto fail;
 	{
 		json_object *body = json_object_new_object(), *resp;
@@ -2009,7 +2336,7 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 		free(pre);
 		json_object_object_add(body, "count_only", json_object_new_boolean(1));
 		json_object_object_add(body, "serializable", json_object_new_boolean(1));
-		if ((rc = rpc(e, e->cmd, "/v3/kv/range", body, &resp, NULL, 0)) != 0)
+		if ((rc = rpc(e, e->cmd, "/v3/kv/range", body, &resp, NULL)) != 0)
 			goto fail;
 		json_object_put(resp);
 	}

@@ -6,7 +6,7 @@
 #include "core/internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SCHEMA_VERSION 2
+#define SCHEMA_VERSION 3
 
 enum {
 	Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
@@ -25,7 +25,7 @@ enum {
 };
 
 /*
- * A name's fence counter is a row of dlock_holders with owner '' (owner tokens
+ * A name's fence counter is a row of dlock_holds with owner '' (owner tokens
  * are never empty) and an expiry no clock reaches, so it sits in the same
  * B-tree page as the name's holders: a grant dirties one page, not two. Every
  * query about holders says owner>''. "OR FAIL" on the writes inside BEGIN
@@ -38,8 +38,8 @@ static const char *const sql[Q_COUNT] = {
 	[Q_BEGIN] = "BEGIN IMMEDIATE",
 	[Q_COMMIT] = "COMMIT",
 	[Q_ROLLBACK] = "ROLLBACK",
-	[Q_PURGE_HOLDERS] = "DELETE FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner>'' AND expires<=?3",
-	[Q_PURGE_WAITERS] = "DELETE FROM dlock_waiters WHERE ns=?1 AND name=?2 AND expires<=?3",
+	[Q_PURGE_HOLDERS] = "DELETE FROM dlock_holds WHERE ns=?1 AND name=?2 AND owner>'' AND expires<=?3",
+	[Q_PURGE_WAITERS] = "DELETE FROM dlock_queue WHERE ns=?1 AND name=?2 AND expires<=?3",
 	/*
 	 * One read for the whole decision: the name's rows (its fence row and its
 	 * holders, counted in C), each with whether the name has waiter rows at
@@ -47,74 +47,225 @@ static const char *const sql[Q_COUNT] = {
 	 * its fence row is always there; before that, Q_ANY_WAITERS.
 	 */
 	[Q_HOLDERS] = "SELECT owner='', mode, fence, expires,"
-		      " EXISTS(SELECT 1 FROM dlock_waiters WHERE ns=?1 AND name=?2)"
-		      " FROM dlock_holders WHERE ns=?1 AND name=?2",
-	[Q_ANY_WAITERS] = "SELECT EXISTS(SELECT 1 FROM dlock_waiters WHERE ns=?1 AND name=?2)",
-	[Q_MYSEQ] = "SELECT seq FROM dlock_waiters WHERE ns=?1 AND name=?2 AND owner=?3",
+		      " EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2), permits"
+		      " FROM dlock_holds WHERE ns=?1 AND name=?2",
+	[Q_ANY_WAITERS] = "SELECT EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2)",
+	[Q_MYSEQ] = "SELECT seq FROM dlock_queue WHERE ns=?1 AND name=?2 AND owner=?3",
 	/* waiters ahead of seq ?3 (all when ?3 is NULL): how many, and how many want exclusive */
-	[Q_AHEAD] = "SELECT count(*), coalesce(sum(mode=0),0) FROM dlock_waiters "
+	[Q_AHEAD] = "SELECT count(*), coalesce(sum(mode=0),0) FROM dlock_queue "
 		    "WHERE ns=?1 AND name=?2 AND (?3 IS NULL OR seq<?3)",
-	[Q_WRITER_WAITING] = "SELECT count(*) FROM dlock_waiters WHERE ns=?1 AND name=?2 AND mode=0 AND owner<>?3",
+	[Q_WRITER_WAITING] = "SELECT count(*) FROM dlock_queue WHERE ns=?1 AND name=?2 AND mode=0 AND owner<>?3",
 	/* refresh only when half the registration has passed: most retries then write nothing */
-	[Q_ENQUEUE] = "INSERT INTO dlock_waiters(ns,name,owner,mode,expires,host,pid) VALUES(?1,?2,?3,?4,?5,?6,?7) "
+	[Q_ENQUEUE] = "INSERT INTO dlock_queue(ns,name,owner,mode,expires,host,pid) VALUES(?1,?2,?3,?4,?5,?6,?7) "
 		      "ON CONFLICT(ns,name,owner) DO UPDATE SET expires=excluded.expires "
 		      "WHERE expires < excluded.expires - ?8",
 	/* The fence is read by Q_HOLDERS in the same write transaction: no RETURNING
 	 * (which builds an ephemeral table on every step). */
-	[Q_FENCE_SET] = "UPDATE OR FAIL dlock_holders SET fence=?3 WHERE ns=?1 AND name=?2 AND owner=''",
-	[Q_FENCE_NEW] = "INSERT OR FAIL INTO dlock_holders(ns,name,owner,mode,permits,fence,expires) "
+	[Q_FENCE_SET] = "UPDATE OR FAIL dlock_holds SET fence=?3 WHERE ns=?1 AND name=?2 AND owner=''",
+	[Q_FENCE_NEW] = "INSERT OR FAIL INTO dlock_holds(ns,name,owner,mode,permits,fence,expires) "
 			"VALUES(?1,?2,'',0,0,1," FENCE_ROW_EXPIRES ")",
-	[Q_INSERT_HOLDER] = "INSERT OR FAIL INTO dlock_holders(ns,name,owner,mode,permits,fence,expires,host,pid) "
+	[Q_INSERT_HOLDER] = "INSERT OR FAIL INTO dlock_holds(ns,name,owner,mode,permits,fence,expires,host,pid) "
 			    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
-	[Q_DEQUEUE] = "DELETE FROM dlock_waiters WHERE ns=?1 AND name=?2 AND owner=?3",
-	[Q_RELEASE] = "DELETE FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?4",
-	[Q_EXTEND] = "UPDATE dlock_holders SET expires=?4 WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?5",
-	[Q_STATUS_HOLDERS] = "SELECT owner, host, pid, mode, fence, expires, permits FROM dlock_holders "
+	[Q_DEQUEUE] = "DELETE FROM dlock_queue WHERE ns=?1 AND name=?2 AND owner=?3",
+	[Q_RELEASE] = "DELETE FROM dlock_holds WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?4",
+	[Q_EXTEND] = "UPDATE dlock_holds SET expires=?4 WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?5",
+	[Q_STATUS_HOLDERS] = "SELECT owner, host, pid, mode, fence, expires, permits FROM dlock_holds "
 			     "WHERE ns=?1 AND name=?2 AND owner>'' AND expires>?3 ORDER BY fence",
-	[Q_STATUS_FENCE] = "SELECT fence FROM dlock_holders WHERE ns=?1 AND name=?2 AND owner=''",
-	[Q_STATUS_WAITERS] = "SELECT count(*) FROM dlock_waiters WHERE ns=?1 AND name=?2 AND expires>?3",
-	[Q_STATUS_NAMES] = "SELECT name FROM dlock_holders WHERE ns=?1 AND owner>'' AND expires>?2 UNION "
-			   "SELECT name FROM dlock_waiters WHERE ns=?1 AND expires>?2 ORDER BY 1",
+	[Q_STATUS_FENCE] = "SELECT fence FROM dlock_holds WHERE ns=?1 AND name=?2 AND owner=''",
+	[Q_STATUS_WAITERS] = "SELECT count(*) FROM dlock_queue WHERE ns=?1 AND name=?2 AND expires>?3",
+	[Q_STATUS_NAMES] = "SELECT name FROM dlock_holds WHERE ns=?1 AND owner>'' AND expires>?2 UNION "
+			   "SELECT name FROM dlock_queue WHERE ns=?1 AND expires>?2 ORDER BY 1",
 };
 
-static const char schema[] =
-	"CREATE TABLE IF NOT EXISTS dlock_schema(version INTEGER NOT NULL);"
-	"CREATE TABLE IF NOT EXISTS dlock_holders(ns TEXT NOT NULL, name TEXT NOT NULL, owner TEXT NOT NULL,"
+/*
+ * Schema version 3. The tables have names no earlier version used, and the
+ * old names are read-only views: a process of an older library that is
+ * still running when a file is migrated fails loudly at its next write
+ * ("cannot modify dlock_holders because it is a view") instead of reading
+ * the fence rows as holders (phantom holders with an empty owner, forever)
+ * and queueing behind them; an older library that opens the file later fails
+ * in its schema step (an index on a view) or its version check.
+ */
+static const char schema_v3[] =
+	"CREATE TABLE dlock_holds(ns TEXT NOT NULL, name TEXT NOT NULL, owner TEXT NOT NULL,"
 	" mode INTEGER NOT NULL, permits INTEGER NOT NULL, fence INTEGER NOT NULL, expires INTEGER NOT NULL,"
 	" host TEXT, pid INTEGER, PRIMARY KEY(ns,name,owner)) WITHOUT ROWID;"
-	"CREATE TABLE IF NOT EXISTS dlock_waiters(seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL,"
+	"CREATE TABLE dlock_queue(seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL,"
 	" name TEXT NOT NULL, owner TEXT NOT NULL, mode INTEGER NOT NULL, expires INTEGER NOT NULL,"
-	" host TEXT, pid INTEGER, UNIQUE(ns,name,owner));"
-	"CREATE INDEX IF NOT EXISTS dlock_waiters_by_name ON dlock_waiters(ns,name,seq);"
-	"INSERT INTO dlock_schema(version) SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_schema);";
+	" host TEXT, pid INTEGER, UNIQUE(ns,name,owner));";
 
-/*
- * Version 1 kept fences in a table dlock_fences. Move them into the fence rows
- * of dlock_holders and leave a view of that name: a version-1 library then
- * fails to prepare its fence upsert ("cannot UPSERT a view") and refuses to
- * open the file, instead of counting fences from a table nobody else reads.
- */
-static const char migrate_v1[] =
-	"INSERT INTO dlock_holders(ns,name,owner,mode,permits,fence,expires)"
+static const char views_v3[] =
+	"CREATE INDEX dlock_queue_by_name ON dlock_queue(ns,name,seq);"
+	"CREATE VIEW dlock_holders AS SELECT ns, name, owner, mode, permits, fence, expires, host, pid"
+	" FROM dlock_holds WHERE owner>'';"
+	"CREATE VIEW dlock_fences AS SELECT ns, name, fence FROM dlock_holds WHERE owner='';"
+	"CREATE VIEW dlock_waiters AS SELECT seq, ns, name, owner, mode, expires, host, pid FROM dlock_queue;"
+	"DELETE FROM dlock_schema; INSERT INTO dlock_schema(version) VALUES(3);";
+
+/* Versions 1 and 2 had tables dlock_holders and dlock_waiters: rename them
+ * (their rows, the queue's sequence and its numbering stay). */
+static const char rename_v2[] =
+	"ALTER TABLE dlock_holders RENAME TO dlock_holds;"
+	"DROP INDEX IF EXISTS dlock_waiters_by_name;"
+	"ALTER TABLE dlock_waiters RENAME TO dlock_queue;";
+
+/* Version 1 kept fences in a table dlock_fences: into fence rows. */
+static const char fences_v1[] =
+	"INSERT INTO dlock_holds(ns,name,owner,mode,permits,fence,expires)"
 	" SELECT ns, name, '', 0, 0, fence, " FENCE_ROW_EXPIRES " FROM dlock_fences WHERE true"
 	" ON CONFLICT(ns,name,owner) DO UPDATE SET fence=max(fence,excluded.fence);"
 	"DROP TABLE dlock_fences;";
 
-static const char schema_v2[] =
-	"CREATE VIEW IF NOT EXISTS dlock_fences AS SELECT ns, name, fence FROM dlock_holders WHERE owner='';"
-	"UPDATE dlock_schema SET version=2;";
+/* The database and the two files SQLite keeps beside it in WAL mode. */
+#define NFILES 3
+static const char *const file_suffix[NFILES] = { "", "-wal", "-shm" };
+
+typedef struct file_id {
+	dev_t dev;
+	ino_t ino;
+	bool known;
+} file_id;
 
 typedef struct sqlite_backend {
 	dlock_backend base;
-	sqlite3 *db;
+	sqlite3 *db;   /* NULL once the files moved, until the next acquire or status reopens them */
 	char *ns;
+	char *paths[NFILES];
+	file_id ids[NFILES]; /* of the files this connection has open */
+	int64_t busy_ms;     /* busy_timeout=: a further cap on one wait for the write lock */
+	int64_t request_timeout_ms;
+	int64_t deadline;    /* of the call in progress (dlock_clock_ms): the busy handler's limit */
+	bool timed_out;      /* the busy handler gave up at the deadline */
+	unsigned fork_gen;   /* fork_gen when the connection was opened */
+	int64_t checked_at;  /* dlock_clock_ms of the last look at the files */
 	sqlite3_stmt *st[Q_COUNT];
 } sqlite_backend;
+
+static void disconnect(sqlite_backend *b, bool moved)
+{
+	for (int i = 0; i < Q_COUNT; i++) {
+		sqlite3_finalize(b->st[i]);
+		b->st[i] = NULL;
+	}
+	/* Closing the last connection to a file checkpoints it and deletes the
+	 * -wal and -shm by NAME: after a move those names may be another file's. */
+	if (b->db && moved)
+		sqlite3_db_config(b->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
+	sqlite3_close(b->db);
+	b->db = NULL;
+}
+
+/* Bumped in the child of every fork(): a connection opened before it is the parent's. */
+static unsigned fork_gen;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void forked(void)
+{
+	fork_gen++;
+}
+
+static void watch_forks(void)
+{
+	pthread_atfork(NULL, NULL, forked);
+}
+
+/* Is any of the three files at its path no longer the one we have open? */
+static bool files_moved(const sqlite_backend *b)
+{
+	for (int i = 0; i < NFILES; i++) {
+		struct stat st;
+		if (b->ids[i].known &&
+		    (stat(b->paths[i], &st) != 0 || st.st_dev != b->ids[i].dev || st.st_ino != b->ids[i].ino))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Before every call: are we still on the files at the path? A database
+ * deleted or replaced under us (or its -wal), and every hold we have in it, is
+ * gone for everyone else: others open a new file there. Drop the connection
+ * at once (it must not write into, nor checkpoint from, files nobody else
+ * reads) and say DLOCK_ENOTHELD, so the core reports our holds lost.
+ * Renewal always looks (three stat calls); other calls at most every
+ * RECHECK_MS (the stats were ~15 % of an uncontended acquire+release's CPU):
+ * a holder learns of the move at its next renewal either way.
+ */
+#define RECHECK_MS 10
+
+static int check_files(sqlite_backend *b, bool always)
+{
+	if (b->db && b->fork_gen == fork_gen) {
+		int64_t now = dlock_clock_ms();
+		if (!always && now - b->checked_at < RECHECK_MS)
+			return 0;
+		if (!files_moved(b)) {
+			b->checked_at = now;
+			return 0;
+		}
+	}
+	if (b->db && b->fork_gen != fork_gen) {
+		/* A fork()'s child must not use the parent's connection (the
+		 * parent's POSIX locks are not the child's: SQLite's "how to
+		 * corrupt", 2.6), nor touch the parent's holds. */
+		disconnect(b, true);
+		return dlock_error_set(DLOCK_ENOTHELD, "sqlite", NULL,
+				       "sqlite: this process is a fork() child of the one that opened the store: "
+				       "holds taken before the fork are the parent's");
+	}
+	if (b->db)
+		disconnect(b, true);
+	return dlock_error_set(DLOCK_ENOTHELD, "sqlite", NULL,
+			       "sqlite: %s was deleted or replaced since it was opened: holds made in the old file are gone",
+			       b->paths[0]);
+}
+
+static int connect_db(sqlite_backend *b, int64_t deadline);
+
+/* For acquire and status: on moved files, open the path again (bounded by deadline). */
+static int reopen_if_moved(sqlite_backend *b, int64_t deadline)
+{
+	if (check_files(b, false) == 0)
+		return 0;
+	return connect_db(b, deadline);
+}
+
+/*
+ * SQLite's own busy_timeout counts from each wait and knows nothing of the
+ * call: this handler waits for the write lock (SQLite's schedule: 1, 2, 5 ...
+ * 100 ms naps) only until the deadline of the call in progress.
+ */
+static int on_busy(void *arg, int count)
+{
+	static const int naps[] = { 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100 };
+	const int last = (int)(sizeof(naps) / sizeof(*naps)) - 1;
+	sqlite_backend *b = arg;
+	int64_t left = b->deadline - dlock_clock_ms();
+	if (left <= 0) {
+		b->timed_out = true;
+		return 0;
+	}
+	int64_t nap = naps[count < last ? count : last];
+	dlock__sleep_ms(nap < left ? nap : left);
+	return 1;
+}
+
+/* Every call starts here: its deadline, cut by busy_timeout= if that is shorter. */
+static void set_deadline(sqlite_backend *b, int64_t deadline)
+{
+	int64_t cap = b->busy_ms > 0 ? dlock_clock_ms() + b->busy_ms : INT64_MAX;
+	b->deadline = deadline < cap ? deadline : cap;
+	b->timed_out = false;
+}
 
 static int fail(sqlite_backend *b, int rc, const char *what)
 {
 	char code[32];
 	snprintf(code, sizeof(code), "%d", rc);
+	if (((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) && b->timed_out)
+		return dlock_error_set(DLOCK_EUNAVAILABLE, "sqlite", code,
+				       "sqlite: %s timed out: another connection holds the database's write lock",
+				       what);
 	int err = (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED ? DLOCK_EUNAVAILABLE
 		: (rc & 0xff) == SQLITE_NOMEM ? DLOCK_ENOMEM
 		: (rc & 0xff) == SQLITE_CANTOPEN || (rc & 0xff) == SQLITE_PERM ||
@@ -185,15 +336,18 @@ static int64_t step_int(sqlite_backend *b, sqlite3_stmt *s, int col, int64_t dfl
 	return v;
 }
 
-/* Holder rows of the name: live shared and other counts, earliest live expiry,
- * the last fence handed out (-1: no fence row yet), whether any waiter rows exist. */
+/* Holder rows of the name: live shared and other counts, the smallest limit
+ * (permits) among the live exclusive holders (INT64_MAX: none), earliest live
+ * expiry, the last fence handed out (-1: no fence row yet), whether any waiter
+ * rows exist. */
 static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *nshared, int64_t *nexcl,
-			int64_t *first_expiry, int64_t *last_fence, bool *any_waiters)
+			int64_t *limit, int64_t *first_expiry, int64_t *last_fence, bool *any_waiters)
 {
 	sqlite3_stmt *s = prep(b, Q_HOLDERS, n, NULL);
 	int r;
 	int64_t expired = 0, rows = 0;
 	*nshared = *nexcl = 0;
+	*limit = INT64_MAX;
 	*first_expiry = *last_fence = -1;
 	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
 		rows++;
@@ -204,10 +358,14 @@ static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *
 		else if (expires <= now)
 			expired++;
 		else {
-			if (sqlite3_column_int(s, 1) == DLOCK_SHARED)
+			if (sqlite3_column_int(s, 1) == DLOCK_SHARED) {
 				++*nshared;
-			else
+			} else {
 				++*nexcl;
+				int64_t p = sqlite3_column_int64(s, 5);
+				if (p < *limit)
+					*limit = p < 1 ? 1 : p;
+			}
 			if (*first_expiry < 0 || expires < *first_expiry)
 				*first_expiry = expires;
 		}
@@ -229,7 +387,8 @@ static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *
 }
 
 /* The queue rules, only when the name has waiter rows at all. */
-static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64_t nexcl, bool *conflict)
+static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64_t nexcl, int64_t limit,
+		       bool *conflict)
 {
 	const char *n = req->name;
 	int rc = 0;
@@ -255,7 +414,7 @@ static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64
 		if (req->mode == DLOCK_SHARED)
 			*conflict = excl_ahead > 0;
 		else
-			*conflict = ahead + nexcl >= (int64_t)req->permits;
+			*conflict = ahead + nexcl >= limit;
 	} else if (req->mode == DLOCK_SHARED) {
 		s = prep(b, Q_WRITER_WAITING, n, req->owner);
 		*conflict = step_int(b, s, 0, 0, &rc) > 0;
@@ -267,18 +426,22 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 		  int64_t *retry_ms)
 {
 	const char *n = req->name;
-	int64_t nexcl = 0, nshared = 0, first_expiry = -1, last_fence = -1;
+	int64_t nexcl = 0, nshared = 0, limit, first_expiry = -1, last_fence = -1;
 	bool queued = false;
-	int rc = read_holders(b, n, now, &nshared, &nexcl, &first_expiry, &last_fence, &queued);
+	int rc = read_holders(b, n, now, &nshared, &nexcl, &limit, &first_expiry, &last_fence, &queued);
 	if (rc)
 		return rc;
 
+	/* The smallest limit among the holders and the requester applies: a
+	 * mutex (permits 1) excludes every semaphore caller and the reverse. */
+	if ((int64_t)req->permits < limit)
+		limit = req->permits;
 	bool conflict;
 	if (req->mode == DLOCK_SHARED)
 		conflict = nexcl > 0;
 	else
-		conflict = nshared > 0 || nexcl >= (int64_t)req->permits;
-	if (!conflict && queued && (rc = queue_rules(b, req, now, nexcl, &conflict)))
+		conflict = nshared > 0 || nexcl >= limit;
+	if (!conflict && queued && (rc = queue_rules(b, req, now, nexcl, limit, &conflict)))
 		return rc;
 
 	sqlite3_stmt *s;
@@ -334,18 +497,33 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
-	int rc = begin(b);
+	set_deadline(b, req->deadline_ms);
+	int rc = reopen_if_moved(b, b->deadline);
 	if (rc)
 		return rc;
+	if ((rc = begin(b))) {
+		/* Nothing was written: the outcome is known. Say "not now" (the
+		 * core backs off and tries again until the wait ends) rather than
+		 * a failure the core must treat as maybe applied and undo. */
+		if (rc == DLOCK_EUNAVAILABLE && b->timed_out)
+			rc = dlock_error_set(DLOCK_ELOCKED, "sqlite", "5",
+					     "sqlite: lock '%s' not tried: another connection kept the database's "
+					     "write lock until the deadline", req->name);
+		return rc;
+	}
 	return finish(b, decide(b, req, dlock_wall_ms(), fence, retry_ms));
 }
 
 static int sq_release(dlock_backend *be, dlock_request *req)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
+	set_deadline(b, req->deadline_ms);
+	int rc = check_files(b, false);
+	if (rc)
+		return rc;
 	sqlite3_stmt *s = prep(b, Q_RELEASE, req->name, req->owner);
 	sqlite3_bind_int64(s, 4, dlock_wall_ms());
-	int rc = run(b, s, "release");
+	rc = run(b, s, "release");
 	if (rc)
 		return rc;
 	if (sqlite3_changes(b->db) == 0)
@@ -371,14 +549,25 @@ static int extend_one(sqlite_backend *b, dlock_request *req, int64_t ttl_ms, int
 
 static int sq_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 {
-	return extend_one((sqlite_backend *)be, req, ttl_ms, dlock_wall_ms());
+	sqlite_backend *b = (sqlite_backend *)be;
+	set_deadline(b, req->deadline_ms);
+	int rc = check_files(b, false);
+	return rc ? rc : extend_one(b, req, ttl_ms, dlock_wall_ms());
 }
 
 static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
-	int rc = begin(b);
-	if (rc)
+	if (n == 0)
+		return 0;
+	set_deadline(b, reqs[0]->deadline_ms); /* the same for the batch */
+	int rc = check_files(b, true);
+	if (rc == DLOCK_ENOTHELD) {
+		for (size_t i = 0; i < n; i++)
+			results[i] = DLOCK_ENOTHELD;
+		return 0;
+	}
+	if ((rc = begin(b)))
 		return rc;
 	int64_t now = dlock_wall_ms();
 	for (size_t i = 0; i < n; i++) {
@@ -392,6 +581,9 @@ static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 static int sq_cancel(dlock_backend *be, dlock_request *req)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
+	set_deadline(b, req->deadline_ms);
+	if (check_files(b, false))
+		return 0; /* the queue we were in went with the old file */
 	return run(b, prep(b, Q_DEQUEUE, req->name, req->owner), "cancel waiter");
 }
 
@@ -442,8 +634,11 @@ static int sq_status(dlock_backend *be, const char *const *names, size_t nnames,
 		     dlock_lock_status **out, size_t *count)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
+	set_deadline(b, dlock_clock_ms() + b->request_timeout_ms);
+	int rc = reopen_if_moved(b, b->deadline);
+	if (rc)
+		return rc;
 	int64_t now = dlock_wall_ms();
-	int rc = 0;
 	if (names) {
 		for (size_t i = 0; i < nnames && !rc; i++)
 			rc = status_one(b, names[i], now, out, count);
@@ -482,42 +677,76 @@ static int sq_status(dlock_backend *be, const char *const *names, size_t nnames,
 static void sq_close(dlock_backend *be)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
-	for (int i = 0; i < Q_COUNT; i++)
-		sqlite3_finalize(b->st[i]);
-	sqlite3_close(b->db);
+	/* A close after the files moved (or in a fork's child) must not
+	 * checkpoint and delete the -wal and -shm by name either. */
+	disconnect(b, b->db && (b->fork_gen != fork_gen || files_moved(b)));
+	for (int i = 0; i < NFILES; i++)
+		free(b->paths[i]);
 	free(b->ns);
 	free(b);
 }
 
-/* Inside the schema transaction: bring a version-1 file to version 2, refuse a newer one. */
-static int upgrade(sqlite3 *db, char **err)
+/* The type ("table", "view") of schema object `name`, or "" (into buf). */
+static int object_type(sqlite3 *db, const char *name, char *buf, size_t len)
 {
 	sqlite3_stmt *s = NULL;
-	int r = sqlite3_prepare_v2(db, "SELECT (SELECT max(version) FROM dlock_schema),"
-				   " (SELECT type FROM sqlite_master WHERE name='dlock_fences')", -1, &s, NULL);
+	int r = sqlite3_prepare_v2(db, "SELECT type FROM sqlite_master WHERE name=?1", -1, &s, NULL);
 	if (r != SQLITE_OK)
 		return r;
-	int64_t version = 0;
-	bool fence_table = false;
-	if ((r = sqlite3_step(s)) == SQLITE_ROW) {
-		version = sqlite3_column_int64(s, 0);
-		const unsigned char *t = sqlite3_column_text(s, 1);
-		fence_table = t && strcmp((const char *)t, "table") == 0;
-		r = SQLITE_OK;
-	}
+	sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
+	buf[0] = '\0';
+	if ((r = sqlite3_step(s)) == SQLITE_ROW)
+		snprintf(buf, len, "%s", (const char *)sqlite3_column_text(s, 0));
 	sqlite3_finalize(s);
+	return r == SQLITE_ROW || r == SQLITE_DONE ? SQLITE_OK : r;
+}
+
+/* Does the file already have this version's schema? (A read: WAL readers do not wait.) */
+static bool schema_current(sqlite3 *db)
+{
+	sqlite3_stmt *s = NULL;
+	bool ok = sqlite3_prepare_v2(db, "SELECT max(version) FROM dlock_schema", -1, &s, NULL) == SQLITE_OK &&
+		  sqlite3_step(s) == SQLITE_ROW && sqlite3_column_int64(s, 0) == SCHEMA_VERSION;
+	sqlite3_finalize(s);
+	return ok;
+}
+
+/* Inside the setup transaction: create a new file's schema, bring a version-1
+ * or 2 file to version 3, refuse a newer one. */
+static int setup_schema(sqlite3 *db, char **err)
+{
+	char type[16];
+	int r = object_type(db, "dlock_schema", type, sizeof(type));
 	if (r != SQLITE_OK)
 		return r;
-	if (version > SCHEMA_VERSION) {
+	if (!*type) { /* a new file */
+		r = sqlite3_exec(db, "CREATE TABLE dlock_schema(version INTEGER NOT NULL);", NULL, NULL, err);
+		if (r == SQLITE_OK)
+			r = sqlite3_exec(db, schema_v3, NULL, NULL, err);
+		return r == SQLITE_OK ? sqlite3_exec(db, views_v3, NULL, NULL, err) : r;
+	}
+	sqlite3_stmt *s = NULL;
+	if ((r = sqlite3_prepare_v2(db, "SELECT max(version) FROM dlock_schema", -1, &s, NULL)) != SQLITE_OK)
+		return r;
+	int64_t version = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
+	sqlite3_finalize(s);
+	if (version == SCHEMA_VERSION)
+		return SQLITE_OK;
+	if (version > SCHEMA_VERSION || version < 1) {
 		*err = sqlite3_mprintf("the file has dlock schema version %lld; this library knows %d",
 				       (long long)version, SCHEMA_VERSION);
 		return SQLITE_ERROR;
 	}
-	if (version == SCHEMA_VERSION && !fence_table)
-		return SQLITE_OK;
-	if (fence_table && (r = sqlite3_exec(db, migrate_v1, NULL, NULL, err)) != SQLITE_OK)
+	if ((r = object_type(db, "dlock_fences", type, sizeof(type))) != SQLITE_OK)
 		return r;
-	return sqlite3_exec(db, schema_v2, NULL, NULL, err);
+	bool fence_table = strcmp(type, "table") == 0;
+	if (strcmp(type, "view") == 0 && (r = sqlite3_exec(db, "DROP VIEW dlock_fences;", NULL, NULL, err)))
+		return r;
+	if ((r = sqlite3_exec(db, rename_v2, NULL, NULL, err)) != SQLITE_OK)
+		return r;
+	if (fence_table && (r = sqlite3_exec(db, fences_v1, NULL, NULL, err)) != SQLITE_OK)
+		return r;
+	return sqlite3_exec(db, views_v3, NULL, NULL, err);
 }
 
 /* mkdir -p for the parent directories of path, mode 0700. */
@@ -543,11 +772,122 @@ static int make_parents(const char *path)
 	return 0;
 }
 
+static pthread_mutex_t umask_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/*
+ * Only SQLite opens the file. On Linux a close() of ANY descriptor of a file
+ * drops every POSIX lock the process holds on it, those of our other
+ * connections to it included (another store handle of this process): another
+ * process could then checkpoint and delete the WAL under them (SQLite's
+ * "how to corrupt", 2.2). A new file is made private by creating it under a
+ * umask of 077 (SQLite's -wal and -shm files copy the database's mode).
+ */
+static int open_db(sqlite3 **db, const char *path)
+{
+	int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+	struct stat st;
+	if (stat(path, &st) == 0)
+		return sqlite3_open_v2(path, db, flags, NULL);
+	/* umask is the process's: other threads creating files meanwhile get 0600 too. */
+	pthread_mutex_lock(&umask_mu);
+	mode_t old = umask(077);
+	int r = sqlite3_open_v2(path, db, flags, NULL);
+	umask(old);
+	pthread_mutex_unlock(&umask_mu);
+	return r;
+}
+
+/* Under the open's deadline: open the file, set it up (WAL, schema), prepare. */
+static int connect_db(sqlite_backend *b, int64_t deadline)
+{
+	const char *path = b->paths[0];
+	set_deadline(b, deadline);
+	int rc = make_parents(path);
+	if (rc)
+		return rc;
+	pthread_once(&fork_once, watch_forks);
+	b->fork_gen = fork_gen;
+	int r = open_db(&b->db, path);
+	if (r != SQLITE_OK) {
+		rc = fail(b, r, "open");
+		goto out;
+	}
+	sqlite3_busy_handler(b->db, on_busy, b);
+	char *err = NULL;
+	/* Switching a new file to WAL does not always go through the busy
+	 * handler: when several processes open a fresh file at once, retry. */
+	for (;;) {
+		r = sqlite3_exec(b->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, &err);
+		if (r == SQLITE_OK && schema_current(b->db))
+			break; /* nothing to write: no wait for the write lock */
+		if (r == SQLITE_OK)
+			r = sqlite3_exec(b->db, "BEGIN IMMEDIATE;", NULL, NULL, &err);
+		if (r == SQLITE_OK) {
+			r = setup_schema(b->db, &err);
+			sqlite3_exec(b->db, r == SQLITE_OK ? "COMMIT;" : "ROLLBACK;", NULL, NULL, NULL);
+		}
+		bool busy = (r & 0xff) == SQLITE_BUSY || (r & 0xff) == SQLITE_LOCKED;
+		if (!busy || dlock_clock_ms() >= deadline)
+			break;
+		sqlite3_free(err);
+		err = NULL;
+		dlock__sleep_ms(dlock__rand_between(5, 25));
+	}
+	if (r != SQLITE_OK) {
+		rc = err && strstr(err, "dlock schema version")
+			     ? dlock_error_set(DLOCK_ENOTSUPPORTED, "sqlite", NULL, "sqlite: %s: %s", path, err)
+			     : fail(b, r, "create schema");
+		sqlite3_free(err);
+		goto out;
+	}
+	sqlite3_free(err);
+	for (int i = 0; i < Q_COUNT; i++) {
+		r = sqlite3_prepare_v3(b->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &b->st[i], NULL);
+		if (r != SQLITE_OK) {
+			rc = fail(b, r, "prepare");
+			goto out;
+		}
+	}
+	/* The files' identities, now that SQLite has all three open (the setup
+	 * wrote through the WAL); the database's is checked against SQLite's own
+	 * descriptor, so a file replaced during the open is not taken for ours. */
+	nlink_t links = 1;
+	for (int i = 0; i < NFILES; i++) {
+		struct stat st;
+		b->ids[i].known = stat(b->paths[i], &st) == 0;
+		b->ids[i].dev = st.st_dev;
+		b->ids[i].ino = st.st_ino;
+		if (i == 0 && b->ids[0].known)
+			links = st.st_nlink;
+	}
+	/* SQLite names the -wal and -shm after the name it was given: processes
+	 * opening one database through two hard links would keep two WALs. */
+	if (links > 1) {
+		rc = dlock_error_set(DLOCK_EUNAVAILABLE, "sqlite", NULL,
+				     "sqlite: %s has %lu hard links: processes opening it by different names "
+				     "would not see each other's locks; remove the extra links",
+				     path, (unsigned long)links);
+		goto out;
+	}
+	b->checked_at = dlock_clock_ms();
+	int moved_now = 0;
+	if (sqlite3_file_control(b->db, "main", SQLITE_FCNTL_HAS_MOVED, &moved_now) != SQLITE_OK)
+		moved_now = 0; /* a VFS without the check: our stat of the path stands */
+	if (moved_now || !b->ids[0].known)
+		rc = dlock_error_set(DLOCK_EUNAVAILABLE, "sqlite", NULL,
+				     "sqlite: %s was deleted or replaced while it was being opened", path);
+out:
+	if (rc)
+		disconnect(b, true);
+	return rc;
+}
+
 int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 {
 	if (uri->hosts && *uri->hosts)
 		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
 				       "sqlite URIs name a file, not a host: use sqlite:///abs/path.db or sqlite:rel.db");
+	int64_t deadline = dlock_clock_ms() + uri->connect_timeout_ms;
 	char *dflt = NULL;
 	const char *path = uri->path;
 	if (!*path) {
@@ -565,10 +905,12 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 			return DLOCK_ENOMEM;
 		path = dflt;
 	}
-	int64_t busy_ms = 10000;
+	int64_t busy_ms = 0; /* none: each call's own deadline */
 	const char *v = dlock_uri_param(uri, "busy_timeout");
-	if (v && (dlock_duration_parse(&busy_ms, v) != 0 || busy_ms > INT32_MAX))
+	if (v && (dlock_duration_parse(&busy_ms, v) != 0 || busy_ms <= 0)) {
+		free(dflt);
 		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL, "sqlite: bad busy_timeout '%s'", v);
+	}
 
 	sqlite_backend *b = dlock__calloc(1, sizeof(*b));
 	if (!b) {
@@ -584,61 +926,16 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 	b->base.cancel = sq_cancel;
 	b->base.status = sq_status;
 	b->base.close = sq_close;
+	b->busy_ms = busy_ms;
+	b->request_timeout_ms = uri->request_timeout_ms;
 	int rc = DLOCK_ENOMEM;
 	if (!(b->ns = dlock__strdup(uri->prefix)))
 		goto fail;
-	if ((rc = make_parents(path)))
-		goto fail;
-	/* Create the file ourselves so it is private (0600); WAL files copy its mode. */
-	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (fd < 0) {
-		rc = dlock_error_set(DLOCK_EUNAVAILABLE, "sqlite", NULL, "sqlite: cannot open %s: %s", path,
-				     strerror(errno));
-		goto fail;
-	}
-	close(fd);
-	int r = sqlite3_open_v2(path, &b->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
-	if (r != SQLITE_OK) {
-		rc = fail(b, r, "open");
-		goto fail;
-	}
-	sqlite3_busy_timeout(b->db, (int)busy_ms);
-	char *err = NULL;
-	/* Switching a new file to WAL does not always go through the busy
-	 * handler: when several processes open a fresh file at once, retry. */
-	int64_t setup_until = dlock_clock_ms() + busy_ms;
-	for (;;) {
-		r = sqlite3_exec(b->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, &err);
-		if (r == SQLITE_OK)
-			r = sqlite3_exec(b->db, "BEGIN IMMEDIATE;", NULL, NULL, &err);
-		if (r == SQLITE_OK) {
-			r = sqlite3_exec(b->db, schema, NULL, NULL, &err);
-			if (r == SQLITE_OK)
-				r = upgrade(b->db, &err);
-			sqlite3_exec(b->db, r == SQLITE_OK ? "COMMIT;" : "ROLLBACK;", NULL, NULL, NULL);
-		}
-		bool busy = (r & 0xff) == SQLITE_BUSY || (r & 0xff) == SQLITE_LOCKED;
-		if (!busy || dlock_clock_ms() >= setup_until)
-			break;
-		sqlite3_free(err);
-		err = NULL;
-		dlock__sleep_ms(dlock__rand_between(5, 25));
-	}
-	if (r != SQLITE_OK) {
-		rc = err && strstr(err, "dlock schema version")
-			     ? dlock_error_set(DLOCK_ENOTSUPPORTED, "sqlite", NULL, "sqlite: %s: %s", path, err)
-			     : fail(b, r, "create schema");
-		sqlite3_free(err);
-		goto fail;
-	}
-	sqlite3_free(err);
-	for (int i = 0; i < Q_COUNT; i++) {
-		r = sqlite3_prepare_v3(b->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &b->st[i], NULL);
-		if (r != SQLITE_OK) {
-			rc = fail(b, r, "prepare");
+	for (int i = 0; i < NFILES; i++)
+		if (!(b->paths[i] = dlock__sprintf("%s%s", path, file_suffix[i])))
 			goto fail;
-		}
-	}
+	if ((rc = connect_db(b, deadline)))
+		goto fail;
 	free(dflt);
 	*out = &b->base;
 	return 0;

@@ -28,3 +28,13 @@ if(TARGET dlock_cli)
            $<TARGET_FILE:dlock_cli> etcd -)
   set_tests_properties(etcd.auth_cli PROPERTIES RUN_SERIAL ON TIMEOUT 180)
 endif()
+
+# Network faults on a member of its own: a proxy in the test passes,
+# blackholes or drops answers; the member is also paused with SIGSTOP.
+add_executable(etcd_net etcd_net.c)
+target_link_libraries(etcd_net PRIVATE dlock_testutil)
+target_compile_definitions(etcd_net PRIVATE
+  ETCD_SCRIPT="${PROJECT_SOURCE_DIR}/tests/servers/etcd.sh")
+add_test(NAME etcd.net COMMAND etcd_net)
+set_tests_properties(etcd.net PROPERTIES TIMEOUT 300 RUN_SERIAL ON)
+target_include_directories(etcd_net PRIVATE ${PROJECT_SOURCE_DIR}/src)

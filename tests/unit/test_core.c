@@ -27,6 +27,7 @@ typedef struct fake {
 	atomic_int lost_reply_ms;  /* how long such a try "waits" for its reply */
 	atomic_llong applied_at;   /* tu_now_ms() when a lost try was applied */
 	atomic_int release_fail;   /* the next N releases fail (not applied) */
+	atomic_llong deadline_left; /* req->deadline_ms - now, at the last acquire */
 	int renew_gate;            /* under mu: renew blocks while set */
 	pthread_cond_t gate_cv;
 } fake;
@@ -35,6 +36,7 @@ static int f_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 {
 	fake *f = (fake *)be;
 	f->acquires++;
+	f->deadline_left = req->deadline_ms - dlock_clock_ms();
 	if (f->acquire_delay_ms)
 		usleep((useconds_t)f->acquire_delay_ms * 1000);
 	pthread_mutex_lock(&f->mu);
@@ -599,6 +601,25 @@ static void test_lease_from_lost_try(void)
 	dlock_store_close(s);
 }
 
+/* Every try gets a deadline: a try-once one request timeout (timeout=,
+ * 2 s by default), a wait what is left of it. */
+static void test_try_deadlines(void)
+{
+	fake *f = fake_new();
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	dlock_lock *l;
+	CHECK_RC(dlock_lock_new(&l, s, "a", NULL), 0);
+	CHECK_RC(dlock_acquire(l, 0), 0);
+	CHECK(f->deadline_left > 1900 && f->deadline_left <= 2000);
+	CHECK_RC(dlock_release(l), 0);
+	CHECK_RC(dlock_acquire(l, 500), 0);
+	CHECK(f->deadline_left > 400 && f->deadline_left <= 500);
+	CHECK_RC(dlock_release(l), 0);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
 /* A grant whose reply comes after the lease it carries has ended is refused and undone. */
 static void test_late_grant_refused(void)
 {
@@ -726,6 +747,7 @@ int main(void)
 	test_reentrant_after_deadline();
 	test_lease_from_lost_try();
 	test_late_grant_refused();
+	test_try_deadlines();
 	test_failed_release_retried();
 #ifndef DLOCK_TEST_NO_INTERPOSE
 	test_threads_fail();
