@@ -1525,17 +1525,24 @@ static int connect_cmd(rstore *s, int64_t deadline)
 		return timed_out_error(rc, "timed out: ");
 	}
 	int rc;
+	char last[400] = ""; /* what the master named last said: the best explanation */
 	for (;;) {
 		rc = sentinel_resolve(s, deadline);
 		if (!rc && (rc = connect_master(s, deadline)) == 0 && (rc = fetch_server_id(s, deadline)) == 0)
 			return 0;
 		if (rc != DLOCK_EUNAVAILABLE)
 			return rc;
+		if (s->srv[0].port)
+			snprintf(last, sizeof(last), "%s", dlock_error_last()->message);
 		int64_t left = ms_left(deadline);
 		if (left <= 0)
 			break;
 		dlock__sleep_ms(left < 50 ? left : 50);
 	}
+	if (last[0])
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ETIMEDOUT",
+				       "timed out finding the master '%s' through the sentinels (last: %s)", s->master_name,
+				       last);
 	return timed_out_error(rc, "timed out finding the master through the sentinels: ");
 }
 

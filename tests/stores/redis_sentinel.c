@@ -68,6 +68,27 @@ static long long raw_int(redisContext *c, const char *cmd)
 	return v;
 }
 
+/* A loaded machine puts Sentinel in TILT mode (it then does no failover for
+ * 30 s): wait until it is out (bounded). */
+static void sentinel_untilted(const char *uri)
+{
+	int port = 0;
+	if (sscanf(uri, "redis+sentinel://127.0.0.1:%d", &port) != 1)
+		return;
+	redisContext *c = raw_port(port);
+	long long until = tu_now_ms() + 60000;
+	for (;;) {
+		redisReply *r = redisCommand(c, "INFO sentinel");
+		int tilt = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "sentinel_tilt:1") != NULL;
+		if (r)
+			freeReplyObject(r);
+		if (!tilt || tu_now_ms() > until)
+			break;
+		nanosleep(&(struct timespec){ 0, 200000000 }, NULL);
+	}
+	redisFree(c);
+}
+
 /* Microseconds per acquire + release pair over n pairs. */
 static double pair_us(const char *u, int n)
 {
@@ -170,14 +191,16 @@ int main(int argc, char **argv)
 	CHECK_RC(dlock_lock_new(&gl, g, "sentinel-lost", &o), 0);
 	CHECK_RC(dlock_acquire(gl, 5000), 0); /* reserves fences and waits for them once */
 	CHECK_RC(dlock_release(gl), 0);
+	sentinel_untilted(uri);
 	snprintf(rpid_path, sizeof(rpid_path), "%s/m/redis.pid", argv[2]);
 	pf = fopen(rpid_path, "r");
 	int mpid = 0;
 	if (!pf || fscanf(pf, "%d", &mpid) != 1 || mpid <= 0)
 		return 1;
 	fclose(pf);
-	/* cut the replica off (it reconnects on its next once-a-second tick), grant,
-	 * and kill the master at once: the grant never reaches the replica */
+	/* cut the replica off (stopped for a few ms, so that it cannot reconnect),
+	 * grant, and kill the master at once: the grant never reaches the replica */
+	kill(rpid, SIGSTOP);
 	redisReply *r = redisCommand(m, "CLIENT KILL TYPE replica");
 	CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer >= 1);
 	if (r)
@@ -188,6 +211,7 @@ int main(int argc, char **argv)
 	redisFree(m);
 	while (kill(mpid, 0) == 0)
 		nanosleep(&(struct timespec){ 0, 1000000 }, NULL);
+	kill(rpid, SIGCONT);
 	unlink(rpid_path);
 	t0 = tu_now_ms();
 
