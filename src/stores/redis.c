@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define KIND "redis"
@@ -48,6 +51,35 @@
 	"  end\n"                                                                    \
 	"end\n"
 
+/*
+ * The next fence. With ARGV[8] (the fence guard: the id of the server the
+ * client talks to, sent by redis+sentinel://) fences never go back after a
+ * failover that loses grants: a fence is handed out only when it is at most a
+ * reservation r (key ":e") that is on the replicas. The client waits (WAIT)
+ * for the replicas when a grant returns a third element (a new reservation)
+ * and then confirms it (c := r); a server that has not granted since it
+ * became master (its id differs from ":e"'s) first lifts the counter to r,
+ * above every fence handed out before the failover. Returns f[, r].
+ */
+#define LUA_FENCE                                                                    \
+	"local function fence()\n"                                                   \
+	"  local F = H .. ':f'\n"                                                    \
+	"  local id = ARGV[8]\n"                                                     \
+	"  if not id or id == '' then return redis.call('INCR', F) end\n"            \
+	"  local E = H .. ':e'\n"                                                    \
+	"  local e = redis.call('HMGET', E, 'id', 'r', 'c')\n"                       \
+	"  if e[1] ~= id then\n"                                                     \
+	"    local r = tonumber(e[2] or '0')\n"                                      \
+	"    if tonumber(redis.call('GET', F) or '0') < r then redis.call('SET', F, r) end\n" \
+	"    redis.call('HSET', E, 'id', id)\n"                                      \
+	"  end\n"                                                                    \
+	"  local f = redis.call('INCR', F)\n"                                        \
+	"  if f <= tonumber(e[3] or '0') then return f end\n"                        \
+	"  local r = math.max(f + " DLOCK__RFENCE_BLOCK " - 1, tonumber(e[2] or '0'))\n" \
+	"  redis.call('HSET', E, 'r', r)\n"                                          \
+	"  return f, r\n"                                                            \
+	"end\n"
+
 /* Wake one waiter, by its owner token, on its client's own channel
  * ":c:<client id>" (only that store handle listens there); an owner of
  * another shape is told on the lock's channel. */
@@ -67,19 +99,20 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"local H, owner, ttl, fl = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]\n"
 		"local mode, fair, reg = string.sub(fl, 1, 1), string.sub(fl, 2, 2) == '1', string.sub(fl, 3, 3)\n"
 		"local permits = tonumber(ARGV[4])\n"
-		LUA_REPL LUA_NOW
+		LUA_REPL LUA_NOW LUA_FENCE
 		/* the common case first, with nothing else to look at: a free mutex or
 		 * semaphore, not fair, no registration of ours to clean up */
 		"if mode == 'x' and not fair and reg ~= '2' and redis.call('EXISTS', H) == 0 then\n"
-		"  local f = redis.call('INCR', H .. ':f')\n"
+		"  local f, r = fence()\n"
 		"  redis.call('HSET', H, owner, string.format('%d %d x %d ', now + ttl, f, permits) .. ARGV[6])\n"
 		"  redis.call('PEXPIRE', H, ttl)\n"
-		"  return {1, f}\n"
+		"  return r and {1, f, r} or {1, f}\n"
 		"end\n"
 		"local W, Q, X = H .. ':w', H .. ':q', H .. ':x'\n"
 		LUA_HEAD LUA_WAKE
-		/* prune expired holders; an owner that already holds gets its grant back
-		 * (makes a retried acquire after a lost reply idempotent) */
+		/* prune expired holders; an owner that already holds gets its grant back,
+		 * its expiry refreshed to ttl from now (makes a retried acquire after a
+		 * lost reply idempotent, and never shorter than the client's lease) */
 		"local live, lmode, limit, soonest, latest = 0, nil, permits, nil, now\n"
 		"if redis.call('EXISTS', H) == 1 then\n"
 		"  local all = redis.call('HGETALL', H)\n"
@@ -88,7 +121,18 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"    local e, f, m, p = string.match(v, '^(%d+) (%d+) (%a) (%d+)')\n"
 		"    e = tonumber(e)\n"
 		"    if e <= now then redis.call('HDEL', H, k)\n"
-		"    elseif k == owner then return {1, tonumber(f)}\n"
+		/* ours already (a retry after a lost reply): the lease counts from now,
+		 * so the server must not expire it earlier than the client's deadline */
+		"    elseif k == owner then\n"
+		"      redis.call('HSET', H, owner, string.format('%d ', now + ttl) .. string.match(v, '^%d+ (.*)$'))\n"
+		"      if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end\n"
+		/* its fence may be one whose reservation was never confirmed (the
+		 * reply carrying it was lost): the client must wait for it again */
+		"      local e = ARGV[8] and ARGV[8] ~= '' and redis.call('HMGET', H .. ':e', 'r', 'c')\n"
+		"      if e and tonumber(f) > tonumber(e[2] or '0') then\n"
+		"        return {1, tonumber(f), math.max(tonumber(f), tonumber(e[1] or '0'))}\n"
+		"      end\n"
+		"      return {1, tonumber(f)}\n"
 		"    else\n"
 		"      live, lmode, limit = live + 1, m, math.min(limit, tonumber(p))\n"
 		"      if not soonest or e < soonest then soonest = e end\n"
@@ -114,7 +158,7 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"  if h and h ~= owner then ok = false till = tonumber(redis.call('ZSCORE', W, h)) end\n"
 		"end\n"
 		"if ok then\n"
-		"  local f = redis.call('INCR', H .. ':f')\n"
+		"  local f, r = fence()\n"
 		"  redis.call('HSET', H, owner, string.format('%d %d %s %d ', now + ttl, f, mode, permits) .. ARGV[6])\n"
 		"  if live == 0 then redis.call('PEXPIRE', H, ttl)\n"
 		"  elseif redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end\n"
@@ -126,7 +170,7 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 		"      if mode == 's' then local h = head() if h then wake(h) end end\n"
 		"    end\n"
 		"  end\n"
-		"  return {1, f}\n"
+		"  return r and {1, f, r} or {1, f}\n"
 		"end\n"
 		"local qttl = tonumber(ARGV[5])\n"
 		"if reg ~= '0' then\n"
@@ -261,9 +305,12 @@ int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const 
 	if (!uri->hosts || !*uri->hosts)
 		return dlock_error_set(DLOCK_EINVAL, kind, NULL, "%s:// needs a host: %s://host:port", uri->scheme,
 				       uri->scheme);
-	if (strlen(uri->prefix) > DLOCK__REDIS_PREFIX_MAX)
-		return dlock_error_set(DLOCK_EINVAL, kind, NULL, "prefix is too long (%zu bytes; at most %d)",
-				       strlen(uri->prefix), DLOCK__REDIS_PREFIX_MAX);
+	size_t esc = 0; /* each escaped character takes 3 bytes in the keys */
+	for (const char *p = uri->prefix; *p; p++)
+		esc += strchr(":%{}", *p) ? 3 : 1;
+	if (esc > DLOCK__REDIS_PREFIX_MAX - 4)
+		return dlock_error_set(DLOCK_EINVAL, kind, NULL, "prefix is too long (%zu bytes in keys; at most %d)",
+				       esc, DLOCK__REDIS_PREFIX_MAX - 4);
 	int db = 0;
 	const char *p = dbpath ? dbpath : "";
 	if (*p == '/')
@@ -345,39 +392,157 @@ int dlock__rreply_error(const redisReply *r, const dlock__rserver *srv, const ch
 	return dlock_error_set(rc, kind, code, "%s %s:%d: %s", kind, srv->host, srv->port, s);
 }
 
-static int simple_cmd(redisContext *c, const dlock__rserver *srv, const char *kind, int argc, const char **argv)
+/* ---- I/O bounded by a deadline ---- */
+
+enum { IO_OK = 0, IO_ERR = -1, IO_TIMEOUT = -2 };
+
+static int64_t ms_left(int64_t deadline)
 {
-	redisReply *r = redisCommandArgv(c, argc, argv, NULL);
-	if (!r)
+	int64_t left = deadline - dlock_clock_ms();
+	return left > 0 ? left : 0;
+}
+
+/* 1: fd ready for ev; 0: the deadline passed; -1: poll failed. */
+static int fd_wait(int fd, short ev, int64_t deadline)
+{
+	for (;;) {
+		int64_t left = ms_left(deadline);
+		if (left <= 0)
+			return 0;
+		struct pollfd p = { fd, ev, 0 };
+		int r = poll(&p, 1, left > 60000 ? 60000 : (int)left);
+		if (r > 0)
+			return 1;
+		if (r < 0 && errno != EINTR)
+			return -1;
+	}
+}
+
+/* Write what is buffered by the deadline. Works on blocking sockets too (poll
+ * first: a short command then goes out in one write). */
+static int io_flush(redisContext *c, int64_t deadline)
+{
+	int done = 0;
+	for (;;) {
+		if (redisBufferWrite(c, &done) != REDIS_OK)
+			return IO_ERR;
+		if (done)
+			return IO_OK;
+		int w = fd_wait(c->fd, POLLOUT, deadline);
+		if (w <= 0)
+			return w == 0 ? IO_TIMEOUT : IO_ERR;
+	}
+}
+
+/* Flush, then read the next reply by the deadline. */
+static int io_reply(redisContext *c, int64_t deadline, redisReply **out)
+{
+	*out = NULL;
+	int rc = io_flush(c, deadline);
+	if (rc)
+		return rc;
+	for (;;) {
+		void *v = NULL;
+		if (redisGetReplyFromReader(c, &v) != REDIS_OK)
+			return IO_ERR;
+		if (v) {
+			*out = v;
+			return IO_OK;
+		}
+		int w = fd_wait(c->fd, POLLIN, deadline);
+		if (w <= 0)
+			return w == 0 ? IO_TIMEOUT : IO_ERR;
+		if (redisBufferRead(c) != REDIS_OK)
+			return IO_ERR;
+	}
+}
+
+static int io_error(int io, const redisContext *c, const dlock__rserver *srv, const char *kind)
+{
+	if (io == IO_TIMEOUT)
+		return dlock_error_set(DLOCK_EUNAVAILABLE, kind, "ETIMEDOUT", "%s %s:%d: timed out waiting for the server",
+				       kind, srv->host, srv->port);
+	if (c->err)
 		return dlock__rconn_error(c, srv, kind);
-	int rc = 0;
+	return dlock_error_set(DLOCK_EUNAVAILABLE, kind, "EIO", "%s %s:%d: %s", kind, srv->host, srv->port,
+			       strerror(errno));
+}
+
+int dlock__rread_by(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline,
+		    redisReply **out)
+{
+	int io = io_reply(c, deadline, out);
+	return io ? io_error(io, c, srv, kind) : 0;
+}
+
+void dlock__rsock_setup(redisContext *c, int64_t timeout_ms)
+{
+	int fd = c->fd, on = 1;
+	int idle = (int)(timeout_ms / 1000) > 1 ? (int)(timeout_ms / 1000) : 1, intvl = 1, cnt = 3;
+	/* a silent peer (cut cable, dead host) is noticed by the kernel: keepalive
+	 * probes on an idle socket, and unacknowledged data (or probes) kill the
+	 * connection after TCP_USER_TIMEOUT */
+	unsigned int user = (unsigned int)(timeout_ms > 1000 ? timeout_ms : 1000) + (unsigned int)(idle + 3) * 1000;
+	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+	setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user, sizeof(user));
+}
+
+static int simple_cmd(redisContext *c, const dlock__rserver *srv, const char *kind, int argc, const char **argv,
+		      int64_t deadline)
+{
+	redisReply *r = NULL;
+	redisAppendCommandArgv(c, argc, argv, NULL);
+	int rc = dlock__rread_by(c, srv, kind, deadline, &r);
+	if (rc)
+		return rc;
 	if (r->type == REDIS_REPLY_ERROR)
 		rc = dlock__rreply_error(r, srv, kind);
 	freeReplyObject(r);
 	return rc;
 }
 
-int dlock__rconnect(redisContext **out, const dlock__rserver *srv, const char *kind)
+/* connect + AUTH + SELECT by the deadline; nonblock: leave the socket non-blocking. */
+static int connect_by(redisContext **out, const dlock__rserver *srv, const char *kind, int64_t deadline,
+		      bool nonblock)
 {
 	*out = NULL;
-	redisContext *c = redisConnectWithTimeout(srv->host, srv->port, ms_tv(srv->connect_timeout_ms));
+	int64_t ct = ms_left(deadline);
+	if (ct > srv->connect_timeout_ms)
+		ct = srv->connect_timeout_ms;
+	if (ct <= 0)
+		return dlock_error_set(DLOCK_EUNAVAILABLE, kind, "ETIMEDOUT", "cannot connect to %s %s:%d: timed out",
+				       kind, srv->host, srv->port);
+	redisContext *c = redisConnectWithTimeout(srv->host, srv->port, ms_tv(ct));
 	if (!c)
 		return dlock__oom();
 	if (c->err) {
-		int rc = dlock_error_set(DLOCK_EUNAVAILABLE, kind, "ECONN", "cannot connect to %s %s:%d: %s", kind,
-					 srv->host, srv->port, c->errstr);
+		bool to = c->err == REDIS_ERR_IO && (strstr(c->errstr, "timed out") || strstr(c->errstr, "Timeout"));
+		int rc = dlock_error_set(DLOCK_EUNAVAILABLE, kind, to ? "ETIMEDOUT" : "ECONN",
+					 "cannot connect to %s %s:%d: %s%s", kind, srv->host, srv->port, c->errstr,
+					 to && !strstr(c->errstr, "timed out") ? " (timed out)" : "");
 		redisFree(c);
 		return rc;
 	}
-	redisSetTimeout(c, ms_tv(srv->timeout_ms));
-	redisEnableKeepAlive(c);
+	dlock__rsock_setup(c, srv->timeout_ms);
+	if (nonblock) {
+		/* every read and write goes through poll with the caller's deadline */
+		int fl = fcntl(c->fd, F_GETFL);
+		if (fl >= 0)
+			fcntl(c->fd, F_SETFL, fl | O_NONBLOCK);
+		c->flags &= ~REDIS_BLOCK;
+	} else {
+		redisSetTimeout(c, ms_tv(srv->timeout_ms));
+	}
 	int rc = 0;
 	if (srv->password) {
 		/* "redis://:pw@host" parses with an empty user: that is the default
 		 * user's password (AUTH pw), not a user named "". */
 		const char *user = srv->user && *srv->user ? srv->user : NULL;
 		const char *a[3] = { "AUTH", user ? user : srv->password, srv->password };
-		rc = simple_cmd(c, srv, kind, user ? 3 : 2, a);
+		rc = simple_cmd(c, srv, kind, user ? 3 : 2, a, deadline);
 		if (rc == DLOCK_ESTORE) /* e.g. "ERR AUTH <password> called without any password configured" */
 			rc = rewrap(DLOCK_EAUTH, kind, "");
 	}
@@ -385,7 +550,7 @@ int dlock__rconnect(redisContext **out, const dlock__rserver *srv, const char *k
 		char db[16];
 		snprintf(db, sizeof(db), "%d", srv->db);
 		const char *a[2] = { "SELECT", db };
-		rc = simple_cmd(c, srv, kind, 2, a);
+		rc = simple_cmd(c, srv, kind, 2, a, deadline);
 		if (rc == DLOCK_ESTORE)
 			rc = rewrap(DLOCK_EINVAL, kind, "cannot use the database of the URI path: ");
 	}
@@ -397,15 +562,46 @@ int dlock__rconnect(redisContext **out, const dlock__rserver *srv, const char *k
 	return 0;
 }
 
+int dlock__rconnect_by(redisContext **out, const dlock__rserver *srv, const char *kind, int64_t deadline)
+{
+	return connect_by(out, srv, kind, deadline, true);
+}
+
+int dlock__rconnect(redisContext **out, const dlock__rserver *srv, const char *kind)
+{
+	return connect_by(out, srv, kind, dlock_clock_ms() + srv->connect_timeout_ms + 2 * srv->timeout_ms, false);
+}
+
 /* ------------------------------------------------------------------------ */
 /* keys and arguments                                                        */
 /* ------------------------------------------------------------------------ */
 
+/*
+ * The prefix as it appears in keys: ':' (which ends it), '%' (the escape) and
+ * the hash-tag braces are percent-escaped, so "{P:NAME}" is injective: prefix
+ * "app" + name "jobs:x" and prefix "app:jobs" + name "x" are different keys.
+ * A prefix without those characters (the default "dlock") is unchanged.
+ */
+size_t dlock__rprefix_enc(char *out, size_t cap, const char *prefix)
+{
+	size_t o = 0;
+	for (const char *p = prefix; *p && o + 4 < cap; p++) {
+		if (strchr(":%{}", *p))
+			o += (size_t)snprintf(out + o, cap - o, "%%%02X", (unsigned char)*p);
+		else
+			out[o++] = *p;
+	}
+	out[o] = 0;
+	return o;
+}
+
 void dlock__rkeys_make(dlock__rkeys *k, const char *prefix, const char *name)
 {
 	static const char *const suffix[DLOCK__RK_COUNT] = { "", ":c" };
+	char pe[DLOCK__REDIS_PREFIX_MAX + 1];
+	dlock__rprefix_enc(pe, sizeof(pe), prefix);
 	for (int i = 0; i < DLOCK__RK_COUNT; i++) {
-		int n = snprintf(k->k[i], sizeof(k->k[i]), "{%s:%s}%s", prefix, name, suffix[i]);
+		int n = snprintf(k->k[i], sizeof(k->k[i]), "{%s:%s}%s", pe, name, suffix[i]);
 		k->len[i] = (size_t)n < sizeof(k->k[i]) ? (size_t)n : sizeof(k->k[i]) - 1;
 	}
 }
@@ -508,7 +704,7 @@ static int reply_int(const redisReply *r, long long *v)
 int dlock__racquire_reply(const redisReply *r, uint64_t *fence, int64_t *retry_ms, const char *kind)
 {
 	long long ok, v;
-	if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || reply_int(r->element[0], &ok) ||
+	if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->elements > 3 || reply_int(r->element[0], &ok) ||
 	    reply_int(r->element[1], &v))
 		return bad_reply(kind, "acquire");
 	if (ok == 1) {
@@ -572,12 +768,14 @@ int dlock__rbatch_renew(dlock__rbatch *b, const char *prefix, dlock_request *con
 		dlock__rbatch_free(b);
 		return dlock__oom();
 	}
+	char pe[DLOCK__REDIS_PREFIX_MAX + 1];
+	dlock__rprefix_enc(pe, sizeof(pe), prefix);
 	snprintf(b->nums + n * 24, 24, "%zu", n);
 	b->argv[2] = b->nums + n * 24;
 	b->lens[2] = strlen(b->argv[2]);
 	for (size_t i = 0; i < n; i++) {
 		char *key = b->keys + i * DLOCK__REDIS_KEY_MAX;
-		int kl = snprintf(key, DLOCK__REDIS_KEY_MAX, "{%s:%s}", prefix, reqs[i]->name);
+		int kl = snprintf(key, DLOCK__REDIS_KEY_MAX, "{%s:%s}", pe, reqs[i]->name);
 		b->argv[3 + i] = key;
 		b->lens[3 + i] = (size_t)kl;
 		b->argv[3 + n + 2 * i] = reqs[i]->owner;
@@ -650,6 +848,8 @@ typedef struct rn_chan {
 	int *pend;             /* per server: SUBSCRIBE replies still to come */
 	unsigned char *ok;     /* per server: confirmed */
 	char *last;            /* last wake-all message (to drop the other masters' copies) */
+	unsigned char *heard;  /* per server: has delivered `last` (a second copy from the
+				  same server is a new release, e.g. a second bare "*") */
 } rn_chan;
 
 typedef struct rn_waiter {
@@ -671,8 +871,10 @@ struct dlock__rnotify {
 	pthread_t th;
 	bool started, stop;
 	int pipe[2];
-	redisContext **c;
+	redisContext **c;       /* non-blocking sockets: nothing here blocks the thread */
 	int64_t *retry_at, *backoff;
+	int64_t *sub_since;     /* per server: oldest SUBSCRIBE not yet confirmed (0: none) */
+	unsigned char *wantw;   /* per server: output still buffered (poll for POLLOUT) */
 	rn_chan *chans;
 	rn_waiter *waiters;
 };
@@ -690,8 +892,10 @@ int dlock__rnotify_new(dlock__rnotify **out, dlock__rserver *srv, size_t n, cons
 	nt->c = calloc(n, sizeof(*nt->c));
 	nt->retry_at = calloc(n, sizeof(*nt->retry_at));
 	nt->backoff = calloc(n, sizeof(*nt->backoff));
-	if (!nt->c || !nt->retry_at || !nt->backoff || pipe2(nt->pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-		int rc = nt->c && nt->retry_at && nt->backoff
+	nt->sub_since = calloc(n, sizeof(*nt->sub_since));
+	nt->wantw = calloc(n, 1);
+	if (!nt->c || !nt->retry_at || !nt->backoff || !nt->sub_since || !nt->wantw || pipe2(nt->pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+		int rc = nt->c && nt->retry_at && nt->backoff && nt->sub_since && nt->wantw
 				 ? dlock_error_set(DLOCK_ESTORE, kind, NULL, "pipe: %s", strerror(errno))
 				 : dlock__oom();
 		dlock__rnotify_free(nt);
@@ -717,6 +921,7 @@ static void kick(dlock__rnotify *nt)
 static void chan_free(rn_chan *ch)
 {
 	free(ch->last);
+	free(ch->heard);
 	free(ch->name);
 	free(ch->direct);
 	free(ch->sent);
@@ -758,6 +963,8 @@ void dlock__rnotify_free(dlock__rnotify *nt)
 	free(nt->c);
 	free(nt->retry_at);
 	free(nt->backoff);
+	free(nt->sub_since);
+	free(nt->wantw);
 	free(nt);
 }
 
@@ -805,6 +1012,8 @@ static void drop_conn(dlock__rnotify *nt, size_t i)
 {
 	redisFree(nt->c[i]);
 	nt->c[i] = NULL;
+	nt->sub_since[i] = 0;
+	nt->wantw[i] = 0;
 	for (rn_chan *ch = nt->chans; ch; ch = ch->next)
 		ch->sent[i] = ch->pend[i] = ch->ok[i] = 0;
 	int64_t b = nt->backoff[i] ? nt->backoff[i] * 2 : 100;
@@ -826,15 +1035,26 @@ static void on_reply(dlock__rnotify *nt, size_t i, redisReply *r)
 			ch->ok[i] = 1;
 			pthread_cond_broadcast(&nt->cv);
 		}
+		bool pending = false;
+		for (rn_chan *o = nt->chans; o && !pending; o = o->next)
+			pending = o->pend[i] > 0;
+		if (!pending)
+			nt->sub_since[i] = 0;
 	} else if (!strcmp(what, "message") && r->element[2]->type == REDIS_REPLY_STRING) {
 		const char *msg = r->element[2]->str;
 		bool all = msg[0] == '*';
-		/* the same release heard from another master (Redlock): already counted */
-		if (all && ch->last && !strcmp(ch->last, msg))
+		/* the same release heard from another master (Redlock): already counted.
+		 * The same text again from a server that already delivered it is a new
+		 * event (a second bare "*" of a cancel, or any repeat on one server). */
+		if (all && ch->last && !strcmp(ch->last, msg) && !ch->heard[i]) {
+			ch->heard[i] = 1;
 			return;
+		}
 		if (all) {
 			free(ch->last);
 			ch->last = strdup(msg);
+			memset(ch->heard, 0, nt->n);
+			ch->heard[i] = 1;
 		}
 		/* wake the waiting threads only when one of them is meant: a release
 		 * naming another process's waiter is nothing to us */
@@ -862,6 +1082,8 @@ static void sync_subs(dlock__rnotify *nt)
 				verb = "SUBSCRIBE";
 				ch->sent[i] = 1;
 				ch->pend[i] += nch; /* one confirmation per channel */
+				if (!nt->sub_since[i])
+					nt->sub_since[i] = dlock_clock_ms();
 			} else if (ch->refs == 0 && ch->sent[i]) {
 				verb = "UNSUBSCRIBE";
 				ch->sent[i] = ch->ok[i] = 0;
@@ -872,12 +1094,12 @@ static void sync_subs(dlock__rnotify *nt)
 				redisAppendCommandArgv(nt->c[i], 1 + nch, argv, lens);
 			}
 		}
+		/* non-blocking: what does not fit now goes when poll says POLLOUT */
 		int done = 0;
-		while (!done)
-			if (redisBufferWrite(nt->c[i], &done) != REDIS_OK) {
-				drop_conn(nt, i);
-				break;
-			}
+		if (redisBufferWrite(nt->c[i], &done) != REDIS_OK)
+			drop_conn(nt, i);
+		else
+			nt->wantw[i] = !done;
 	}
 	/* forget channels nobody wants once unsubscribed everywhere */
 	for (rn_chan **p = &nt->chans; *p;) {
@@ -915,14 +1137,11 @@ static void *notify_main(void *arg)
 			if (nt->c[i] || now < nt->retry_at[i])
 				continue;
 			redisContext *c = NULL;
-			/* short timeouts: this thread also serves the other servers' messages */
+			/* short: this thread also serves the other servers' messages */
 			dlock__rserver quick = nt->srv[i];
-			if (quick.connect_timeout_ms > 500)
-				quick.connect_timeout_ms = 500;
-			if (quick.timeout_ms > 500)
-				quick.timeout_ms = 500;
+			int64_t limit = quick.timeout_ms < 500 ? quick.timeout_ms : 500;
 			pthread_mutex_unlock(&nt->mu);
-			int rc = dlock__rconnect(&c, &quick, nt->kind);
+			int rc = dlock__rconnect_by(&c, &quick, nt->kind, dlock_clock_ms() + limit);
 			pthread_mutex_lock(&nt->mu);
 			if (rc) {
 				int64_t b = nt->backoff[i] ? nt->backoff[i] * 2 : 100;
@@ -940,8 +1159,21 @@ static void *notify_main(void *arg)
 			}
 		}
 		sync_subs(nt);
-		/* backstop for waiters whose caller vanished without forget */
+		/* a subscription not confirmed in time: the connection hangs (a dead
+		 * link, a stopped server): drop it, so that it is made again */
 		now = dlock_clock_ms();
+		int64_t next_check = INT64_MAX;
+		for (size_t i = 0; i < nt->n; i++) {
+			if (!nt->c[i] || !nt->sub_since[i])
+				continue;
+			int64_t limit = nt->srv[i].timeout_ms;
+			if (now - nt->sub_since[i] >= limit) {
+				drop_conn(nt, i);
+			} else if (nt->sub_since[i] + limit < next_check) {
+				next_check = nt->sub_since[i] + limit;
+			}
+		}
+		/* backstop for waiters whose caller vanished without forget */
 		for (rn_waiter *w = nt->waiters, *next; w; w = next) {
 			next = w->next;
 			if (!w->inwait && now - w->last > FORGET_IDLE_MS)
@@ -955,7 +1187,7 @@ static void *notify_main(void *arg)
 		for (size_t i = 0; i < nt->n; i++) {
 			if (nt->c[i]) {
 				pf[np].fd = nt->c[i]->fd;
-				pf[np].events = POLLIN;
+				pf[np].events = POLLIN | (nt->wantw[i] ? POLLOUT : 0);
 				pidx[np] = i;
 				np++;
 			} else {
@@ -966,6 +1198,11 @@ static void *notify_main(void *arg)
 		int timeout = nt->waiters ? 1000 : -1;
 		if (down && wanted)
 			timeout = 100;
+		if (next_check != INT64_MAX) {
+			int64_t t = next_check - now + 1;
+			if (timeout < 0 || t < timeout)
+				timeout = (int)t;
+		}
 		pthread_mutex_unlock(&nt->mu);
 		int pr = poll(pf, np, timeout);
 		pthread_mutex_lock(&nt->mu);
@@ -979,6 +1216,16 @@ static void *notify_main(void *arg)
 		for (size_t k = 1; k < np; k++) {
 			size_t i = pidx[k];
 			if (!pf[k].revents || !nt->c[i] || nt->c[i]->fd != pf[k].fd)
+				continue;
+			if (pf[k].revents & POLLOUT) {
+				int done = 0;
+				if (redisBufferWrite(nt->c[i], &done) != REDIS_OK) {
+					drop_conn(nt, i);
+					continue;
+				}
+				nt->wantw[i] = !done;
+			}
+			if (!(pf[k].revents & (POLLIN | POLLERR | POLLHUP)))
 				continue;
 			if (redisBufferRead(nt->c[i]) != REDIS_OK) {
 				drop_conn(nt, i);
@@ -1058,7 +1305,8 @@ static rn_chan *chan_get(dlock__rnotify *nt, const char *name, const char *owner
 	ch->sent = calloc(nt->n, 1);
 	ch->pend = calloc(nt->n, sizeof(int));
 	ch->ok = calloc(nt->n, 1);
-	if (!ch->name || !ch->sent || !ch->pend || !ch->ok) {
+	ch->heard = calloc(nt->n, 1);
+	if (!ch->name || !ch->sent || !ch->pend || !ch->ok || !ch->heard) {
 		chan_free(ch);
 		return NULL;
 	}
@@ -1138,7 +1386,7 @@ typedef struct rstore {
 	size_t nsrv;
 	char *user, *password;
 	char *prefix;
-	redisContext *c;
+	redisContext *c;     /* non-blocking socket; every wait bounded by the call's deadline */
 	char sha[DLOCK__RS_COUNT][41];
 	dlock__rnotify *nt;
 	bool retried;        /* the last run_argv sent its command a second time */
@@ -1150,26 +1398,56 @@ typedef struct rstore {
 	size_t npend;
 	rpending *again;     /* [PIPELINE_MAX]: answered NOSCRIPT, to send again */
 	size_t nagain;
+	int wait_replicas;   /* a grant returns only once on this many replicas (WAIT) */
+	int fence_replicas;  /* fence guard: reservations go to this many replicas; 0 = off */
+	char server_id[48];  /* run_id of the server s->c talks to (fence guard) */
 } rstore;
+
+static void drop(rstore *s)
+{
+	if (s->c)
+		redisFree(s->c);
+	s->c = NULL;
+	s->npend = 0; /* pipelined releases whose fate is unknown: they end with their leases */
+}
+
+/* A request that ran out of time: the message says so (the contract's "timed out"). */
+static int timed_out_error(int rc, const char *what)
+{
+	if (rc == DLOCK_EUNAVAILABLE && !strstr(dlock_error_last()->message, "timed out"))
+		return rewrap(rc, KIND, what);
+	return rc;
+}
 
 /*
  * redis+sentinel://: ask the sentinels, in order, where the master named in
- * the URI is, and only use a server that says it is a master (ROLE): during
- * a failover the old address may still answer, as a replica.
+ * the URI is (each gets a fair share of the time left, so one hung sentinel
+ * does not use it all).
  */
-static int sentinel_resolve(rstore *s)
+static int sentinel_resolve(rstore *s, int64_t deadline)
 {
+	int rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "no sentinel answered with the address of master '%s'",
+				 s->master_name);
 	for (size_t i = 0; i < s->nsentinels; i++) {
+		int64_t left = ms_left(deadline);
+		if (left <= 0)
+			break;
+		int64_t share = left / (int64_t)(s->nsentinels - i);
+		if (share < 100)
+			share = left < 100 ? left : 100;
+		int64_t until = dlock_clock_ms() + share;
 		dlock__rserver q = s->sentinels[i];
 		q.user = q.password = NULL; /* sentinels without AUTH (see docs) */
 		q.db = 0;
 		redisContext *c = NULL;
-		if (dlock__rconnect(&c, &q, KIND) != 0)
+		if (dlock__rconnect_by(&c, &q, KIND, until) != 0)
 			continue;
 		const char *argv[3] = { "SENTINEL", "get-master-addr-by-name", s->master_name };
-		redisReply *r = redisCommandArgv(c, 3, argv, NULL);
-		bool ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-			  r->element[0]->type == REDIS_REPLY_STRING && r->element[1]->type == REDIS_REPLY_STRING;
+		redisAppendCommandArgv(c, 3, argv, NULL);
+		redisReply *r = NULL;
+		bool ok = dlock__rread_by(c, &q, KIND, until, &r) == 0 && r->type == REDIS_REPLY_ARRAY &&
+			  r->elements == 2 && r->element[0]->type == REDIS_REPLY_STRING &&
+			  r->element[1]->type == REDIS_REPLY_STRING;
 		if (ok)
 			dlock__rnotify_moved(s->nt, 0, r->element[0]->str, atoi(r->element[1]->str));
 		if (r)
@@ -1178,28 +1456,27 @@ static int sentinel_resolve(rstore *s)
 		if (ok)
 			return 0;
 	}
-	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "no sentinel answered with the address of master '%s'",
-			       s->master_name);
+	return rc;
 }
 
-/* (Re)connect the command connection; through the sentinels when configured. */
-static int connect_cmd(rstore *s)
+/* Connect to the master the sentinels named and check that it is one (ROLE):
+ * during a failover the old address may still answer, as a replica. */
+static int connect_master(rstore *s, int64_t deadline)
 {
-	if (!s->sentinels)
-		return dlock__rconnect(&s->c, &s->srv[0], KIND);
-	int rc = sentinel_resolve(s);
+	int rc = dlock__rconnect_by(&s->c, &s->srv[0], KIND, deadline);
 	if (rc)
 		return rc;
-	if ((rc = dlock__rconnect(&s->c, &s->srv[0], KIND)) != 0)
+	redisReply *r = NULL;
+	redisAppendCommand(s->c, "ROLE");
+	if ((rc = dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r)) != 0) {
+		drop(s);
 		return rc;
-	redisReply *r = redisCommand(s->c, "ROLE");
-	bool master = r && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
-		      r->element[0]->type == REDIS_REPLY_STRING && !strcmp(r->element[0]->str, "master");
-	if (r)
-		freeReplyObject(r);
+	}
+	bool master = r->type == REDIS_REPLY_ARRAY && r->elements > 0 && r->element[0]->type == REDIS_REPLY_STRING &&
+		      !strcmp(r->element[0]->str, "master");
+	freeReplyObject(r);
 	if (!master) {
-		redisFree(s->c);
-		s->c = NULL;
+		drop(s);
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "READONLY",
 				       "%s:%d, named master '%s' by the sentinels, is not a master (failover in progress?)",
 				       s->srv[0].host, s->srv[0].port, s->master_name);
@@ -1207,28 +1484,85 @@ static int connect_cmd(rstore *s)
 	return 0;
 }
 
-static bool timed_out(const redisContext *c)
+/*
+ * (Re)connect the command connection by the deadline. Through the sentinels
+ * when configured, asking them again until a master answers or the time is
+ * up: during a failover the old master refuses or is a replica, and the
+ * sentinels name the new one a moment later.
+ */
+/* The fence guard names the server it talks to: its run_id, new for every
+ * process, so a promoted replica or a restarted server differs. */
+static int fetch_server_id(rstore *s, int64_t deadline)
 {
-	return c->err == REDIS_ERR_IO && (strstr(c->errstr, "temporarily unavailable") ||
-					  strstr(c->errstr, "timed out") || strstr(c->errstr, "Timeout"));
+	s->server_id[0] = 0;
+	if (!s->fence_replicas)
+		return 0;
+	redisReply *r = NULL;
+	redisAppendCommand(s->c, "INFO server");
+	int rc = dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r);
+	if (rc) {
+		drop(s);
+		return rc;
+	}
+	const char *p = r->type == REDIS_REPLY_STRING ? strstr(r->str, "run_id:") : NULL;
+	if (p)
+		snprintf(s->server_id, sizeof(s->server_id), "%.*s", (int)strcspn(p + 7, "\r\n"), p + 7);
+	freeReplyObject(r);
+	if (!s->server_id[0]) {
+		drop(s);
+		return dlock_error_set(DLOCK_ESTORE, KIND, NULL, "%s:%d: INFO server has no run_id (fence guard)",
+				       s->srv[0].host, s->srv[0].port);
+	}
+	return 0;
+}
+
+static int connect_cmd(rstore *s, int64_t deadline)
+{
+	if (!s->sentinels) {
+		int rc = dlock__rconnect_by(&s->c, &s->srv[0], KIND, deadline);
+		if (!rc)
+			rc = fetch_server_id(s, deadline);
+		return timed_out_error(rc, "timed out: ");
+	}
+	int rc;
+	char last[400] = ""; /* what the master named last said: the best explanation */
+	for (;;) {
+		rc = sentinel_resolve(s, deadline);
+		if (!rc && (rc = connect_master(s, deadline)) == 0 && (rc = fetch_server_id(s, deadline)) == 0)
+			return 0;
+		if (rc != DLOCK_EUNAVAILABLE)
+			return rc;
+		if (s->srv[0].port)
+			snprintf(last, sizeof(last), "%s", dlock_error_last()->message);
+		int64_t left = ms_left(deadline);
+		if (left <= 0)
+			break;
+		dlock__sleep_ms(left < 50 ? left : 50);
+	}
+	if (last[0])
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ETIMEDOUT",
+				       "timed out finding the master '%s' through the sentinels (last: %s)", s->master_name,
+				       last);
+	return timed_out_error(rc, "timed out finding the master through the sentinels: ");
 }
 
 /*
  * Read the replies of the pipelined releases, which come before the reply of
  * anything sent after them. A release the server did not run because its
  * script cache was flushed (NOSCRIPT) goes to s->again, for resend_releases.
- * @return 0; -1 when the connection broke (s->c->err says why): a release
- * that did not reach the server ends with its lease.
+ * @return 0; an error when the connection broke or the deadline passed (then
+ * the caller drops it): a release that did not reach the server ends with
+ * its lease.
  */
-static int read_pending(rstore *s)
+static int read_pending(rstore *s, int64_t deadline)
 {
 	size_t n = s->npend;
 	s->npend = 0;
 	for (size_t i = 0; i < n; i++) {
-		void *v = NULL;
-		if (redisGetReply(s->c, &v) != REDIS_OK || !v)
-			return -1;
-		redisReply *r = v;
+		redisReply *r = NULL;
+		int rc = dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r);
+		if (rc)
+			return rc;
 		if (r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOSCRIPT", 8) && s->nagain < PIPELINE_MAX)
 			s->again[s->nagain++] = s->pend[i];
 		/* any other answer needs nothing: 0 = the hold had already ended */
@@ -1237,27 +1571,30 @@ static int read_pending(rstore *s)
 	return 0;
 }
 
-/* Send one command and read its reply, after the replies of the pipelined
- * releases sent before it: the release and this command share one round trip. */
-static redisReply *exchange(rstore *s, int argc, const char **argv, const size_t *lens)
+/* Send one command and read its reply by the deadline, after the replies of
+ * the pipelined releases sent before it: they share one round trip. */
+static int exchange(rstore *s, int argc, const char **argv, const size_t *lens, int64_t deadline,
+		    redisReply **out)
 {
-	if (redisAppendCommandArgv(s->c, argc, argv, lens) != REDIS_OK || read_pending(s) != 0)
-		return NULL;
-	void *v = NULL;
-	return redisGetReply(s->c, &v) == REDIS_OK ? v : NULL;
+	*out = NULL;
+	if (redisAppendCommandArgv(s->c, argc, argv, lens) != REDIS_OK)
+		return dlock__oom();
+	int rc = read_pending(s, deadline);
+	return rc ? rc : dlock__rread_by(s->c, &s->srv[0], KIND, deadline, out);
 }
 
-static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, size_t *lens, int *rc);
+static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, size_t *lens, int64_t deadline,
+			    int *rc);
 
 /* Send again, confirmed this time, the pipelined releases that met a flushed script cache. */
-static void resend_releases(rstore *s)
+static void resend_releases(rstore *s, int64_t deadline)
 {
 	while (s->nagain) {
 		rpending p = s->again[--s->nagain];
 		const char *argv[5] = { NULL, NULL, "1", p.key, p.owner };
 		size_t lens[5] = { 0, 0, 1, strlen(p.key), strlen(p.owner) };
 		int rc;
-		redisReply *r = run_argv(s, DLOCK__RS_RELEASE, 5, argv, lens, &rc);
+		redisReply *r = run_argv(s, DLOCK__RS_RELEASE, 5, argv, lens, deadline, &rc);
 		if (r)
 			freeReplyObject(r);
 	}
@@ -1265,33 +1602,39 @@ static void resend_releases(rstore *s)
 
 /* Before using the connection for anything but a script: the pipelined
  * releases' replies first. */
-static void settle(rstore *s)
+static void settle(rstore *s, int64_t deadline)
 {
-	if (s->c && s->npend && read_pending(s) != 0) {
-		redisFree(s->c);
-		s->c = NULL;
-	}
-	resend_releases(s);
+	if (s->c && s->npend && read_pending(s, deadline) != 0)
+		drop(s);
+	resend_releases(s, deadline);
 }
 
 /*
- * Run a script: EVALSHA, EVAL on NOSCRIPT (a restarted or flushed server;
- * EVAL also caches it again). A connection found dead (the server restarted
- * since our last call) is replaced and the call tried once more — every
- * script is safe to repeat: acquire returns the same grant to the same
- * owner, release/renew/cancel are owner-checked. A timeout is not retried
- * (the server is slow or hung; trying again would only double the wait).
+ * Run a script by the deadline: EVALSHA, EVAL on NOSCRIPT (a restarted or
+ * flushed server; EVAL also caches it again). A connection found dead (the
+ * server restarted since our last call) is replaced and the call tried once
+ * more, if time is left — every script is safe to repeat: acquire returns the
+ * same grant to the same owner (with its expiry refreshed), release/renew/
+ * cancel are owner-checked. A timeout is not retried: the connection is
+ * dropped (a late reply must never answer a later request) and the caller
+ * gets DLOCK_EUNAVAILABLE "timed out"; the next call reconnects.
  * Returns the reply (caller frees) or NULL with the error set in *rc.
  */
-static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, size_t *lens, int *rc)
+static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, size_t *lens, int64_t deadline,
+			    int *rc)
 {
 	bool eval = !s->sha[script][0];
 	s->retried = false;
+	if (ms_left(deadline) < 3) { /* too late to start: nothing sent, no late reply to fear */
+		*rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ETIMEDOUT", "%s %s:%d: timed out before the request was sent",
+				      KIND, s->srv[0].host, s->srv[0].port);
+		return NULL;
+	}
 	for (int attempt = 0; attempt < 2; attempt++) {
 		s->retried = attempt > 0;
 		bool fresh = false;
 		if (!s->c) {
-			if ((*rc = connect_cmd(s)) != 0)
+			if ((*rc = connect_cmd(s, deadline)) != 0)
 				return NULL;
 			fresh = true;
 		}
@@ -1301,9 +1644,10 @@ static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, 
 			argv[1] = eval ? dlock__rscript_text[script] : s->sha[script];
 			lens[0] = strlen(argv[0]);
 			lens[1] = strlen(argv[1]);
-			r = exchange(s, argc, argv, lens);
-			if (!eval && r && r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOSCRIPT", 8)) {
+			*rc = exchange(s, argc, argv, lens, deadline, &r);
+			if (!*rc && !eval && r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOSCRIPT", 8)) {
 				freeReplyObject(r);
+				r = NULL;
 				eval = true;
 				continue;
 			}
@@ -1312,8 +1656,7 @@ static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, 
 		if (r && r->type == REDIS_REPLY_ERROR && s->sentinels && !strncmp(r->str, "READONLY", 8) && !fresh) {
 			/* our master was demoted (failover): ask the sentinels again */
 			freeReplyObject(r);
-			redisFree(s->c);
-			s->c = NULL;
+			drop(s);
 			continue;
 		}
 		if (r) {
@@ -1325,30 +1668,108 @@ static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, 
 			*rc = 0;
 			if (s->nagain) {
 				bool retried = s->retried;
-				resend_releases(s);
+				resend_releases(s, deadline);
 				s->retried = retried;
 			}
 			return r;
 		}
-		*rc = dlock__rconn_error(s->c, &s->srv[0], KIND);
-		bool timeout = timed_out(s->c);
-		redisFree(s->c);
-		s->c = NULL;
-		s->npend = 0;
-		if (fresh || timeout)
+		bool timeout = !strcmp(dlock_error_last()->store_code, "ETIMEDOUT");
+		drop(s);
+		if (fresh || timeout || *rc == DLOCK_ENOMEM || ms_left(deadline) <= 0) {
+			if (timeout)
+				*rc = timed_out_error(*rc, "timed out: ");
 			return NULL;
+		}
 	}
 	return NULL;
 }
 
-static redisReply *run(rstore *s, int script, dlock__rargs *a, int *rc)
+static redisReply *run(rstore *s, int script, dlock__rargs *a, int64_t deadline, int *rc)
 {
-	return run_argv(s, script, a->argc, a->argv, a->lens, rc);
+	return run_argv(s, script, a->argc, a->argv, a->lens, deadline, rc);
 }
 
 static rstore *RS(dlock_backend *be)
 {
 	return (rstore *)be;
+}
+
+/* A try at the end of a wait (or a try-once, whose wait is 0) comes with a
+ * deadline that has (nearly) passed: it still gets TRY_MIN_MS from now,
+ * inside the core's slack of max(50 ms, 5 %). (From now, not from that
+ * deadline: a try-once that waited for the store's mutex behind a large
+ * renewal batch must still be tried, not fail unsent.) */
+#define TRY_MIN_MS 35
+static int64_t try_deadline(const dlock_request *req)
+{
+	int64_t floor = dlock_clock_ms() + TRY_MIN_MS;
+	return req->deadline_ms >= floor ? req->deadline_ms : floor;
+}
+
+static const char confirm_lua[] =
+	"local E = KEYS[1] .. ':e'\n"
+	"if redis.call('HGET', E, 'id') == ARGV[2] and tonumber(redis.call('HGET', E, 'c') or '0') < tonumber(ARGV[1]) then\n"
+	"  redis.call('HSET', E, 'c', ARGV[1])\n"
+	"end\n"
+	"return 1\n";
+
+/*
+ * After a grant: wait until the replicas have it (wait_replicas), or have the
+ * fence reservation it made (reserve > 0; then confirm the reservation).
+ * Otherwise give the grant back: a grant or a fence that a failover can lose
+ * is not handed out. @return 0; DLOCK_EUNAVAILABLE.
+ */
+static int replicate_grant(rstore *s, dlock_request *req, const dlock__rkeys *k, long long reserve, int64_t deadline)
+{
+	int n = s->wait_replicas;
+	if (reserve > 0 && s->fence_replicas > n)
+		n = s->fence_replicas;
+	if (n <= 0)
+		return 0;
+	int64_t left = ms_left(deadline);
+	int64_t margin = left / 5 > 10 ? left / 5 : 10; /* for the reply to come back in time */
+	long long acked = -1;
+	int rc = 0;
+	if (left - margin >= 1) {
+		char num[16], ms[24];
+		snprintf(num, sizeof(num), "%d", n);
+		snprintf(ms, sizeof(ms), "%lld", (long long)(left - margin));
+		const char *argv[3] = { "WAIT", num, ms };
+		redisReply *r = NULL;
+		redisAppendCommandArgv(s->c, 3, argv, NULL);
+		if ((rc = dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r)) != 0) {
+			drop(s);
+			return timed_out_error(rc, "timed out waiting for the replicas: ");
+		}
+		if (r->type == REDIS_REPLY_INTEGER)
+			acked = r->integer;
+		freeReplyObject(r);
+	}
+	if (acked >= n) {
+		if (reserve > 0) { /* best effort: unconfirmed, the next grant waits again */
+			char rv[24];
+			snprintf(rv, sizeof(rv), "%lld", reserve);
+			const char *argv[6] = { "EVAL", confirm_lua, "1", k->k[DLOCK__RK_H], rv, s->server_id };
+			size_t lens[6] = { 4, sizeof(confirm_lua) - 1, 1, k->len[DLOCK__RK_H], strlen(rv),
+					   strlen(s->server_id) };
+			redisReply *r = NULL;
+			redisAppendCommandArgv(s->c, 6, argv, lens);
+			if (dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r) != 0)
+				drop(s);
+			else
+				freeReplyObject(r);
+		}
+		return 0;
+	}
+	/* give it back (the core undoes it again if this does not arrive) */
+	dlock__rargs a;
+	dlock__rargs_owner(&a, k, req);
+	redisReply *r = run(s, DLOCK__RS_RELEASE, &a, deadline, &rc);
+	if (r)
+		freeReplyObject(r);
+	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "NOREPLICAS",
+			       "lock '%s': the grant reached %lld of %d replica(s) in time; given back%s", req->name,
+			       acked < 0 ? 0 : acked, n, acked < 0 ? " (timed out)" : "");
 }
 
 static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
@@ -1358,13 +1779,28 @@ static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_acquire(&a, &k, req, 0);
+	int64_t deadline = try_deadline(req);
 	dlock__rnotify_arm(s->nt, req);
 	int rc;
-	redisReply *r = run(s, DLOCK__RS_ACQUIRE, &a, &rc);
+	redisReply *r = NULL;
+	if (s->fence_replicas) {
+		/* ARGV[8]: the server's id, read when connecting: connect first */
+		if (!s->c && (rc = connect_cmd(s, deadline)) != 0)
+			return rc;
+		arg_s(&a, s->server_id);
+	}
+	r = run(s, DLOCK__RS_ACQUIRE, &a, deadline, &rc);
 	if (!r)
 		return rc;
 	rc = dlock__racquire_reply(r, fence, retry_ms, KIND);
+	long long reserve = 0;
+	if (rc == 0 && r->elements == 3)
+		reply_int(r->element[2], &reserve);
 	freeReplyObject(r);
+	if (rc == 0 && (s->wait_replicas > 0 || reserve > 0) && s->c)
+		rc = replicate_grant(s, req, &k, reserve, deadline);
+	else if (rc == 0 && !s->c && (s->wait_replicas > 0 || reserve > 0))
+		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "lock '%s': connection lost before WAIT", req->name);
 	dlock__racquire_done(req, rc);
 	if (rc == 0)
 		dlock__rnotify_forget(s->nt, req);
@@ -1377,26 +1813,22 @@ static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
  * the owner; what the caller gives up is the answer ("was it still ours?").
  * @return false when it could not be sent (no connection): confirm instead.
  */
-static bool send_release(rstore *s, dlock__rargs *a)
+static bool send_release(rstore *s, dlock__rargs *a, int64_t deadline)
 {
 	if (s->npend == PIPELINE_MAX || !s->sha[DLOCK__RS_RELEASE][0])
-		settle(s);
+		settle(s, deadline);
 	if (!s->c || !s->sha[DLOCK__RS_RELEASE][0])
 		return false;
 	a->argv[0] = "EVALSHA";
 	a->argv[1] = s->sha[DLOCK__RS_RELEASE];
 	a->lens[0] = 7;
 	a->lens[1] = 40;
-	int done = 0;
 	if (redisAppendCommandArgv(s->c, a->argc, a->argv, a->lens) != REDIS_OK)
 		return false;
-	while (!done)
-		if (redisBufferWrite(s->c, &done) != REDIS_OK) {
-			redisFree(s->c); /* unknown whether it arrived: the confirmed path sends it again */
-			s->c = NULL;
-			s->npend = 0;
-			return false;
-		}
+	if (io_flush(s->c, deadline) != IO_OK) {
+		drop(s); /* unknown whether it arrived: the confirmed path sends it again */
+		return false;
+	}
 	rpending *p = &s->pend[s->npend++];
 	snprintf(p->key, sizeof(p->key), "%.*s", (int)a->lens[3], a->argv[3]);
 	snprintf(p->owner, sizeof(p->owner), "%.*s", (int)a->lens[4], a->argv[4]);
@@ -1411,10 +1843,10 @@ static int r_release(dlock_backend *be, dlock_request *req)
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_owner(&a, &k, req);
 	dlock__rnotify_forget(s->nt, req);
-	if (s->pipelined && !req->confirm && send_release(s, &a))
+	if (s->pipelined && !req->confirm && send_release(s, &a, req->deadline_ms))
 		return 0;
 	int rc;
-	redisReply *r = run(s, DLOCK__RS_RELEASE, &a, &rc);
+	redisReply *r = run(s, DLOCK__RS_RELEASE, &a, req->deadline_ms, &rc);
 	if (!r)
 		return rc;
 	long long v = 0;
@@ -1436,7 +1868,7 @@ static int r_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int 
 	int rc = dlock__rbatch_renew(&b, s->prefix, reqs, n);
 	if (rc)
 		return rc;
-	redisReply *r = run_argv(s, DLOCK__RS_RENEW, b.argc, b.argv, b.lens, &rc);
+	redisReply *r = run_argv(s, DLOCK__RS_RENEW, b.argc, b.argv, b.lens, reqs[0]->deadline_ms, &rc);
 	dlock__rbatch_free(&b);
 	if (!r)
 		return rc;
@@ -1478,20 +1910,20 @@ static int r_cancel(dlock_backend *be, dlock_request *req)
 	dlock__rargs_owner(&a, &k, req);
 	req->slot = NULL;
 	int rc;
-	redisReply *r = run(s, DLOCK__RS_CANCEL, &a, &rc);
+	redisReply *r = run(s, DLOCK__RS_CANCEL, &a, req->deadline_ms, &rc);
 	if (r)
 		freeReplyObject(r);
 	return r ? 0 : rc;
 }
 
-static int status_one(rstore *s, const char *name, dlock_lock_status **out, size_t *count)
+static int status_one(rstore *s, const char *name, int64_t deadline, dlock_lock_status **out, size_t *count)
 {
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, name);
 	dlock__rargs_status(&a, &k);
 	int rc;
-	redisReply *r = run(s, DLOCK__RS_STATUS, &a, &rc);
+	redisReply *r = run(s, DLOCK__RS_STATUS, &a, deadline, &rc);
 	if (!r)
 		return rc;
 	rc = dlock__rstatus_decode(r, name, out, count, KIND);
@@ -1511,25 +1943,30 @@ static void glob_escape(char *out, size_t cap, const char *s)
 	out[o] = 0;
 }
 
-/* Every name with holders or waiters: SCAN "{prefix:*", take holder hashes and waiter sets. */
-int dlock__rscan_names(redisContext **cp, const dlock__rserver *srv, const char *prefix, const char *kind,
-		       char ***names_io, size_t *n_io)
+/* Every name with holders or waiters: SCAN "{prefix:*", take holder hashes and
+ * waiter sets. deadline > 0 bounds the whole scan (a connection made here is
+ * non-blocking); 0: each SCAN gets srv->timeout_ms (blocking connection). */
+static int scan_names(redisContext **cp, const dlock__rserver *srv, const char *prefix, const char *kind,
+		      char ***names_io, size_t *n_io, int64_t deadline)
 {
 	char pat[2 * DLOCK__REDIS_PREFIX_MAX + 8], esc[2 * DLOCK__REDIS_PREFIX_MAX + 4];
-	glob_escape(esc, sizeof(esc), prefix);
+	char pe[DLOCK__REDIS_PREFIX_MAX + 1];
+	size_t plen = dlock__rprefix_enc(pe, sizeof(pe), prefix) + 2; /* "{prefix:" */
+	glob_escape(esc, sizeof(esc), pe);
 	snprintf(pat, sizeof(pat), "{%s:*", esc);
-	size_t plen = strlen(prefix) + 2; /* "{prefix:" */
 	char **names = *names_io;
 	size_t n = *n_io, cap = n;
 	char cursor[32] = "0";
 	int rc = 0;
 	do {
-		if (!*cp && (rc = dlock__rconnect(cp, srv, kind)) != 0)
+		int64_t until = deadline > 0 ? deadline : dlock_clock_ms() + srv->timeout_ms;
+		if (!*cp && (rc = deadline > 0 ? dlock__rconnect_by(cp, srv, kind, until)
+					      : dlock__rconnect(cp, srv, kind)) != 0)
 			break;
 		const char *argv[6] = { "SCAN", cursor, "MATCH", pat, "COUNT", "1000" };
-		redisReply *r = redisCommandArgv(*cp, 6, argv, NULL);
-		if (!r) {
-			rc = dlock__rconn_error(*cp, srv, kind);
+		redisReply *r = NULL;
+		redisAppendCommandArgv(*cp, 6, argv, NULL);
+		if ((rc = dlock__rread_by(*cp, srv, kind, until, &r)) != 0) {
 			redisFree(*cp);
 			*cp = NULL;
 			break;
@@ -1576,13 +2013,27 @@ int dlock__rscan_names(redisContext **cp, const dlock__rserver *srv, const char 
 	return rc;
 }
 
-/* The core lists through r_list, so names is never NULL here. */
+int dlock__rscan_names(redisContext **cp, const dlock__rserver *srv, const char *prefix, const char *kind,
+		       char ***names, size_t *n)
+{
+	return scan_names(cp, srv, prefix, kind, names, n, 0);
+}
+
+int dlock__rscan_names_by(redisContext **cp, const dlock__rserver *srv, const char *prefix, const char *kind,
+			  char ***names, size_t *n, int64_t deadline)
+{
+	return scan_names(cp, srv, prefix, kind, names, n, deadline > 0 ? deadline : 1);
+}
+
+/* The core lists through r_list, so names is never NULL here. Bounded by the
+ * request timeout from the call (the contract's bound for status). */
 static int r_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
 		    size_t *count)
 {
 	rstore *s = RS(be);
+	int64_t deadline = dlock_clock_ms() + s->srv[0].timeout_ms;
 	for (size_t i = 0; i < nnames; i++) {
-		int rc = status_one(s, names[i], out, count);
+		int rc = status_one(s, names[i], deadline, out, count);
 		if (rc)
 			return rc;
 	}
@@ -1592,9 +2043,14 @@ static int r_status(dlock_backend *be, const char *const *names, size_t nnames, 
 static int r_list(dlock_backend *be, char ***names, size_t *n)
 {
 	rstore *s = RS(be);
-	settle(s);
-	int rc = s->c ? 0 : connect_cmd(s);
-	return rc ? rc : dlock__rscan_names(&s->c, &s->srv[0], s->prefix, KIND, names, n);
+	int64_t deadline = dlock_clock_ms() + s->srv[0].timeout_ms;
+	settle(s, deadline);
+	int rc = s->c ? 0 : connect_cmd(s, deadline);
+	if (!rc)
+		rc = dlock__rscan_names_by(&s->c, &s->srv[0], s->prefix, KIND, names, n, deadline);
+	if (rc)
+		rc = timed_out_error(rc, ms_left(deadline) <= 0 ? "timed out: " : "");
+	return rc;
 }
 
 static void r_close(dlock_backend *be)
@@ -1602,11 +2058,10 @@ static void r_close(dlock_backend *be)
 	rstore *s = RS(be);
 	if (!s)
 		return;
-	if (s->pend)
-		settle(s); /* confirm what is pipelined before the connection goes */
+	if (s->pend && s->c)
+		settle(s, dlock_clock_ms() + s->srv[0].timeout_ms); /* confirm what is pipelined first */
 	dlock__rnotify_free(s->nt);
-	if (s->c)
-		redisFree(s->c);
+	drop(s);
 	free(s->pend);
 	free(s->again);
 	free(s->srv);
@@ -1619,7 +2074,7 @@ static void r_close(dlock_backend *be)
 }
 
 /* SCRIPT LOAD everything in one pipelined round trip; EVALSHA from then on. */
-static int load_scripts(rstore *s)
+static int load_scripts(rstore *s, int64_t deadline)
 {
 	for (int i = 0; i < DLOCK__RS_COUNT; i++) {
 		const char *argv[3] = { "SCRIPT", "LOAD", dlock__rscript_text[i] };
@@ -1627,10 +2082,12 @@ static int load_scripts(rstore *s)
 	}
 	int rc = 0;
 	for (int i = 0; i < DLOCK__RS_COUNT; i++) {
-		void *v = NULL;
-		if (redisGetReply(s->c, &v) != REDIS_OK || !v)
-			return dlock__rconn_error(s->c, &s->srv[0], KIND);
-		redisReply *r = v;
+		redisReply *r = NULL;
+		int e = dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r);
+		if (e) {
+			drop(s);
+			return timed_out_error(e, "timed out: ");
+		}
 		if (r->type == REDIS_REPLY_STRING && r->len == 40)
 			memcpy(s->sha[i], r->str, 41);
 		else if (r->type == REDIS_REPLY_ERROR && !rc)
@@ -1643,6 +2100,7 @@ static int load_scripts(rstore *s)
 int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 {
 	*out = NULL;
+	int64_t deadline = dlock_clock_ms() + uri->connect_timeout_ms; /* the whole open */
 	bool sentinel = !strcmp(uri->scheme, "redis+sentinel");
 	/* redis+sentinel://s1:p1,s2:p2/MASTERNAME[/db] */
 	char master[256] = "";
@@ -1719,11 +2177,30 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 		    !(s->again = dlock__calloc(PIPELINE_MAX, sizeof(*s->again))))
 			goto oom;
 	}
+	/* Sentinel: a failover must not lose a grant that was handed out, nor
+	 * make a fence go back (see docs/stores/redis.md) */
+	s->wait_replicas = s->fence_replicas = sentinel ? 1 : 0;
+	const char *opt[2] = { "wait_replicas", "fence_replicas" };
+	int *val[2] = { &s->wait_replicas, &s->fence_replicas };
+	for (int i = 0; i < 2; i++) {
+		const char *v = dlock_uri_param(uri, opt[i]);
+		if (!v)
+			continue;
+		char *end;
+		errno = 0;
+		long x = strtol(v, &end, 10);
+		if (errno || end == v || *end || x < 0 || x > 100) {
+			rc = dlock_error_set(DLOCK_EINVAL, KIND, NULL, "option %s: want a number of replicas (0-100), not '%s'",
+					     opt[i], v);
+			goto fail;
+		}
+		*val[i] = (int)x;
+	}
 	if ((rc = dlock__rnotify_new(&s->nt, s->srv, 1, KIND)) != 0)
 		goto fail;
-	if ((rc = connect_cmd(s)) != 0)
+	if ((rc = connect_cmd(s, deadline)) != 0)
 		goto fail;
-	if ((rc = load_scripts(s)) != 0)
+	if ((rc = load_scripts(s, deadline)) != 0)
 		goto fail;
 	*out = &s->base;
 	return 0;

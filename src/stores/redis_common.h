@@ -6,13 +6,18 @@
  * parallel fan-out to N masters and the quorum rules.
  *
  * Key layout of one lock NAME under prefix P (all share the hash tag {P:NAME},
- * so Redis Cluster keeps them in one slot):
+ * so Redis Cluster keeps them in one slot). P is written escaped
+ * (dlock__rprefix_enc: ':' '%' '{' '}' as %3A %25 %7B %7D) so that no two
+ * (prefix, name) pairs share a key; a prefix without them is written as is.
  *
  *   {P:NAME}     HASH  holders: field owner -> "expiry_ms fence mode permits pid host"
  *                      (expiry on the server's clock, mode 'x' or 's'). Key TTL >=
  *                      the latest holder expiry, so an absent key means "free";
  *                      Redis drops the hash with its last holder.
  *   {P:NAME}:f   STRING fence counter (INCR per grant; never expires or deleted)
+ *   {P:NAME}:e   HASH  fence guard (redis+sentinel://): id = the server that last
+ *                      granted, r = fences reserved (on the replicas before use),
+ *                      c = reservation confirmed replicated; never expires
  *   {P:NAME}:w   ZSET  waiters: owner -> registration deadline (server ms)
  *   {P:NAME}:q   ZSET  fair queue: owner -> ticket (arrival time in us); dead heads pruned
  *   {P:NAME}:x   ZSET  waiting writers (exclusive waiters): blocks new readers
@@ -30,6 +35,9 @@
 #include "core/internal.h"
 
 #include <hiredis/hiredis.h>
+
+/* Fences reserved at a time by the fence guard (one WAIT per block per name). */
+#define DLOCK__RFENCE_BLOCK "1000"
 
 /* Longest prefix accepted: keeps every key in a fixed buffer. */
 #define DLOCK__REDIS_PREFIX_MAX 200
@@ -58,6 +66,30 @@ int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const 
 /* Blocking connect + AUTH + SELECT. @return 0; EUNAVAILABLE; EAUTH; EINVAL (bad db). */
 int dlock__rconnect(redisContext **out, const dlock__rserver *srv, const char *kind);
 
+/*
+ * The same, bounded by `deadline` (CLOCK_MONOTONIC ms, dlock_clock_ms) for the
+ * whole handshake; the TCP connect also by srv->connect_timeout_ms. The
+ * socket is left NON-BLOCKING, with keepalive and TCP_USER_TIMEOUT: use the
+ * context only through redisAppendCommand* + dlock__rread_by (never the
+ * blocking redisCommand/redisGetReply). @return as dlock__rconnect; a
+ * timeout is DLOCK_EUNAVAILABLE with store code "ETIMEDOUT".
+ */
+int dlock__rconnect_by(redisContext **out, const dlock__rserver *srv, const char *kind, int64_t deadline);
+
+/*
+ * Write what is appended on c, then read the next reply, by `deadline`
+ * (poll before every read and write; blocking sockets work too, for short
+ * commands). @return 0 and *out (caller frees); DLOCK_EUNAVAILABLE when the
+ * connection broke or the deadline passed (store code "ETIMEDOUT"): then the
+ * caller must redisFree(c), so that no late reply answers a later request.
+ */
+int dlock__rread_by(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline,
+		    redisReply **out);
+
+/* TCP keepalive (idle about timeout_ms) and TCP_USER_TIMEOUT on c's socket
+ * (dlock__rconnect and dlock__rconnect_by already do it). */
+void dlock__rsock_setup(redisContext *c, int64_t timeout_ms);
+
 /* Turn a Redis error reply into a dlock error (EAUTH, ESTORE, ...). */
 int dlock__rreply_error(const redisReply *r, const dlock__rserver *srv, const char *kind);
 
@@ -67,7 +99,9 @@ int dlock__rconn_error(const redisContext *c, const dlock__rserver *srv, const c
 /* ---- scripts ---- */
 enum {
 	/* KEYS[1] is always the holder key H; scripts derive the others from it. */
-	DLOCK__RS_ACQUIRE, /* ARGV owner ttl flags permits qttl "pid host" ticket -> {1, fence} | {0, retry_ms} */
+	DLOCK__RS_ACQUIRE, /* ARGV owner ttl flags permits qttl "pid host" ticket [server id: fence
+			      guard] -> {1, fence} | {1, fence, reservation: WAIT, then confirm} |
+			      {0, retry_ms} */
 	DLOCK__RS_RELEASE, /* ARGV owner -> 1 | 0 (and PUBLISH on the channel) */
 	DLOCK__RS_RENEW,   /* KEYS H1..Hn; ARGV owner1 ttl1 ... -> {1|0, ...} (also extend) */
 	DLOCK__RS_CANCEL,  /* ARGV owner -> 1 */
@@ -85,6 +119,9 @@ typedef struct dlock__rkeys {
 	size_t len[DLOCK__RK_COUNT];
 } dlock__rkeys;
 void dlock__rkeys_make(dlock__rkeys *k, const char *prefix, const char *name);
+/* The prefix as written in keys (see the key layout above) into out (cap
+ * bytes, at least DLOCK__REDIS_PREFIX_MAX + 1); returns its length. */
+size_t dlock__rprefix_enc(char *out, size_t cap, const char *prefix);
 
 /*
  * Argument vectors for the scripts: fills argv/lens after the first two
@@ -106,7 +143,9 @@ void dlock__racquire_done(dlock_request *req, int rc);
 void dlock__rargs_owner(dlock__rargs *a, const dlock__rkeys *k, const dlock_request *req);
 void dlock__rargs_status(dlock__rargs *a, const dlock__rkeys *k);
 
-/* Decode an acquire reply. @return 0 (*fence) / DLOCK_ELOCKED (*retry_ms) / ESTORE. */
+/* Decode an acquire reply (a grant's optional third element, the fence
+ * guard's reservation, is the caller's to read). @return 0 (*fence) /
+ * DLOCK_ELOCKED (*retry_ms) / ESTORE. */
 int dlock__racquire_reply(const redisReply *r, uint64_t *fence, int64_t *retry_ms, const char *kind);
 
 /* Append the status of `name` decoded from a STATUS reply to *out. */
@@ -130,6 +169,11 @@ int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char 
  * Free each name and the array with free(). */
 int dlock__rscan_names(redisContext **c, const dlock__rserver *srv, const char *prefix, const char *kind,
 		       char ***names, size_t *n);
+
+/* dlock__rscan_names with the whole scan bounded by `deadline`; a connection
+ * it makes is non-blocking (dlock__rconnect_by). */
+int dlock__rscan_names_by(redisContext **c, const dlock__rserver *srv, const char *prefix, const char *kind,
+			  char ***names, size_t *n, int64_t deadline);
 
 /* ---- notifier: pub/sub wake-ups for waiters (one per store handle) ---- */
 typedef struct dlock__rnotify dlock__rnotify;

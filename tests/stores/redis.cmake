@@ -18,10 +18,13 @@ add_test(NAME server.redis-own.stop
 set_tests_properties(server.redis-own.start PROPERTIES FIXTURES_SETUP server.redis-own TIMEOUT 120)
 set_tests_properties(server.redis-own.stop PROPERTIES FIXTURES_CLEANUP server.redis-own)
 
-foreach(t redis_wake redis_crash redis_uri redis_pipeline)
+# redis_faults: the fault proxy between one client and the server (issue 15);
+# redis_keys: the key layout (namespaces never collide) and the notifier.
+foreach(t redis_wake redis_crash redis_uri redis_pipeline redis_faults redis_keys)
   add_executable(${t} ${t}.c)
   target_link_libraries(${t} PRIVATE dlock_testutil)
-  target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${HIREDIS_INCLUDE_DIRS})
+  target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src
+                             ${HIREDIS_INCLUDE_DIRS})
   target_compile_definitions(${t} PRIVATE _GNU_SOURCE)
   string(REPLACE "redis_" "redis." tname ${t})
   add_test(NAME ${tname} COMMAND ${t}

@@ -51,8 +51,9 @@ static long long release_during_pause(redisContext *raw, const char *u, const ch
 	long long t0 = tu_now_ms();
 	CHECK_RC(dlock_release(la), 0);
 	long long took = tu_now_ms() - t0;
-	/* waits for the pause to end; the release came first, so this is free */
-	CHECK_RC(dlock_acquire(lb, 0), 0);
+	/* waits for the pause to end (a try-once would be cut short by its own
+	 * bound); the release came first, so this is free */
+	CHECK_RC(dlock_acquire(lb, 3000), 0);
 	CHECK_RC(dlock_release(lb), 0);
 	dlock_lock_free(la);
 	dlock_lock_free(lb);
