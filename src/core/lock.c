@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Back-off between tries for stores that cannot notify: 1 ms doubling to 50 ms, jittered. */
@@ -143,9 +144,15 @@ static bool lock_be_by(dlock_store *s, int64_t by)
 	if (by == INT64_MAX) {
 		pthread_mutex_lock(&s->be_mu);
 	} else {
+		/* timedlock takes CLOCK_REALTIME (clocklock would take ours, but the
+		 * sanitizers do not know it): the time left, from the wall clock now */
+		int64_t left = by - dlock_clock_ms();
 		struct timespec ts;
-		dlock__abstime(&ts, by - dlock_clock_ms());
-		ok = pthread_mutex_clocklock(&s->be_mu, CLOCK_MONOTONIC, &ts) == 0;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		int64_t ns = (int64_t)ts.tv_nsec + (left > 0 ? left : 0) % 1000 * 1000000;
+		ts.tv_sec += (time_t)((left > 0 ? left : 0) / 1000 + ns / 1000000000);
+		ts.tv_nsec = (long)(ns % 1000000000);
+		ok = pthread_mutex_timedlock(&s->be_mu, &ts) == 0;
 	}
 	atomic_fetch_sub(&s->fg_waiting, 1);
 	return ok;
