@@ -544,11 +544,16 @@ static void test_reentrant_after_deadline(void)
 	dlock_lock *l;
 	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
 	CHECK_RC(dlock_acquire(l, 0), 0);
-	long long deadline = tu_now_ms() + dlock_ttl_left(l);
+	int64_t left = dlock_ttl_left(l);
+	long long deadline = tu_now_ms() + left; /* the latest the deadline can be */
 	int rc;
 	long long last_ok = 0;
-	while ((rc = dlock_acquire(l, 0)) == 0)
-		last_ok = tu_now_ms();
+	for (;;) {
+		long long before = tu_now_ms(); /* a 0 means the deadline had not passed by the check */
+		if ((rc = dlock_acquire(l, 0)) != 0)
+			break;
+		last_ok = before;
+	}
 	CHECK(rc == DLOCK_ELOST || rc == DLOCK_ETIMEOUT || rc == DLOCK_ELOCKED);
 	CHECK(last_ok <= deadline);
 	gate(f, 0);
