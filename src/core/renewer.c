@@ -68,12 +68,9 @@ static void unlink_reg(dlock_store *s, dlock__reg *reg)
 	reg->lock->registered = false;
 }
 
-static void *cb_main(void *arg)
+/* Under reg_mu: the callback of c has returned; forget it. */
+static void cb_done(dlock_store *s, cb_run *c)
 {
-	cb_run *c = arg;
-	dlock_store *s = c->store;
-	c->lock->opts.on_lost(c->lock, c->lock->opts.payload);
-	pthread_mutex_lock(&s->reg_mu);
 	for (cb_run **p = &s->cbs; *p; p = &(*p)->next) {
 		if (*p == c) {
 			*p = c->next;
@@ -81,6 +78,15 @@ static void *cb_main(void *arg)
 		}
 	}
 	free(c);
+}
+
+static void *cb_main(void *arg)
+{
+	cb_run *c = arg;
+	dlock_store *s = c->store;
+	c->lock->opts.on_lost(c->lock, c->lock->opts.payload);
+	pthread_mutex_lock(&s->reg_mu);
+	cb_done(s, c);
 	pthread_cond_broadcast(&s->reg_cv);
 	pthread_mutex_unlock(&s->reg_mu);
 	return NULL;
@@ -123,15 +129,8 @@ static void lost(dlock_store *s, dlock__reg *reg, int64_t now)
 	pthread_mutex_unlock(&s->reg_mu);
 	l->opts.on_lost(l, l->opts.payload);
 	pthread_mutex_lock(&s->reg_mu);
-	if (c) {
-		for (cb_run **p = &s->cbs; *p; p = &(*p)->next) {
-			if (*p == c) {
-				*p = c->next;
-				break;
-			}
-		}
-		free(c);
-	}
+	if (c)
+		cb_done(s, c);
 	pthread_cond_broadcast(&s->reg_cv);
 }
 
@@ -289,6 +288,23 @@ static void orphan_free(dlock__orphan *o)
 	free(o);
 }
 
+/* One try at an orphan (without reg_mu): a cancel is made once (a waiter's
+ * registration expires anyway) and answers 0; a release answers the store. */
+static int orphan_call(dlock_store *s, dlock__orphan *o)
+{
+	int rc = 0;
+	pthread_mutex_lock(&s->be_mu);
+	o->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
+	if (o->kind == DLOCK__ORPHAN_CANCEL) {
+		s->be->cancel(s->be, &o->req);
+	} else {
+		o->req.slot = NULL;
+		rc = s->be->release(s->be, &o->req);
+	}
+	pthread_mutex_unlock(&s->be_mu);
+	return rc;
+}
+
 /* Under reg_mu: retry the releases that are due; drop those done or moot. */
 static void retry_orphans(dlock_store *s, int64_t now)
 {
@@ -311,16 +327,7 @@ static void retry_orphans(dlock_store *s, int64_t now)
 		pthread_mutex_unlock(&s->reg_mu);
 		dlock__saved_error saved;
 		dlock__error_save(&saved);
-		pthread_mutex_lock(&s->be_mu);
-		o->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
-		int rc = 0;
-		if (o->kind == DLOCK__ORPHAN_CANCEL) {
-			s->be->cancel(s->be, &o->req); /* once: a waiter's registration expires anyway */
-		} else {
-			o->req.slot = NULL;
-			rc = s->be->release(s->be, &o->req);
-		}
-		pthread_mutex_unlock(&s->be_mu);
+		int rc = orphan_call(s, o);
 		dlock__error_restore(&saved);
 		pthread_mutex_lock(&s->reg_mu);
 		s->orphan_busy = NULL;
@@ -558,13 +565,7 @@ void dlock__renewer_stop(dlock_store *s)
 		dlock__orphan *o = s->orphans;
 		s->orphans = o->next;
 		if (o->kind == DLOCK__ORPHAN_CANCEL || dlock_clock_ms() < o->until) {
-			pthread_mutex_lock(&s->be_mu);
-			o->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
-			if (o->kind == DLOCK__ORPHAN_CANCEL)
-				s->be->cancel(s->be, &o->req);
-			else
-				s->be->release(s->be, &o->req);
-			pthread_mutex_unlock(&s->be_mu);
+			orphan_call(s, o);
 		}
 		orphan_free(o);
 	}
