@@ -29,7 +29,7 @@ int dlock_lock_detach(dlock_lock *l, char **handle)
 				 l->opts.permits, l->fence, l->ttl_ms, l->owner);
 	if (!h)
 		return DLOCK_ENOMEM;
-	dlock__renewer_remove(l->store, &l->reg);
+	dlock__renewer_remove(l->store, &l->reg, INT64_MAX);
 	pthread_mutex_lock(&l->mu);
 	l->state = DLOCK__IDLE;
 	l->count = 0;

@@ -125,7 +125,9 @@ struct dlock__reg {
 int dlock__renewer_add(dlock_store *store, dlock__reg *reg);
 /* Unlink reg; waits while its on_lost callback runs (unless called from it)
  * and while the renewer talks to the store about it. */
-void dlock__renewer_remove(dlock_store *store, dlock__reg *reg);
+/* Take a hold off the renewer, once its renewal in flight and its on_lost
+ * callback are over; false if that is not before `by` (INT64_MAX: wait). */
+bool dlock__renewer_remove(dlock_store *store, dlock__reg *reg, int64_t by);
 void dlock__renewer_stop(dlock_store *store);
 
 /* Releases the store did not confirm: retried by the renewer (slot NULL,

@@ -255,14 +255,17 @@ static int granted(dlock_lock *l, uint64_t fence, int64_t t_lease)
 }
 
 /* A lost hold is over, but the store may still keep state for it (a held
- * connection, a queue node): release it there, quietly, and forget it. */
-static void forget_lost(dlock_lock *l)
+ * connection, a queue node): release it there, quietly, and forget it. False
+ * if a renewal of it still in flight (or its on_lost) outlasts `by`. */
+static bool forget_lost(dlock_lock *l, int64_t by)
 {
+	if (!dlock__renewer_remove(l->store, &l->reg, by))
+		return false;
 	dlock__saved_error saved;
-	dlock__renewer_remove(l->store, &l->reg);
 	dlock__error_save(&saved);
 	release_in_store(l);
 	dlock__error_restore(&saved);
+	return true;
 }
 
 static int64_t min64(int64_t a, int64_t b)
@@ -297,16 +300,21 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		return rc;
 	}
 	bool was_lost = l->state == DLOCK__LOST;
-	l->state = DLOCK__IDLE;
 	pthread_mutex_unlock(&l->mu);
-	if (was_lost)
-		forget_lost(l);
-
-	new_owner(l);
-	dlock__lock_fill_request(l);
 	const dlock_backend *be = l->store->be;
 	int64_t start = dlock_clock_ms();
 	int64_t until = wait_ms < 0 || wait_ms > DLOCK_TTL_MAX_MS ? INT64_MAX : start + wait_ms;
+	/* The lost hold's renewal may hang until its own deadline: not past ours. */
+	if (was_lost && !forget_lost(l, wait_ms == 0 ? request_deadline(l->store, INT64_MAX) : until))
+		return dlock_error_set(DLOCK_EUNAVAILABLE, be->kind, NULL,
+				       "timed out: the store handle was busy renewing the lost hold of '%s'",
+				       l->name);
+	pthread_mutex_lock(&l->mu);
+	l->state = DLOCK__IDLE;
+	pthread_mutex_unlock(&l->mu);
+
+	new_owner(l);
+	dlock__lock_fill_request(l);
 	/* A try-once gets one request timeout; a wait, what is left of it. */
 	int64_t try_until = wait_ms == 0 ? INT64_MAX : until;
 	int64_t cleanup_by = until == INT64_MAX ? INT64_MAX : until + slack_ms(wait_ms) / 2;
@@ -464,7 +472,7 @@ int dlock_release(dlock_lock *l)
 	bool expired = st == DLOCK__HELD && !attached && dlock_clock_ms() >= l->deadline;
 	pthread_mutex_unlock(&l->mu);
 
-	dlock__renewer_remove(l->store, &l->reg);
+	dlock__renewer_remove(l->store, &l->reg, INT64_MAX);
 	int rc = release_in_store(l);
 	pthread_mutex_lock(&l->mu);
 	l->state = DLOCK__IDLE;
@@ -578,7 +586,7 @@ void dlock_lock_free(dlock_lock *l)
 	if (st == DLOCK__HELD)
 		dlock_release(l);
 	else if (st == DLOCK__LOST)
-		forget_lost(l);
+		forget_lost(l, INT64_MAX); /* the lock goes away: wait for its renewal */
 	pthread_mutex_destroy(&l->mu);
 	free(l->name);
 	free(l);

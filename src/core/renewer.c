@@ -437,15 +437,28 @@ static bool cb_elsewhere(dlock_store *s, uint64_t id)
 	return false;
 }
 
-void dlock__renewer_remove(dlock_store *s, dlock__reg *reg)
+bool dlock__renewer_remove(dlock_store *s, dlock__reg *reg, int64_t by)
 {
 	pthread_mutex_lock(&s->reg_mu);
 	bool on_renewer = s->renewer_started && pthread_equal(pthread_self(), s->renewer);
-	while (cb_elsewhere(s, reg->id) || (reg->in_batch && !on_renewer))
-		pthread_cond_wait(&s->reg_cv, &s->reg_mu);
+	while (cb_elsewhere(s, reg->id) || (reg->in_batch && !on_renewer)) {
+		if (by == INT64_MAX) {
+			pthread_cond_wait(&s->reg_cv, &s->reg_mu);
+			continue;
+		}
+		int64_t now = dlock_clock_ms();
+		if (now >= by) {
+			pthread_mutex_unlock(&s->reg_mu);
+			return false;
+		}
+		struct timespec ts;
+		dlock__abstime(&ts, by - now);
+		pthread_cond_timedwait(&s->reg_cv, &s->reg_mu, &ts);
+	}
 	if (reg->lock && reg->lock->registered)
 		unlink_reg(s, reg);
 	pthread_mutex_unlock(&s->reg_mu);
+	return true;
 }
 
 int dlock__orphan_add(dlock_store *s, const dlock_request *req, dlock__orphan_kind kind, int64_t until)
