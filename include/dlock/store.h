@@ -63,8 +63,20 @@ DLOCK_EXTERN void dlock_store_close(dlock_store *store);
 /** The store's kind: "sqlite", "redis", ... Never NULL. */
 DLOCK_EXTERN const char *dlock_store_kind(const dlock_store *store);
 
-/** The URI the store was opened with, with any password replaced by "***". */
+/** The URI the store was opened with, with any password replaced by "***"
+ *  (as dlock_uri_redact does). */
 DLOCK_EXTERN const char *dlock_store_uri(const dlock_store *store);
+
+/**
+ * `uri` with every secret replaced by "***": the password of the user info
+ * (up to the last '@' of the authority, so a raw '@' in a password is masked
+ * too) and the values of the query options password=, pass= and token=.
+ * The one masking function: everything dlock prints about a URI goes
+ * through it. Works on text that is not a valid URI (returns it unchanged
+ * where it finds no secret).
+ * @return a string to free with dlock_free; NULL for NULL or out of memory.
+ */
+DLOCK_EXTERN char *dlock_uri_redact(const char *uri);
 
 /**
  * Non-zero when a hold lives only as long as this process's session or
@@ -85,9 +97,22 @@ DLOCK_EXTERN const char *dlock_store_client_id(const dlock_store *store);
  */
 DLOCK_EXTERN int dlock_default_uri(char **out);
 
-/** One holder of a lock, as reported by dlock_store_status. */
+/** Length of a public holder id (dlock_holder.id), in hex digits. */
+#define DLOCK_HOLDER_ID_LEN 16
+
+/**
+ * One holder of a lock, as reported by dlock_store_status.
+ *
+ * `owner` is SECRET: it is the owner token a handle carries, and whoever
+ * knows it can extend or release that hold (a handle is "dl1.<mode>.
+ * <permits>.<fence>.<ttl>.<owner>"). Never print or log it; show `id`.
+ * `id` is public: a one-way function of the owner (the first 64 bits of
+ * SHA-256 over a fixed tag and the owner, in hex), the same for one hold
+ * on every call and in every process, and no way back to the owner.
+ * dlock_store_break frees a hold named by it.
+ */
 typedef struct dlock_holder {
-	char *owner;          /**< the holder's owner token (client id and a serial) */
+	char *owner;          /**< SECRET: the holder's owner token (client id and a serial) */
 	char *host;           /**< host name of the holder's machine, or "" */
 	int pid;              /**< process id of the holder, or 0 */
 	dlock_mode mode;
@@ -98,6 +123,10 @@ typedef struct dlock_holder {
 	unsigned int copies_of; /**< ... out of how many servers (0 where there is one copy).
 				     copies == copies_of / 2 + 1 is a bare quorum: one more
 				     lost copy and another client can be granted */
+	char *id;             /**< public holder id: DLOCK_HOLDER_ID_LEN lowercase hex
+				     digits (appended after 0.1.0, which
+				     changed sizeof(dlock_holder): rebuild programs that
+				     index holders; "" when the store reports no owner). Safe to show; cannot be turned into a handle */
 } dlock_holder;
 
 /** The state of one lock name, as reported by dlock_store_status. */
@@ -123,6 +152,32 @@ DLOCK_EXTERN int dlock_store_status(dlock_store *store, const char *const *names
 
 /** Free what dlock_store_status returned. Accepts NULL. */
 DLOCK_EXTERN void dlock_status_free(dlock_lock_status *status, size_t count);
+
+/**
+ * Free another client's hold of lock `name`: the holder whose public id
+ * (dlock_holder.id) is `holder_id`. The store's own owner-checked release
+ * is used, so only that hold goes; the holder is not told, and its next
+ * renewal or extend finds the lock gone (DLOCK_ELOST / DLOCK_ENOTHELD).
+ * Safe only when that holder can no longer write, or every write it makes
+ * is checked against fences: otherwise two clients may write at once.
+ * Thread-safe.
+ *
+ * @param freed  NULL, or receives a copy of the holder that was freed, as
+ *               status reported it just before; its strings are the
+ *               caller's (dlock_holder_clear); zeroed on failure
+ * @return 0; DLOCK_ENOTHELD when `name` has no holder with that id (already
+ *         gone, or a wrong id); DLOCK_EINVAL for a bad name or an id that is
+ *         not DLOCK_HOLDER_ID_LEN hex digits; DLOCK_ENOTSUPPORTED when the
+ *         store cannot free a hold from another connection (PostgreSQL
+ *         advisory and MySQL get_lock holds live on their holder's
+ *         connection) or cannot report status; DLOCK_EUNAVAILABLE when the
+ *         store does not answer within its request timeout.
+ */
+DLOCK_EXTERN int dlock_store_break(dlock_store *store, const char *name, const char *holder_id,
+				   dlock_holder *freed);
+
+/** Free the strings of a dlock_holder filled by dlock_store_break. Accepts NULL. */
+DLOCK_EXTERN void dlock_holder_clear(dlock_holder *holder);
 
 /**
  * Parse a duration: "250ms", "30s", "5m", "1h", "1.5s"; a bare number is

@@ -169,6 +169,13 @@ const char *cli_store_choice(const cli_global *g);
 bool cli_holder_handle(const char *handle);
 int cli_holder_acquire(const cli_global *g, const char *uri, const char *name,
 		       const cli_lockopts *lo);
+/*
+ * `acquire` starts the holder by executing dlock again as "dlock
+ * CLI_HOLDER_ARGV1" (an argv without the store URI or anything secret) and
+ * hands it the URI and options through a pipe on fd CLI_HOLDER_CONFIG_FD.
+ */
+#define CLI_HOLDER_ARGV1 "--lock-holder-process"
+int cli_holder_main(void);
 typedef struct cli_holder_reply {
 	int code;            /* a dlock code: 0, DLOCK_ENOTHELD, ... */
 	int64_t ttl_left_ms;
@@ -194,6 +201,7 @@ int cli_acquire(cli_global *g, int argc, char **argv);
 int cli_extend(cli_global *g, int argc, char **argv);
 int cli_release(cli_global *g, int argc, char **argv);
 int cli_status(cli_global *g, int argc, char **argv);
+int cli_break(cli_global *g, int argc, char **argv);
 int cli_demo(cli_global *g, int argc, char **argv);
 int cli_check(cli_global *g, int argc, char **argv);
 /* check_report.c: write the HTML report of `check` around its JSON (0 or -1). */

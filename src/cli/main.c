@@ -21,6 +21,7 @@ static const command commands[] = {
 	{ "extend", cli_extend, "extend the lease of a handle from 'acquire'" },
 	{ "release", cli_release, "release a handle from 'acquire'" },
 	{ "status", cli_status, "show holders, fences, TTLs and waiters" },
+	{ "break", cli_break, "free another holder's lock (see its --help: when it is safe)" },
 	{ "demo", cli_demo, "the access-token race, without and with a lock" },
 	{ "check", cli_check, "test a store's safety with faults; report overlaps and lost updates" },
 	{ "bench", cli_bench, "measure lock throughput against the store's own floor" },
@@ -56,6 +57,10 @@ int main(int argc, char **argv)
 	struct sigaction ign = { .sa_handler = SIG_IGN };
 	sigemptyset(&ign.sa_mask);
 	sigaction(SIGPIPE, &ign, &cli_sigpipe_orig);
+
+	/* The holder process that `acquire` starts (holder.c): not a user command. */
+	if (argc == 2 && strcmp(argv[1], CLI_HOLDER_ARGV1) == 0)
+		return cli_holder_main();
 
 	int i = 1;
 	for (; i < argc && argv[i][0] == '-' && argv[i][1] != '\0'; i++) {

@@ -11,13 +11,15 @@
 static const char help[] =
 	"Usage: dlock status [NAME...]\n"
 	"\n"
-	"Show locks: name, mode, holders (owner, host, pid), fence, TTL left and the\n"
+	"Show locks: name, mode, holders (public id, host, pid), fence, TTL left and the\n"
 	"number of waiters. Without NAME, every lock that has holders or waiters (not\n"
 	"every store can list them: name the locks there). A named lock nobody holds\n"
-	"shows as 'free'. Passwords in the store URI are never shown.\n"
+	"shows as 'free'. Passwords in the store URI are never shown, nor anything a\n"
+	"handle could be made from: a holder's ID is a one-way hash of its owner\n"
+	"token ('dlock break NAME --holder ID' frees that holder).\n"
 	"\n"
 	"With --json: {\"store\":URI,\"locks\":[{\"name\",\"permits\",\"last_fence\",\n"
-	"\"waiters\",\"holders\":[{\"owner\",\"host\",\"pid\",\"mode\",\"fence\",\"ttl_left_ms\"}]}]}\n"
+	"\"waiters\",\"holders\":[{\"id\",\"host\",\"pid\",\"mode\",\"fence\",\"ttl_left_ms\"}]}]}\n"
 	"(ttl_left_ms is -1 when the store cannot tell; Redlock adds \"copies\" and\n"
 	"\"copies_of\": on how many masters the hold stands).\n"
 	"\n%s"
@@ -41,8 +43,9 @@ static void print_json(dlock_store *store, const dlock_lock_status *st, size_t n
 		       (unsigned long long)l->last_fence, l->waiters);
 		for (size_t j = 0; j < l->nholders; j++) {
 			const dlock_holder *h = &l->holders[j];
-			fputs(j ? ",{\"owner\":" : "{\"owner\":", stdout);
-			cli_json_str(stdout, h->owner);
+			/* Never h->owner: it is the secret of the holder's handle. */
+			fputs(j ? ",{\"id\":" : "{\"id\":", stdout);
+			cli_json_str(stdout, h->id);
 			fputs(",\"host\":", stdout);
 			cli_json_str(stdout, h->host);
 			printf(",\"pid\":%d,\"mode\":\"%s\",\"fence\":%llu,\"ttl_left_ms\":%lld", h->pid,
@@ -87,7 +90,7 @@ static void print_table(dlock_store *store, const dlock_lock_status *st, size_t 
 		return;
 	}
 	printf("%s%-*s  %-10s  %8s  %9s  %-*s  %7s  %s%s\n", bold ? "\033[1m" : "", wname, "NAME",
-	       "MODE", "FENCE", "TTL LEFT", wholder, "HOLDER", "WAITERS", "OWNER",
+	       "MODE", "FENCE", "TTL LEFT", wholder, "HOLDER", "WAITERS", "ID",
 	       bold ? "\033[0m" : "");
 	for (size_t i = 0; i < n; i++) {
 		const dlock_lock_status *l = &st[i];
@@ -117,11 +120,11 @@ static void print_table(dlock_store *store, const dlock_lock_status *st, size_t 
 			if (j == 0)
 				printf("%-*s  %-10s  %8llu  %9s  %-*s  %7zu  %s\n", wname, l->name, mode,
 				       (unsigned long long)h->fence, ttl, wholder, holder, l->waiters,
-				       h->owner ? h->owner : "");
+				       h->id ? h->id : "");
 			else
 				printf("%-*s  %-10s  %8llu  %9s  %-*s  %7s  %s\n", wname, "", mode,
 				       (unsigned long long)h->fence, ttl, wholder, holder, "",
-				       h->owner ? h->owner : "");
+				       h->id ? h->id : "");
 			if (h->copies_of && h->copies <= h->copies_of / 2 + 1)
 				printf("%-*s  ! on %u of %u servers: a bare quorum (one more lost copy and another "
 				       "client can be granted)\n", wname, "", h->copies, h->copies_of);

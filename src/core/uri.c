@@ -335,3 +335,8 @@ bad:
 	return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
 			       "%s: bad host list in store URI (expected host:port[,host:port...])", uri->scheme);
 }
+
+char *dlock_uri_redact(const char *uri)
+{
+	return uri ? dlock__uri_redact(uri) : NULL;
+}

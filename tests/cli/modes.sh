@@ -47,7 +47,7 @@ read -r _ <"$T/in2"
 "$DLOCK" --json status sem >"$T/st0"
 expect_rc 75 "third permit refused (status before: $(cat "$T/st0"))" "$DLOCK" run --permits 2 --no-wait sem -- true
 "$DLOCK" --json status sem >"$T/st"
-check "status shows 2 holders of the semaphore" [ "$(grep -o '"owner":' "$T/st" | wc -l)" -eq 2 ]
+check "status shows 2 holders of the semaphore" [ "$(grep -o '"id":' "$T/st" | wc -l)" -eq 2 ]
 check "status shows permits 2" grep -q '"permits":2' "$T/st"
 echo done >"$T/go1"
 echo done >"$T/go2"

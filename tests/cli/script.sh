@@ -16,7 +16,7 @@ check "table shows the lock" grep -q "^deploy/prod  *exclusive" "$T/out"
 check "table shows the host" grep -q "$(hostname)" "$T/out"
 expect_rc 0 "status --json" "$DLOCK" --json status deploy/prod
 check "json names the lock" grep -q '"name":"deploy/prod"' "$T/out"
-check "json has one holder" [ "$(grep -o '"owner":' "$T/out" | wc -l)" -eq 1 ]
+check "json has one holder" [ "$(grep -o '"id":' "$T/out" | wc -l)" -eq 1 ]
 check "json holder has the host" grep -q "\"host\":\"$(hostname)\"" "$T/out"
 check "json holder has a pid" grep -Eq '"pid":[1-9][0-9]*' "$T/out"
 check "json holder is exclusive" grep -q '"mode":"exclusive"' "$T/out"
@@ -49,7 +49,7 @@ expect_rc 1 "extend with a stale handle" "$DLOCK" extend other "$OLD"
 expect_rc 1 "release another lock's handle" "$DLOCK" release other "$H2"
 expect_rc 75 "the lock stays held after wrong handles" "$DLOCK" acquire --no-wait other
 "$DLOCK" --json status other >"$T/st"
-check "still one holder" [ "$(grep -o '"owner":' "$T/st" | wc -l)" -eq 1 ]
+check "still one holder" [ "$(grep -o '"id":' "$T/st" | wc -l)" -eq 1 ]
 expect_rc 0 "release with the right handle" "$DLOCK" release other "$CUR"
 expect_rc 1 "release twice" "$DLOCK" release other "$CUR"
 

@@ -109,7 +109,7 @@ if [ "$KIND" = zookeeper ]; then
 	"$DLOCK" --store "$good" run "$NAME" -- sleep 60 >"$T/holder.out" 2>"$T/holder.err" &
 	holder=$!
 	for _ in $(seq 1 100); do
-		"$DLOCK" --store "$good" --json status "$NAME" 2>/dev/null | grep -q '"owner"' && break
+		"$DLOCK" --store "$good" --json status "$NAME" 2>/dev/null | grep -q '"id"' && break
 		sleep 0.1
 	done
 	check "zookeeper: alice holds $NAME" \
