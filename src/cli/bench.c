@@ -449,20 +449,13 @@ static int summarize(const config *cfg, shared *sh, grant *logs, size_t cap, res
 
 /* --- output ------------------------------------------------------------------ */
 
-/* The URI with any password replaced by "***", for output. */
+/* The URI with every secret masked, for output: the core's one masking
+ * function (dlock_uri_redact), as everywhere else. */
 static void safe_uri(char *buf, size_t len, const char *uri)
 {
-	snprintf(buf, len, "%s", uri);
-	const char *s = strstr(uri, "://");
-	if (!s)
-		return;
-	s += 3;
-	const char *at = strchr(s, '@'), *slash = strchr(s, '/');
-	if (!at || (slash && slash < at))
-		return;
-	const char *colon = memchr(s, ':', (size_t)(at - s));
-	if (colon)
-		snprintf(buf, len, "%.*s***%s", (int)(colon + 1 - uri), uri, at);
+	char *r = dlock_uri_redact(uri);
+	snprintf(buf, len, "%s", r ? r : "(unprintable)");
+	dlock_free(r);
 }
 
 static void print_json(const config *cfg, const char *kind, const result *r, const shared *sh)

@@ -116,8 +116,12 @@ static int split(parts *p, const char *uri)
 		return -1;
 	memcpy(p->scheme, uri, (size_t)(s - uri));
 	s += 3;
-	size_t auth_end = strcspn(s, "/?");
-	const char *at = memchr(s, '@', auth_end);
+	size_t auth_end = strcspn(s, "/?#");
+	/* The last '@' ends the user info, as for the core: a password may hold a raw '@'. */
+	const char *at = NULL;
+	for (const char *c = s; c < s + auth_end; c++)
+		if (*c == '@')
+			at = c;
 	if (at) {
 		const char *colon = memchr(s, ':', (size_t)(at - s));
 		pct_decode(p->user, sizeof(p->user), s, (size_t)((colon ? colon : at) - s));
@@ -215,7 +219,7 @@ int bench_floor_open(bench_floor **out, const char *uri, char *err, size_t errle
 	*out = NULL;
 	parts p;
 	if (split(&p, uri) != 0)
-		return fail(err, errlen, -1, "cannot parse '%s'", uri);
+		return fail(err, errlen, -1, "cannot parse the store URI");
 	bench_floor *f = calloc(1, sizeof(*f));
 	if (!f)
 		return fail(err, errlen, -1, "out of memory");
