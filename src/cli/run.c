@@ -197,26 +197,25 @@ static char *find_command(const char *cmd)
 }
 
 /*
- * environ without DLOCK_NAME/DLOCK_FENCE, plus ours. A password in
- * DLOCK_STORE never reaches the child. When the store came from DLOCK_STORE
- * and dlock_store_uri() (which masks a password as "***") differs from it,
- * the child gets the masked URI: a nested dlock then fails loudly (EAUTH)
- * instead of quietly using another store. A DLOCK_STORE we did not use
- * (--store given) that has user info is left out: we cannot vouch for it.
+ * environ without DLOCK_NAME/DLOCK_FENCE, plus ours. DLOCK_STORE passes
+ * unchanged, password included, so that a nested dlock uses the same store:
+ * the child would have inherited it without us, and an environment is
+ * readable only by its own user (/proc/PID/environ is 0400), unlike argv.
+ * A DLOCK_STORE we did not use (--store given) that has user info is left
+ * out: we cannot vouch for it.
  */
 static char **child_env(const char *name, uint64_t fence, const cli_global *g, dlock_store *store)
 {
+	(void)store;
 	size_t n = 0;
 	while (environ && environ[n])
 		n++;
-	char **env = calloc(n + 4, sizeof *env);
+	char **env = calloc(n + 3, sizeof *env);
 	if (!env)
 		return NULL;
 	const char *se = getenv("DLOCK_STORE");
-	const char *masked = dlock_store_uri(store);
 	bool from_env = !g->store && se && *se;
-	bool replace = from_env && masked && strcmp(se, masked) != 0;
-	bool drop = replace || (!from_env && se && strchr(se, '@'));
+	bool drop = !from_env && se && strchr(se, '@');
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++)
 		if (strncmp(environ[i], "DLOCK_NAME=", 11) != 0 &&
@@ -224,22 +223,16 @@ static char **child_env(const char *name, uint64_t fence, const cli_global *g, d
 		    !(drop && strncmp(environ[i], "DLOCK_STORE=", 12) == 0))
 			env[k++] = environ[i];
 	size_t nlen = strlen(name) + sizeof "DLOCK_NAME=";
-	size_t slen = replace ? strlen(masked) + sizeof "DLOCK_STORE=" : 0;
 	env[k] = malloc(nlen);
 	env[k + 1] = malloc(48);
-	if (replace)
-		env[k + 2] = malloc(slen);
-	if (!env[k] || !env[k + 1] || (replace && !env[k + 2])) {
+	if (!env[k] || !env[k + 1]) {
 		free(env[k]);
 		free(env[k + 1]);
-		free(env[k + 2]);
 		free(env);
 		return NULL;
 	}
 	snprintf(env[k], nlen, "DLOCK_NAME=%s", name);
 	snprintf(env[k + 1], 48, "DLOCK_FENCE=%llu", (unsigned long long)fence);
-	if (replace)
-		snprintf(env[k + 2], slen, "DLOCK_STORE=%s", masked);
 	return env;
 }
 
