@@ -18,7 +18,7 @@ rc=$?
 t=$(( $(now_ms) - t0 ))
 check "acquire exits 0 (got $rc)" [ "$rc" -eq 0 ]
 check "\$(dlock acquire) returns at once: the holder keeps no stdout open (${t} ms)" [ "$t" -lt 5000 ]
-check "holder handle ($H)" grep -q '^dlh1\.' <<<"$H"
+check "holder handle ($H)" grep -q '^dlh2\.' <<<"$H"
 
 "$DLOCK" --json status held >"$T/st"
 pid=$(json_num pid "$T/st")
@@ -31,9 +31,9 @@ expect_rc 75 "held: --no-wait" "$DLOCK" acquire --no-wait held
 # session timeout it chose from the first TTL.)
 expect_rc 0 "extend --ttl 15s" "$DLOCK" extend --ttl 15s held "$H"
 H2=$(cat "$T/out")
-check "extend prints a holder handle" grep -q '^dlh1\.' "$T/out"
+check "extend prints a holder handle" grep -q '^dlh2\.' "$T/out"
 expect_rc 0 "extend --json" "$DLOCK" --json extend held "$H2"
-check "extend --json" grep -Eq '^\{"name":"held","handle":"dlh1[^"]+","fence":[0-9]+,"ttl_ms":15000\}$' "$T/out"
+check "extend --json" grep -Eq '^\{"name":"held","handle":"dlh2[^"]+","fence":[0-9]+,"ttl_ms":15000\}$' "$T/out"
 
 # Wrong handles change nothing.
 expect_rc 1 "wrong secret" "$DLOCK" release held "${H2%?????}00000"
@@ -52,7 +52,7 @@ expect_rc 0 "free after release" "$DLOCK" run --no-wait held -- true
 
 # A hold nobody extends ends after its TTL: the holder gives the lock up.
 expect_rc 0 "short hold" "$DLOCK" --json acquire --ttl 500ms brief
-check "acquire --json" grep -Eq '^\{"name":"brief","handle":"dlh1[^"]+","fence":[0-9]+,"ttl_ms":[0-9]+\}$' "$T/out"
+check "acquire --json" grep -Eq '^\{"name":"brief","handle":"dlh2[^"]+","fence":[0-9]+,"ttl_ms":[0-9]+\}$' "$T/out"
 SH=$(grep -o '"handle":"[^"]*"' "$T/out" | cut -d'"' -f4)
 t0=$(now_ms)
 
@@ -68,6 +68,23 @@ expect_rc 0 "hold" env -u DLOCK_TEST_HOLDER "$DLOCK" acquire --ttl 30s busy
 B=$(cat "$T/out")
 expect_rc 75 "--wait 300ms on a held lock" "$DLOCK" acquire --wait 300ms busy
 expect_rc 0 "release" "$DLOCK" release busy "$B"
+# The holder's argv never carries the store URI (every local user reads
+# /proc/PID/cmdline): not even when the password was on our command line.
+if [ -n "${DLOCK_STORE:-}" ]; then
+	pw=$(sed -n 's|^[a-z+]*://[^:/@]*:\([^@/]*\)@.*|\1|p' <<<"$DLOCK_STORE")
+	expect_rc 0 "acquire --store URI" env -u DLOCK_STORE "$DLOCK" --store "$DLOCK_STORE" acquire --ttl 20s argv
+	A=$(cat "$T/out")
+	apid=$(cut -d. -f6 <<<"$A")
+	check "holder pid in the handle ($A)" alive "$apid"
+	check "the holder's argv is only 'dlock --lock-holder-process'" \
+		[ "$(tr '\0' ' ' </proc/"$apid"/cmdline)" = "dlock --lock-holder-process " ]
+	if [ -n "$pw" ]; then
+		check "no password in the holder's cmdline or environment" \
+			sh -c "! grep -qF -- '$pw' /proc/$apid/cmdline /proc/$apid/environ"
+	fi
+	expect_rc 0 "release" "$DLOCK" release argv "$A"
+fi
+
 "$DLOCK" --json status held brief busy >"$T/st"
 check "no lock left" [ "$(grep -o '"holders":\[\]' "$T/st" | wc -l)" -eq 3 ]
 finish
