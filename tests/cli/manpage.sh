@@ -8,7 +8,7 @@ fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 warn=$("$groff" -man -ww -z "$page" 2>&1)
 [ -z "$warn" ] || fail "groff warnings: $warn"
 text=$("$groff" -man -Tutf8 -P-c "$page" 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g; s/.\x08//g')
-for cmd in run acquire extend release status demo; do
+for cmd in run acquire extend release status break demo; do
 	grep -q "dlock $cmd" <<<"$text" || fail "command $cmd not documented"
 	# Every long option in the command's --help appears in the page.
 	for opt in $("$dlock" "$cmd" --help | grep -o -- '--[a-z][a-z-]*' | sort -u); do
