@@ -85,6 +85,28 @@ if [ -n "${DLOCK_STORE:-}" ]; then
 	expect_rc 0 "release" "$DLOCK" release argv "$A"
 fi
 
+# dlock break on a holder process's hold: through the store's release where
+# the store can free another connection's hold; PostgreSQL advisory and MySQL
+# get_lock locks belong to the holder's connection: 69, and the hold stays.
+expect_rc 0 "acquire to break" "$DLOCK" acquire --ttl 20s tobreak
+BH=$(cat "$T/out")
+"$DLOCK" --json status tobreak >"$T/st"
+bid=$(grep -o '"id":"[0-9a-f]*"' "$T/st" | head -1 | cut -d'"' -f4)
+case "${DLOCK_STORE:-}" in
+*mode=advisory* | *mode=get_lock*)
+	expect_rc 69 "break --holder on a connection-bound store" "$DLOCK" break --holder "$bid" tobreak
+	check "  says why" grep -q "cannot free a hold of another connection" "$T/err"
+	expect_rc 0 "  the hold stays; its handle releases" "$DLOCK" release tobreak "$BH"
+	;;
+*)
+	expect_rc 0 "break --holder $bid" "$DLOCK" break --holder "$bid" tobreak
+	expect_rc 0 "free after break" env -u DLOCK_TEST_HOLDER "$DLOCK" acquire --no-wait --ttl 5s tobreak
+	NB=$(cat "$T/out")
+	expect_rc 1 "the broken handle releases nothing" "$DLOCK" release tobreak "$BH"
+	expect_rc 0 "the new holder releases" "$DLOCK" release tobreak "$NB"
+	;;
+esac
+
 "$DLOCK" --json status held brief busy >"$T/st"
 check "no lock left" [ "$(grep -o '"holders":\[\]' "$T/st" | wc -l)" -eq 3 ]
 finish
