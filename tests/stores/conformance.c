@@ -1279,8 +1279,9 @@ static void case_net_delay(void)
 	net_lost_at = 0;
 	CHECK_RC(dlock_acquire(a, 5000), 0);
 	char mode[32];
-	/* ZooKeeper keeps the lock at ttl/8 each way and loses it at ttl/5 (measured,
-	 * not yet explained: see docs/stores/zookeeper.md, "Slow link") */
+	/* libzookeeper drops a connection that received nothing for 2/3 of the
+	 * session timeout and pings only after 1/3 of it: a round trip above
+	 * ttl/3 loses the session's locks (docs/stores/zookeeper.md, "Slow link") */
 	long div = strncmp(uri, "zk:", 3) == 0 ? 8 : 5;
 	snprintf(mode, sizeof(mode), "delay %ld", ttl / div);
 	CHECK(net_set(&nt, mode) == 0);
