@@ -172,7 +172,7 @@ int cli_holder_acquire(const cli_global *g, const char *uri, const char *name,
 /*
  * `acquire` starts the holder by executing dlock again as "dlock
  * CLI_HOLDER_ARGV1" (an argv without the store URI or anything secret) and
- * hands it the URI and options through a pipe on fd CLI_HOLDER_CONFIG_FD.
+ * hands it the URI and options through a pipe on fd 3 (it reports on fd 4).
  */
 #define CLI_HOLDER_ARGV1 "--lock-holder-process"
 int cli_holder_main(void);

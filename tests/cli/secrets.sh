@@ -121,7 +121,7 @@ with open(sys.argv[2], "ab") as heard:
             pass
         c.close()
 EOF
-for _ in $(seq 1 100); do [ -e "$T/heard.ready" ] && break; sleep 0.05; done
+for _ in $(seq 1 600); do [ -e "$T/heard.ready" ] && break; sleep 0.05; done
 : >>"$T/heard"
 expect_rc 1 "release through an impostor's socket is refused" "$DLOCK" release held "$H"
 check "  with a clear error" grep -q "not the holder of this handle" "$T/err"
