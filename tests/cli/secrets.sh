@@ -178,13 +178,28 @@ if [ "${CLI_TEST_REDIS:-0}" = 1 ]; then
 	set +e
 	PW='p@ss:w0rd'                       # a raw '@' and ':' in the password
 	PW_ENC='p%40ss%3Aw0rd'
-	port=$(free_port)
 	mkdir -p "$T/redis"
-	redis-server --port "$port" --bind 127.0.0.1 --requirepass "$PW" --save '' --appendonly no \
-		--dir "$T/redis" --daemonize yes --pidfile "$T/redis/pid" --logfile "$T/redis/log"
-	wait_port "$port" 30
 	stop_redis() { [ -s "$T/redis/pid" ] && kill "$(cat "$T/redis/pid")" 2>/dev/null; }
 	trap 'stop_redis; [ -n "${U:-}" ] && userdel "$U" 2>/dev/null; cleanup' EXIT
+	up=0
+	for attempt in 1 2 3 4 5; do # a free port can be taken before redis binds it
+		port=$(free_port)
+		rm -f "$T/redis/pid"; : >"$T/redis/log"
+		redis-server --port "$port" --bind 127.0.0.1 --requirepass "$PW" --save '' --appendonly no \
+			--dir "$T/redis" --daemonize yes --pidfile "$T/redis/pid" --logfile "$T/redis/log"
+		for _ in $(seq 1 600); do
+			if [ "$(redis-cli -p "$port" -a "$PW" --no-auth-warning ping 2>/dev/null)" = PONG ] &&
+				[ -s "$T/redis/pid" ]; then
+				up=1
+				break
+			fi
+			grep -q "Address already in use" "$T/redis/log" 2>/dev/null && break
+			sleep 0.05
+		done
+		[ "$up" = 1 ] && break
+		stop_redis
+	done
+	check "a private redis-server with a password started (log: $(tail -c 300 "$T/redis/log" 2>/dev/null))" [ "$up" = 1 ]
 	RAW="redis://:$PW@127.0.0.1:$port"
 	ENC="redis://:$PW_ENC@127.0.0.1:$port"
 	QRY="redis://127.0.0.1:$port?password=$PW_ENC"
