@@ -231,6 +231,50 @@ int main(void)
 	CHECK(open == 0);
 	CHECK(conns == 4);
 
+	/* dropmatch: only the connection whose request stream contains the
+	 * pattern loses its replies, from that request on, and stays open; the
+	 * match spans reads but starts when the mode is set; one shot. */
+	long long fired = -1;
+	CHECK(tu_proxy_set(p, -1, "dropmatch") < 0); /* no STRING */
+	CHECK(tu_proxy_set(p, 0, "dropmatch bad\\q") < 0);
+	CHECK(tu_proxy_set(p, 0, "dropmatch a\\x4") < 0);
+	int fa = connect_to(port0), fc = connect_to(port0);
+	CHECK(fa >= 0 && fc >= 0);
+	CHECK(roundtrip(fa, "GRANT ", 1000) >= 0);
+	CHECK(tu_proxy_dropmatch(p, 0, "GRANT me", 8) == 0);
+	CHECK(roundtrip(fa, "me", 1000) >= 0);    /* "GRANT " came before the arming */
+	CHECK(roundtrip(fa, "xxGRA", 1000) >= 0); /* half of it: no match yet */
+	CHECK(tu_proxy_fired(p, 0, &fired) == 0 && fired == 0);
+	CHECK(tu_proxy_stats(p, 0, NULL, NULL, NULL, NULL, &dropped0) == 0);
+	rcv0 = echo_received;
+	CHECK(send(fa, "NT me!", 6, MSG_NOSIGNAL) == 6);
+	CHECK(wait_received(rcv0 + 6, 1000) == rcv0 + 6); /* the request went through */
+	CHECK(!readable_within(fa, 300));                 /* its answer did not */
+	CHECK(tu_proxy_fired(p, 0, &fired) == 0 && fired == 1);
+	/* Another open connection and a later one pass, pattern and all. */
+	CHECK(roundtrip(fc, "GRANT me", 1000) >= 0);
+	int fd2 = connect_to(port0);
+	CHECK(fd2 >= 0);
+	CHECK(roundtrip(fd2, "GRANT me", 1000) >= 0);
+	CHECK(tu_proxy_fired(p, 0, &fired) == 0 && fired == 1);
+	/* The fired connection keeps forwarding requests, never answers. */
+	CHECK(send(fa, "more", 4, MSG_NOSIGNAL) == 4);
+	CHECK(wait_received(rcv0 + 6 + 8 + 8 + 4, 1000) == rcv0 + 6 + 8 + 8 + 4);
+	CHECK(!readable_within(fa, 200));
+	deadline = tu_now_ms() + 1000;
+	do {
+		CHECK(tu_proxy_stats(p, 0, NULL, &open, NULL, NULL, &dropped) == 0);
+	} while (dropped != dropped0 + 10 && tu_now_ms() < deadline && usleep(5000) == 0);
+	CHECK(dropped == dropped0 + 10);
+	CHECK(open == 3);
+	/* Setting a mode ends the drop: the connection answers again (what was
+	 * swallowed is gone). */
+	CHECK(tu_proxy_set(p, 0, "pass") == 0);
+	CHECK(roundtrip(fa, "after", 1000) >= 0);
+	close(fa);
+	close(fc);
+	close(fd2);
+
 	tu_proxy_stop(p);
 	tu_proxy_stop(NULL);
 	CHECK(write(echo_stop[1], "x", 1) == 1);
