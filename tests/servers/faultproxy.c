@@ -28,8 +28,10 @@
  *              the request is forwarded, every server->client byte of it is
  *              discarded (its FIN held), the connection stays open. One shot:
  *              after it fired once, other and later connections only pass,
- *              until the mode is set again. Setting any mode ends the drop of
- *              the connection it fired on. STRING is one word of at most 128
+ *              until the mode is set again. Setting any mode resets (RST) the
+ *              connection it fired on: one that lost answers never delivers a
+ *              later byte (TCP never hands on a stream with a hole in it).
+ *              STRING is one word of at most 128
  *              bytes once decoded: \s space, \t, \r, \n, \\, \xHH any byte.
  *              For a request whose effect is wanted but not its answer when
  *              a grant is several requests (a store's last write of it).
@@ -549,9 +551,13 @@ static void set_mode(struct route *r, enum mode m, long ms)
 {
 	r->mode = m;
 	r->armed = m == M_DROPMATCH;
-	for (struct conn *c = r->conns; c; c = c->next) {
-		c->swallow = 0;
+	/* A connection that lost answers never delivers a later byte (a stream
+	 * with a hole in it is no network's behaviour): it is reset. */
+	for (struct conn *c = r->conns, *n; c; c = n) {
+		n = c->next;
 		c->carry_len = 0;
+		if (c->swallow)
+			conn_close(c, 1);
 	}
 	r->delay_ns = m == M_DELAY ? (int64_t)ms * 1000000 : 0;
 	pump_route(r);

@@ -18,7 +18,9 @@
  *                contains STRING; from then on that one connection gets no
  *                reply bytes (a "drop" of that connection only: the request
  *                is applied, its answer lost, the connection stays open).
- *                One shot: other and later connections pass. Use it where a
+ *                One shot: other and later connections pass. Setting any
+ *                mode resets that connection (no later byte after a lost
+ *                one, as with TCP). Use it where a
  *                grant is several requests and only the last one's answer
  *                should be lost. See tu_proxy_dropmatch for any bytes.
  *   "reset"      RST both sides of every open connection; new connections
