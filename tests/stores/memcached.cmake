@@ -13,7 +13,7 @@ set_tests_properties(memcached.store PROPERTIES
 # memcached.net: the network faults of mysql.net (same program, mysql_net.c)
 # through a fault proxy in front of this memcached.
 if(NOT TARGET store_net)
-  add_executable(store_net mysql_net.c mysql_proxy.c)
+  add_executable(store_net mysql_net.c)
   target_link_libraries(store_net PRIVATE dlock_testutil Threads::Threads)
 endif()
 add_test(NAME memcached.net COMMAND sh -c "exec \"$0\" \"$(cat \"$1\")\"" $<TARGET_FILE:store_net>

@@ -1,6 +1,6 @@
 /*
- * Network faults between one client and its store, through a fault proxy
- * (mysql_proxy.c), on a real server. Run for MySQL (both modes) and for
+ * Network faults between one client and its store, through the fault proxy
+ * (tests/unit/faultproxy.h), on a real server. Run for MySQL (both modes) and for
  * Memcached; nothing here is specific to one store:
  *
  *   mysql_net URI [session]
@@ -19,11 +19,13 @@
  *             grant: on_lost comes no later than the lease deadline + 20 ms,
  *             and before a direct client is granted.
  * 4. unknown: the grant of a waiting try is applied but its reply is
- *             dropped; the retry is granted: one holder, and its fence is
- *             greater than the previous holder's.
+ *             dropped (dropmatch on the granting request; a blanket drop for
+ *             GET_LOCK, whose waiter is blocked in the server); the retry is
+ *             granted: one holder, and its fence is greater than the
+ *             previous holder's.
  */
+#include "unit/faultproxy.h"
 #include "unit/testutil.h"
-#include "mysql_proxy.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -35,7 +37,7 @@
 
 static char direct[1024], proxied[1200];
 static int session;
-static mp_proxy *proxy;
+static tu_proxy *proxy;
 static atomic_llong lost_at;
 
 static void on_lost(dlock_lock *l, void *p)
@@ -74,14 +76,15 @@ static void name_of(char *out, size_t n, const char *what)
 }
 
 struct later {
-	int delay_ms, mode;
+	int delay_ms;
+	const char *mode;
 };
 
 static void *set_later(void *arg)
 {
 	struct later *x = arg;
 	usleep((useconds_t)x->delay_ms * 1000);
-	mp_set(proxy, x->mode);
+	CHECK(tu_proxy_set(proxy, -1, x->mode) == 0);
 	return NULL;
 }
 
@@ -94,17 +97,17 @@ static void test_wait(void)
 	CHECK_RC(dlock_acquire(ld, 0), 0);
 
 	/* Black-holed before the call. */
-	mp_set(proxy, MP_BLACKHOLE);
+	CHECK(tu_proxy_set(proxy, -1, "blackhole") == 0);
 	long long t0 = tu_now_ms();
 	int rc = dlock_acquire(la, 1000);
 	long long took = tu_now_ms() - t0;
 	printf("  wait 1000 ms, link already black-holed: %s after %lld ms\n", dlock_error_name(rc), took);
 	CHECK(rc == DLOCK_ETIMEOUT || rc == DLOCK_EUNAVAILABLE);
 	CHECK(took <= 1050);
-	mp_set(proxy, MP_PASS);
+	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 
 	/* Black-holed while the call waits for the holder. */
-	struct later x = { 300, MP_BLACKHOLE };
+	struct later x = { 300, "blackhole" };
 	pthread_t th;
 	pthread_create(&th, NULL, set_later, &x);
 	t0 = tu_now_ms();
@@ -114,7 +117,7 @@ static void test_wait(void)
 	printf("  wait 1000 ms, link black-holed after 300 ms: %s after %lld ms\n", dlock_error_name(rc), took);
 	CHECK(rc == DLOCK_ETIMEOUT || rc == DLOCK_EUNAVAILABLE);
 	CHECK(took <= 1050);
-	mp_set(proxy, MP_PASS);
+	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 
 	/* And the store works again once the link does. */
 	CHECK_RC(dlock_release(ld), 0);
@@ -133,7 +136,7 @@ static void test_release(void)
 	dlock_store *d = open_store(direct), *a = open_store(proxied);
 	dlock_lock *ld = new_lock(d, name, 30000), *la = new_lock(a, name, 30000);
 	CHECK_RC(dlock_acquire(la, 0), 0);
-	mp_set(proxy, MP_BLACKHOLE);
+	CHECK(tu_proxy_set(proxy, -1, "blackhole") == 0);
 	long long t0 = tu_now_ms();
 	int rc = dlock_release(la);
 	long long took = tu_now_ms() - t0;
@@ -142,7 +145,7 @@ static void test_release(void)
 	CHECK(rc != 0);
 	CHECK(strstr(dlock_error_last()->message, "timed out") != NULL);
 	CHECK(took <= TIMEOUT_MS + 50);
-	mp_set(proxy, MP_PASS);
+	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 	if (session) {
 		/* The unconfirmed release closed the hold's connection: once the server
 		 * sees the close, the lock is free (long before its 30 s lease). */
@@ -169,7 +172,7 @@ static void test_lost(void)
 	long long t0 = tu_now_ms();
 	CHECK_RC(dlock_acquire(la, 0), 0);
 	long long deadline = t0 + dlock_ttl_left(la); /* the client's own deadline, from before the request */
-	mp_set(proxy, MP_BLACKHOLE);
+	CHECK(tu_proxy_set(proxy, -1, "blackhole") == 0);
 	long long granted = 0;
 	while (tu_now_ms() - t0 < TTL_MS + 6000) {
 		int rc = dlock_acquire(ld, 0);
@@ -191,7 +194,7 @@ static void test_lost(void)
 				       (long long)st[0].holders[i].ttl_left_ms, dlock_store_client_id(a));
 		dlock_status_free(st, n);
 	}
-	mp_set(proxy, MP_PASS);
+	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 	printf("  lease deadline +%lld ms; on_lost at +%lld ms; direct client granted at +%lld ms\n",
 	       deadline - t0, lost_at ? lost_at - t0 : -1, granted ? granted - t0 : -1);
 	CHECK(lost_at != 0);
@@ -224,11 +227,34 @@ static void *wait_thread(void *arg)
 	return NULL;
 }
 
+/* How far the fault has gone: dropmatch firings, or for a blanket drop the
+ * reply bytes it discarded. */
+static long long dropped_so_far(const char *needle)
+{
+	long long v = -1;
+	if (*needle)
+		tu_proxy_fired(proxy, 0, &v);
+	else
+		tu_proxy_stats(proxy, 0, NULL, NULL, NULL, NULL, &v);
+	return v;
+}
+
+static void arm(const char *needle)
+{
+	if (*needle)
+		CHECK(tu_proxy_dropmatch(proxy, -1, needle, strlen(needle)) == 0);
+	else
+		CHECK(tu_proxy_set(proxy, -1, "drop") == 0);
+}
+
 /*
  * needle: the request whose reply is dropped (the proxy swallows every reply
- * from it on). arm_after: arm the proxy only once the holder has released,
- * for a store whose refused tries send the same request (MySQL table mode);
- * else before (a waiter blocked in the server's GET_LOCK is granted at once).
+ * of its connection from it on); "": every reply (drop). arm_after: arm the
+ * proxy only once the holder has released, for a store whose refused tries
+ * send the same request (MySQL table mode), with the link reset over the
+ * release (a try already in the server may be waiting for the release's row
+ * locks: its grant must not be answered before the arming); else before (a
+ * waiter blocked in the server's GET_LOCK is granted at once).
  */
 static int unknown_once(const char *needle, int arm_after, int round)
 {
@@ -243,20 +269,23 @@ static int unknown_once(const char *needle, int arm_after, int round)
 	pthread_t th;
 	pthread_create(&th, NULL, wait_thread, &w);
 	usleep(300000); /* the waiter has tried, found it held and queued */
+	long long dropped0 = dropped_so_far(needle);
 	if (!arm_after)
-		mp_drop_on(proxy, needle);
+		arm(needle);
+	else
+		CHECK(tu_proxy_set(proxy, -1, "reset") == 0);
 	CHECK_RC(dlock_release(ld), 0);
 	if (arm_after)
-		mp_drop_on(proxy, needle);
-	long long dropped0 = mp_dropped(proxy), t0 = tu_now_ms();
+		arm(needle);
+	long long t0 = tu_now_ms();
 	/* The waiter's next try reaches the server and is applied; its reply is swallowed. */
-	while (mp_dropped(proxy) == dropped0 && !(w.done && w.rc == 0) && tu_now_ms() - t0 < 5000)
+	while (dropped_so_far(needle) == dropped0 && !(w.done && w.rc == 0) && tu_now_ms() - t0 < 5000)
 		usleep(2000);
-	if (mp_dropped(proxy) == dropped0 && w.done && w.rc == 0) {
+	if (dropped_so_far(needle) == dropped0 && w.done && w.rc == 0) {
 		/* The waiter's try came between the release and the arming: granted
 		 * normally, no fault injected. Not a failure of the store: again. */
 		printf("  (round %d: the waiter was granted before the fault was armed; again)\n", round);
-		mp_set(proxy, MP_PASS);
+		CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 		w.go = 1;
 		pthread_join(th, NULL);
 		CHECK_RC(w.release_rc, 0);
@@ -268,11 +297,11 @@ static int unknown_once(const char *needle, int arm_after, int round)
 		dlock_store_close(d);
 		return 0;
 	}
-	CHECK(mp_dropped(proxy) > dropped0);
+	CHECK(dropped_so_far(needle) > dropped0);
 	usleep(50000);
 	/* Nobody else gets it meanwhile: the applied try holds it on the server. */
 	int rc_c = dlock_acquire(lc, 0);
-	mp_set(proxy, MP_PASS);
+	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 	while (!w.done && tu_now_ms() - t0 < 10000)
 		usleep(1000);
 	printf("  reply of a granting try dropped: direct client %s; the waiter %s %lld ms later; fences %llu -> %llu\n",
@@ -327,21 +356,20 @@ int main(int argc, char **argv)
 	 * a GET_LOCK waiter is blocked in the server until the release. */
 	const char *needle = strncmp(direct, "memcached:", 10) == 0 ? "cas " : session ? "" : "START TRANSACTION";
 	int arm_after = !session && *needle == 'S';
-	const char *auth = strstr(direct, "://");
-	const char *end = auth ? auth + 3 + strcspn(auth + 3, "/?") : NULL;
-	const char *colon = end ? end : NULL;
-	while (colon && colon > auth && *colon != ':')
-		colon--;
-	int port = colon && *colon == ':' ? atoi(colon + 1) : 0;
-	if (!port || mp_start(&proxy, port) != 0 || mp_uri(proxied, sizeof proxied - 40, direct, mp_port(proxy)) != 0) {
+	char *via = NULL;
+	if (!(proxy = tu_proxy_start(direct, &via)) || strlen(via) + 40 > sizeof proxied) {
 		fprintf(stderr, "mysql_net: cannot proxy %s\n", direct);
+		free(via);
+		tu_proxy_stop(proxy);
 		return 2;
 	}
+	snprintf(proxied, sizeof proxied, "%s", via);
+	free(via);
 	snprintf(proxied + strlen(proxied), 40, "%stimeout=%dms", strchr(proxied, '?') ? "&" : "?", TIMEOUT_MS);
 	test_wait();
 	test_release();
 	test_lost();
 	test_unknown(needle, arm_after);
-	mp_stop(proxy);
+	tu_proxy_stop(proxy);
 	return tu_done("mysql_net");
 }
