@@ -24,6 +24,7 @@
  *             granted: one holder, and its fence is greater than the
  *             previous holder's.
  */
+#include "netutil.h"
 #include "unit/faultproxy.h"
 #include "unit/testutil.h"
 
@@ -38,38 +39,6 @@
 static char direct[1024], proxied[1200];
 static int session;
 static tu_proxy *proxy;
-static atomic_llong lost_at;
-
-static void on_lost(dlock_lock *l, void *p)
-{
-	(void)l;
-	(void)p;
-	lost_at = tu_now_ms();
-}
-
-static dlock_store *open_store(const char *u)
-{
-	dlock_store *s = NULL;
-	if (dlock_store_open(&s, u) != 0) {
-		fprintf(stderr, "open %s: %s\n", u, dlock_error_last()->message);
-		exit(1);
-	}
-	return s;
-}
-
-static dlock_lock *new_lock(dlock_store *s, const char *name, int64_t ttl)
-{
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	o.on_lost = on_lost;
-	dlock_lock *l = NULL;
-	if (dlock_lock_new(&l, s, name, &o) != 0) {
-		fprintf(stderr, "lock_new: %s\n", dlock_error_last()->message);
-		exit(1);
-	}
-	return l;
-}
-
 static void name_of(char *out, size_t n, const char *what)
 {
 	snprintf(out, n, "net-%d-%s%s", (int)getpid(), what, session ? "-s" : "");
@@ -92,8 +61,8 @@ static void test_wait(void)
 {
 	char name[128];
 	name_of(name, sizeof name, "wait");
-	dlock_store *d = open_store(direct), *a = open_store(proxied);
-	dlock_lock *ld = new_lock(d, name, 30000), *la = new_lock(a, name, 30000);
+	dlock_store *d = nu_open(direct), *a = nu_open(proxied);
+	dlock_lock *ld = nu_lock(d, name, 30000, NU_LOST), *la = nu_lock(a, name, 30000, NU_LOST);
 	CHECK_RC(dlock_acquire(ld, 0), 0);
 
 	/* Black-holed before the call. */
@@ -133,8 +102,8 @@ static void test_release(void)
 {
 	char name[128];
 	name_of(name, sizeof name, "release");
-	dlock_store *d = open_store(direct), *a = open_store(proxied);
-	dlock_lock *ld = new_lock(d, name, 30000), *la = new_lock(a, name, 30000);
+	dlock_store *d = nu_open(direct), *a = nu_open(proxied);
+	dlock_lock *ld = nu_lock(d, name, 30000, NU_LOST), *la = nu_lock(a, name, 30000, NU_LOST);
 	CHECK_RC(dlock_acquire(la, 0), 0);
 	CHECK(tu_proxy_set(proxy, -1, "blackhole") == 0);
 	long long t0 = tu_now_ms();
@@ -166,9 +135,9 @@ static void test_lost(void)
 {
 	char name[128];
 	name_of(name, sizeof name, "lost");
-	dlock_store *d = open_store(direct), *a = open_store(proxied);
-	dlock_lock *ld = new_lock(d, name, 30000), *la = new_lock(a, name, TTL_MS);
-	lost_at = 0;
+	dlock_store *d = nu_open(direct), *a = nu_open(proxied);
+	dlock_lock *ld = nu_lock(d, name, 30000, NU_LOST), *la = nu_lock(a, name, TTL_MS, NU_LOST);
+	nu_lost_at = 0;
 	long long t0 = tu_now_ms();
 	CHECK_RC(dlock_acquire(la, 0), 0);
 	long long deadline = t0 + dlock_ttl_left(la); /* the client's own deadline, from before the request */
@@ -196,10 +165,10 @@ static void test_lost(void)
 	}
 	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 	printf("  lease deadline +%lld ms; on_lost at +%lld ms; direct client granted at +%lld ms\n",
-	       deadline - t0, lost_at ? lost_at - t0 : -1, granted ? granted - t0 : -1);
-	CHECK(lost_at != 0);
-	CHECK(lost_at <= deadline + 20);
-	CHECK(granted != 0 && lost_at < granted);
+	       deadline - t0, nu_lost_at ? nu_lost_at - t0 : -1, granted ? granted - t0 : -1);
+	CHECK(nu_lost_at != 0);
+	CHECK(nu_lost_at <= deadline + 20);
+	CHECK(granted != 0 && nu_lost_at < granted);
 	CHECK(!dlock_held(la));
 	if (granted)
 		CHECK_RC(dlock_release(ld), 0);
@@ -261,8 +230,9 @@ static int unknown_once(const char *needle, int arm_after, int round)
 	char name[128], what[32];
 	snprintf(what, sizeof what, "unknown%d", round);
 	name_of(name, sizeof name, what);
-	dlock_store *d = open_store(direct), *a = open_store(proxied), *c = open_store(direct);
-	dlock_lock *ld = new_lock(d, name, 30000), *la = new_lock(a, name, 30000), *lc = new_lock(c, name, 30000);
+	dlock_store *d = nu_open(direct), *a = nu_open(proxied), *c = nu_open(direct);
+	dlock_lock *ld = nu_lock(d, name, 30000, NU_LOST), *la = nu_lock(a, name, 30000, NU_LOST);
+	dlock_lock *lc = nu_lock(c, name, 30000, NU_LOST);
 	CHECK_RC(dlock_acquire(ld, 0), 0);
 	uint64_t f_before = dlock_fence(ld);
 	struct waiter w = { la, -1, -1, 0, 0 };
