@@ -1,6 +1,7 @@
 #include "netutil.h"
 #include "unit/testutil.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,29 @@ dlock_store *nu_open(const char *uri)
 		exit(1);
 	}
 	return s;
+}
+
+dlock_store *nu_openf(const char *fmt, ...)
+{
+	char u[2048];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(u, sizeof(u), fmt, ap);
+	va_end(ap);
+	return nu_open(u);
+}
+
+dlock_lock *nu_lock_cb(dlock_store *s, const char *name, int64_t ttl, dlock_lost_fn lost)
+{
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = ttl;
+	o.on_lost = lost;
+	dlock_lock *l = NULL;
+	if (dlock_lock_new(&l, s, name, &o) != 0) {
+		fprintf(stderr, "lock_new %s: %s\n", name, dlock_error_last()->message);
+		exit(1);
+	}
+	return l;
 }
 
 dlock_lock *nu_lock(dlock_store *s, const char *name, int64_t ttl, unsigned flags)
@@ -101,4 +125,32 @@ void nu_bg_start(nu_bg *b)
 void nu_bg_join(nu_bg *b)
 {
 	pthread_join(b->t, NULL);
+}
+
+void nu_uri_from_env(char *out, size_t n, const char *prog)
+{
+	const char *file = getenv("DLOCK_TEST_URI_FILE");
+	FILE *f = file ? fopen(file, "r") : NULL;
+	if (!f || !fgets(out, (int)n, f)) {
+		fprintf(stderr, "%s: set DLOCK_TEST_URI_FILE (server not started?)\n", prog);
+		exit(2);
+	}
+	fclose(f);
+	out[strcspn(out, "\r\n")] = '\0';
+}
+
+void nu_run_cases(const nu_case *cases, size_t n, int argc, char **argv, int first)
+{
+	for (size_t i = 0; i < n; i++) {
+		int want = argc <= first;
+		for (int a = first; a < argc; a++)
+			want |= strcmp(argv[a], cases[i].name) == 0;
+		if (!want)
+			continue;
+		int before = tu_failures;
+		long long t0 = tu_now_ms();
+		cases[i].fn();
+		printf("%-22s %s (%lld ms)\n", cases[i].name, tu_failures == before ? "ok" : "FAILED",
+		       tu_now_ms() - t0);
+	}
 }

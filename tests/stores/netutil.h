@@ -19,6 +19,9 @@
 /* Open the store at `uri`; on failure print the URI's error and exit(1). */
 dlock_store *nu_open(const char *uri);
 
+/* nu_open of the URI printf(fmt, ...) makes (at most 2047 bytes). */
+dlock_store *nu_openf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Flags of nu_lock. */
 enum {
 	NU_LOST = 1,     /* on_lost = nu_on_lost (records in nu_lost_at) */
@@ -27,6 +30,10 @@ enum {
 
 /* A lock on `name` with ttl_ms `ttl` and `flags`; exit(1) on failure. */
 dlock_lock *nu_lock(dlock_store *s, const char *name, int64_t ttl, unsigned flags);
+
+/* A lock on `name` with ttl_ms `ttl` whose on_lost is `lost` (payload NULL;
+ * may be NULL); exit(1) on failure. */
+dlock_lock *nu_lock_cb(dlock_store *s, const char *name, int64_t ttl, dlock_lost_fn lost);
 
 /* The on_lost box: tu_now_ms() of the first on_lost of a NU_LOST lock since
  * the test last set it to 0; 0 while none came. Thread-safe. */
@@ -60,5 +67,18 @@ typedef struct nu_bg {
 
 void nu_bg_start(nu_bg *b);
 void nu_bg_join(nu_bg *b);
+
+/* The first line of the file named by $DLOCK_TEST_URI_FILE (a server
+ * script's DIR/uri) into out; exit(2) with a message naming `prog` when it
+ * cannot be read. */
+void nu_uri_from_env(char *out, size_t n, const char *prog);
+
+/* A program's cases: run those named in argv[first..argc) (every one when
+ * none is named), each printed with ok/FAILED (by tu_failures) and its time. */
+typedef struct nu_case {
+	const char *name;
+	void (*fn)(void);
+} nu_case;
+void nu_run_cases(const nu_case *cases, size_t n, int argc, char **argv, int first);
 
 #endif
