@@ -22,7 +22,7 @@ set_tests_properties(server.redis-own.stop PROPERTIES FIXTURES_CLEANUP server.re
 # redis_keys: the key layout (namespaces never collide) and the notifier.
 foreach(t redis_wake redis_crash redis_uri redis_pipeline redis_faults redis_keys)
   add_executable(${t} ${t}.c)
-  target_link_libraries(${t} PRIVATE dlock_testutil)
+  target_link_libraries(${t} PRIVATE dlock_netutil)
   target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src
                              ${HIREDIS_INCLUDE_DIRS})
   target_compile_definitions(${t} PRIVATE _GNU_SOURCE)
