@@ -1293,7 +1293,9 @@ static void case_net_lost_reply(void)
 	CHECK(seen);
 	CHECK(lp < 0 || fired == 1);
 	if (lp >= 0)
-		printf("  dropmatch '%s' fired; the store showed the grant %s\n", lost_reply_patterns[lp].pattern,
+		printf("  dropmatch '%s' fired; the store showed the grant %s\n",
+		       lost_reply_patterns[lp].pattern[0] == '\n' ? lost_reply_patterns[lp].pattern + 1
+								   : lost_reply_patterns[lp].pattern,
 		       seen_unanswered ? "before the waiter had its answer" : "(the waiter answered by then)");
 	long long dropped = 0;
 	tu_proxy_stats(nt.px, 0, NULL, NULL, NULL, NULL, &dropped);

@@ -225,12 +225,14 @@ static void arm(const char *needle)
  * locks: its grant must not be answered before the arming); else before (a
  * waiter blocked in the server's GET_LOCK is granted at once).
  */
-static int unknown_once(const char *needle, int arm_after, int round)
+static int unknown_once(const char *needle_fmt, int arm_after, int round)
 {
 	char name[128], what[32];
 	snprintf(what, sizeof what, "unknown%d", round);
 	name_of(name, sizeof name, what);
 	dlock_store *d = nu_open(direct), *a = nu_open(proxied), *c = nu_open(direct);
+	char needle[128];
+	snprintf(needle, sizeof needle, needle_fmt, dlock_store_client_id(a));
 	dlock_lock *ld = nu_lock(d, name, 30000, NU_LOST), *la = nu_lock(a, name, 30000, NU_LOST);
 	dlock_lock *lc = nu_lock(c, name, 30000, NU_LOST);
 	CHECK_RC(dlock_acquire(ld, 0), 0);
@@ -320,11 +322,12 @@ int main(int argc, char **argv)
 	}
 	snprintf(direct, sizeof direct, "%s", argv[1]);
 	session = argc > 2 && strcmp(argv[2], "session") == 0;
-	/* The request whose reply is dropped: memcached's grant is the cas of the
-	 * holder list at the end of several round trips (a queued waiter's refused
-	 * tries send none); a MySQL table-mode try is one transaction in one batch;
-	 * a GET_LOCK waiter is blocked in the server until the release. */
-	const char *needle = strncmp(direct, "memcached:", 10) == 0 ? "cas " : session ? "" : "START TRANSACTION";
+	/* The request whose reply is dropped (%s: the proxied client's id):
+	 * memcached's grant ends with the write of the holder list with our line
+	 * "H <owner> ..." (a waiter's own writes only add a "Q" line); a MySQL
+	 * table-mode try is one transaction in one batch, the same text granted
+	 * or refused; a GET_LOCK waiter is blocked in the server until the release. */
+	const char *needle = strncmp(direct, "memcached:", 10) == 0 ? "\nH %s-" : session ? "" : "START TRANSACTION";
 	int arm_after = !session && *needle == 'S';
 	char *via = NULL;
 	if (!(proxy = tu_proxy_start(direct, &via)) || strlen(via) + 40 > sizeof proxied) {
