@@ -19,8 +19,10 @@
  *              (counted in dropped), as are bytes still queued inside the proxy
  *              when the mode is set; a FIN is held and forwarded only when the
  *              direction flows again. New connections are accepted but not
- *              connected onward until the route leaves blackhole.
- *   drop       forward client->server, discard server->client (and hold its FIN).
+ *              connected onward until the route leaves blackhole. A connection
+ *              that lost bytes is reset when the mode changes (as dropmatch).
+ *   drop       forward client->server, discard server->client (and hold its
+ *              FIN); a connection that lost bytes is reset when the mode changes.
  *   dropmatch STRING
  *              forward both ways until a client->server byte stream of the
  *              route contains STRING (matched across reads, from the moment
@@ -115,6 +117,7 @@ struct conn {
 	struct item it[2];
 	struct dir dir[2];
 	int swallow; /* dropmatch fired here: server->client is discarded */
+	int holed;   /* bytes of it were discarded: reset when the mode changes */
 	size_t carry_len; /* dropmatch: the last bytes client->server, for a match across reads */
 	char carry[PATTERN_MAX];
 };
@@ -312,6 +315,7 @@ static int pull(struct conn *c, int s, int force)
 		}
 		if (!flows(c, s)) {
 			r->dropped += n;
+			c->holed = 1;
 			continue;
 		}
 		if (s == UP && r->mode == M_DROPMATCH && r->armed && matches(c, buf, (size_t)n)) {
@@ -347,6 +351,7 @@ static int push(struct conn *c, int d, int64_t now)
 	struct dir *q = &c->dir[d];
 	int dst = d == UP ? DOWN : UP;
 	if (!flows(c, d)) {
+		c->holed |= q->head != NULL;
 		queue_free(r, q, 1);
 		return 0;
 	}
@@ -551,12 +556,13 @@ static void set_mode(struct route *r, enum mode m, long ms)
 {
 	r->mode = m;
 	r->armed = m == M_DROPMATCH;
-	/* A connection that lost answers never delivers a later byte (a stream
-	 * with a hole in it is no network's behaviour): it is reset. */
+	/* A connection that lost bytes (dropmatch, drop, blackhole) never
+	 * delivers a later byte (a stream with a hole in it is no network's
+	 * behaviour: TCP would have retransmitted or given up): it is reset. */
 	for (struct conn *c = r->conns, *n; c; c = n) {
 		n = c->next;
 		c->carry_len = 0;
-		if (c->swallow)
+		if (c->swallow || c->holed)
 			conn_close(c, 1);
 	}
 	r->delay_ns = m == M_DELAY ? (int64_t)ms * 1000000 : 0;
