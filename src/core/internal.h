@@ -186,7 +186,8 @@ typedef struct dlock__addrs {
 /* Resolve host (TCP, IPv4 and IPv6) to numeric addresses by deadline_ms
  * (CLOCK_MONOTONIC ms), whatever the DNS does: the lookup runs on a thread
  * of its own that the caller stops waiting for at the deadline (it is shared
- * with later calls for the same name while it runs). A numeric host returns
+ * with later calls for the same name while it runs; an answer is reused for
+ * 5 s, a failure for 1 s). A numeric host returns
  * itself without a thread. n == 0 with 0 returned: host is empty, a socket
  * path ('/...') or longer than any name: give it to the library as it is.
  * Returns 0; DLOCK_EUNAVAILABLE "timed out resolving HOST" (store code

@@ -52,13 +52,38 @@ static pthread_cond_t cv;
 static pthread_once_t cv_once = PTHREAD_ONCE_INIT;
 static job *jobs;
 
-static void cv_init(void)
+/* A child forked while another thread held mu must not inherit it locked. */
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&mu);
+}
+
+static void fork_parent(void)
+{
+	pthread_mutex_unlock(&mu);
+}
+
+static void cv_make(void)
 {
 	pthread_condattr_t a;
 	pthread_condattr_init(&a);
 	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
 	pthread_cond_init(&cv, &a);
 	pthread_condattr_destroy(&a);
+}
+
+/* The parent's waiters are not in the child: a condition variable that counts
+ * them could make a broadcast there wait for them. Both start afresh. */
+static void fork_child(void)
+{
+	pthread_mutex_init(&mu, NULL);
+	cv_make();
+}
+
+static void cv_init(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
+	cv_make();
 }
 
 static void addrs_from(dlock__addrs *out, const struct addrinfo *res)

@@ -15,6 +15,7 @@
  * usage: resolve_hang [STORE=URIFILE ...]   (a URI file of a running server
  * whose host is 127.0.0.1: opened again through a /etc/hosts name)
  */
+#include "unit/faultproxy.h"
 #include "unit/testutil.h"
 
 #include <arpa/inet.h>
@@ -69,7 +70,7 @@ static void *dns_main(void *arg)
 		atomic_fetch_add(&dns_queries, 1);
 		if (query_has(buf, (size_t)n, "hang") || query_has(buf, (size_t)n, "hang1"))
 			atomic_fetch_add(&dns_hang_queries, 1);
-		if (query_has(buf, (size_t)n, "up"))
+		if (query_has(buf, (size_t)n, "up") || query_has(buf, (size_t)n, "up2"))
 			atomic_fetch_add(&dns_up_queries, 1);
 		/* never answered */
 	}
@@ -136,7 +137,7 @@ static int setup(char *ns_addr, size_t ns_len)
 	/* one try of 30 s: longer than anything measured here */
 	snprintf(text, sizeof(text), "nameserver %s\noptions timeout:30 attempts:1\n", ns_addr);
 	if (write_file(resolv, text) || write_file(nss, "hosts: files dns\n") ||
-	    write_file(hosts, "127.0.0.1 localhost\n::1 localhost ip6-localhost\n127.0.0.1 " UP_NAME "\n")) {
+	    write_file(hosts, "127.0.0.1 localhost\n127.0.0.1 " UP_NAME "\n127.0.0.1 up2.dlock-test.example\n")) {
 		fprintf(stderr, "resolve_hang: write files in %s: %s\n", dir, strerror(errno));
 		return -1;
 	}
@@ -172,6 +173,76 @@ static void hang_case(const char *uri)
 	dlock_store_close(s);
 }
 
+/* Every 127.0.0.1 of uri replaced by name, into out. */
+static void rename_hosts(char *out, size_t size, const char *uri, const char *name)
+{
+	size_t o = 0;
+	for (const char *p = uri; *p && o + strlen(name) + 2 < size;) {
+		if (!strncmp(p, "127.0.0.1", 9)) {
+			o += (size_t)snprintf(out + o, size - o, "%s", name);
+			p += 9;
+		} else {
+			out[o++] = *p++;
+		}
+	}
+	out[o] = '\0';
+}
+
+/*
+ * Reconnect by name: a Redis store opened through a /etc/hosts name (behind
+ * the fault proxy) loses its connection after the name has left /etc/hosts
+ * (so the lookup goes to the silent DNS): an acquire that must reconnect
+ * returns within its wait + max(50 ms, 5 %).
+ */
+static void reconnect_case(const char *uri)
+{
+	char *proxied = NULL, named[1100];
+	tu_proxy *px = tu_proxy_start(uri, &proxied);
+	CHECK(px != NULL);
+	if (!px)
+		return;
+	rename_hosts(named, sizeof(named), proxied, "up2.dlock-test.example");
+	dlock_store *s = NULL;
+	dlock_lock *l = NULL;
+	CHECK_RC(dlock_store_open_timeout(&s, named, 10000), 0);
+	if (s)
+		CHECK_RC(dlock_lock_new(&l, s, "resolve/reconnect", NULL), 0);
+	if (l) {
+		CHECK_RC(dlock_acquire(l, 5000), 0);
+		CHECK_RC(dlock_release(l), 0);
+		/* the name leaves /etc/hosts (ours, in this namespace), its cached
+		 * answer (5 s) runs out, the connection is reset */
+		FILE *f = fopen("/etc/hosts", "r");
+		char buf[512] = "";
+		size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+		if (f)
+			fclose(f);
+		buf[n] = '\0';
+		CHECK(strstr(buf, "up2.dlock-test.example") != NULL); /* it is our file */
+		if (strstr(buf, "up2.dlock-test.example"))
+			CHECK(write_file("/etc/hosts", "127.0.0.1 localhost\n127.0.0.1 " UP_NAME "\n") == 0);
+		struct timespec nap = { 5, 300000000 };
+		nanosleep(&nap, NULL);
+		CHECK(tu_proxy_set(px, -1, "reset") == 0);
+		CHECK(tu_proxy_set(px, -1, "pass") == 0);
+		int before = atomic_load(&dns_up_queries);
+		long long t0 = tu_now_ms();
+		int rc = dlock_acquire(l, 2000);
+		long long took = tu_now_ms() - t0;
+		printf("  redis      reconnect by a name the DNS never answers: %s in %lld ms (wait 2000): %s\n",
+		       dlock_error_name(rc), took, dlock_error_last()->message);
+		CHECK(rc == DLOCK_ETIMEOUT || rc == DLOCK_EUNAVAILABLE);
+		CHECK(took <= 2000 + 100);
+		CHECK(atomic_load(&dns_up_queries) > before); /* the reconnect asked the DNS */
+		if (rc == 0)
+			dlock_release(l);
+	}
+	dlock_lock_free(l);
+	dlock_store_close(s);
+	tu_proxy_stop(px);
+	free(proxied);
+}
+
 /* A running server's URI with 127.0.0.1 replaced by a /etc/hosts name: opens at once, no DNS query. */
 static void hosts_case(const char *store, const char *file)
 {
@@ -193,16 +264,7 @@ static void hosts_case(const char *store, const char *file)
 		return;
 	}
 	/* every occurrence (Redlock and ensembles name several) */
-	size_t o = 0;
-	for (const char *p = uri; *p && o < sizeof(named) - 32;) {
-		if (!strncmp(p, "127.0.0.1", 9)) {
-			o += (size_t)snprintf(named + o, sizeof(named) - o, "%s", UP_NAME);
-			p += 9;
-		} else {
-			named[o++] = *p++;
-		}
-	}
-	named[o] = '\0';
+	rename_hosts(named, sizeof(named), uri, UP_NAME);
 	int before = atomic_load(&dns_up_queries);
 	dlock_store *s = NULL;
 	long long t0 = tu_now_ms();
@@ -221,6 +283,8 @@ static void hosts_case(const char *store, const char *file)
 		dlock_lock_free(l);
 	}
 	dlock_store_close(s);
+	if (!strcmp(store, "redis"))
+		reconnect_case(uri);
 }
 
 int main(int argc, char **argv)
