@@ -241,7 +241,7 @@ static PGconn *connect_db(pg_backend *be, int64_t deadline, int *code)
 	/* libpq resolves with a blocking getaddrinfo: resolve by the deadline and
 	 * give it `hostaddr`, keeping `host` for TLS verification (verify-full)
 	 * and .pgpass; one host entry per address, tried in order */
-	dlock__addrs ad;
+	dlock__addrs ad = { 0 };
 	char hostaddr[DLOCK__ADDRS_MAX * DLOCK__ADDR_LEN], hosts[DLOCK__ADDRS_MAX * 257];
 	if (be->host) {
 		int rc = dlock__resolve(&ad, be->host, deadline, KIND);
