@@ -1967,8 +1967,11 @@ int cli_check(cli_global *g, int argc, char **argv)
 	sigaction(SIGHUP, &sa, &old_hup);
 	while (now_us() < c.deadline_us && !interrupted) {
 		reap(&c, pids, incs, true);
+		/* A fault ends early enough to see the next grant after it: a lease
+		 * that ran out during it plus a hold (else heal_to_grant is -1 for
+		 * want of time, not of liveness). */
 		if (nkinds && faults && nfaults < MAX_FAULTS && now_us() >= next_fault &&
-		    now_us() + o.pause_ms * 1000 < c.deadline_us) {
+		    now_us() + (o.pause_ms + 2 * o.ttl_ms + o.hold_ms) * 1000 < c.deadline_us) {
 			unsigned kind = kinds[rnd_below(&rs, (uint64_t)nkinds)];
 			do_fault(&c, kind, &rt, pids, incs, &faults[nfaults]);
 			cli_debug(g, "fault %s at %.0fms: %s", fault_name(kind), ms(faults[nfaults].start_us),

@@ -175,4 +175,35 @@ void dlock__lock_fill_request(dlock_lock *lock);
 /* Mark a lock lost (under lock->mu); returns true if the callback must fire. */
 bool dlock__lock_mark_lost(dlock_lock *lock);
 
+/* ---- name resolution by a deadline (resolve.c) ---- */
+#define DLOCK__ADDRS_MAX 8
+#define DLOCK__ADDR_LEN 46 /* INET6_ADDRSTRLEN */
+typedef struct dlock__addrs {
+	size_t n;
+	char addr[DLOCK__ADDRS_MAX][DLOCK__ADDR_LEN]; /* numeric, in getaddrinfo's order, no duplicates */
+	bool timed_out; /* the lookup did not answer by the deadline */
+} dlock__addrs;
+/* Resolve host (TCP, IPv4 and IPv6) to numeric addresses by deadline_ms
+ * (CLOCK_MONOTONIC ms), whatever the DNS does: the lookup runs on a thread
+ * of its own that the caller stops waiting for at the deadline (it is shared
+ * with later calls for the same name while it runs; an answer is reused for
+ * 5 s, a failure for 1 s). A numeric host returns
+ * itself without a thread. n == 0 with 0 returned: host is empty, a socket
+ * path ('/...') or longer than any name: give it to the library as it is.
+ * Returns 0; DLOCK_EUNAVAILABLE "timed out resolving HOST" (store code
+ * ETIMEDOUT) or "cannot resolve HOST: ..." (store code EAI_AGAIN / EAI);
+ * DLOCK_ENOMEM. `store` names the store in the error. Thread-safe. */
+int dlock__resolve(dlock__addrs *out, const char *host, int64_t deadline_ms, const char *store);
+/* Start resolving host without waiting (a store about to resolve several
+ * hosts one after another lets their lookups overlap). Never fails visibly. */
+void dlock__resolve_prefetch(const char *host);
+/* Resolve n hosts, looked up at once, into out[i] (rcs[i]: as dlock__resolve).
+ * An ensemble needs only some of them: once any has answered by half the
+ * time left, the others are not waited for; else every one gets until
+ * deadline_ms. Returns how many resolved; 0 leaves the last error set. */
+size_t dlock__resolve_all(dlock__addrs *out, int *rcs, const char *const *hosts, size_t n, int64_t deadline_ms,
+			  const char *store);
+/* a->addr joined by sep into buf (truncated to size); the length it needed. */
+size_t dlock__addrs_join(char *buf, size_t size, const dlock__addrs *a, const char *sep);
+
 #endif

@@ -80,6 +80,7 @@ typedef struct etcd {
 	dlock_backend base;
 	char **urls;
 	size_t nurls;
+	dlock_hostport *hp;   /* urls[i]'s host and port (resolved before each request) */
 	char *prefix;
 	char *user, *password;
 	char *cacert, *cert, *key;
@@ -423,6 +424,8 @@ typedef struct xfer {
 	struct curl_slist *hd;
 	buf b;
 	size_t idx;    /* endpoint */
+	struct curl_slist *pin; /* CURLOPT_RESOLVE: the endpoint's name pinned to its addresses */
+	bool unresolved; /* the endpoint's name did not resolve in time: try the next */
 	unsigned gen;  /* token generation sent */
 	CURLcode c;
 	long status;
@@ -433,6 +436,41 @@ static int timed_out(const char *what)
 {
 	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out (no time left to send it)",
 			       what);
+}
+
+/*
+ * libcurl's threaded resolver bounds a lookup by the transfer's timeout, but
+ * removing a handle whose lookup still runs waits for it (Curl_resolver_kill
+ * joins the thread). So the name is resolved here by the deadline (with
+ * several endpoints by half the time left, leaving time for the next) and
+ * pinned with CURLOPT_RESOLVE: curl connects to the addresses and keeps the
+ * name for TLS (SNI, certificate check) and the Host header.
+ */
+static int pin_endpoint(etcd *e, xfer *x, CURL *h, int64_t until)
+{
+	const dlock_hostport *hp = &e->hp[x->idx];
+	int64_t now = dlock_clock_ms();
+	dlock__addrs ad;
+	int rc = dlock__resolve(&ad, hp->host, e->nurls > 1 ? now + (until - now) / 2 : until, KIND);
+	if (rc) {
+		x->unresolved = rc == DLOCK_EUNAVAILABLE;
+		if (x->unresolved)
+			endpoint_failed(e, x->idx);
+		return rc;
+	}
+	if (!ad.n || (ad.n == 1 && !strcmp(ad.addr[0], hp->host)))
+		return 0; /* numeric: nothing to pin */
+	char entry[300 + DLOCK__ADDRS_MAX * (DLOCK__ADDR_LEN + 3)];
+	size_t len = (size_t)snprintf(entry, sizeof(entry), "%s:%d:", hp->host, hp->port);
+	for (size_t i = 0; i < ad.n && len < sizeof(entry); i++) {
+		bool v6 = strchr(ad.addr[i], ':') != NULL;
+		len += (size_t)snprintf(entry + len, sizeof(entry) - len, "%s%s%s%s", i ? "," : "", v6 ? "[" : "",
+					ad.addr[i], v6 ? "]" : "");
+	}
+	if (!(x->pin = curl_slist_append(NULL, entry)))
+		return dlock__oom();
+	curl_easy_setopt(h, CURLOPT_RESOLVE, x->pin);
+	return 0;
 }
 
 /* Prepare one exchange that must end by `until` (CLOCK_MONOTONIC ms): curl's
@@ -446,6 +484,9 @@ static int xfer_start(etcd *e, xfer *x, CURL *h, const char *path, const char *t
 		return timed_out(path);
 	x->h = h;
 	x->url = endpoint_url(e, &x->idx, path);
+	int rc = pin_endpoint(e, x, h, until);
+	if (rc)
+		return rc;
 	x->hd = curl_slist_append(NULL, "Content-Type: application/json");
 	if (x->hd)
 		x->hd = curl_slist_append(x->hd, "Expect:");
@@ -479,8 +520,11 @@ static int xfer_start(etcd *e, xfer *x, CURL *h, const char *path, const char *t
 
 static void xfer_end(xfer *x)
 {
-	if (x->h)
+	if (x->h) {
 		curl_easy_setopt(x->h, CURLOPT_HTTPHEADER, NULL);
+		curl_easy_setopt(x->h, CURLOPT_RESOLVE, NULL);
+	}
+	curl_slist_free_all(x->pin);
 	curl_slist_free_all(x->hd);
 	free(x->url);
 	free(x->b.p);
@@ -625,7 +669,12 @@ static int rpc_ex(etcd *e, CURL *h, const char *path, json_object *body, json_ob
 		int next;
 		if ((rc = xfer_start(e, &x, h, path, text, attempt_until(e, h, until),
 				     !(flags & RPC_NO_TOKEN))) != 0) {
+			bool next_ep = x.unresolved;
 			xfer_end(&x);
+			if (next_ep) { /* its name did not resolve: try the next endpoint */
+				tries++;
+				continue;
+			}
 			break;
 		}
 		run(e, xs, 1);
@@ -2218,6 +2267,7 @@ static void etcd_close(dlock_backend *be)
 	for (size_t i = 0; i < e->nurls; i++)
 		free(e->urls[i]);
 	free(e->urls);
+	free(e->hp);
 	free(e->prefix);
 	free(e->user);
 	if (e->password) {
@@ -2289,8 +2339,9 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 	e->connect_timeout_ms = (long)uri->connect_timeout_ms;
 	e->request_timeout_ms = (long)uri->request_timeout_ms;
 	rc = DLOCK_ENOMEM;
-	if (!(e->urls = calloc(nhp, sizeof(char *))))
+	if (!(e->urls = calloc(nhp, sizeof(char *))) || !(e->hp = calloc(nhp, sizeof(*e->hp))))
 		goto fail;
+	memcpy(e->hp, hp, nhp * sizeof(*hp));
 	for (size_t i = 0; i < nhp; i++) {
 		int v6 = strchr(hp[i].host, ':') != NULL;
 		if (!(e->urls[i] = dlock__sprintf("%s://%s%s%s:%d", tls ? "https" : "http", v6 ? "[" : "",

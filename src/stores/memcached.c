@@ -938,7 +938,15 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 	/* Try the one server again at once after a failure (never "mark dead"). */
 	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_RETRY_TIMEOUT, 0);
 	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_DEAD_TIMEOUT, 0);
-	memcached_return_t mrc = memcached_server_add(be->mc, hp[0].host, (in_port_t)hp[0].port);
+	/* libmemcached resolves with a blocking getaddrinfo: it gets the address,
+	 * resolved here by the open's deadline, once (its reconnects reuse it) */
+	dlock__addrs ad;
+	if ((rc = dlock__resolve(&ad, hp[0].host, be->deadline, KIND)) != 0) {
+		dlock_free(hp);
+		mc_close(&be->base);
+		return rc;
+	}
+	memcached_return_t mrc = memcached_server_add(be->mc, ad.n ? ad.addr[0] : hp[0].host, (in_port_t)hp[0].port);
 	dlock_free(hp);
 	if (mrc != MEMCACHED_SUCCESS) {
 		rc = mc_error(be, mrc, "add server");

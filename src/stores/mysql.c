@@ -29,6 +29,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <strings.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -343,13 +344,13 @@ static int nb_next(MYSQL *c, int64_t deadline)
 	return ret;
 }
 
-static int nb_connect(MYSQL *c, const mysql_be *b, int64_t deadline)
+static int nb_connect(MYSQL *c, const mysql_be *b, const char *host, int64_t deadline)
 {
 	MYSQL *ret = NULL;
 	/* FOUND_ROWS: an UPDATE that sets the same expiry still counts as "ours".
 	 * MULTI_STATEMENTS: a whole transaction in one round trip; safe because every
 	 * value we send is a number or a hex literal. */
-	int st = mysql_real_connect_start(&ret, c, b->socket ? NULL : b->host, b->user, b->password, b->db,
+	int st = mysql_real_connect_start(&ret, c, b->socket ? NULL : host, b->user, b->password, b->db,
 					  (unsigned)b->port, b->socket, CLIENT_FOUND_ROWS | CLIENT_MULTI_STATEMENTS);
 	NB_RUN(c, deadline, st, mysql_real_connect_cont(&ret, c, ev_));
 	return ret ? 0 : 1;
@@ -439,8 +440,8 @@ static void tcp_tune(MYSQL *c, const mysql_be *b)
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof(user_ms));
 }
 
-/* Open a session (connect, TLS, login, session setup), all by `deadline`. */
-static int conn_open(mysql_be *b, MYSQL **out, int64_t deadline)
+/* conn_open to one address (host: what libmariadb connects to). */
+static int conn_open_at(mysql_be *b, MYSQL **out, const char *host, int64_t deadline)
 {
 	*out = NULL;
 	pthread_once(&lib_once, lib_init);
@@ -476,7 +477,7 @@ static int conn_open(mysql_be *b, MYSQL **out, int64_t deadline)
 		mysql_options(c, MYSQL_OPT_SSL_CERT, b->ssl_cert);
 	if (b->ssl_key)
 		mysql_options(c, MYSQL_OPT_SSL_KEY, b->ssl_key);
-	int st = nb_connect(c, b, deadline);
+	int st = nb_connect(c, b, host, deadline);
 	if (st < 0) {
 		mariadb_cancel(c);
 		mysql_close(c);
@@ -523,6 +524,37 @@ static int conn_open(mysql_be *b, MYSQL **out, int64_t deadline)
 	}
 	*out = c;
 	return 0;
+}
+
+/*
+ * Open a session (connect, TLS, login, session setup), all by `deadline`.
+ * libmariadb resolves with a blocking getaddrinfo: the name is resolved here
+ * by the deadline and each address tried in turn while time is left. With
+ * ssl_verify the library checks the certificate against the host it was
+ * given, so it gets the name (after ours answered, its own lookup is not
+ * bounded by the deadline: a DNS that stops answering between the two can
+ * overrun it). "localhost" is the library's unix socket: left as it is.
+ */
+static int conn_open(mysql_be *b, MYSQL **out, int64_t deadline)
+{
+	dlock__addrs ad = { 0 };
+	if (!b->socket && b->host && strcasecmp(b->host, "localhost") != 0) {
+		int rc = dlock__resolve(&ad, b->host, deadline, KIND);
+		if (rc)
+			return rc;
+	}
+	if (!ad.n || b->ssl_verify)
+		return conn_open_at(b, out, b->host, deadline);
+	int rc = 0;
+	for (size_t i = 0; i < ad.n; i++) {
+		rc = conn_open_at(b, out, ad.addr[i], deadline);
+		const char *code = dlock_error_last()->store_code;
+		/* another address only when this one could not be reached (2002/2003) */
+		if (rc != DLOCK_EUNAVAILABLE || !code || (strncmp(code, "2003/", 5) && strncmp(code, "2002/", 5)) ||
+		    deadline - dlock_clock_ms() <= 0)
+			break;
+	}
+	return rc;
 }
 
 static void conn_drop(MYSQL **c)

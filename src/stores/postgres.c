@@ -214,8 +214,9 @@ static int poll_ms(int64_t deadline)
 }
 
 /*
- * Connect, bounded by `deadline` (CLOCK_MONOTONIC ms) in total: DNS aside,
- * every step (TCP, TLS, authentication) is driven by PQconnectPoll and poll,
+ * Connect, bounded by `deadline` (CLOCK_MONOTONIC ms) in total: the name is
+ * resolved by the deadline (dlock__resolve), and every step after it (TCP,
+ * TLS, authentication) is driven by PQconnectPoll and poll,
  * so the bound holds in milliseconds; libpq's own connect_timeout (whole
  * seconds, at least 2) is only a second line, cut to the time left.
  */
@@ -237,7 +238,31 @@ static PGconn *connect_db(pg_backend *be, int64_t deadline, int *code)
 			vals[n++] = v; \
 		}                 \
 	} while (0)
-	KV("host", be->host);
+	/* libpq resolves with a blocking getaddrinfo: resolve by the deadline and
+	 * give it `hostaddr`, keeping `host` for TLS verification (verify-full)
+	 * and .pgpass; one host entry per address, tried in order */
+	dlock__addrs ad = { 0 };
+	char hostaddr[DLOCK__ADDRS_MAX * DLOCK__ADDR_LEN], hosts[DLOCK__ADDRS_MAX * 257];
+	if (be->host) {
+		int rc = dlock__resolve(&ad, be->host, deadline, KIND);
+		if (rc) {
+			*code = rc;
+			return NULL;
+		}
+		dlock__addrs_join(hostaddr, sizeof hostaddr, &ad, ",");
+		size_t len = 0;
+		hosts[0] = '\0';
+		for (size_t i = 0; i < ad.n && len < sizeof hosts; i++)
+			len += (size_t)snprintf(hosts + len, sizeof hosts - len, "%s%s", i ? "," : "", be->host);
+	}
+	if (be->host && ad.n) {
+		keys[n] = "host";
+		vals[n++] = hosts;
+		keys[n] = "hostaddr";
+		vals[n++] = hostaddr;
+	} else {
+		KV("host", be->host);
+	}
 	KV("port", be->port);
 	KV("user", be->user);
 	KV("password", be->password);

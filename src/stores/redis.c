@@ -515,9 +515,27 @@ static int connect_by(redisContext **out, const dlock__rserver *srv, const char 
 	if (ct <= 0)
 		return dlock_error_set(DLOCK_EUNAVAILABLE, kind, "ETIMEDOUT", "cannot connect to %s %s:%d: timed out",
 				       kind, srv->host, srv->port);
-	redisContext *c = redisConnectWithTimeout(srv->host, srv->port, ms_tv(ct));
-	if (!c)
-		return dlock__oom();
+	/* hiredis resolves with a blocking getaddrinfo: resolve by the deadline
+	 * here and hand it the addresses, tried in order within the same bound */
+	int64_t end = dlock_clock_ms() + ct;
+	dlock__addrs ad;
+	int rrc = dlock__resolve(&ad, srv->host, end, kind);
+	if (rrc)
+		return rrc;
+	redisContext *c = NULL;
+	for (size_t i = 0; i < (ad.n ? ad.n : 1); i++) {
+		int64_t left = end - dlock_clock_ms();
+		if (c) {
+			if (left <= 0)
+				break;
+			redisFree(c);
+		}
+		c = redisConnectWithTimeout(ad.n ? ad.addr[i] : srv->host, srv->port, ms_tv(left > 0 ? left : 1));
+		if (!c)
+			return dlock__oom();
+		if (!c->err)
+			break;
+	}
 	if (c->err) {
 		bool to = c->err == REDIS_ERR_IO && (strstr(c->errstr, "timed out") || strstr(c->errstr, "Timeout"));
 		int rc = dlock_error_set(DLOCK_EUNAVAILABLE, kind, to ? "ETIMEDOUT" : "ECONN",

@@ -255,6 +255,26 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 	int64_t now = dlock_clock_ms();
 	int64_t end = min64(now + tmo, deadline);
 	bool decided = false;
+	/* hiredis would resolve with a blocking getaddrinfo: the names of the
+	 * masters to connect are resolved here, all at once, by the deadline */
+	size_t need = 0;
+	for (size_t i = 0; i < s->n; i++)
+		need += !s->c[i] && ops[i].want;
+	dlock__addrs *ad = need ? calloc(s->n, sizeof(*ad)) : NULL;
+	int *arc = need ? calloc(s->n, sizeof(*arc)) : NULL;
+	const char **names = need ? calloc(s->n, sizeof(*names)) : NULL;
+	size_t *which = need ? calloc(s->n, sizeof(*which)) : NULL, nres = 0; /* which[i]: master i's answer, or n */
+	if (ad && arc && names && which) {
+		for (size_t i = 0; i < s->n; i++) {
+			which[i] = s->n;
+			if (!s->c[i] && ops[i].want && (ops[i].force || dlock_clock_ms() >= s->quiet_until[i])) {
+				which[i] = nres;
+				names[nres++] = s->srv[i].host;
+			}
+		}
+		if (nres)
+			dlock__resolve_all(ad, arc, names, nres, min64(now + s->srv[0].connect_timeout_ms, end), KIND);
+	}
 	for (size_t i = 0; i < s->n; i++) {
 		rl_op *op = &ops[i];
 		op->reply = NULL;
@@ -271,6 +291,24 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 			op_fail(s, op, i, "cannot connect (timed out recently; not tried again yet)");
 			continue;
 		}
+		if (!s->c[i] && (!ad || !arc || !names || !which)) {
+			op_fail(s, op, i, "out of memory");
+			continue;
+		}
+		if (!s->c[i] && which[i] == s->n) {
+			op_fail(s, op, i, "cannot connect (timed out recently; not tried again yet)");
+			continue;
+		}
+		const dlock__addrs *mad = s->c[i] ? NULL : &ad[which[i]];
+		if (!s->c[i] && arc[which[i]]) {
+			char what[300];
+			snprintf(what, sizeof(what), "%s %s", mad->timed_out ? "timed out resolving" : "cannot resolve",
+				 s->srv[i].host);
+			if (mad->timed_out)
+				s->quiet_until[i] = dlock_clock_ms() + QUIET_MS;
+			op_fail(s, op, i, what);
+			continue;
+		}
 		int64_t left = end - dlock_clock_ms();
 		if (left <= 0) {
 			op_fail_keep(s, op, i, "timed out: no time left before the deadline", true);
@@ -279,7 +317,19 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 		if (!s->c[i]) {
 			int64_t ct = min64(s->srv[i].connect_timeout_ms, left);
 			int64_t tc = dlock_clock_ms();
-			redisContext *c = redisConnectWithTimeout(s->srv[i].host, s->srv[i].port, ms_tv(ct));
+			redisContext *c = NULL;
+			for (size_t k = 0; k < (mad->n ? mad->n : 1); k++) {
+				int64_t cl = tc + ct - dlock_clock_ms();
+				if (c) {
+					if (cl <= 0)
+						break;
+					redisFree(c);
+				}
+				c = redisConnectWithTimeout(mad->n ? mad->addr[k] : s->srv[i].host, s->srv[i].port,
+							    ms_tv(cl > 0 ? cl : 1));
+				if (!c || !c->err)
+					break;
+			}
 			if (!c || c->err) {
 				char what[160];
 				snprintf(what, sizeof(what), "cannot connect: %s", c ? c->errstr : "out of memory");
@@ -316,6 +366,10 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 		if (!flush(s->c[i]))
 			op_fail(s, op, i, s->c[i] && s->c[i]->errstr[0] ? s->c[i]->errstr : "write failed");
 	}
+	free(ad);
+	free(arc);
+	free(names);
+	free(which);
 	struct pollfd *pf = calloc(s->n, sizeof(*pf));
 	size_t *idx = calloc(s->n, sizeof(*idx));
 	if (!pf || !idx) {

@@ -114,7 +114,9 @@ struct zk_store {
 	dlock_backend base;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	char *hosts;
+	char *hosts;            /* as the URI names them (messages) */
+	dlock_hostport *hp;     /* the same, resolved before each new session */
+	size_t nh;
 	char *root;             /* "/chroot/<escaped prefix>" */
 	char *auth;             /* "user:password" or NULL */
 	int64_t fixed_session;  /* session_timeout= (0: follow each hold's ttl) */
@@ -711,6 +713,54 @@ static int not_connected_error(zk_store *st, int64_t waited)
 			       (long long)waited);
 }
 
+/*
+ * The connect string of a new session: every address of every host,
+ * resolved by `deadline`. The C client would resolve the names itself with a
+ * blocking getaddrinfo, in zookeeper_init and again on its reconnects; given
+ * addresses it never asks the DNS. A host whose name does not resolve in time
+ * is left out while another one answered.
+ */
+static int resolve_hosts(zk_store *st, int64_t deadline, char **out)
+{
+	*out = NULL;
+	dlock__addrs *ad = dlock__calloc(st->nh, sizeof(*ad));
+	int *rcs = dlock__calloc(st->nh, sizeof(*rcs));
+	const char **names = dlock__calloc(st->nh, sizeof(*names));
+	int rc = 0;
+	if (!ad || !rcs || !names) {
+		rc = DLOCK_ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < st->nh; i++)
+		names[i] = st->hp[i].host;
+	if (!dlock__resolve_all(ad, rcs, names, st->nh, deadline, KIND)) {
+		rc = dlock_error_last()->code;
+		goto out;
+	}
+	size_t cap = st->nh * DLOCK__ADDRS_MAX * (DLOCK__ADDR_LEN + 10) + st->nh * 270 + 1, len = 0;
+	char *cs = dlock__calloc(1, cap);
+	if (!cs) {
+		rc = DLOCK_ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < st->nh; i++) {
+		if (rcs[i])
+			continue;
+		for (size_t k = 0; k < (ad[i].n ? ad[i].n : 1); k++) {
+			const char *h = ad[i].n ? ad[i].addr[k] : st->hp[i].host;
+			bool v6 = strchr(h, ':') != NULL;
+			len += (size_t)snprintf(cs + len, cap - len, "%s%s%s%s:%d", len ? "," : "", v6 ? "[" : "", h,
+						v6 ? "]" : "", st->hp[i].port);
+		}
+	}
+	*out = cs;
+out:
+	free(ad);
+	free(rcs);
+	free(names);
+	return rc;
+}
+
 /* A connected session with timeout key `want` (made, or remade after expiry,
  * as needed), by `deadline`. Borrowed: valid while the caller holds the
  * core's store mutex. */
@@ -763,8 +813,15 @@ static int get_session(zk_store *st, int64_t want, int64_t deadline, zsess **out
 	pthread_mutex_unlock(&st->mu);
 	/* zh is assigned before anything but the watcher can see z; the watcher
 	 * only uses the handle it is given. */
+	char *numeric = NULL;
+	int rrc = resolve_hosts(st, deadline, &numeric);
+	if (rrc) {
+		unref(st, z);
+		return rrc;
+	}
 	errno = 0;
-	zhandle_t *zh = zookeeper_init2(st->hosts, watcher, (int)want, NULL, z, 0, quiet_log);
+	zhandle_t *zh = zookeeper_init2(numeric, watcher, (int)want, NULL, z, 0, quiet_log);
+	free(numeric);
 	if (!zh) {
 		int e = errno;
 		unref(st, z);
@@ -2089,6 +2146,7 @@ static void zk_close(dlock_backend *be)
 	pthread_mutex_destroy(&st->mu);
 	pthread_cond_destroy(&st->cv);
 	free(st->hosts);
+	dlock_free(st->hp);
 	free(st->root);
 	if (st->auth) {
 		memset(st->auth, 0, strlen(st->auth));
@@ -2180,7 +2238,8 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 		snprintf(st->hosts + len, cap - len, "%s%s%s%s:%d", i ? "," : "", v6 ? "[" : "", hp[i].host,
 			 v6 ? "]" : "", hp[i].port);
 	}
-	dlock_free(hp);
+	st->hp = hp;
+	st->nh = nh;
 	char *pre = dlock__zk_escape(uri->prefix);
 	const char *chroot = strcmp(uri->path, "/") == 0 ? "" : uri->path;
 	size_t cl = strlen(chroot);

@@ -27,7 +27,11 @@
  * `wait` is bounded by its timeout_ms; `status` and `list` by the store's
  * request timeout (dlock_uri.request_timeout_ms) from when they are called;
  * the open function by dlock_uri.connect_timeout_ms for the whole open
- * (connect, handshake, authentication, setup).
+ * (connect, handshake, authentication, setup). Host names count: client
+ * libraries resolve with a blocking getaddrinfo that no timeout of theirs
+ * bounds, so a store resolves every name by the deadline first (the core's
+ * dlock__resolve) and hands its library the numeric addresses, keeping the
+ * name where the library checks TLS certificates against it.
  *
  * Unknown outcomes (version 2). An acquire that returns anything but 0,
  * DLOCK_ELOCKED, DLOCK_EINVAL, DLOCK_EAUTH or DLOCK_ENOTSUPPORTED may have
