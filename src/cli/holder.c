@@ -462,11 +462,11 @@ int cli_holder_main(void)
 static void self_exe(char *out, size_t cap)
 {
 	ssize_t n = readlink("/proc/self/exe", out, cap - 1);
-	if (n <= 0 || (size_t)n >= cap - 1 || strstr(out, " (deleted)")) {
+	if (n > 0 && (size_t)n < cap - 1)
+		out[n] = '\0';
+	/* Replaced since we started (an upgrade): the kernel's link still runs us. */
+	if (n <= 0 || (size_t)n >= cap - 1 || strstr(out, " (deleted)"))
 		snprintf(out, cap, "/proc/self/exe");
-		return;
-	}
-	out[n] = '\0';
 }
 
 /* The environment for the holder: ours without DLOCK_STORE (it gets the URI by pipe). */

@@ -28,6 +28,12 @@ H=$(cat "$T/out"); vg_clean extend
 expect_rc 1 "release wrong handle" vg release v "${H%-*}-999"; vg_clean "release wrong"
 expect_rc 64 "release malformed handle" vg release v junk; vg_clean "release malformed"
 expect_rc 0 "release" vg release v "$H"; vg_clean release
+# dlock break: status, the core's lookup by public id, the owner's release.
+expect_rc 0 "acquire to break" "$DLOCK" acquire --ttl 30s vb
+"$DLOCK" --json status vb >"$T/st"
+bid=$(grep -o '"id":"[0-9a-f]*"' "$T/st" | head -1 | cut -d'"' -f4)
+expect_rc 0 "break --holder" vg break --holder "$bid" vb; vg_clean "break --holder"
+expect_rc 1 "break of a free lock" vg --json break vb; vg_clean "break free"
 # The holder-process path (stores whose holds die with their session).
 DLOCK_TEST_HOLDER=1 expect_rc 0 "holder acquire" vg acquire --ttl 30s hv
 H=$(cat "$T/out"); vg_clean "holder acquire"
