@@ -1127,7 +1127,7 @@ static void case_net_lost_signal(void)
 	printf("  on_lost %lld ms after the deadline; another client granted %lld ms after on_lost\n",
 	       lost ? lost - deadline : -1, lost ? granted - lost : -1);
 	CHECK(lost != 0);
-	CHECK(lost <= deadline + 20);
+	CHECK(lost <= deadline + TU_SCHED_GRACE_MS);
 	CHECK(lost <= granted);
 	CHECK(!dlock_held(a));
 	dlock_lock_free(a);

@@ -14,7 +14,7 @@
  *    release within 350 ms, and a pipelined release's pending reply does not
  *    make the next call wait past its own bound.
  *  - lost_signal: a held lock (ttl 1500) cut off gets on_lost no later than
- *    its deadline + 20 ms, before a direct client is granted.
+ *    its deadline + TU_SCHED_GRACE_MS, before a direct client is granted.
  *  - sockets: every connection has keepalive and TCP_USER_TIMEOUT.
  * Usage: redis_faults (DLOCK_TEST_URI_FILE names the server)
  */
@@ -278,7 +278,7 @@ static void case_lost_signal(void)
 	printf("lost signal: on_lost %lld ms after the deadline; the direct client granted %lld ms after on_lost\n",
 	       lost ? lost - deadline : -1, lost ? g.t_end - lost : -1);
 	CHECK_RC(g.rc, 0);
-	CHECK(lost != 0 && lost <= deadline + 20);
+	CHECK(lost != 0 && lost <= deadline + TU_SCHED_GRACE_MS);
 	CHECK(lost != 0 && lost <= g.t_end);
 	CHECK(!dlock_held(a));
 	CHECK(tu_proxy_set(px, 0, "pass") == 0);

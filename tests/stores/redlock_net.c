@@ -7,7 +7,7 @@
  *  - 3 of 5 masters dark (blackhole) during a wait, and from the start: the
  *    acquire returns within wait + 50 ms;
  *  - 3 of 5 masters dark under a held, renewed lock: on_lost no later than
- *    the lease deadline + 20 ms, and before the other client is granted;
+ *    the lease deadline + TU_SCHED_GRACE_MS, and before the other client is granted;
  *  - one master slow (delay 150 ms each way): grants and renewals go on
  *    without waiting for it.
  * Usage: redlock_net (DLOCK_TEST_URI_FILE names the masters' URI)
@@ -120,7 +120,7 @@ static void case_dark_holder(dlock_store *faulty, dlock_store *direct)
 	       lost ? lost - deadline : -1, lost ? tb.ended - lost : -1, dlock_error_name(tb.rc));
 	CHECK_RC(tb.rc, 0);
 	CHECK(lost != 0);
-	CHECK(lost <= deadline + 20);
+	CHECK(lost <= deadline + TU_SCHED_GRACE_MS);
 	CHECK(lost <= tb.ended);
 	CHECK(!dlock_held(a));
 	set_routes(0, 3, "pass");

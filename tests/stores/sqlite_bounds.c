@@ -11,7 +11,7 @@
  *     lock; opening one that does (a migration) ends within connect_timeout
  *     + 50 ms with DLOCK_EUNAVAILABLE;
  *   - a holder whose renewals are blocked gets on_lost no later than its
- *     lease deadline + 20 ms, and dlock_held() is false from the deadline. */
+ *     lease deadline + TU_SCHED_GRACE_MS, and dlock_held() is false from the deadline. */
 #include "unit/testutil.h"
 #include "sqlite_proc.h"
 
@@ -213,7 +213,7 @@ int main(int argc, char **argv)
 		CHECK(at != 0);
 		if (at) {
 			printf("  renewals blocked: on_lost %+lld ms from the lease deadline\n", at - deadline);
-			CHECK(at <= deadline + 20);
+			CHECK(at <= deadline + TU_SCHED_GRACE_MS);
 		}
 		CHECK(held_until <= deadline);
 		CHECK(!dlock_held(h));
