@@ -950,10 +950,11 @@ static dlock_store *open_uri(const char *u)
 	return s;
 }
 
-/* The bound the core promises for a wait: wait + max(50 ms, 5 %). */
+/* The bound the core promises for a wait, wait + max(50 ms, 5 %), plus the
+ * scheduling grace of a loaded CI machine. */
 static long long slack(long long wait)
 {
-	return wait / 20 > 50 ? wait / 20 : 50;
+	return (wait / 20 > 50 ? wait / 20 : 50) + TU_SCHED_GRACE_MS;
 }
 
 typedef struct timed_acquire {

@@ -29,7 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SLACK_MS 50
+#define SLACK_MS (50 + TU_SCHED_GRACE_MS) /* the promise + scheduling grace */
 
 static char base_uri[2048];
 static const char *mode_name;

@@ -28,7 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SLACK_MS 50
+#define SLACK_MS (50 + TU_SCHED_GRACE_MS) /* the promise + scheduling grace */
 #define TIMEOUT_MS 300
 #define CONNECT_MS 500
 

@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #define TIMEOUT_MS 300
-#define SLACK_MS 50
+#define SLACK_MS (50 + TU_SCHED_GRACE_MS) /* the promise + scheduling grace */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static long long lost_at;
