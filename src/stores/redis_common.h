@@ -92,7 +92,7 @@ int dlock__rread_by(redisContext *c, const dlock__rserver *srv, const char *kind
  * elements of all arrays of one reply. A legitimate reply (a renew batch,
  * a SCAN page, a status) is far below both.
  */
-#define DLOCK__REDIS_REPLY_MAX_BYTES (64u << 20)
+#define DLOCK__REDIS_REPLY_MAX_BYTES (16u << 20)
 #define DLOCK__REDIS_REPLY_MAX_ELEMENTS (1u << 20)
 
 /*
