@@ -106,8 +106,13 @@ static int mc_error(mc_backend *be, memcached_return_t rc, const char *what)
 	default:
 		code = DLOCK_ESTORE;
 	}
+	/* libmemcached starts its message with the address of its server
+	 * object, "(0x55f0…) ": an address is no one's business (issue 21). */
+	const char *msg = memcached_last_error_message(be->mc), *cut;
+	if (msg && strncmp(msg, "(0x", 3) == 0 && (cut = strstr(msg, ") ")))
+		msg = cut + 2;
 	int err = dlock_error_set(code, KIND, memcached_strerror(be->mc, rc), "%s on %s: %s", what,
-				  be->hostport, memcached_last_error_message(be->mc));
+				  be->hostport, msg ? msg : "");
 	if (code == DLOCK_EUNAVAILABLE)
 		drop_conn(be); /* the next call starts on a new connection */
 	return err;
