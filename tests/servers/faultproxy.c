@@ -9,7 +9,8 @@
  *
  * Control: a Unix stream socket at CONTROL_SOCKET_PATH, one command a line,
  * one reply line ("ok ..." once applied, or "error <text>"):
- *   pass [R] | delay MS [R] | blackhole [R] | drop [R] | reset [R] | stats R | quit
+ *   pass [R] | delay MS [R] | blackhole [R] | drop [R] | dropmatch STRING [R] | reset [R]
+ *   | stats R | quit
  * R is a route index; absent means every route. A mode applies to the
  * route's open connections and to new ones.
  *   pass       forward both ways.
@@ -18,10 +19,29 @@
  *              (counted in dropped), as are bytes still queued inside the proxy
  *              when the mode is set; a FIN is held and forwarded only when the
  *              direction flows again. New connections are accepted but not
- *              connected onward until the route leaves blackhole.
- *   drop       forward client->server, discard server->client (and hold its FIN).
+ *              connected onward until the route leaves blackhole. A connection
+ *              that lost bytes is reset when the mode changes (as dropmatch).
+ *   drop       forward client->server, discard server->client (and hold its
+ *              FIN); a connection that lost bytes is reset when the mode changes.
+ *   dropmatch STRING
+ *              forward both ways until a client->server byte stream of the
+ *              route contains STRING (matched across reads, from the moment
+ *              the mode is set); from then on that one connection is a drop:
+ *              the request is forwarded, every server->client byte of it is
+ *              discarded (its FIN held), the connection stays open. One shot:
+ *              after it fired once, other and later connections only pass,
+ *              until the mode is set again. Setting any mode resets (RST) the
+ *              connection it fired on: one that lost answers never delivers a
+ *              later byte (TCP never hands on a stream with a hole in it).
+ *              STRING is one word of at most 128
+ *              bytes once decoded: \s space, \t, \r, \n, \\, \xHH any byte.
+ *              For a request whose effect is wanted but not its answer when
+ *              a grant is several requests (a store's last write of it).
  *   reset      RST both sides of every connection of the route; new
  *              connections are reset at once.
+ * stats R replies "ok conns=N open=N up=BYTES down=BYTES dropped=BYTES fired=N"
+ * (connections accepted, open now, bytes forwarded each way, bytes discarded,
+ * times a dropmatch fired); fields may be added at the end.
  * An error on either socket (RST, failed connect) resets the other side.
  * FAULTPROXY_BLACKHOLE=1 in the environment starts every route in blackhole
  * (for shell tests that need a server that accepts and never answers).
@@ -32,6 +52,9 @@
  * proxy there to fault each worker's connections (an installed tool cannot
  * depend on a test binary). Everything else here is static.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* memmem, accept4 */
+#endif
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -54,9 +77,10 @@
 
 #define HIGH_WATER (1 << 20) /* stop reading a side while its queue is over this */
 #define READ_SIZE 65536
-#define CTL_LINE_MAX 256
+#define CTL_LINE_MAX 1024 /* a dropmatch STRING may be escaped to 4 bytes a byte */
+#define PATTERN_MAX 128 /* bytes of a dropmatch STRING, decoded */
 
-enum mode { M_PASS, M_DELAY, M_BLACKHOLE, M_DROP, M_RESET };
+enum mode { M_PASS, M_DELAY, M_BLACKHOLE, M_DROP, M_DROPMATCH, M_RESET };
 enum kind { K_LISTEN, K_CLIENT, K_SERVER, K_CTL_LISTEN, K_CTL, K_SIGNAL, K_TIMER };
 enum { UP = 0, DOWN = 1 }; /* UP: client->server, DOWN: server->client */
 
@@ -92,6 +116,10 @@ struct conn {
 	int registered[2];
 	struct item it[2];
 	struct dir dir[2];
+	int swallow; /* dropmatch fired here: server->client is discarded */
+	int holed;   /* bytes of it were discarded: reset when the mode changes */
+	size_t carry_len; /* dropmatch: the last bytes client->server, for a match across reads */
+	char carry[PATTERN_MAX];
 };
 
 struct route {
@@ -103,7 +131,10 @@ struct route {
 	enum mode mode;
 	int64_t delay_ns;
 	struct conn *conns;
-	long long accepted, open, up, down, dropped;
+	char pattern[PATTERN_MAX]; /* dropmatch */
+	size_t pattern_len;
+	int armed; /* dropmatch has not fired yet */
+	long long accepted, open, up, down, dropped, fired;
 };
 
 struct ctl {
@@ -130,11 +161,14 @@ static int64_t now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static int flows(const struct route *r, int d)
+static int flows(const struct conn *c, int d)
 {
-	switch (r->mode) {
+	if (d == DOWN && c->swallow)
+		return 0;
+	switch (c->route->mode) {
 	case M_PASS:
 	case M_DELAY:
+	case M_DROPMATCH:
 		return 1;
 	case M_DROP:
 		return d == UP;
@@ -232,13 +266,41 @@ static int start_connect(struct conn *c)
 	return 0;
 }
 
+/* dropmatch: does the client->server stream, continued by buf, now contain
+ * the route's pattern? Keeps the last pattern_len - 1 bytes for the next read. */
+static int matches(struct conn *c, const char *buf, size_t n)
+{
+	const struct route *r = c->route;
+	size_t keep = r->pattern_len - 1;
+	if (c->carry_len) {
+		char joint[2 * PATTERN_MAX];
+		size_t k = n < keep ? n : keep;
+		memcpy(joint, c->carry, c->carry_len);
+		memcpy(joint + c->carry_len, buf, k);
+		if (memmem(joint, c->carry_len + k, r->pattern, r->pattern_len))
+			return 1;
+	}
+	if (memmem(buf, n, r->pattern, r->pattern_len))
+		return 1;
+	if (n >= keep) {
+		memcpy(c->carry, buf + n - keep, keep);
+		c->carry_len = keep;
+	} else {
+		size_t old = c->carry_len < keep - n ? c->carry_len : keep - n;
+		memmove(c->carry, c->carry + c->carry_len - old, old);
+		memcpy(c->carry + old, buf, n);
+		c->carry_len = old + n;
+	}
+	return 0;
+}
+
 /* Read what side `s` has sent; returns -1 when the connection must be reset. */
 static int pull(struct conn *c, int s, int force)
 {
 	struct route *r = c->route;
 	struct dir *q = &c->dir[s];
 	char buf[READ_SIZE];
-	while (!q->eof && (force || !flows(r, s) || q->queued < HIGH_WATER)) {
+	while (!q->eof && (force || !flows(c, s) || q->queued < HIGH_WATER)) {
 		ssize_t n = recv(c->fd[s], buf, sizeof(buf), 0);
 		if (n < 0) {
 			if (errno == EINTR)
@@ -251,9 +313,16 @@ static int pull(struct conn *c, int s, int force)
 			q->eof = 1;
 			return 0;
 		}
-		if (!flows(r, s)) {
+		if (!flows(c, s)) {
 			r->dropped += n;
+			c->holed = 1;
 			continue;
+		}
+		if (s == UP && r->mode == M_DROPMATCH && r->armed && matches(c, buf, (size_t)n)) {
+			r->armed = 0;
+			r->fired++;
+			c->swallow = 1;
+			queue_free(r, &c->dir[DOWN], 1);
 		}
 		struct chunk *ch = malloc(sizeof(*ch) + (size_t)n);
 		if (!ch) {
@@ -281,7 +350,8 @@ static int push(struct conn *c, int d, int64_t now)
 	struct route *r = c->route;
 	struct dir *q = &c->dir[d];
 	int dst = d == UP ? DOWN : UP;
-	if (!flows(r, d)) {
+	if (!flows(c, d)) {
+		c->holed |= q->head != NULL;
 		queue_free(r, q, 1);
 		return 0;
 	}
@@ -359,7 +429,7 @@ static void pump(struct conn *c, int64_t now)
 		if (s == DOWN && c->connecting)
 			ev = EPOLLOUT;
 		else {
-			if (!in->eof && (!flows(r, s) || in->queued < HIGH_WATER))
+			if (!in->eof && (!flows(c, s) || in->queued < HIGH_WATER))
 				ev |= EPOLLIN;
 			if (out->blocked)
 				ev |= EPOLLOUT;
@@ -460,7 +530,7 @@ static void arm_timer(void)
 			for (int d = 0; d < 2; d++) {
 				struct chunk *h = c->dir[d].head;
 				int dst = d == UP ? DOWN : UP;
-				if (!h || c->dir[d].blocked || !flows(&routes[i], d) || c->fd[dst] < 0 ||
+				if (!h || c->dir[d].blocked || !flows(c, d) || c->fd[dst] < 0 ||
 				    c->connecting)
 					continue;
 				int64_t t = h->read_ns + routes[i].delay_ns;
@@ -485,6 +555,16 @@ static void arm_timer(void)
 static void set_mode(struct route *r, enum mode m, long ms)
 {
 	r->mode = m;
+	r->armed = m == M_DROPMATCH;
+	/* A connection that lost bytes (dropmatch, drop, blackhole) never
+	 * delivers a later byte (a stream with a hole in it is no network's
+	 * behaviour: TCP would have retransmitted or given up): it is reset. */
+	for (struct conn *c = r->conns, *n; c; c = n) {
+		n = c->next;
+		c->carry_len = 0;
+		if (c->swallow || c->holed)
+			conn_close(c, 1);
+	}
 	r->delay_ns = m == M_DELAY ? (int64_t)ms * 1000000 : 0;
 	pump_route(r);
 }
@@ -515,6 +595,50 @@ static int parse_route(const char *s)
 	return (int)v;
 }
 
+static int hexval(char ch)
+{
+	if (ch >= '0' && ch <= '9')
+		return ch - '0';
+	if (ch >= 'a' && ch <= 'f')
+		return ch - 'a' + 10;
+	if (ch >= 'A' && ch <= 'F')
+		return ch - 'A' + 10;
+	return -1;
+}
+
+/* Decode a dropmatch STRING into out[PATTERN_MAX]; -1 when empty, too long or badly escaped. */
+static int unescape(const char *s, char *out, size_t *len)
+{
+	size_t n = 0;
+	for (; *s; s++) {
+		char ch = *s;
+		if (ch == '\\') {
+			switch (*++s) {
+			case 's': ch = ' '; break;
+			case 't': ch = '\t'; break;
+			case 'r': ch = '\r'; break;
+			case 'n': ch = '\n'; break;
+			case '\\': ch = '\\'; break;
+			case 'x': {
+				int hi = hexval(s[1]), lo = hi < 0 ? -1 : hexval(s[2]);
+				if (lo < 0)
+					return -1;
+				ch = (char)(hi * 16 + lo);
+				s += 2;
+				break;
+			}
+			default:
+				return -1;
+			}
+		}
+		if (n == PATTERN_MAX)
+			return -1;
+		out[n++] = ch;
+	}
+	*len = n;
+	return n ? 0 : -1;
+}
+
 static void ctl_command(char *line, char *reply, size_t cap)
 {
 	char *save = NULL;
@@ -538,13 +662,15 @@ static void ctl_command(char *line, char *reply, size_t cap)
 			return;
 		}
 		struct route *rt = &routes[r];
-		snprintf(reply, cap, "ok conns=%lld open=%lld up=%lld down=%lld dropped=%lld\n", rt->accepted,
-			 rt->open, rt->up, rt->down, rt->dropped);
+		snprintf(reply, cap, "ok conns=%lld open=%lld up=%lld down=%lld dropped=%lld fired=%lld\n",
+			 rt->accepted, rt->open, rt->up, rt->down, rt->dropped, rt->fired);
 		return;
 	}
 	enum mode m;
 	long ms = 0;
 	char *ra = a1;
+	char pattern[PATTERN_MAX];
+	size_t plen = 0;
 	if (!strcmp(cmd, "pass"))
 		m = M_PASS;
 	else if (!strcmp(cmd, "blackhole"))
@@ -564,6 +690,16 @@ static void ctl_command(char *line, char *reply, size_t cap)
 		}
 		ra = a2;
 		a2 = a3;
+	} else if (!strcmp(cmd, "dropmatch")) {
+		m = M_DROPMATCH;
+		if (!a1 || unescape(a1, pattern, &plen) < 0) {
+			snprintf(reply, cap,
+				 "error usage: dropmatch STRING [ROUTE] (1..%d bytes; \\s \\t \\r \\n \\\\ \\xHH)\n",
+				 PATTERN_MAX);
+			return;
+		}
+		ra = a2;
+		a2 = a3;
 	} else {
 		snprintf(reply, cap, "error unknown command '%s'\n", cmd);
 		return;
@@ -574,8 +710,11 @@ static void ctl_command(char *line, char *reply, size_t cap)
 		return;
 	}
 	for (int i = 0; i < nroutes; i++)
-		if (r < 0 || r == i)
+		if (r < 0 || r == i) {
+			memcpy(routes[i].pattern, pattern, plen);
+			routes[i].pattern_len = plen;
 			set_mode(&routes[i], m, ms);
+		}
 }
 
 static void on_ctl(struct ctl *k)

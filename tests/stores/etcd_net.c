@@ -28,6 +28,7 @@
 #define _GNU_SOURCE
 #endif
 #include "core/internal.h"
+#include "netutil.h"
 #include "unit/faultproxy.h"
 #include "unit/testutil.h"
 
@@ -133,42 +134,13 @@ static void server_start(void)
 
 /* ---- helpers ---- */
 
-static dlock_store *open_uri(const char *u)
-{
-	dlock_store *s;
-	if (dlock_store_open(&s, u) != 0)
-		die("open store");
-	return s;
-}
-
 /* The member through the proxy, with a request timeout of timeout_ms. */
 static dlock_store *open_proxied(long timeout_ms, long connect_ms)
 {
 	char u[256];
 	snprintf(u, sizeof(u), "%s/?timeout=%ldms&connect_timeout=%ldms", proxied, timeout_ms,
 		 connect_ms);
-	return open_uri(u);
-}
-
-static atomic_llong lost_at;
-
-static void on_lost(dlock_lock *l, void *p)
-{
-	(void)l;
-	(void)p;
-	lost_at = tu_now_ms();
-}
-
-static dlock_lock *new_lock(dlock_store *s, const char *name, int64_t ttl, int with_lost)
-{
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	dlock_lock *l;
-	o.ttl_ms = ttl;
-	if (with_lost)
-		o.on_lost = on_lost;
-	if (dlock_lock_new(&l, s, name, &o) != 0)
-		die("lock_new");
-	return l;
+	return nu_open(u);
 }
 
 static char run_id[16];
@@ -189,14 +161,14 @@ static void case_bounds(void)
 {
 	char name[128];
 	lock_name(name, sizeof(name), "bounds");
-	dlock_store *direct = open_uri(uri);
+	dlock_store *direct = nu_open(uri);
 	dlock_store *s = open_proxied(300, 500);
-	dlock_lock *h = new_lock(direct, name, 10000, 0), *a = new_lock(s, name, 10000, 0);
+	dlock_lock *h = nu_lock(direct, name, 10000, 0), *a = nu_lock(s, name, 10000, 0);
 	/* Release and status run on a store of their own: a store whose
 	 * acquire timed out retries the undo in the background, and that holds
 	 * the store for up to one request timeout (a core matter). */
 	dlock_store *s3 = open_proxied(300, 500);
-	dlock_lock *b = new_lock(s3, "etcdnet-bounds-free", 10000, 0);
+	dlock_lock *b = nu_lock(s3, "etcdnet-bounds-free", 10000, 0);
 	CHECK_RC(dlock_acquire(b, 0), 0);
 	CHECK_RC(dlock_acquire(h, 0), 0);
 
@@ -214,8 +186,8 @@ static void case_bounds(void)
 		char u2[256];
 		snprintf(u2, sizeof(u2), "%s/?connect_timeout=2s", proxied);
 		kill(server_pid, SIGCONT);
-		dlock_store *s2 = open_uri(u2);
-		dlock_lock *a2 = new_lock(s2, name, 10000, 0);
+		dlock_store *s2 = nu_open(u2);
+		dlock_lock *a2 = nu_lock(s2, name, 10000, 0);
 		kill(server_pid, SIGSTOP);
 		t0 = tu_now_ms();
 		rc = dlock_acquire(a2, 1000);
@@ -307,10 +279,10 @@ static void case_lost(void)
 	char name[128];
 	const long ttl = 2000;
 	lock_name(name, sizeof(name), "lost");
-	dlock_store *direct = open_uri(uri);
+	dlock_store *direct = nu_open(uri);
 	dlock_store *s = open_proxied(300, 500);
-	dlock_lock *a = new_lock(s, name, ttl, 1), *d = new_lock(direct, name, ttl, 0);
-	lost_at = 0;
+	dlock_lock *a = nu_lock(s, name, ttl, NU_LOST), *d = nu_lock(direct, name, ttl, 0);
+	nu_lost_at = 0;
 	long long t0 = tu_now_ms();
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	nap_ms(300);
@@ -326,13 +298,13 @@ static void case_lost(void)
 	long long granted = tu_now_ms();
 	CHECK_RC(rc, 0);
 	/* on_lost fired by then: wait for it a moment if the grant beat the callback. */
-	for (int i = 0; i < 100 && !lost_at; i++)
+	for (int i = 0; i < 100 && !nu_lost_at; i++)
 		nap_ms(10);
 	printf("  on_lost %lld ms after the lease deadline; direct client granted %lld ms after on_lost\n",
-	       lost_at - deadline, granted - lost_at);
-	CHECK(lost_at > 0);
-	CHECK(lost_at <= deadline + 20);
-	CHECK(lost_at < granted);
+	       nu_lost_at - deadline, granted - nu_lost_at);
+	CHECK(nu_lost_at > 0);
+	CHECK(nu_lost_at <= deadline + 20);
+	CHECK(nu_lost_at < granted);
 	px_set("pass");
 	CHECK_RC(dlock_release(d), 0);
 	dlock_lock_free(a);
@@ -347,11 +319,11 @@ static void case_orphan(void)
 	const long ttl = 3000;
 	lock_name(na, sizeof(na), "orphanA");
 	lock_name(nb, sizeof(nb), "orphanB");
-	dlock_store *direct = open_uri(uri);
+	dlock_store *direct = nu_open(uri);
 	dlock_store *s = open_proxied(300, 500);
-	dlock_lock *a = new_lock(s, na, ttl, 0), *b = new_lock(s, nb, ttl, 1);
-	dlock_lock *da = new_lock(direct, na, ttl, 0), *db = new_lock(direct, nb, ttl, 0);
-	lost_at = 0;
+	dlock_lock *a = nu_lock(s, na, ttl, 0), *b = nu_lock(s, nb, ttl, NU_LOST);
+	dlock_lock *da = nu_lock(direct, na, ttl, 0), *db = nu_lock(direct, nb, ttl, 0);
+	nu_lost_at = 0;
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	CHECK_RC(dlock_acquire(b, 0), 0);
 	uint64_t fa = dlock_fence(a);
@@ -373,7 +345,7 @@ static void case_orphan(void)
 	/* ...and stays ours. */
 	nap_ms(ttl / 2);
 	CHECK(dlock_held(b));
-	CHECK(!lost_at);
+	CHECK(!nu_lost_at);
 	CHECK_RC(dlock_acquire(db, 0), DLOCK_ELOCKED);
 	CHECK_RC(dlock_release(da), 0);
 	CHECK_RC(dlock_release(b), 0);
@@ -430,8 +402,8 @@ static void case_orphan_store(void)
 	int rc = be->release(be, &ra);
 	px_set("pass");
 	CHECK(rc == DLOCK_EUNAVAILABLE);
-	dlock_store *direct = open_uri(uri);
-	dlock_lock *da = new_lock(direct, na, ttl, 0), *db = new_lock(direct, nb, ttl, 0);
+	dlock_store *direct = nu_open(uri);
+	dlock_lock *da = nu_lock(direct, na, ttl, 0), *db = nu_lock(direct, nb, ttl, 0);
 	long long next_renew = t0, got = -1;
 	int renew_failed = 0;
 	while (tu_now_ms() - t0 < ttl + 1000 && got < 0) {
@@ -472,11 +444,11 @@ static void case_lost_reply(void)
 	char name[128];
 	const long ttl = 2000;
 	lock_name(name, sizeof(name), "lostreply");
-	dlock_store *direct = open_uri(uri);
+	dlock_store *direct = nu_open(uri);
 	dlock_store *s = open_proxied(300, 500);
-	dlock_lock *a = new_lock(s, name, ttl, 0), *d = new_lock(direct, name, ttl, 0);
+	dlock_lock *a = nu_lock(s, name, ttl, 0), *d = nu_lock(direct, name, ttl, 0);
 	/* A first lock makes the store's lease exist (the grant of a lease is not the case here). */
-	dlock_lock *warm = new_lock(s, "etcdnet-lostreply-warm", ttl, 0);
+	dlock_lock *warm = nu_lock(s, "etcdnet-lostreply-warm", ttl, 0);
 	CHECK_RC(dlock_acquire(warm, 0), 0);
 	CHECK_RC(dlock_release(warm), 0);
 	CHECK_RC(dlock_acquire(d, 0), 0);
@@ -536,10 +508,10 @@ static void case_slow_link(void)
 	char name[128];
 	const long ttl = 2000;
 	lock_name(name, sizeof(name), "slowlink");
-	dlock_store *direct = open_uri(uri);
+	dlock_store *direct = nu_open(uri);
 	dlock_store *s = open_proxied(3000, 10000);
-	dlock_lock *a = new_lock(s, name, ttl, 1), *d = new_lock(direct, name, ttl, 0);
-	lost_at = 0;
+	dlock_lock *a = nu_lock(s, name, ttl, NU_LOST), *d = nu_lock(direct, name, ttl, 0);
+	nu_lost_at = 0;
 	CHECK_RC(dlock_acquire(a, 5000), 0);
 	char mode[32];
 	snprintf(mode, sizeof(mode), "delay %ld", ttl / 5);
@@ -555,9 +527,9 @@ static void case_slow_link(void)
 		nap_ms(50);
 	}
 	printf("  %d tries by the direct client over %ld ms of a %ld ms round trip: %d granted; on_lost %s\n",
-	       tries, 3 * ttl, 2 * ttl / 5, stolen, lost_at ? "fired" : "did not fire");
+	       tries, 3 * ttl, 2 * ttl / 5, stolen, nu_lost_at ? "fired" : "did not fire");
 	CHECK(stolen == 0);
-	CHECK(!lost_at);
+	CHECK(!nu_lost_at);
 	CHECK(dlock_held(a));
 	px_set("pass");
 	CHECK_RC(dlock_release(a), 0);

@@ -13,6 +13,7 @@
  * 4. URIs memcached cannot serve safely are refused with DLOCK_EINVAL; an
  *    unreachable server is DLOCK_EUNAVAILABLE at open.
  */
+#include "netutil.h"
 #include "unit/testutil.h"
 
 #include <libmemcached/memcached.h>
@@ -22,47 +23,14 @@
 #include <unistd.h>
 
 static char uri[1024];
-static atomic_llong lost_at;
-
-static void on_lost(dlock_lock *l, void *p)
-{
-	(void)l;
-	(void)p;
-	lost_at = tu_now_ms();
-}
-
-static dlock_store *open_store(void)
-{
-	dlock_store *s = NULL;
-	if (dlock_store_open(&s, uri) != 0) {
-		fprintf(stderr, "open %s: %s\n", uri, dlock_error_last()->message);
-		exit(1);
-	}
-	return s;
-}
-
-static dlock_lock *new_lock(dlock_store *s, const char *name, int64_t ttl, int no_renew)
-{
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	o.no_renew = no_renew;
-	o.on_lost = on_lost;
-	dlock_lock *l = NULL;
-	if (dlock_lock_new(&l, s, name, &o) != 0) {
-		fprintf(stderr, "lock_new: %s\n", dlock_error_last()->message);
-		exit(1);
-	}
-	return l;
-}
-
 static void test_lease_rounding(void)
 {
 	char name[128];
 	snprintf(name, sizeof name, "mcs-%d-lease", (int)getpid());
 	const int64_t ttl = 1200;
-	dlock_store *a = open_store(), *b = open_store();
-	dlock_lock *la = new_lock(a, name, ttl, 1), *lb = new_lock(b, name, 5000, 0);
-	lost_at = 0;
+	dlock_store *a = nu_open(uri), *b = nu_open(uri);
+	dlock_lock *la = nu_lock(a, name, ttl, NU_LOST | NU_NO_RENEW), *lb = nu_lock(b, name, 5000, NU_LOST);
+	nu_lost_at = 0;
 	long long t0 = tu_now_ms();
 	CHECK_RC(dlock_acquire(la, 0), 0);
 	int rc;
@@ -94,17 +62,17 @@ static void test_flush_all(memcached_st *mc)
 {
 	char name[128];
 	snprintf(name, sizeof name, "mcs-%d-flush", (int)getpid());
-	dlock_store *s = open_store();
-	dlock_lock *l = new_lock(s, name, 3000, 0);
-	lost_at = 0;
+	dlock_store *s = nu_open(uri);
+	dlock_lock *l = nu_lock(s, name, 3000, NU_LOST);
+	nu_lost_at = 0;
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	uint64_t f1 = dlock_fence(l);
 	long long t0 = tu_now_ms();
 	CHECK(memcached_flush(mc, 0) == MEMCACHED_SUCCESS);
-	while (!lost_at && tu_now_ms() - t0 < 5000)
+	while (!nu_lost_at && tu_now_ms() - t0 < 5000)
 		usleep(10000);
-	printf("  flush_all: holder told after %lld ms\n", lost_at ? lost_at - t0 : -1);
-	CHECK(lost_at != 0 && lost_at - t0 <= 3000);
+	printf("  flush_all: holder told after %lld ms\n", nu_lost_at ? nu_lost_at - t0 : -1);
+	CHECK(nu_lost_at != 0 && nu_lost_at - t0 <= 3000);
 	CHECK(!dlock_held(l));
 	dlock_release(l);
 	CHECK_RC(dlock_acquire(l, 0), 0);
@@ -125,14 +93,14 @@ static void test_names(void)
 	n1[499] = 'a';
 	n2[499] = 'b';
 	const char *spaced = "with spaces, %, ünïcødé";
-	dlock_store *s = open_store();
-	dlock_lock *a = new_lock(s, n1, 5000, 0), *b = new_lock(s, n2, 5000, 0);
-	dlock_lock *c = new_lock(s, spaced, 5000, 0);
+	dlock_store *s = nu_open(uri);
+	dlock_lock *a = nu_lock(s, n1, 5000, NU_LOST), *b = nu_lock(s, n2, 5000, NU_LOST);
+	dlock_lock *c = nu_lock(s, spaced, 5000, NU_LOST);
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	CHECK_RC(dlock_acquire(b, 0), 0); /* distinct keys despite hashing */
 	CHECK_RC(dlock_acquire(c, 0), 0);
-	dlock_store *s2 = open_store();
-	dlock_lock *a2 = new_lock(s2, n1, 5000, 0);
+	dlock_store *s2 = nu_open(uri);
+	dlock_lock *a2 = nu_lock(s2, n1, 5000, NU_LOST);
 	CHECK_RC(dlock_acquire(a2, 0), DLOCK_ELOCKED); /* same key for the same name */
 	CHECK_RC(dlock_release(a), 0);
 	CHECK_RC(dlock_release(b), 0);

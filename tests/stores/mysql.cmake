@@ -38,12 +38,12 @@ if(TARGET dlock_cli)
 endif()
 
 # mysql.net / mysql.net_get_lock: network faults through a fault proxy
-# (mysql_proxy.c): bounded acquire wait and release on a black-holed link, the
+# (tests/servers/faultproxy.c): bounded acquire wait and release on a black-holed link, the
 # lost signal before another client's grant, a granting try whose reply is
 # dropped (one holder, fences grow). memcached.cmake builds the same program.
 if(NOT TARGET store_net)
-  add_executable(store_net mysql_net.c mysql_proxy.c)
-  target_link_libraries(store_net PRIVATE dlock_testutil Threads::Threads)
+  add_executable(store_net mysql_net.c)
+  target_link_libraries(store_net PRIVATE dlock_netutil Threads::Threads)
 endif()
 add_test(NAME mysql.net COMMAND sh -c "exec \"$0\" \"$(cat \"$1\")\"" $<TARGET_FILE:store_net>
          ${DLOCK_SERVER_DIR_mysql}/uri)

@@ -1,6 +1,6 @@
 /*
- * Network faults between one client and its store, through a fault proxy
- * (mysql_proxy.c), on a real server. Run for MySQL (both modes) and for
+ * Network faults between one client and its store, through the fault proxy
+ * (tests/unit/faultproxy.h), on a real server. Run for MySQL (both modes) and for
  * Memcached; nothing here is specific to one store:
  *
  *   mysql_net URI [session]
@@ -19,11 +19,14 @@
  *             grant: on_lost comes no later than the lease deadline + 20 ms,
  *             and before a direct client is granted.
  * 4. unknown: the grant of a waiting try is applied but its reply is
- *             dropped; the retry is granted: one holder, and its fence is
- *             greater than the previous holder's.
+ *             dropped (dropmatch on the granting request; a blanket drop for
+ *             GET_LOCK, whose waiter is blocked in the server); the retry is
+ *             granted: one holder, and its fence is greater than the
+ *             previous holder's.
  */
+#include "netutil.h"
+#include "unit/faultproxy.h"
 #include "unit/testutil.h"
-#include "mysql_proxy.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -35,53 +38,22 @@
 
 static char direct[1024], proxied[1200];
 static int session;
-static mp_proxy *proxy;
-static atomic_llong lost_at;
-
-static void on_lost(dlock_lock *l, void *p)
-{
-	(void)l;
-	(void)p;
-	lost_at = tu_now_ms();
-}
-
-static dlock_store *open_store(const char *u)
-{
-	dlock_store *s = NULL;
-	if (dlock_store_open(&s, u) != 0) {
-		fprintf(stderr, "open %s: %s\n", u, dlock_error_last()->message);
-		exit(1);
-	}
-	return s;
-}
-
-static dlock_lock *new_lock(dlock_store *s, const char *name, int64_t ttl)
-{
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	o.on_lost = on_lost;
-	dlock_lock *l = NULL;
-	if (dlock_lock_new(&l, s, name, &o) != 0) {
-		fprintf(stderr, "lock_new: %s\n", dlock_error_last()->message);
-		exit(1);
-	}
-	return l;
-}
-
+static tu_proxy *proxy;
 static void name_of(char *out, size_t n, const char *what)
 {
 	snprintf(out, n, "net-%d-%s%s", (int)getpid(), what, session ? "-s" : "");
 }
 
 struct later {
-	int delay_ms, mode;
+	int delay_ms;
+	const char *mode;
 };
 
 static void *set_later(void *arg)
 {
 	struct later *x = arg;
 	usleep((useconds_t)x->delay_ms * 1000);
-	mp_set(proxy, x->mode);
+	CHECK(tu_proxy_set(proxy, -1, x->mode) == 0);
 	return NULL;
 }
 
@@ -89,22 +61,22 @@ static void test_wait(void)
 {
 	char name[128];
 	name_of(name, sizeof name, "wait");
-	dlock_store *d = open_store(direct), *a = open_store(proxied);
-	dlock_lock *ld = new_lock(d, name, 30000), *la = new_lock(a, name, 30000);
+	dlock_store *d = nu_open(direct), *a = nu_open(proxied);
+	dlock_lock *ld = nu_lock(d, name, 30000, NU_LOST), *la = nu_lock(a, name, 30000, NU_LOST);
 	CHECK_RC(dlock_acquire(ld, 0), 0);
 
 	/* Black-holed before the call. */
-	mp_set(proxy, MP_BLACKHOLE);
+	CHECK(tu_proxy_set(proxy, -1, "blackhole") == 0);
 	long long t0 = tu_now_ms();
 	int rc = dlock_acquire(la, 1000);
 	long long took = tu_now_ms() - t0;
 	printf("  wait 1000 ms, link already black-holed: %s after %lld ms\n", dlock_error_name(rc), took);
 	CHECK(rc == DLOCK_ETIMEOUT || rc == DLOCK_EUNAVAILABLE);
 	CHECK(took <= 1050);
-	mp_set(proxy, MP_PASS);
+	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 
 	/* Black-holed while the call waits for the holder. */
-	struct later x = { 300, MP_BLACKHOLE };
+	struct later x = { 300, "blackhole" };
 	pthread_t th;
 	pthread_create(&th, NULL, set_later, &x);
 	t0 = tu_now_ms();
@@ -114,7 +86,7 @@ static void test_wait(void)
 	printf("  wait 1000 ms, link black-holed after 300 ms: %s after %lld ms\n", dlock_error_name(rc), took);
 	CHECK(rc == DLOCK_ETIMEOUT || rc == DLOCK_EUNAVAILABLE);
 	CHECK(took <= 1050);
-	mp_set(proxy, MP_PASS);
+	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 
 	/* And the store works again once the link does. */
 	CHECK_RC(dlock_release(ld), 0);
@@ -130,10 +102,10 @@ static void test_release(void)
 {
 	char name[128];
 	name_of(name, sizeof name, "release");
-	dlock_store *d = open_store(direct), *a = open_store(proxied);
-	dlock_lock *ld = new_lock(d, name, 30000), *la = new_lock(a, name, 30000);
+	dlock_store *d = nu_open(direct), *a = nu_open(proxied);
+	dlock_lock *ld = nu_lock(d, name, 30000, NU_LOST), *la = nu_lock(a, name, 30000, NU_LOST);
 	CHECK_RC(dlock_acquire(la, 0), 0);
-	mp_set(proxy, MP_BLACKHOLE);
+	CHECK(tu_proxy_set(proxy, -1, "blackhole") == 0);
 	long long t0 = tu_now_ms();
 	int rc = dlock_release(la);
 	long long took = tu_now_ms() - t0;
@@ -142,7 +114,7 @@ static void test_release(void)
 	CHECK(rc != 0);
 	CHECK(strstr(dlock_error_last()->message, "timed out") != NULL);
 	CHECK(took <= TIMEOUT_MS + 50);
-	mp_set(proxy, MP_PASS);
+	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 	if (session) {
 		/* The unconfirmed release closed the hold's connection: once the server
 		 * sees the close, the lock is free (long before its 30 s lease). */
@@ -163,13 +135,13 @@ static void test_lost(void)
 {
 	char name[128];
 	name_of(name, sizeof name, "lost");
-	dlock_store *d = open_store(direct), *a = open_store(proxied);
-	dlock_lock *ld = new_lock(d, name, 30000), *la = new_lock(a, name, TTL_MS);
-	lost_at = 0;
+	dlock_store *d = nu_open(direct), *a = nu_open(proxied);
+	dlock_lock *ld = nu_lock(d, name, 30000, NU_LOST), *la = nu_lock(a, name, TTL_MS, NU_LOST);
+	nu_lost_at = 0;
 	long long t0 = tu_now_ms();
 	CHECK_RC(dlock_acquire(la, 0), 0);
 	long long deadline = tu_now_ms() + dlock_ttl_left(la); /* the client's own deadline (ttl_left counts from now) */
-	mp_set(proxy, MP_BLACKHOLE);
+	CHECK(tu_proxy_set(proxy, -1, "blackhole") == 0);
 	long long granted = 0;
 	while (tu_now_ms() - t0 < TTL_MS + 6000) {
 		int rc = dlock_acquire(ld, 0);
@@ -191,12 +163,12 @@ static void test_lost(void)
 				       (long long)st[0].holders[i].ttl_left_ms, dlock_store_client_id(a));
 		dlock_status_free(st, n);
 	}
-	mp_set(proxy, MP_PASS);
+	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 	printf("  lease deadline +%lld ms; on_lost at +%lld ms; direct client granted at +%lld ms\n",
-	       deadline - t0, lost_at ? lost_at - t0 : -1, granted ? granted - t0 : -1);
-	CHECK(lost_at != 0);
-	CHECK(lost_at <= deadline + 20);
-	CHECK(granted != 0 && lost_at < granted);
+	       deadline - t0, nu_lost_at ? nu_lost_at - t0 : -1, granted ? granted - t0 : -1);
+	CHECK(nu_lost_at != 0);
+	CHECK(nu_lost_at <= deadline + 20);
+	CHECK(granted != 0 && nu_lost_at < granted);
 	CHECK(!dlock_held(la));
 	if (granted)
 		CHECK_RC(dlock_release(ld), 0);
@@ -224,39 +196,68 @@ static void *wait_thread(void *arg)
 	return NULL;
 }
 
+/* How far the fault has gone: dropmatch firings, or for a blanket drop the
+ * reply bytes it discarded. */
+static long long dropped_so_far(const char *needle)
+{
+	long long v = -1;
+	if (*needle)
+		tu_proxy_fired(proxy, 0, &v);
+	else
+		tu_proxy_stats(proxy, 0, NULL, NULL, NULL, NULL, &v);
+	return v;
+}
+
+static void arm(const char *needle)
+{
+	if (*needle)
+		CHECK(tu_proxy_dropmatch(proxy, -1, needle, strlen(needle)) == 0);
+	else
+		CHECK(tu_proxy_set(proxy, -1, "drop") == 0);
+}
+
 /*
  * needle: the request whose reply is dropped (the proxy swallows every reply
- * from it on). arm_after: arm the proxy only once the holder has released,
- * for a store whose refused tries send the same request (MySQL table mode);
- * else before (a waiter blocked in the server's GET_LOCK is granted at once).
+ * of its connection from it on); "": every reply (drop). arm_after: arm the
+ * proxy only once the holder has released, for a store whose refused tries
+ * send the same request (MySQL table mode), with the link reset over the
+ * release (a try already in the server may be waiting for the release's row
+ * locks: its grant must not be answered before the arming); else before (a
+ * waiter blocked in the server's GET_LOCK is granted at once).
  */
-static int unknown_once(const char *needle, int arm_after, int round)
+static int unknown_once(const char *needle_fmt, int arm_after, int round)
 {
 	char name[128], what[32];
 	snprintf(what, sizeof what, "unknown%d", round);
 	name_of(name, sizeof name, what);
-	dlock_store *d = open_store(direct), *a = open_store(proxied), *c = open_store(direct);
-	dlock_lock *ld = new_lock(d, name, 30000), *la = new_lock(a, name, 30000), *lc = new_lock(c, name, 30000);
+	dlock_store *d = nu_open(direct), *a = nu_open(proxied), *c = nu_open(direct);
+	char needle[128];
+	snprintf(needle, sizeof needle, needle_fmt, dlock_store_client_id(a));
+	dlock_lock *ld = nu_lock(d, name, 30000, NU_LOST), *la = nu_lock(a, name, 30000, NU_LOST);
+	dlock_lock *lc = nu_lock(c, name, 30000, NU_LOST);
 	CHECK_RC(dlock_acquire(ld, 0), 0);
 	uint64_t f_before = dlock_fence(ld);
 	struct waiter w = { la, -1, -1, 0, 0 };
 	pthread_t th;
 	pthread_create(&th, NULL, wait_thread, &w);
 	usleep(300000); /* the waiter has tried, found it held and queued */
+	long long dropped0 = dropped_so_far(needle);
 	if (!arm_after)
-		mp_drop_on(proxy, needle);
+		arm(needle);
+	else
+		CHECK(tu_proxy_set(proxy, -1, "reset") == 0);
 	CHECK_RC(dlock_release(ld), 0);
 	if (arm_after)
-		mp_drop_on(proxy, needle);
-	long long dropped0 = mp_dropped(proxy), t0 = tu_now_ms();
+		arm(needle);
+	long long t0 = tu_now_ms();
 	/* The waiter's next try reaches the server and is applied; its reply is swallowed. */
-	while (mp_dropped(proxy) == dropped0 && !(w.done && w.rc == 0) && tu_now_ms() - t0 < 5000)
+	while (dropped_so_far(needle) == dropped0 && !(w.done && w.rc == 0) && tu_now_ms() - t0 < 5000)
 		usleep(2000);
-	if (mp_dropped(proxy) == dropped0 && w.done && w.rc == 0) {
+	if (dropped_so_far(needle) == dropped0 && w.done && w.rc == 0) {
 		/* The waiter's try came between the release and the arming: granted
 		 * normally, no fault injected. Not a failure of the store: again. */
 		printf("  (round %d: the waiter was granted before the fault was armed; again)\n", round);
-		mp_set(proxy, MP_PASS);
+		CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 		w.go = 1;
 		pthread_join(th, NULL);
 		CHECK_RC(w.release_rc, 0);
@@ -268,11 +269,11 @@ static int unknown_once(const char *needle, int arm_after, int round)
 		dlock_store_close(d);
 		return 0;
 	}
-	CHECK(mp_dropped(proxy) > dropped0);
+	CHECK(dropped_so_far(needle) > dropped0);
 	usleep(50000);
 	/* Nobody else gets it meanwhile: the applied try holds it on the server. */
 	int rc_c = dlock_acquire(lc, 0);
-	mp_set(proxy, MP_PASS);
+	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 	while (!w.done && tu_now_ms() - t0 < 10000)
 		usleep(1000);
 	printf("  reply of a granting try dropped: direct client %s; the waiter %s %lld ms later; fences %llu -> %llu\n",
@@ -321,27 +322,27 @@ int main(int argc, char **argv)
 	}
 	snprintf(direct, sizeof direct, "%s", argv[1]);
 	session = argc > 2 && strcmp(argv[2], "session") == 0;
-	/* The request whose reply is dropped: memcached's grant is the cas of the
-	 * holder list at the end of several round trips (a queued waiter's refused
-	 * tries send none); a MySQL table-mode try is one transaction in one batch;
-	 * a GET_LOCK waiter is blocked in the server until the release. */
-	const char *needle = strncmp(direct, "memcached:", 10) == 0 ? "cas " : session ? "" : "START TRANSACTION";
+	/* The request whose reply is dropped (%s: the proxied client's id):
+	 * memcached's grant ends with the write of the holder list with our line
+	 * "H <owner> ..." (a waiter's own writes only add a "Q" line); a MySQL
+	 * table-mode try is one transaction in one batch, the same text granted
+	 * or refused; a GET_LOCK waiter is blocked in the server until the release. */
+	const char *needle = strncmp(direct, "memcached:", 10) == 0 ? "\nH %s-" : session ? "" : "START TRANSACTION";
 	int arm_after = !session && *needle == 'S';
-	const char *auth = strstr(direct, "://");
-	const char *end = auth ? auth + 3 + strcspn(auth + 3, "/?") : NULL;
-	const char *colon = end ? end : NULL;
-	while (colon && colon > auth && *colon != ':')
-		colon--;
-	int port = colon && *colon == ':' ? atoi(colon + 1) : 0;
-	if (!port || mp_start(&proxy, port) != 0 || mp_uri(proxied, sizeof proxied - 40, direct, mp_port(proxy)) != 0) {
+	char *via = NULL;
+	if (!(proxy = tu_proxy_start(direct, &via)) || strlen(via) + 40 > sizeof proxied) {
 		fprintf(stderr, "mysql_net: cannot proxy %s\n", direct);
+		free(via);
+		tu_proxy_stop(proxy);
 		return 2;
 	}
+	snprintf(proxied, sizeof proxied, "%s", via);
+	free(via);
 	snprintf(proxied + strlen(proxied), 40, "%stimeout=%dms", strchr(proxied, '?') ? "&" : "?", TIMEOUT_MS);
 	test_wait();
 	test_release();
 	test_lost();
 	test_unknown(needle, arm_after);
-	mp_stop(proxy);
+	tu_proxy_stop(proxy);
 	return tu_done("mysql_net");
 }

@@ -12,6 +12,7 @@
  * 5. Contrast, mode=table: terminating the holder's connection loses nothing
  *    (the lease is in a table; the store reconnects and renews).
  */
+#include "netutil.h"
 #include "unit/testutil.h"
 
 #include <libpq-fe.h>
@@ -24,39 +25,6 @@
 
 static char base_uri[2048], adv_uri[2100];
 static PGconn *admin;
-static atomic_int lost;
-
-static void on_lost(dlock_lock *l, void *p)
-{
-	(void)l;
-	(void)p;
-	lost = 1;
-}
-
-static dlock_store *open_store(const char *uri)
-{
-	dlock_store *s = NULL;
-	if (dlock_store_open(&s, uri) != 0) {
-		fprintf(stderr, "open %s: %s\n", uri, dlock_error_last()->message);
-		exit(1);
-	}
-	return s;
-}
-
-static dlock_lock *new_lock(dlock_store *s, const char *name, int64_t ttl, int with_lost)
-{
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	if (with_lost)
-		o.on_lost = on_lost;
-	dlock_lock *l = NULL;
-	if (dlock_lock_new(&l, s, name, &o) != 0) {
-		fprintf(stderr, "lock_new: %s\n", dlock_error_last()->message);
-		exit(1);
-	}
-	return l;
-}
-
 /* Rows of a query on the admin connection, or -1 on error. */
 static int admin_rows(const char *sql, char *first, size_t n)
 {
@@ -85,10 +53,10 @@ static void test_terminate_gives_lost_signal(void)
 {
 	char name[128], sql[512];
 	name_of(name, sizeof name, "terminate");
-	dlock_store *s = open_store(adv_uri);
+	dlock_store *s = nu_open(adv_uri);
 	const int64_t ttl = 3000;
-	dlock_lock *l = new_lock(s, name, ttl, 1);
-	lost = 0;
+	dlock_lock *l = nu_lock(s, name, ttl, NU_LOST);
+	nu_lost_at = 0;
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	/* The holder's session names itself "dlock <pid> <fence> <lease ms> <host>". */
 	snprintf(sql, sizeof sql,
@@ -99,11 +67,11 @@ static void test_terminate_gives_lost_signal(void)
 	char ok[8];
 	CHECK(admin_rows(sql, ok, sizeof ok) == 1);
 	CHECK(strcmp(ok, "t") == 0);
-	while (!lost && tu_now_ms() - t0 < ttl + 2000)
+	while (!nu_lost_at && tu_now_ms() - t0 < ttl + 2000)
 		usleep(5000);
 	long long took = tu_now_ms() - t0;
 	printf("  terminated backend: on_lost after %lld ms (ttl %lld ms)\n", took, (long long)ttl);
-	CHECK(lost);
+	CHECK(nu_lost_at != 0);
 	/* Found by the renewal (every ttl/3 = 1 s), not by the lease deadline
 	 * running out (~3 s after the acquire). */
 	CHECK(took < ttl * 2 / 3 + 200);
@@ -111,8 +79,8 @@ static void test_terminate_gives_lost_signal(void)
 	int rc = dlock_release(l);
 	CHECK(rc == DLOCK_ELOST || rc == DLOCK_ENOTHELD);
 	/* Someone else can take it at once. */
-	dlock_store *s2 = open_store(adv_uri);
-	dlock_lock *o = new_lock(s2, name, ttl, 0);
+	dlock_store *s2 = nu_open(adv_uri);
+	dlock_lock *o = nu_lock(s2, name, ttl, 0);
 	CHECK_RC(dlock_acquire(o, 0), 0);
 	CHECK_RC(dlock_release(o), 0);
 	dlock_lock_free(o);
@@ -129,8 +97,8 @@ static pid_t spawn_holder(const char *name, int64_t ttl, int fd[2])
 	fflush(NULL);
 	pid_t p = fork();
 	if (p == 0) {
-		dlock_store *s = open_store(adv_uri);
-		dlock_lock *l = new_lock(s, name, ttl, 0);
+		dlock_store *s = nu_open(adv_uri);
+		dlock_lock *l = nu_lock(s, name, ttl, 0);
 		if (dlock_acquire(l, 0) != 0)
 			_exit(3);
 		char c = 1;
@@ -150,8 +118,8 @@ static void test_killed_holder_frees_at_once(void)
 	name_of(name, sizeof name, "killed");
 	int fd[2];
 	pid_t p = spawn_holder(name, 30000, fd);
-	dlock_store *s = open_store(adv_uri);
-	dlock_lock *l = new_lock(s, name, 5000, 0);
+	dlock_store *s = nu_open(adv_uri);
+	dlock_lock *l = nu_lock(s, name, 5000, 0);
 	CHECK_RC(dlock_acquire(l, 0), DLOCK_ELOCKED);
 	long long t0 = tu_now_ms();
 	kill(p, SIGKILL);
@@ -176,8 +144,8 @@ static void test_hung_holder_session_ends(void)
 	pid_t p = spawn_holder(name, ttl, fd);
 	long long t0 = tu_now_ms();
 	kill(p, SIGSTOP);
-	dlock_store *s = open_store(adv_uri);
-	dlock_lock *l = new_lock(s, name, 5000, 0);
+	dlock_store *s = nu_open(adv_uri);
+	dlock_lock *l = nu_lock(s, name, 5000, 0);
 	CHECK_RC(dlock_acquire(l, 0), DLOCK_ELOCKED);
 	CHECK_RC(dlock_acquire(l, ttl + 5000), 0);
 	long long took = tu_now_ms() - t0;
@@ -204,8 +172,8 @@ static void test_key_is_fnv1a(void)
 		h = (h ^ (unsigned char)prefix[i]) * 1099511628211ULL;
 	for (const char *c = name; *c; c++)
 		h = (h ^ (unsigned char)*c) * 1099511628211ULL;
-	dlock_store *s = open_store(adv_uri);
-	dlock_lock *l = new_lock(s, name, 5000, 0);
+	dlock_store *s = nu_open(adv_uri);
+	dlock_lock *l = nu_lock(s, name, 5000, 0);
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	snprintf(sql, sizeof sql,
 		 "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
@@ -222,10 +190,10 @@ static void test_table_mode_survives_reconnect(void)
 {
 	char name[128];
 	name_of(name, sizeof name, "table");
-	dlock_store *s = open_store(base_uri);
+	dlock_store *s = nu_open(base_uri);
 	const int64_t ttl = 1500;
-	dlock_lock *l = new_lock(s, name, ttl, 1);
-	lost = 0;
+	dlock_lock *l = nu_lock(s, name, ttl, NU_LOST);
+	nu_lost_at = 0;
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	uint64_t fence = dlock_fence(l);
 	/* Every dlock session of ours except the admin one. */
@@ -233,7 +201,7 @@ static void test_table_mode_survives_reconnect(void)
 			 " WHERE application_name = 'dlock' AND pid <> pg_backend_pid()",
 			 NULL, 0) >= 1);
 	usleep((useconds_t)(ttl * 2 * 1000)); /* two full leases: renewal must have reconnected */
-	CHECK(!lost);
+	CHECK(nu_lost_at == 0);
 	CHECK(dlock_held(l));
 	CHECK(dlock_fence(l) == fence);
 	CHECK_RC(dlock_release(l), 0);

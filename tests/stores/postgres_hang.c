@@ -18,6 +18,7 @@
  * thread resumes every stopped process a few seconds later, so the test fails
  * on its time bound. Every stopped process is resumed at exit.
  */
+#include "netutil.h"
 #include "unit/testutil.h"
 
 #include <libpq-fe.h>
@@ -185,34 +186,7 @@ static dlock_store *open_store(const char *extra)
 {
 	char uri[2300];
 	uri_with(uri, sizeof uri, extra);
-	dlock_store *s = NULL;
-	if (dlock_store_open(&s, uri) != 0) {
-		fprintf(stderr, "open: %s\n", dlock_error_last()->message);
-		exit(1);
-	}
-	return s;
-}
-
-static atomic_llong lost_at;
-
-static void on_lost(dlock_lock *l, void *p)
-{
-	(void)l;
-	(void)p;
-	atomic_store(&lost_at, tu_now_ms());
-}
-
-static dlock_lock *new_lock(dlock_store *s, const char *name, int64_t ttl)
-{
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	o.on_lost = on_lost;
-	dlock_lock *l = NULL;
-	if (dlock_lock_new(&l, s, name, &o) != 0) {
-		fprintf(stderr, "lock_new: %s\n", dlock_error_last()->message);
-		exit(1);
-	}
-	return l;
+	return nu_open(uri);
 }
 
 static void name_of(char *buf, size_t n, const char *what)
@@ -227,7 +201,7 @@ static dlock_store *other_client(void)
 	dlock_store *s = open_store(NULL);
 	char name[128];
 	name_of(name, sizeof name, "other-warm");
-	dlock_lock *l = new_lock(s, name, 5000);
+	dlock_lock *l = nu_lock(s, name, 5000, NU_LOST);
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	CHECK_RC(dlock_release(l), 0);
 	dlock_lock_free(l);
@@ -239,7 +213,7 @@ static void warm(dlock_store *s)
 {
 	char name[128];
 	name_of(name, sizeof name, "warm");
-	dlock_lock *l = new_lock(s, name, 5000);
+	dlock_lock *l = nu_lock(s, name, 5000, NU_LOST);
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	CHECK_RC(dlock_release(l), 0);
 	dlock_lock_free(l);
@@ -259,7 +233,7 @@ static void test_acquire_hung(void)
 	warm(s);
 	CHECK(stop_new(&before, NULL) >= 1);
 	atomic_store(&watchdog_at, tu_now_ms() + 4000);
-	dlock_lock *l = new_lock(s, name, 5000);
+	dlock_lock *l = nu_lock(s, name, 5000, NU_LOST);
 	long long t0 = tu_now_ms();
 	int rc = dlock_acquire(l, 1000);
 	long long took = tu_now_ms() - t0;
@@ -271,28 +245,12 @@ static void test_acquire_hung(void)
 		CHECK(strstr(dlock_error_last()->message, "timed out") != NULL);
 	cont_all();
 	/* The store reconnects on the next call. */
-	dlock_lock *l2 = new_lock(s, name2, 5000);
+	dlock_lock *l2 = nu_lock(s, name2, 5000, NU_LOST);
 	CHECK_RC(dlock_acquire(l2, 3000), 0);
 	CHECK_RC(dlock_release(l2), 0);
 	dlock_lock_free(l2);
 	dlock_lock_free(l);
 	dlock_store_close(s);
-}
-
-typedef struct waiter {
-	dlock_lock *l;
-	int64_t wait;
-	int rc;
-	long long took;
-} waiter;
-
-static void *wait_main(void *arg)
-{
-	waiter *w = arg;
-	long long t0 = tu_now_ms();
-	w->rc = dlock_acquire(w->l, w->wait);
-	w->took = tu_now_ms() - t0;
-	return NULL;
 }
 
 /* 1b. The server hangs while the caller waits for a held lock. */
@@ -301,25 +259,25 @@ static void test_wait_hung(void)
 	char name[128];
 	name_of(name, sizeof name, "wait");
 	dlock_store *o = other_client();
-	dlock_lock *held = new_lock(o, name, 30000);
+	dlock_lock *held = nu_lock(o, name, 30000, NU_LOST);
 	CHECK_RC(dlock_acquire(held, 0), 0);
 	pidset before;
 	snapshot(&before);
 	dlock_store *s = open_store(NULL);
-	waiter w = { new_lock(s, name, 5000), 1500, 0, 0 };
-	pthread_t t;
-	pthread_create(&t, NULL, wait_main, &w);
+	nu_bg w = { .lock = nu_lock(s, name, 5000, NU_LOST), .wait = 1500 };
+	nu_bg_start(&w);
 	usleep(400 * 1000); /* waiting now: refused once, LISTEN in place */
 	CHECK(stop_new(&before, NULL) >= 2);
 	atomic_store(&watchdog_at, tu_now_ms() + 4000);
-	pthread_join(t, NULL);
+	nu_bg_join(&w);
+	long long took = w.ended - w.started;
 	printf("  [%s] server hung mid-wait: acquire(wait 1500) returned %s after %lld ms\n", mode_name,
-	       dlock_error_name(w.rc), w.took);
-	CHECK(w.took <= 1500 + SLACK_MS);
+	       dlock_error_name(w.rc), took);
+	CHECK(took <= 1500 + SLACK_MS);
 	CHECK(w.rc == DLOCK_ETIMEOUT || w.rc == DLOCK_EUNAVAILABLE);
 	cont_all();
 	CHECK_RC(dlock_release(held), 0);
-	dlock_lock_free(w.l);
+	dlock_lock_free(w.lock);
 	dlock_store_close(s);
 	dlock_lock_free(held);
 	dlock_store_close(o);
@@ -335,7 +293,7 @@ static void test_release_hung(void)
 	snapshot(&before);
 	dlock_store *s = open_store("timeout=300ms");
 	dlock_store *s2 = open_store("timeout=300ms"); /* for status: its own connection */
-	dlock_lock *l = new_lock(s, name, 30000);
+	dlock_lock *l = nu_lock(s, name, 30000, NU_LOST);
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	/* advisory: the hold's backend names itself "dlock <pid> <fence> ..." */
 	int hold_pid = 0;
@@ -387,7 +345,7 @@ static void test_release_hung(void)
 		while ((alive = hold_pid > 0 && backend_alive(hold_pid)) && tu_now_ms() - t1 < 2000)
 			usleep(10000);
 		CHECK(alive == 0);
-		dlock_lock *ol = new_lock(o, name, 5000);
+		dlock_lock *ol = nu_lock(o, name, 5000, NU_LOST);
 		t1 = tu_now_ms();
 		CHECK_RC(dlock_acquire(ol, 2000), 0);
 		printf("  [%s] unconfirmed release: another client got the lock %lld ms after resume\n",
@@ -435,13 +393,13 @@ static void test_lost_hung(void)
 	snapshot(&before);
 	dlock_store *s = open_store(NULL);
 	const int64_t ttl = 2000;
-	dlock_lock *l = new_lock(s, name, ttl);
-	atomic_store(&lost_at, 0);
+	dlock_lock *l = nu_lock(s, name, ttl, NU_LOST);
+	atomic_store(&nu_lost_at, 0);
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	long long deadline = tu_now_ms() + dlock_ttl_left(l);
 	CHECK(stop_new(&before, NULL) >= 1);
 	atomic_store(&watchdog_at, deadline + 4000);
-	dlock_lock *ol = new_lock(o, name, 5000);
+	dlock_lock *ol = nu_lock(o, name, 5000, NU_LOST);
 	long long granted_at = 0;
 	int resumed = 0;
 	while (tu_now_ms() < deadline + 6000) {
@@ -453,14 +411,14 @@ static void test_lost_hung(void)
 		/* Advisory: nobody else can get a key a stopped backend holds; resume it
 		 * once the holder has been told (its connection is given up: the
 		 * session ends). */
-		if (!resumed && (atomic_load(&lost_at) || tu_now_ms() > deadline + 2000)) {
+		if (!resumed && (atomic_load(&nu_lost_at) || tu_now_ms() > deadline + 2000)) {
 			cont_all();
 			resumed = 1;
 		}
 		usleep(5000);
 	}
 	cont_all();
-	long long lost = atomic_load(&lost_at);
+	long long lost = atomic_load(&nu_lost_at);
 	printf("  [%s] hung backends, ttl %lld: on_lost %+lld ms from the deadline, other client "
 	       "granted %+lld ms from it\n",
 	       mode_name, (long long)ttl, lost ? lost - deadline : 99999,

@@ -19,6 +19,7 @@
  * A call that would hang is not left hanging: a watchdog puts the proxy back
  * to "pass" a few seconds later, so the test fails on its time bound.
  */
+#include "netutil.h"
 #include "unit/faultproxy.h"
 #include "unit/testutil.h"
 
@@ -62,84 +63,21 @@ static void net(const char *mode, long long watchdog_ms)
 	atomic_store(&watchdog_at, watchdog_ms ? tu_now_ms() + watchdog_ms : 0);
 }
 
-static dlock_store *open_uri(const char *uri)
-{
-	dlock_store *s = NULL;
-	if (dlock_store_open(&s, uri) != 0) {
-		fprintf(stderr, "open: %s\n", dlock_error_last()->message);
-		exit(1);
-	}
-	return s;
-}
-
 static dlock_store *open_direct(void)
 {
 	char uri[2300];
 	snprintf(uri, sizeof uri, "%s?mode=%s", base_uri, mode_name);
-	return open_uri(uri);
+	return nu_open(uri);
 }
 
 static dlock_store *open_proxied(void)
 {
-	return open_uri(px_uri);
-}
-
-static atomic_llong lost_at;
-
-static void on_lost(dlock_lock *l, void *p)
-{
-	(void)l;
-	(void)p;
-	long long zero = 0;
-	atomic_compare_exchange_strong(&lost_at, &zero, tu_now_ms());
-}
-
-static dlock_lock *new_lock(dlock_store *s, const char *name, int64_t ttl)
-{
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	o.on_lost = on_lost;
-	dlock_lock *l = NULL;
-	if (dlock_lock_new(&l, s, name, &o) != 0) {
-		fprintf(stderr, "lock_new: %s\n", dlock_error_last()->message);
-		exit(1);
-	}
-	return l;
+	return nu_open(px_uri);
 }
 
 static void name_of(char *buf, size_t n, const char *what)
 {
 	snprintf(buf, n, "pgnet-%d-%s-%s", (int)getpid(), mode_name, what);
-}
-
-typedef struct waiter {
-	dlock_lock *l;
-	int64_t wait;
-	int rc;
-	long long started, ended;
-	pthread_t t;
-} waiter;
-
-static void *wait_main(void *arg)
-{
-	waiter *w = arg;
-	w->started = tu_now_ms();
-	w->rc = dlock_acquire(w->l, w->wait);
-	w->ended = tu_now_ms();
-	return NULL;
-}
-
-/* Waiters of name as the direct store sees them (-1 on error). */
-static long waiters_of(dlock_store *s, const char *name)
-{
-	const char *names[] = { name };
-	dlock_lock_status *st = NULL;
-	size_t n = 0;
-	if (dlock_store_status(s, names, 1, &st, &n) != 0)
-		return -1;
-	long w = n ? (long)st[0].waiters : 0;
-	dlock_status_free(st, n);
-	return w;
 }
 
 /* ------------------------------------------------------------------ tests */
@@ -152,7 +90,7 @@ static void test_bounds(void)
 
 	/* From the start: a fresh store whose only connection goes dark. */
 	dlock_store *a = open_proxied();
-	dlock_lock *l = new_lock(a, name, 5000);
+	dlock_lock *l = nu_lock(a, name, 5000, NU_LOST);
 	net("blackhole", 4000);
 	long long t0 = tu_now_ms();
 	int rc = dlock_acquire(l, 1000);
@@ -179,16 +117,16 @@ static void test_bounds(void)
 
 	/* Dark mid-wait: a direct client holds, the proxied one waits. */
 	dlock_store *d = open_direct();
-	dlock_lock *held = new_lock(d, name, 30000);
+	dlock_lock *held = nu_lock(d, name, 30000, NU_LOST);
 	CHECK_RC(dlock_acquire(held, 0), 0);
 	a = open_proxied();
-	waiter w = { new_lock(a, name, 5000), 1000, 0, 0, 0, 0 };
-	pthread_create(&w.t, NULL, wait_main, &w);
+	nu_bg w = { .lock = nu_lock(a, name, 5000, NU_LOST), .wait = 1000 };
+	nu_bg_start(&w);
 	long long until = tu_now_ms() + 3000;
-	while (waiters_of(d, name) < 1 && tu_now_ms() < until)
+	while (nu_waiters(d, name) < 1 && tu_now_ms() < until)
 		usleep(2000);
 	net("blackhole", 4000);
-	pthread_join(w.t, NULL);
+	nu_bg_join(&w);
 	took = w.ended - w.started;
 	printf("  [%s] link dark mid-wait: acquire(wait 1000) %s after %lld ms\n", mode_name,
 	       dlock_error_name(w.rc), took);
@@ -196,12 +134,12 @@ static void test_bounds(void)
 	CHECK(w.rc == DLOCK_EUNAVAILABLE || w.rc == DLOCK_ETIMEOUT);
 	net("pass", 0);
 	CHECK_RC(dlock_release(held), 0);
-	dlock_lock_free(w.l);
+	dlock_lock_free(w.lock);
 	dlock_store_close(a);
 
 	/* Release while dark (a fresh store: nothing else of it is pending). */
 	a = open_proxied();
-	l = new_lock(a, name, 30000);
+	l = nu_lock(a, name, 30000, NU_LOST);
 	CHECK_RC(dlock_acquire(l, 2000), 0);
 	net("blackhole", 4000);
 	t0 = tu_now_ms();
@@ -214,7 +152,7 @@ static void test_bounds(void)
 	net("pass", 0);
 	/* Advisory: the closed session takes the lock with it once the server hears
 	 * the close; table: the core's retry of the release, or the lease. */
-	dlock_lock *other = new_lock(d, name, 5000);
+	dlock_lock *other = nu_lock(d, name, 5000, NU_LOST);
 	t0 = tu_now_ms();
 	CHECK_RC(dlock_acquire(other, 35000), 0);
 	took = tu_now_ms() - t0;
@@ -238,12 +176,12 @@ static void test_lost(void)
 	dlock_store *d = open_direct();
 	dlock_store *a = open_proxied();
 	const int64_t ttl = 2000;
-	dlock_lock *l = new_lock(a, name, ttl);
-	atomic_store(&lost_at, 0);
+	dlock_lock *l = nu_lock(a, name, ttl, NU_LOST);
+	atomic_store(&nu_lost_at, 0);
 	CHECK_RC(dlock_acquire(l, 2000), 0);
 	net("blackhole", 0);
 	long long deadline = tu_now_ms() + dlock_ttl_left(l);
-	dlock_lock *b = new_lock(d, name, 5000);
+	dlock_lock *b = nu_lock(d, name, 5000, NU_LOST);
 	long long granted = 0;
 	while (tu_now_ms() < deadline + 35000) {
 		if (dlock_acquire(b, 0) == 0) {
@@ -253,7 +191,7 @@ static void test_lost(void)
 		usleep(2000);
 	}
 	net("pass", 0);
-	long long lost = atomic_load(&lost_at);
+	long long lost = atomic_load(&nu_lost_at);
 	printf("  [%s] link dark, ttl %lld: on_lost %+lld ms from the deadline; direct client granted "
 	       "%+lld ms from it\n",
 	       mode_name, (long long)ttl, lost ? lost - deadline : 99999, granted ? granted - deadline : 99999);
@@ -320,21 +258,6 @@ static void *holder_main(void *arg)
 	return NULL;
 }
 
-static int held_by(dlock_store *s, const char *name, const char *client)
-{
-	const char *names[] = { name };
-	dlock_lock_status *st = NULL;
-	size_t n = 0;
-	if (dlock_store_status(s, names, 1, &st, &n) != 0)
-		return 0;
-	int found = 0;
-	for (size_t i = 0; i < n; i++)
-		for (size_t h = 0; h < st[i].nholders; h++)
-			found |= strncmp(st[i].holders[h].owner, client, strlen(client)) == 0;
-	dlock_status_free(st, n);
-	return found;
-}
-
 static void test_lost_reply(void)
 {
 	char name[128];
@@ -342,26 +265,26 @@ static void test_lost_reply(void)
 	dlock_store *d = open_direct();
 	dlock_store *pd = open_direct();
 	dlock_store *a = open_proxied();
-	dlock_lock *c = new_lock(d, name, 30000);
+	dlock_lock *c = nu_lock(d, name, 30000, NU_LOST);
 	CHECK_RC(dlock_acquire(c, 0), 0);
 	uint64_t fc = dlock_fence(c);
-	holder h = { new_lock(a, name, 3000), 0, 0, 0, 0, 0 };
+	holder h = { nu_lock(a, name, 3000, NU_LOST), 0, 0, 0, 0, 0 };
 	atomic_store(&a_holds, 0);
 	pthread_create(&h.t, NULL, holder_main, &h);
 	long long until = tu_now_ms() + 3000;
-	while (waiters_of(d, name) < 1 && tu_now_ms() < until)
+	while (nu_waiters(d, name) < 1 && tu_now_ms() < until)
 		usleep(2000);
 	net("drop", 0);
 	atomic_store(&probe_stop, 0);
 	atomic_store(&overlaps, 0);
 	atomic_store(&probe_grants, 0);
 	atomic_store(&probe_max_fence, 0);
-	dlock_lock *p = new_lock(pd, name, 5000);
+	dlock_lock *p = nu_lock(pd, name, 5000, NU_LOST);
 	CHECK_RC(dlock_release(c), 0);
 	/* The server grants the proxied client; it never hears the answer. */
 	int seen = 0;
 	until = tu_now_ms() + 10000;
-	while (!(seen = held_by(d, name, dlock_store_client_id(a))) && tu_now_ms() < until)
+	while (!(seen = nu_held_by(d, name, dlock_store_client_id(a))) && tu_now_ms() < until)
 		usleep(2000);
 	CHECK(seen);
 	/* From here on another client probes all the time: the unanswered grant,

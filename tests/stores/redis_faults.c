@@ -19,6 +19,7 @@
  * Usage: redis_faults (DLOCK_TEST_URI_FILE names the server)
  */
 #include "stores/redis_common_test.h"
+#include "stores/netutil.h"
 #include "unit/faultproxy.h"
 #include "stores/redis_common.h"
 
@@ -31,28 +32,6 @@
 #include <unistd.h>
 
 static char uri[4096];
-
-static dlock_store *open_or_die(const char *u)
-{
-	dlock_store *s = NULL;
-	if (dlock_store_open(&s, u) != 0) {
-		fprintf(stderr, "cannot open %s: %s\n", u, dlock_error_last()->message);
-		exit(1);
-	}
-	return s;
-}
-
-static dlock_lock *lock_or_die(dlock_store *s, const char *name, int64_t ttl, int no_renew, dlock_lost_fn on_lost)
-{
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	o.no_renew = no_renew;
-	o.on_lost = on_lost;
-	dlock_lock *l = NULL;
-	if (dlock_lock_new(&l, s, name, &o) != 0)
-		exit(1);
-	return l;
-}
 
 static void with(char *out, size_t n, const char *base, const char *opts)
 {
@@ -108,9 +87,9 @@ static void case_lost_reply(void)
 	}
 	with(u, sizeof(u), proxied, "timeout=300ms");
 	redisContext *raw = rt_raw(uri);
-	dlock_store *direct = open_or_die(uri), *faulty = open_or_die(u);
-	dlock_lock *c = lock_or_die(direct, name, 10000, 0, NULL);
-	dlock_lock *a = lock_or_die(faulty, name, ttl, 1, NULL);
+	dlock_store *direct = nu_open(uri), *faulty = nu_open(u);
+	dlock_lock *c = nu_lock(direct, name, 10000, 0);
+	dlock_lock *a = nu_lock(faulty, name, ttl, NU_NO_RENEW);
 	CHECK_RC(dlock_acquire(c, 0), 0);
 	uint64_t fc = dlock_fence(c);
 	bg b = { a, 20000, -100, 0, 0, 0, 0 };
@@ -151,7 +130,7 @@ static void case_lost_reply(void)
 	CHECK(left >= ttl - (tu_now_ms() - b.t_end) - 100);
 	CHECK(left >= b.ttl_left);
 	/* nobody else before the first's deadline */
-	dlock_lock *d = lock_or_die(direct, name, 10000, 0, NULL);
+	dlock_lock *d = nu_lock(direct, name, 10000, 0);
 	int rc;
 	while ((rc = dlock_acquire(d, 0)) == DLOCK_ELOCKED)
 		nanosleep(&ms5, NULL);
@@ -186,15 +165,15 @@ static void case_bounds(void)
 	with(slow, sizeof(slow), proxied, "timeout=5s&connect_timeout=500ms");
 	with(quick, sizeof(quick), proxied, "timeout=300ms&connect_timeout=500ms");
 	with(piped, sizeof(piped), proxied, "timeout=300ms&connect_timeout=500ms&release=pipelined");
-	dlock_store *direct = open_or_die(uri), *faulty = open_or_die(slow);
-	dlock_lock *b = lock_or_die(direct, name, 30000, 0, NULL);
-	dlock_lock *a = lock_or_die(faulty, name, 30000, 0, NULL);
+	dlock_store *direct = nu_open(uri), *faulty = nu_open(slow);
+	dlock_lock *b = nu_lock(direct, name, 30000, 0);
+	dlock_lock *a = nu_lock(faulty, name, 30000, 0);
 	CHECK_RC(dlock_acquire(b, 0), 0);
 	CHECK_RC(dlock_acquire(a, 0), DLOCK_ELOCKED); /* connected, scripts loaded */
 	/* a store of its own for the try-once: the undo of the wait's try is
 	 * retried in the background, and the core runs one call of a store at a time */
-	dlock_store *f2 = open_or_die(quick);
-	dlock_lock *a2 = lock_or_die(f2, name, 30000, 0, NULL);
+	dlock_store *f2 = nu_open(quick);
+	dlock_lock *a2 = nu_lock(f2, name, 30000, 0);
 	CHECK_RC(dlock_acquire(a2, 0), DLOCK_ELOCKED);
 	CHECK(tu_proxy_set(px, 0, "blackhole") == 0);
 
@@ -229,10 +208,10 @@ static void case_bounds(void)
 
 	/* release with timeout=300ms (no renewal in the way) */
 	for (int pipe = 0; pipe < 2; pipe++) {
-		dlock_store *q = open_or_die(pipe ? piped : quick);
-		dlock_lock *h = lock_or_die(q, name, 30000, 1, NULL);
-		dlock_lock *h2 = lock_or_die(q, "faults-bounds-2", 30000, 1, NULL);
-		dlock_lock *h3 = lock_or_die(q, "faults-bounds-3", 30000, 1, NULL);
+		dlock_store *q = nu_open(pipe ? piped : quick);
+		dlock_lock *h = nu_lock(q, name, 30000, NU_NO_RENEW);
+		dlock_lock *h2 = nu_lock(q, "faults-bounds-2", 30000, NU_NO_RENEW);
+		dlock_lock *h3 = nu_lock(q, "faults-bounds-3", 30000, NU_NO_RENEW);
 		CHECK_RC(dlock_acquire(h, 0), 0);
 		CHECK_RC(dlock_acquire(h2, 0), 0);
 		if (pipe)
@@ -275,16 +254,6 @@ static void case_bounds(void)
 	free(proxied);
 }
 
-static atomic_llong lost_at;
-
-static void on_lost(dlock_lock *l, void *p)
-{
-	(void)l;
-	(void)p;
-	long long zero = 0;
-	atomic_compare_exchange_strong(&lost_at, &zero, tu_now_ms());
-}
-
 static void case_lost_signal(void)
 {
 	const char *name = "faults-lost-signal";
@@ -295,17 +264,17 @@ static void case_lost_signal(void)
 		return;
 	}
 	with(u, sizeof(u), proxied, "timeout=5s");
-	dlock_store *direct = open_or_die(uri), *faulty = open_or_die(u);
-	dlock_lock *a = lock_or_die(faulty, name, 1500, 0, on_lost);
-	lost_at = 0;
+	dlock_store *direct = nu_open(uri), *faulty = nu_open(u);
+	dlock_lock *a = nu_lock(faulty, name, 1500, NU_LOST);
+	nu_lost_at = 0;
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	CHECK(tu_proxy_set(px, 0, "blackhole") == 0);
 	long long deadline = tu_now_ms() + dlock_ttl_left(a);
-	dlock_lock *b = lock_or_die(direct, name, 10000, 0, NULL);
+	dlock_lock *b = nu_lock(direct, name, 10000, 0);
 	bg g = { b, 10000, -100, 0, 0, 0, 0 };
 	pthread_create(&g.t, NULL, bg_acquire, &g);
 	pthread_join(g.t, NULL);
-	long long lost = atomic_load(&lost_at);
+	long long lost = atomic_load(&nu_lost_at);
 	printf("lost signal: on_lost %lld ms after the deadline; the direct client granted %lld ms after on_lost\n",
 	       lost ? lost - deadline : -1, lost ? g.t_end - lost : -1);
 	CHECK_RC(g.rc, 0);

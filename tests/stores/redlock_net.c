@@ -13,6 +13,7 @@
  * Usage: redlock_net (DLOCK_TEST_URI_FILE names the masters' URI)
  */
 #include "stores/redis_common_test.h"
+#include "stores/netutil.h"
 #include "unit/faultproxy.h"
 
 #include <pthread.h>
@@ -39,63 +40,9 @@ static void nap(long ms)
 	nanosleep(&ts, NULL);
 }
 
-typedef struct timed {
-	dlock_lock *lock;
-	long wait;
-	int rc;
-	long long started, ended;
-	pthread_t t;
-} timed;
-
-static void *timed_main(void *arg)
-{
-	timed *t = arg;
-	t->started = tu_now_ms();
-	t->rc = dlock_acquire(t->lock, t->wait);
-	t->ended = tu_now_ms();
-	if (t->rc == 0)
-		dlock_release(t->lock);
-	return NULL;
-}
-
-static size_t waiters(dlock_store *s, const char *name)
-{
-	const char *names[] = { name };
-	dlock_lock_status *st = NULL;
-	size_t n = 0, w = 0;
-	if (dlock_store_status(s, names, 1, &st, &n) == 0 && n == 1)
-		w = st[0].waiters;
-	dlock_status_free(st, n);
-	return w;
-}
-
-static atomic_llong lost_at;
-
-static void on_lost(dlock_lock *l, void *p)
-{
-	(void)l;
-	(void)p;
-	long long zero = 0;
-	atomic_compare_exchange_strong(&lost_at, &zero, tu_now_ms());
-}
-
-static dlock_lock *lock(dlock_store *s, const char *name, long ttl, bool lost_cb)
-{
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	if (lost_cb)
-		o.on_lost = on_lost;
-	dlock_lock *l = NULL;
-	if (dlock_lock_new(&l, s, name, &o) != 0) {
-		fprintf(stderr, "lock_new: %s\n", dlock_error_last()->message);
-		exit(1);
-	}
-	return l;
-}
-
 static void case_lost_replies(dlock_store *faulty, dlock_store *direct)
 {
-	dlock_lock *a = lock(faulty, "net-drop", 10000, false), *b = lock(direct, "net-drop", 10000, false);
+	dlock_lock *a = nu_lock(faulty, "net-drop", 10000, 0), *b = nu_lock(direct, "net-drop", 10000, 0);
 	CHECK_RC(dlock_acquire(a, 0), 0); /* connections up */
 	CHECK_RC(dlock_release(a), 0);
 	set_routes(0, 5, "drop");
@@ -127,15 +74,15 @@ static void case_lost_replies(dlock_store *faulty, dlock_store *direct)
 
 static void case_dark_wait(dlock_store *faulty, dlock_store *direct)
 {
-	dlock_lock *a = lock(faulty, "net-wait", 10000, false), *b = lock(direct, "net-wait", 30000, false);
+	dlock_lock *a = nu_lock(faulty, "net-wait", 10000, 0), *b = nu_lock(direct, "net-wait", 30000, 0);
 	CHECK_RC(dlock_acquire(b, 0), 0);
-	timed ta = { a, 1500, 0, 0, 0, 0 };
-	pthread_create(&ta.t, NULL, timed_main, &ta);
+	nu_bg ta = { .lock = a, .wait = 1500, .release_after = 1 };
+	nu_bg_start(&ta);
 	long long until = tu_now_ms() + 5000;
-	while (waiters(direct, "net-wait") < 1 && tu_now_ms() < until)
+	while (nu_waiters(direct, "net-wait") < 1 && tu_now_ms() < until)
 		nap(5);
 	set_routes(0, 3, "blackhole");
-	pthread_join(ta.t, NULL);
+	nu_bg_join(&ta);
 	long long took = ta.ended - ta.started;
 	printf("3 of 5 masters dark during a 1500 ms wait: %s after %lld ms\n", dlock_error_name(ta.rc), took);
 	CHECK(ta.rc == DLOCK_ETIMEOUT || ta.rc == DLOCK_EUNAVAILABLE);
@@ -158,16 +105,16 @@ static void case_dark_wait(dlock_store *faulty, dlock_store *direct)
 static void case_dark_holder(dlock_store *faulty, dlock_store *direct)
 {
 	const long ttl = 1500;
-	dlock_lock *a = lock(faulty, "net-hold", ttl, true), *b = lock(direct, "net-hold", 10000, false);
-	lost_at = 0;
+	dlock_lock *a = nu_lock(faulty, "net-hold", ttl, NU_LOST), *b = nu_lock(direct, "net-hold", 10000, 0);
+	nu_lost_at = 0;
 	CHECK_RC(dlock_acquire(a, 5000), 0);
 	nap(ttl / 2); /* a renewal or two went through */
 	set_routes(0, 3, "blackhole");
 	long long deadline = tu_now_ms() + dlock_ttl_left(a); /* no quorum confirms from here on */
-	timed tb = { b, 4 * ttl, 0, 0, 0, 0 };
-	pthread_create(&tb.t, NULL, timed_main, &tb);
-	pthread_join(tb.t, NULL);
-	long long lost = atomic_load(&lost_at);
+	nu_bg tb = { .lock = b, .wait = 4 * ttl, .release_after = 1 };
+	nu_bg_start(&tb);
+	nu_bg_join(&tb);
+	long long lost = atomic_load(&nu_lost_at);
 	printf("3 of 5 masters dark under a held lock: on_lost %lld ms after the deadline; the other client "
 	       "granted %lld ms after on_lost (%s)\n",
 	       lost ? lost - deadline : -1, lost ? tb.ended - lost : -1, dlock_error_name(tb.rc));
@@ -185,8 +132,8 @@ static void case_dark_holder(dlock_store *faulty, dlock_store *direct)
 static void case_slow_master(dlock_store *faulty, dlock_store *direct)
 {
 	const long ttl = 1500;
-	dlock_lock *a = lock(faulty, "net-slow", ttl, true), *b = lock(direct, "net-slow", 10000, false);
-	lost_at = 0;
+	dlock_lock *a = nu_lock(faulty, "net-slow", ttl, NU_LOST), *b = nu_lock(direct, "net-slow", 10000, 0);
+	nu_lost_at = 0;
 	/* not a new name: the first grant of a name waits for every master */
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	CHECK_RC(dlock_release(a), 0);
@@ -213,7 +160,7 @@ static void case_slow_master(dlock_store *faulty, dlock_store *direct)
 	       worst, 2 * ttl, dlock_held(a) ? "held" : "LOST", stolen);
 	CHECK(worst < 150);
 	CHECK(dlock_held(a));
-	CHECK(atomic_load(&lost_at) == 0);
+	CHECK(atomic_load(&nu_lost_at) == 0);
 	CHECK(stolen == 0);
 	CHECK_RC(dlock_release(a), 0);
 	set_routes(4, 5, "pass");

@@ -13,13 +13,13 @@
  *  - odd names round-trip through status; empty parents are reaped.
  * Usage: zookeeper_faults SERVER_SCRIPT SERVER_DIR  (URI from DLOCK_TEST_URI_FILE)
  */
+#include "netutil.h"
 #include "unit/testutil.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -275,36 +275,6 @@ static void px_blackhole(int on)
 
 /* ---------------------------------------------------------------- helpers */
 
-static dlock_store *open_uri(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static dlock_store *open_uri(const char *fmt, ...)
-{
-	char u[2048];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(u, sizeof(u), fmt, ap);
-	va_end(ap);
-	dlock_store *s = NULL;
-	int rc = dlock_store_open(&s, u);
-	if (rc) {
-		fprintf(stderr, "cannot open %s: %s\n", u, dlock_error_last()->message);
-		exit(2);
-	}
-	return s;
-}
-
-static dlock_lock *mk(dlock_store *s, const char *name, int64_t ttl, void (*lost)(dlock_lock *, void *))
-{
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	o.on_lost = lost;
-	dlock_lock *l = NULL;
-	if (dlock_lock_new(&l, s, name, &o) != 0) {
-		fprintf(stderr, "lock_new %s: %s\n", name, dlock_error_last()->message);
-		exit(2);
-	}
-	return l;
-}
-
 /* Nodes of client `cid` under /<prefix>/<name> (name without escapes); *czxid of the last. */
 static int count_own(const char *prefix, const char *name, const char *cid, int64_t *czxid)
 {
@@ -362,8 +332,8 @@ static void lost_create(int after)
 {
 	char name[64];
 	snprintf(name, sizeof(name), "loss-%s-%d", run_id, after);
-	dlock_store *s = open_uri("zk://127.0.0.1:%d", px.port);
-	dlock_lock *l = mk(s, name, 4000, NULL);
+	dlock_store *s = nu_openf("zk://127.0.0.1:%d", px.port);
+	dlock_lock *l = nu_lock_cb(s, name, 4000, NULL);
 	ensure_dir(name);
 	px_arm(OP_CREATE2, "-lock-", after);
 	CHECK_RC(dlock_acquire(l, 10000), 0);
@@ -391,16 +361,16 @@ static void case_lost_delete_reply(void)
 {
 	char name[64];
 	snprintf(name, sizeof(name), "lossdel-%s", run_id);
-	dlock_store *s = open_uri("zk://127.0.0.1:%d", px.port);
-	dlock_lock *l = mk(s, name, 4000, NULL);
+	dlock_store *s = nu_openf("zk://127.0.0.1:%d", px.port);
+	dlock_lock *l = nu_lock_cb(s, name, 4000, NULL);
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	px_arm(OP_DELETE, "-lock-", 1);
 	CHECK_RC(dlock_release(l), 0);
 	CHECK(px_cuts() == 1);
 	CHECK(count_own("dlock", name, dlock_store_client_id(s), NULL) == 0);
 	/* and the name is free for others */
-	dlock_store *s2 = open_uri("%s", direct_uri);
-	dlock_lock *l2 = mk(s2, name, 4000, NULL);
+	dlock_store *s2 = nu_openf("%s", direct_uri);
+	dlock_lock *l2 = nu_lock_cb(s2, name, 4000, NULL);
 	CHECK_RC(dlock_acquire(l2, 0), 0);
 	CHECK_RC(dlock_release(l2), 0);
 	dlock_lock_free(l2);
@@ -418,8 +388,8 @@ static void case_lost_create_no_reconnect(void)
 	char name[64], other[64];
 	snprintf(name, sizeof(name), "lossnr-%s", run_id);
 	snprintf(other, sizeof(other), "lossnr2-%s", run_id);
-	dlock_store *s = open_uri("zk://127.0.0.1:%d?connect_timeout=500ms", px.port);
-	dlock_lock *l = mk(s, name, 8000, NULL), *l2 = mk(s, other, 8000, NULL);
+	dlock_store *s = nu_openf("zk://127.0.0.1:%d?connect_timeout=500ms", px.port);
+	dlock_lock *l = nu_lock_cb(s, name, 8000, NULL), *l2 = nu_lock_cb(s, other, 8000, NULL);
 	ensure_dir(name);
 	px_arm(OP_CREATE2, "-lock-", 1);
 	pthread_mutex_lock(&px.mu);
@@ -461,36 +431,24 @@ static void *waiter_main(void *unused)
 	return NULL;
 }
 
-static int waiters_of(dlock_store *s, const char *name)
-{
-	const char *names[] = { name };
-	dlock_lock_status *st = NULL;
-	size_t n = 0;
-	int w = -1;
-	if (dlock_store_status(s, names, 1, &st, &n) == 0 && n == 1)
-		w = (int)st[0].waiters;
-	dlock_status_free(st, n);
-	return w;
-}
-
 /* A waiter whose queue node is created across a cut keeps exactly one node. */
 static void case_lost_create_waiter(void)
 {
 	char name[64];
 	snprintf(name, sizeof(name), "losswait-%s", run_id);
-	dlock_store *hs = open_uri("%s", direct_uri);
-	dlock_lock *h = mk(hs, name, 4000, NULL);
+	dlock_store *hs = nu_openf("%s", direct_uri);
+	dlock_lock *h = nu_lock_cb(hs, name, 4000, NULL);
 	CHECK_RC(dlock_acquire(h, 0), 0);
-	dlock_store *ws = open_uri("zk://127.0.0.1:%d", px.port);
+	dlock_store *ws = nu_openf("zk://127.0.0.1:%d", px.port);
 	waiter_store = ws;
-	waiter_lock = mk(ws, name, 4000, NULL);
+	waiter_lock = nu_lock_cb(ws, name, 4000, NULL);
 	px_arm(OP_CREATE2, "-lock-", 1);
 	pthread_t t;
 	pthread_create(&t, NULL, waiter_main, NULL);
 	long long until = tu_now_ms() + 10000;
-	while (waiters_of(hs, name) < 1 && tu_now_ms() < until)
+	while (nu_waiters(hs, name) < 1 && tu_now_ms() < until)
 		usleep(5000);
-	CHECK(waiters_of(hs, name) == 1);
+	CHECK(nu_waiters(hs, name) == 1);
 	CHECK(px_cuts() == 1);
 	CHECK(count_own("dlock", name, dlock_store_client_id(ws), NULL) == 1);
 	CHECK_RC(dlock_release(h), 0);
@@ -522,12 +480,12 @@ static void case_session_expiry(void)
 	snprintf(name, sizeof(name), "expire-%s", run_id);
 	snprintf(name2, sizeof(name2), "expire2-%s", run_id);
 	const int64_t ttl = 2000; /* session timeout 2 s */
-	dlock_store *s = open_uri("zk://127.0.0.1:%d", px.port);
-	dlock_lock *l = mk(s, name, ttl, note_lost);
+	dlock_store *s = nu_openf("zk://127.0.0.1:%d", px.port);
+	dlock_lock *l = nu_lock_cb(s, name, ttl, note_lost);
 	lost_at = 0;
 	CHECK_RC(dlock_acquire(l, 0), 0);
-	dlock_store *ws = open_uri("%s", direct_uri);
-	dlock_lock *w = mk(ws, name, 4000, NULL);
+	dlock_store *ws = nu_openf("%s", direct_uri);
+	dlock_lock *w = nu_lock_cb(ws, name, 4000, NULL);
 	long long cut = tu_now_ms();
 	px_blackhole(1);
 	CHECK_RC(dlock_acquire(w, 15000), 0);
@@ -539,7 +497,7 @@ static void case_session_expiry(void)
 	px_blackhole(0);
 	CHECK_RC(dlock_release(l), DLOCK_ELOST);
 	/* The old session is gone; the same handle makes a new one. */
-	dlock_lock *l2 = mk(s, name2, ttl, NULL);
+	dlock_lock *l2 = nu_lock_cb(s, name2, ttl, NULL);
 	CHECK_RC(dlock_acquire(l2, 10000), 0);
 	CHECK_RC(dlock_release(l2), 0);
 	CHECK_RC(dlock_acquire(l, 0), DLOCK_ELOCKED); /* w still holds it */
@@ -559,8 +517,8 @@ static void case_node_deleted(void)
 {
 	char name[64];
 	snprintf(name, sizeof(name), "deleted-%s", run_id);
-	dlock_store *s = open_uri("%s", direct_uri);
-	dlock_lock *l = mk(s, name, 1500, note_lost);
+	dlock_store *s = nu_openf("%s", direct_uri);
+	dlock_lock *l = nu_lock_cb(s, name, 1500, note_lost);
 	lost_at = 0;
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	char dir[128], node[512] = "";
@@ -599,8 +557,8 @@ static int pipe_a[2], pipe_b[2];
 
 static int stopped_child(const char *name)
 {
-	dlock_store *s = open_uri("%s", direct_uri);
-	dlock_lock *l = mk(s, name, 3000, note_lost);
+	dlock_store *s = nu_openf("%s", direct_uri);
+	dlock_lock *l = nu_lock_cb(s, name, 3000, note_lost);
 	if (dlock_acquire(l, 0) != 0)
 		return 10;
 	char c = 1;
@@ -639,8 +597,8 @@ static void case_stopped_holder(void)
 	CHECK(read(pipe_a[0], &c, 1) == 1);
 	kill(p, SIGSTOP);
 	long long t0 = tu_now_ms();
-	dlock_store *s = open_uri("%s", direct_uri);
-	dlock_lock *l = mk(s, name, 4000, NULL);
+	dlock_store *s = nu_openf("%s", direct_uri);
+	dlock_lock *l = nu_lock_cb(s, name, 4000, NULL);
 	CHECK_RC(dlock_acquire(l, 15000), 0);
 	long long took = tu_now_ms() - t0;
 	printf("  stopped holder (ttl 3000 ms, session 4000 ms) replaced after %lld ms\n", took);
@@ -666,12 +624,12 @@ static void case_digest_acl(void)
 {
 	char prefix[64];
 	snprintf(prefix, sizeof(prefix), "acl-%s", run_id);
-	dlock_store *a = open_uri("zk://alice:secret@%s?prefix=%s", server_hp, prefix);
-	dlock_store *b = open_uri("zk://%s?prefix=%s", server_hp, prefix);
-	dlock_store *c = open_uri("zk://alice:wrong@%s?prefix=%s", server_hp, prefix);
-	dlock_store *d = open_uri("zk://alice:secret@%s?prefix=%s", server_hp, prefix);
-	dlock_lock *la = mk(a, "x", 5000, NULL), *lb = mk(b, "x", 5000, NULL), *lc = mk(c, "x", 5000, NULL),
-		   *ld = mk(d, "x", 5000, NULL);
+	dlock_store *a = nu_openf("zk://alice:secret@%s?prefix=%s", server_hp, prefix);
+	dlock_store *b = nu_openf("zk://%s?prefix=%s", server_hp, prefix);
+	dlock_store *c = nu_openf("zk://alice:wrong@%s?prefix=%s", server_hp, prefix);
+	dlock_store *d = nu_openf("zk://alice:secret@%s?prefix=%s", server_hp, prefix);
+	dlock_lock *la = nu_lock_cb(a, "x", 5000, NULL), *lb = nu_lock_cb(b, "x", 5000, NULL), *lc = nu_lock_cb(c, "x", 5000, NULL),
+		   *ld = nu_lock_cb(d, "x", 5000, NULL);
 	CHECK_RC(dlock_acquire(la, 0), 0);
 	CHECK_RC(dlock_acquire(lb, 0), DLOCK_EAUTH);
 	CHECK_RC(dlock_acquire(lc, 0), DLOCK_EAUTH);
@@ -711,14 +669,14 @@ static void case_names_and_cleanup(void)
 {
 	char prefix[64];
 	snprintf(prefix, sizeof(prefix), "names-%s", run_id);
-	dlock_store *s = open_uri("%s?prefix=%s", direct_uri, prefix);
+	dlock_store *s = nu_openf("%s?prefix=%s", direct_uri, prefix);
 	const char *names[] = { "a/b", "..", ".", "%41", "zookeeper", "sp ace", "\xc3\xbc/..", "_c_x-lock-0000000001" };
 	const char *escaped[] = { "a%2Fb", "%2E%2E", "%2E", "%2541", "zookeeper", "sp%20ace", "%C3%BC%2F..",
 				  "_c_x-lock-0000000001" };
 	enum { N = sizeof(names) / sizeof(names[0]) };
 	dlock_lock *l[N];
 	for (int i = 0; i < N; i++) {
-		l[i] = mk(s, names[i], 5000, NULL);
+		l[i] = nu_lock_cb(s, names[i], 5000, NULL);
 		CHECK_RC(dlock_acquire(l[i], 0), 0);
 		char path[256];
 		snprintf(path, sizeof(path), "/%s/%s", prefix, escaped[i]);
@@ -766,10 +724,10 @@ static void case_bad_uris(void)
 	/* a ttl the session timeout cannot cover is refused, not silently unsafe */
 	snprintf(u, sizeof(u), "%s?session_timeout=2s", direct_uri);
 	CHECK_RC(dlock_store_open(&s, u), 0);
-	dlock_lock *l = mk(s, "long-ttl", 10000, NULL);
+	dlock_lock *l = nu_lock_cb(s, "long-ttl", 10000, NULL);
 	CHECK_RC(dlock_acquire(l, 0), DLOCK_EINVAL);
 	dlock_lock_free(l);
-	l = mk(s, "short-ttl", 1500, NULL);
+	l = nu_lock_cb(s, "short-ttl", 1500, NULL);
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	CHECK_RC(dlock_extend(l, 5000), DLOCK_EINVAL);
 	CHECK(dlock_held(l));
@@ -779,7 +737,7 @@ static void case_bad_uris(void)
 	/* a chroot that does not exist yet is made */
 	snprintf(u, sizeof(u), "%s/chroot-%s/x", direct_uri, run_id);
 	CHECK_RC(dlock_store_open(&s, u), 0);
-	l = mk(s, "in-chroot", 5000, NULL);
+	l = nu_lock_cb(s, "in-chroot", 5000, NULL);
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	char path[128];
 	snprintf(path, sizeof(path), "/chroot-%s/x/dlock/in-chroot", run_id);
@@ -789,10 +747,7 @@ static void case_bad_uris(void)
 	dlock_store_close(s);
 }
 
-static const struct {
-	const char *name;
-	void (*fn)(void);
-} cases[] = {
+static const nu_case cases[] = {
 	{ "bad_uris", case_bad_uris },
 	{ "lost_create_reply", case_lost_create_reply },
 	{ "lost_create_request", case_lost_create_request },
@@ -810,14 +765,7 @@ int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
-	const char *file = getenv("DLOCK_TEST_URI_FILE");
-	FILE *f = file ? fopen(file, "r") : NULL;
-	if (!f || !fgets(direct_uri, sizeof(direct_uri), f)) {
-		fprintf(stderr, "zookeeper_faults: set DLOCK_TEST_URI_FILE (server not started?)\n");
-		return 2;
-	}
-	fclose(f);
-	direct_uri[strcspn(direct_uri, "\r\n")] = '\0';
+	nu_uri_from_env(direct_uri, sizeof(direct_uri), "zookeeper_faults");
 	if (sscanf(direct_uri, "zk://%255[^/?]", server_hp) != 1 || !strchr(server_hp, ':')) {
 		fprintf(stderr, "zookeeper_faults: want a zk://host:port URI, got %s\n", direct_uri);
 		return 2;
@@ -836,18 +784,7 @@ int main(int argc, char **argv)
 	px_start();
 	(void)argc;
 	(void)argv;
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		int want = argc <= 3;
-		for (int a = 3; a < argc; a++)
-			want |= strcmp(argv[a], cases[i].name) == 0;
-		if (!want)
-			continue;
-		int before = tu_failures;
-		long long t0 = tu_now_ms();
-		cases[i].fn();
-		printf("%-22s %s (%lld ms)\n", cases[i].name, tu_failures == before ? "ok" : "FAILED",
-		       tu_now_ms() - t0);
-	}
+	nu_run_cases(cases, sizeof(cases) / sizeof(cases[0]), argc, argv, 3);
 	zookeeper_close(raw);
 	return tu_done("zookeeper_faults");
 }

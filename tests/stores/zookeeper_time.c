@@ -16,11 +16,11 @@
  * Usage: zookeeper_time SERVER_SCRIPT SERVER_DIR [CASE...]  (URI from DLOCK_TEST_URI_FILE)
  */
 #include "unit/faultproxy.h"
+#include "netutil.h"
 #include "unit/testutil.h"
 
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -52,41 +52,11 @@ static void px_reset(void)
 
 /* ---------------------------------------------------------------- helpers */
 
-static dlock_store *open_uri(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static dlock_store *open_uri(const char *fmt, ...)
-{
-	char u[2048];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(u, sizeof(u), fmt, ap);
-	va_end(ap);
-	dlock_store *s = NULL;
-	int rc = dlock_store_open(&s, u);
-	if (rc) {
-		fprintf(stderr, "cannot open %s: %s\n", u, dlock_error_last()->message);
-		exit(2);
-	}
-	return s;
-}
-
 /* A store whose every connection goes through the proxy; requests and
  * reconnects bounded by 500 ms. */
 static dlock_store *open_proxied(void)
 {
-	return open_uri("%s?timeout=500ms&connect_timeout=500ms", px_uri);
-}
-
-static dlock_lock *mk(dlock_store *s, const char *name, int64_t ttl, void (*lost)(dlock_lock *, void *))
-{
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	o.on_lost = lost;
-	dlock_lock *l = NULL;
-	if (dlock_lock_new(&l, s, name, &o) != 0) {
-		fprintf(stderr, "lock_new %s: %s\n", name, dlock_error_last()->message);
-		exit(2);
-	}
-	return l;
+	return nu_openf("%s?timeout=500ms&connect_timeout=500ms", px_uri);
 }
 
 /* Nodes of client `cid` under /dlock/<name>, read directly from the server. */
@@ -106,18 +76,6 @@ static int count_own(const char *name, const char *cid)
 		n += strncmp(sv.data[i], want, strlen(want)) == 0;
 	deallocate_String_vector(&sv);
 	return n;
-}
-
-static int waiters_of(dlock_store *s, const char *name)
-{
-	const char *names[] = { name };
-	dlock_lock_status *st = NULL;
-	size_t n = 0;
-	int w = -1;
-	if (dlock_store_status(s, names, 1, &st, &n) == 0 && n == 1)
-		w = (int)st[0].waiters;
-	dlock_status_free(st, n);
-	return w;
 }
 
 static void name_of(char *buf, size_t n, const char *what)
@@ -170,10 +128,10 @@ static void case_acquire_dark(void)
 {
 	char name[64];
 	name_of(name, sizeof(name), "acqdark");
-	dlock_store *hs = open_uri("%s", direct_uri);
-	dlock_lock *h = mk(hs, name, 4000, NULL);
+	dlock_store *hs = nu_openf("%s", direct_uri);
+	dlock_lock *h = nu_lock_cb(hs, name, 4000, NULL);
 	dlock_store *s = open_proxied();
-	dlock_lock *l = mk(s, name, 4000, NULL);
+	dlock_lock *l = nu_lock_cb(s, name, 4000, NULL);
 	long long worst = 0;
 	for (int held = 0; held < 2; held++) {
 		if (held)
@@ -207,11 +165,11 @@ static void case_acquire_dark_midwait(void)
 {
 	char name[64];
 	name_of(name, sizeof(name), "midwait");
-	dlock_store *hs = open_uri("%s", direct_uri);
-	dlock_lock *h = mk(hs, name, 4000, NULL);
+	dlock_store *hs = nu_openf("%s", direct_uri);
+	dlock_lock *h = nu_lock_cb(hs, name, 4000, NULL);
 	CHECK_RC(dlock_acquire(h, 0), 0);
 	dlock_store *s = open_proxied();
-	dlock_lock *l = mk(s, name, 4000, NULL);
+	dlock_lock *l = nu_lock_cb(s, name, 4000, NULL);
 	pthread_t t;
 	pthread_create(&t, NULL, go_dark, (void *)(intptr_t)400);
 	long long t0 = tu_now_ms();
@@ -236,7 +194,7 @@ static void case_extend_status_dark(void)
 	char name[64];
 	name_of(name, sizeof(name), "extdark");
 	dlock_store *s = open_proxied();
-	dlock_lock *l = mk(s, name, 4000, NULL);
+	dlock_lock *l = nu_lock_cb(s, name, 4000, NULL);
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	px_set_dark(1);
 	long long t0 = tu_now_ms();
@@ -294,7 +252,7 @@ static void release_dark(int reset)
 	name_of(name, sizeof(name), reset ? "reldark" : "reldarklong");
 	const int64_t ttl = 4000; /* session timeout 4 s */
 	dlock_store *s = open_proxied();
-	dlock_lock *l = mk(s, name, ttl, NULL);
+	dlock_lock *l = nu_lock_cb(s, name, ttl, NULL);
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	CHECK(count_own(name, dlock_store_client_id(s)) == 1);
 	px_set_dark(1);
@@ -317,8 +275,8 @@ static void release_dark(int reset)
 	CHECK(gone >= 0 && gone <= ttl + 300); /* expiry: last heard + timeout, up to a tick (100 ms) later */
 	if (reset) /* reconnected at once: swept at once, long before the session could expire */
 		CHECK(gone >= 0 && gone <= light - t0 + 1000);
-	dlock_store *os = open_uri("%s", direct_uri);
-	dlock_lock *o = mk(os, name, 4000, NULL);
+	dlock_store *os = nu_openf("%s", direct_uri);
+	dlock_lock *o = nu_lock_cb(os, name, 4000, NULL);
 	CHECK_RC(dlock_acquire(o, 0), 0);
 	CHECK_RC(dlock_release(o), 0);
 	dlock_lock_free(o);
@@ -346,11 +304,11 @@ static void case_cancel_dark(void)
 	char name[64];
 	name_of(name, sizeof(name), "canceldark");
 	const int64_t ttl = 4000;
-	dlock_store *hs = open_uri("%s", direct_uri);
-	dlock_lock *h = mk(hs, name, ttl, NULL);
+	dlock_store *hs = nu_openf("%s", direct_uri);
+	dlock_lock *h = nu_lock_cb(hs, name, ttl, NULL);
 	CHECK_RC(dlock_acquire(h, 0), 0);
 	dlock_store *s = open_proxied();
-	dlock_lock *l = mk(s, name, ttl, NULL);
+	dlock_lock *l = nu_lock_cb(s, name, ttl, NULL);
 	pthread_t t;
 	light_after = 1500; /* then the proxy cuts the connections: the client reconnects at once */
 	light_reset = 1;
@@ -368,8 +326,8 @@ static void case_cancel_dark(void)
 	light_reset = 0;
 	long long back = tu_now_ms();
 	CHECK_RC(dlock_release(h), 0);
-	dlock_store *os = open_uri("%s", direct_uri);
-	dlock_lock *o = mk(os, name, ttl, NULL);
+	dlock_store *os = nu_openf("%s", direct_uri);
+	dlock_lock *o = nu_lock_cb(os, name, ttl, NULL);
 	rc = dlock_acquire(o, ttl + 2000);
 	long long granted = tu_now_ms() - back;
 	printf("  another client granted %lld ms after the link came back (%s; session timeout %lld ms)\n",
@@ -400,7 +358,7 @@ static void case_create_reply_dropped(void)
 	name_of(name, sizeof(name), "dropped");
 	const int64_t ttl = 8000;
 	dlock_store *s = open_proxied();
-	dlock_lock *l = mk(s, name, ttl, NULL);
+	dlock_lock *l = nu_lock_cb(s, name, ttl, NULL);
 	/* a first grant and release, so the name's parents exist */
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	CHECK_RC(dlock_release(l), 0);
@@ -457,16 +415,16 @@ static void case_lost_dark(void)
 	name_of(name, sizeof(name), "lostdark");
 	const int64_t ttl = 2000; /* session timeout 2 s */
 	dlock_store *s = open_proxied();
-	dlock_lock *l = mk(s, name, ttl, note_lost);
+	dlock_lock *l = nu_lock_cb(s, name, ttl, note_lost);
 	lost_at = 0;
 	waiter_granted = 0;
 	CHECK_RC(dlock_acquire(l, 0), 0);
-	dlock_store *ws = open_uri("%s", direct_uri);
-	waiter = mk(ws, name, 4000, NULL);
+	dlock_store *ws = nu_openf("%s", direct_uri);
+	waiter = nu_lock_cb(ws, name, 4000, NULL);
 	pthread_t t;
 	pthread_create(&t, NULL, waiter_main, NULL);
 	long long until = tu_now_ms() + 5000;
-	while (waiters_of(ws, name) < 1 && tu_now_ms() < until)
+	while (nu_waiters(ws, name) < 1 && tu_now_ms() < until)
 		usleep(5000);
 	usleep(100000);
 	long long cut = tu_now_ms();
@@ -487,10 +445,7 @@ static void case_lost_dark(void)
 	dlock_store_close(s);
 }
 
-static const struct {
-	const char *name;
-	void (*fn)(void);
-} cases[] = {
+static const nu_case cases[] = {
 	{ "open_dark", case_open_dark },
 	{ "acquire_dark", case_acquire_dark },
 	{ "acquire_dark_midwait", case_acquire_dark_midwait },
@@ -506,14 +461,7 @@ int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
-	const char *file = getenv("DLOCK_TEST_URI_FILE");
-	FILE *f = file ? fopen(file, "r") : NULL;
-	if (!f || !fgets(direct_uri, sizeof(direct_uri), f)) {
-		fprintf(stderr, "zookeeper_time: set DLOCK_TEST_URI_FILE (server not started?)\n");
-		return 2;
-	}
-	fclose(f);
-	direct_uri[strcspn(direct_uri, "\r\n")] = '\0';
+	nu_uri_from_env(direct_uri, sizeof(direct_uri), "zookeeper_time");
 	if (sscanf(direct_uri, "zk://%255[^/?]", server_hp) != 1 || !strchr(server_hp, ':')) {
 		fprintf(stderr, "zookeeper_time: want a zk://host:port URI, got %s\n", direct_uri);
 		return 2;
@@ -532,18 +480,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "zookeeper_time: the fault proxy did not start\n");
 		return 2;
 	}
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		int want = argc <= 3;
-		for (int a = 3; a < argc; a++)
-			want |= strcmp(argv[a], cases[i].name) == 0;
-		if (!want)
-			continue;
-		int before = tu_failures;
-		long long t0 = tu_now_ms();
-		cases[i].fn();
-		printf("%-22s %s (%lld ms)\n", cases[i].name, tu_failures == before ? "ok" : "FAILED",
-		       tu_now_ms() - t0);
-	}
+	nu_run_cases(cases, sizeof(cases) / sizeof(cases[0]), argc, argv, 3);
 	zookeeper_close(raw);
 	tu_proxy_stop(px);
 	free(px_uri);

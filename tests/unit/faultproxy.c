@@ -203,6 +203,41 @@ int tu_proxy_set(tu_proxy *p, int route, const char *mode)
 	return command(p, cmd, reply, sizeof(reply));
 }
 
+int tu_proxy_dropmatch(tu_proxy *p, int route, const void *pattern, size_t len)
+{
+	char cmd[16 + 4 * 128 + 16], reply[256];
+	const unsigned char *b = pattern;
+	if (len == 0 || len > 128) {
+		fprintf(stderr, "faultproxy: a dropmatch pattern has 1..128 bytes\n");
+		return -1;
+	}
+	size_t n = (size_t)snprintf(cmd, sizeof(cmd), "dropmatch ");
+	for (size_t i = 0; i < len; i++) {
+		if (b[i] > ' ' && b[i] < 0x7f && b[i] != '\\')
+			cmd[n++] = (char)b[i];
+		else
+			n += (size_t)snprintf(cmd + n, sizeof(cmd) - n, "\\x%02x", b[i]);
+	}
+	cmd[n] = '\0';
+	if (route >= 0)
+		snprintf(cmd + n, sizeof(cmd) - n, " %d", route);
+	return command(p, cmd, reply, sizeof(reply));
+}
+
+int tu_proxy_fired(tu_proxy *p, int route, long long *fired)
+{
+	char cmd[32], reply[256];
+	snprintf(cmd, sizeof(cmd), "stats %d", route);
+	if (command(p, cmd, reply, sizeof(reply)) < 0)
+		return -1;
+	const char *f = strstr(reply, " fired=");
+	if (!f || sscanf(f, " fired=%lld", fired) != 1) {
+		fprintf(stderr, "faultproxy: bad stats reply '%s'\n", reply);
+		return -1;
+	}
+	return 0;
+}
+
 int tu_proxy_stats(tu_proxy *p, int route, long long *conns, long long *open, long long *up,
 		   long long *down, long long *dropped)
 {

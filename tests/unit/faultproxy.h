@@ -13,6 +13,16 @@
  *                route leaves blackhole.
  *   "drop"       forward client->server, discard server->client: the request
  *                is applied, its reply is lost.
+ *   "dropmatch STRING"
+ *                forward both ways until a request stream (client->server)
+ *                contains STRING; from then on that one connection gets no
+ *                reply bytes (a "drop" of that connection only: the request
+ *                is applied, its answer lost, the connection stays open).
+ *                One shot: other and later connections pass. Setting any
+ *                mode resets that connection (no later byte after a lost
+ *                one, as with TCP). Use it where a
+ *                grant is several requests and only the last one's answer
+ *                should be lost. See tu_proxy_dropmatch for any bytes.
  *   "reset"      RST both sides of every open connection; new connections
  *                are reset at once.
  * Bytes already handed to the kernel before a mode change may still arrive.
@@ -25,6 +35,8 @@
 #ifndef DLOCK_TEST_FAULTPROXY_H
 #define DLOCK_TEST_FAULTPROXY_H
 
+#include <stddef.h>
+
 typedef struct tu_proxy tu_proxy;
 
 /* Start faultproxy in front of every host:port in the authority of store URI
@@ -36,9 +48,19 @@ typedef struct tu_proxy tu_proxy;
 tu_proxy *tu_proxy_start(const char *uri, char **proxied);
 
 /* Set the mode of route `route` (-1 = all routes): "pass", "delay 250",
- * "blackhole", "drop", "reset". Returns 0 once the proxy has applied it,
+ * "blackhole", "drop", "dropmatch WORD", "reset". Returns 0 once the proxy has applied it,
  * -1 (message on stderr) on error. */
 int tu_proxy_set(tu_proxy *p, int route, const char *mode);
+
+/* Set route `route` (-1 = all) to dropmatch on the `len` bytes at `pattern`
+ * (1..128 bytes, any values: they are escaped for the control line). Setting
+ * any mode again re-arms it and ends an earlier drop. Returns 0 once applied,
+ * -1 (message on stderr) on error. */
+int tu_proxy_dropmatch(tu_proxy *p, int route, const void *pattern, size_t len);
+
+/* How many times a dropmatch of route `route` fired since the proxy started
+ * (0 or 1 per arming). Returns 0, or -1 (message on stderr). */
+int tu_proxy_fired(tu_proxy *p, int route, long long *fired);
 
 /* Counters of route `route`: connections accepted in total, open now, bytes
  * forwarded client->server (up) and server->client (down), bytes discarded.

@@ -1,0 +1,156 @@
+#include "netutil.h"
+#include "unit/testutil.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+atomic_llong nu_lost_at;
+
+dlock_store *nu_open(const char *uri)
+{
+	dlock_store *s = NULL;
+	if (dlock_store_open(&s, uri) != 0) {
+		fprintf(stderr, "open: %s\n", dlock_error_last()->message);
+		exit(1);
+	}
+	return s;
+}
+
+dlock_store *nu_openf(const char *fmt, ...)
+{
+	char u[2048];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(u, sizeof(u), fmt, ap);
+	va_end(ap);
+	return nu_open(u);
+}
+
+dlock_lock *nu_lock_cb(dlock_store *s, const char *name, int64_t ttl, dlock_lost_fn lost)
+{
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = ttl;
+	o.on_lost = lost;
+	dlock_lock *l = NULL;
+	if (dlock_lock_new(&l, s, name, &o) != 0) {
+		fprintf(stderr, "lock_new %s: %s\n", name, dlock_error_last()->message);
+		exit(1);
+	}
+	return l;
+}
+
+dlock_lock *nu_lock(dlock_store *s, const char *name, int64_t ttl, unsigned flags)
+{
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = ttl;
+	o.no_renew = (flags & NU_NO_RENEW) != 0;
+	if (flags & NU_LOST)
+		o.on_lost = nu_on_lost;
+	dlock_lock *l = NULL;
+	if (dlock_lock_new(&l, s, name, &o) != 0) {
+		fprintf(stderr, "lock_new %s: %s\n", name, dlock_error_last()->message);
+		exit(1);
+	}
+	return l;
+}
+
+void nu_on_lost(dlock_lock *l, void *payload)
+{
+	(void)l;
+	(void)payload;
+	long long zero = 0;
+	atomic_compare_exchange_strong(&nu_lost_at, &zero, tu_now_ms());
+}
+
+long long nu_wait_lost(long long limit_ms)
+{
+	long long until = tu_now_ms() + limit_ms;
+	while (!atomic_load(&nu_lost_at) && tu_now_ms() < until)
+		usleep(2000);
+	return atomic_load(&nu_lost_at);
+}
+
+long nu_waiters(dlock_store *s, const char *name)
+{
+	const char *names[] = { name };
+	dlock_lock_status *st = NULL;
+	size_t n = 0;
+	if (dlock_store_status(s, names, 1, &st, &n) != 0)
+		return -1;
+	long w = n ? (long)st[0].waiters : 0;
+	dlock_status_free(st, n);
+	return w;
+}
+
+int nu_held_by(dlock_store *s, const char *name, const char *client_id)
+{
+	const char *names[] = { name };
+	dlock_lock_status *st = NULL;
+	size_t n = 0;
+	if (dlock_store_status(s, names, 1, &st, &n) != 0)
+		return 0;
+	int found = 0;
+	for (size_t i = 0; i < n; i++)
+		for (size_t h = 0; h < st[i].nholders; h++)
+			found |= strncmp(st[i].holders[h].owner, client_id, strlen(client_id)) == 0;
+	dlock_status_free(st, n);
+	return found;
+}
+
+static void *bg_main(void *arg)
+{
+	nu_bg *b = arg;
+	b->started = tu_now_ms();
+	b->rc = dlock_acquire(b->lock, b->wait);
+	atomic_store(&b->ended, tu_now_ms());
+	if (b->rc == 0 && b->release_after)
+		dlock_release(b->lock);
+	return NULL;
+}
+
+void nu_bg_start(nu_bg *b)
+{
+	b->rc = -1;
+	b->started = 0;
+	atomic_store(&b->ended, 0);
+	if (pthread_create(&b->t, NULL, bg_main, b) != 0) {
+		fprintf(stderr, "pthread_create failed\n");
+		exit(1);
+	}
+}
+
+void nu_bg_join(nu_bg *b)
+{
+	pthread_join(b->t, NULL);
+}
+
+void nu_uri_from_env(char *out, size_t n, const char *prog)
+{
+	const char *file = getenv("DLOCK_TEST_URI_FILE");
+	FILE *f = file ? fopen(file, "r") : NULL;
+	if (!f || !fgets(out, (int)n, f)) {
+		fprintf(stderr, "%s: set DLOCK_TEST_URI_FILE (server not started?)\n", prog);
+		exit(2);
+	}
+	fclose(f);
+	out[strcspn(out, "\r\n")] = '\0';
+}
+
+void nu_run_cases(const nu_case *cases, size_t n, int argc, char **argv, int first)
+{
+	for (size_t i = 0; i < n; i++) {
+		int want = argc <= first;
+		for (int a = first; a < argc; a++)
+			want |= strcmp(argv[a], cases[i].name) == 0;
+		if (!want)
+			continue;
+		int before = tu_failures;
+		long long t0 = tu_now_ms();
+		cases[i].fn();
+		printf("%-22s %s (%lld ms)\n", cases[i].name, tu_failures == before ? "ok" : "FAILED",
+		       tu_now_ms() - t0);
+	}
+}

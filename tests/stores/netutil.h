@@ -1,0 +1,84 @@
+/* netutil: helpers shared by the network and fault tests of tests/stores
+ * (mysql_net.c, postgres_net.c, postgres_hang.c, postgres_advisory.c,
+ * redlock_net.c, memcached_store.c, ...): opening a store or a lock or
+ * failing the test at once, one "on_lost" box, the status counts they
+ * assert on, and an acquire in a thread of its own.
+ *
+ * Built as the static library dlock_netutil (tests/stores/CMakeLists.txt) on
+ * top of dlock_testutil. Not thread-safe unless a function says so. */
+#ifndef DLOCK_TEST_NETUTIL_H
+#define DLOCK_TEST_NETUTIL_H
+
+#include <dlock/dlock.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Open the store at `uri`; on failure print the URI's error and exit(1). */
+dlock_store *nu_open(const char *uri);
+
+/* nu_open of the URI printf(fmt, ...) makes (at most 2047 bytes). */
+dlock_store *nu_openf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Flags of nu_lock. */
+enum {
+	NU_LOST = 1,     /* on_lost = nu_on_lost (records in nu_lost_at) */
+	NU_NO_RENEW = 2, /* options.no_renew */
+};
+
+/* A lock on `name` with ttl_ms `ttl` and `flags`; exit(1) on failure. */
+dlock_lock *nu_lock(dlock_store *s, const char *name, int64_t ttl, unsigned flags);
+
+/* A lock on `name` with ttl_ms `ttl` whose on_lost is `lost` (payload NULL;
+ * may be NULL); exit(1) on failure. */
+dlock_lock *nu_lock_cb(dlock_store *s, const char *name, int64_t ttl, dlock_lost_fn lost);
+
+/* The on_lost box: tu_now_ms() of the first on_lost of a NU_LOST lock since
+ * the test last set it to 0; 0 while none came. Thread-safe. */
+extern atomic_llong nu_lost_at;
+void nu_on_lost(dlock_lock *l, void *payload);
+
+/* Wait until nu_lost_at is set or limit_ms passes; returns nu_lost_at. */
+long long nu_wait_lost(long long limit_ms);
+
+/* Waiters of `name` as store `s` sees them; -1 when status fails. */
+long nu_waiters(dlock_store *s, const char *name);
+
+/* 1 if status of `name` on `s` shows a holder whose owner is of the store
+ * client `client_id` (dlock_store_client_id), else 0 (also on error). */
+int nu_held_by(dlock_store *s, const char *name, const char *client_id);
+
+/* An acquire in a thread of its own (a lock handle belongs to the thread that
+ * acquires it: release_after releases it there when granted). Set lock,
+ * wait and release_after, then nu_bg_start; read the results after
+ * nu_bg_join, or `ended` (0 until the acquire returned, set before the
+ * release) at any time. */
+typedef struct nu_bg {
+	dlock_lock *lock;
+	int64_t wait;
+	int release_after;
+	int rc;
+	long long started;
+	atomic_llong ended;
+	pthread_t t;
+} nu_bg;
+
+void nu_bg_start(nu_bg *b);
+void nu_bg_join(nu_bg *b);
+
+/* The first line of the file named by $DLOCK_TEST_URI_FILE (a server
+ * script's DIR/uri) into out; exit(2) with a message naming `prog` when it
+ * cannot be read. */
+void nu_uri_from_env(char *out, size_t n, const char *prog);
+
+/* A program's cases: run those named in argv[first..argc) (every one when
+ * none is named), each printed with ok/FAILED (by tu_failures) and its time. */
+typedef struct nu_case {
+	const char *name;
+	void (*fn)(void);
+} nu_case;
+void nu_run_cases(const nu_case *cases, size_t n, int argc, char **argv, int first);
+
+#endif
