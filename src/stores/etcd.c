@@ -3,7 +3,8 @@
  *
  * Key layout: one directory per lock name, one key per hold or waiter:
  *
- *   <prefix>/<name, '%' and '/' percent-escaped>/<client id>-<slot>
+ *   <prefix>/<name>/<client id>-<slot>   (prefix and name with '%' and '/'
+ *                                         percent-escaped: see prefix_enc)
  *   value {"owner","mode","permits","host","pid"}, on a lease of ours
  *
  * The order of the keys by create revision is the queue: the N oldest keys
@@ -239,6 +240,32 @@ static char *dir_of(const etcd *e, const char *name)
 	*o++ = '/';
 	*o = '\0';
 	return d;
+}
+
+/*
+ * The prefix as written in keys: '%' and '/' percent-escaped like a name, so a
+ * key has exactly three parts, <prefix>/<name>/<owner>, and the range over
+ * one lock's directory never reaches another namespace's keys (prefix=a with
+ * lock "x" has the directory "a/x/"; prefix=a/x is written "a%2Fx"). Trailing
+ * '/' are dropped first ("a/" is "a"). A prefix without '/' and '%' (the
+ * default "dlock") is written as it is.
+ */
+static char *prefix_enc(const char *prefix)
+{
+	size_t n = strlen(prefix);
+	while (n > 1 && prefix[n - 1] == '/')
+		n--;
+	char *out = malloc(3 * n + 1), *o = out;
+	if (!out)
+		return NULL;
+	for (size_t i = 0; i < n; i++) {
+		if (prefix[i] == '%' || prefix[i] == '/')
+			o += sprintf(o, "%%%02X", (unsigned char)prefix[i]);
+		else
+			*o++ = prefix[i];
+	}
+	*o = '\0';
+	return out;
 }
 
 char *dlock__etcd_unescape_name(const char *s, size_t n)
@@ -2349,11 +2376,10 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 			goto fail;
 		e->nurls++;
 	}
-	if (!(e->prefix = dlock__strdup(uri->prefix)))
+	if (!(e->prefix = prefix_enc(uri->prefix))) {
+		rc = dlock__oom();
 		goto fail;
-	/* A trailing '/' in the prefix would give "dlock//name/": keep one separator. */
-	for (size_t n = strlen(e->prefix); n > 1 && e->prefix[n - 1] == '/'; n--)
-		e->prefix[n - 1] = '\0';
+	}
 	if ((uri->user && !(e->user = dlock__strdup(uri->user))) ||
 	    (uri->password && !(e->password = dlock__strdup(uri->password))))
 		goto fail;

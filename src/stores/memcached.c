@@ -106,8 +106,13 @@ static int mc_error(mc_backend *be, memcached_return_t rc, const char *what)
 	default:
 		code = DLOCK_ESTORE;
 	}
+	/* libmemcached starts its message with the address of its server
+	 * object, "(0x55f0…) ": an address is no one's business (issue 21). */
+	const char *msg = memcached_last_error_message(be->mc), *cut;
+	if (msg && strncmp(msg, "(0x", 3) == 0 && (cut = strstr(msg, ") ")))
+		msg = cut + 2;
 	int err = dlock_error_set(code, KIND, memcached_strerror(be->mc, rc), "%s on %s: %s", what,
-				  be->hostport, memcached_last_error_message(be->mc));
+				  be->hostport, msg ? msg : "");
 	if (code == DLOCK_EUNAVAILABLE)
 		drop_conn(be); /* the next call starts on a new connection */
 	return err;
@@ -178,9 +183,20 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
 	return h;
 }
 
+/* A '/' of a name that would start one of the suffixes of a lock's own keys
+ * ("/o/" anywhere, "/f" at the end): written %2F, so no name's K is another
+ * name's lease or fence key (the fence key K/f of "deploy" is not the K of
+ * "deploy/f"). Other '/' stay as they are: "orders/42" keeps its key. */
+static int internal_suffix(const char *s)
+{
+	return (s[1] == 'o' && s[2] == '/') || (s[1] == 'f' && s[2] == '\0');
+}
+
 /*
  * K for a name: "prefix:name" with bytes memcached forbids in keys (space,
- * controls, DEL, non-ASCII) and '%' written as %XX; when that is too long,
+ * controls, DEL, non-ASCII) and '%' written as %XX, and the '/' of
+ * internal_suffix in the name; injective (decoding %XX gives the pair back,
+ * the prefix ends at the first ':'). When that is too long,
  * "prefix#" and 128 bits of two FNV-1a 64 hashes with different offsets.
  */
 static void base_key(mc_backend *be, const char *name, char *out, size_t cap)
@@ -195,7 +211,8 @@ static void base_key(mc_backend *be, const char *name, char *out, size_t cap)
 				fits = 0;
 				break;
 			}
-			if (*s <= 0x20 || *s >= 0x7f || *s == '%' || (p == 0 && *s == ':')) {
+			if (*s <= 0x20 || *s >= 0x7f || *s == '%' || (p == 0 && *s == ':') ||
+			    (p == 1 && *s == '/' && internal_suffix((const char *)s))) {
 				out[n++] = '%';
 				out[n++] = hex[*s >> 4];
 				out[n++] = hex[*s & 15];

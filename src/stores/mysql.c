@@ -993,8 +993,10 @@ static int t_cancel(dlock_backend *be, dlock_request *req)
 
 /*
  * The GET_LOCK key of a name given as SQL text (a hex literal, or the column
- * `name`): "<db>/<prefix>/<name>", or when that is over 64 characters (MySQL's
- * limit) its first 23 characters, '~' and the first 40 hex digits of its
+ * `name`): "<db>/<prefix>/<name>" with '%' and '/' of the prefix written %25
+ * and %2F (so prefix=a/x + name y is not prefix=a + name x/y), or when that
+ * is over 64 characters (MySQL's limit) its first 23 characters, '~' and
+ * the first 40 hex digits of its
  * SHA-256. The server computes it, so an operator can run the same SQL to find
  * a lock in IS_USED_LOCK or the metadata lock views.
  */
@@ -1003,8 +1005,10 @@ static void sb_key(sbuf *s, const mysql_be *b, const char *name_sql)
 	sbuf k = { 0 };
 	sb_add(&k, "CONCAT(CONVERT(");
 	sb_hex(&k, b->db);
-	sb_add(&k, " USING utf8mb4), '/', CONVERT(%s USING utf8mb4), '/', CONVERT(%s USING utf8mb4))", b->ns_hex,
-	       name_sql);
+	sb_add(&k,
+	       " USING utf8mb4), '/', REPLACE(REPLACE(CONVERT(%s USING utf8mb4), '%%', '%%25'), '/', '%%2F'), '/',"
+	       " CONVERT(%s USING utf8mb4))",
+	       b->ns_hex, name_sql);
 	if (k.oom) {
 		free(k.p);
 		s->oom = 1;

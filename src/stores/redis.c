@@ -10,6 +10,9 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -368,7 +371,8 @@ int dlock__rconn_error(const redisContext *c, const dlock__rserver *srv, const c
 	const char *what = c && c->errstr[0] ? c->errstr : "connection lost";
 	if (c && c->err == REDIS_ERR_EOF)
 		what = "server closed the connection";
-	return dlock_error_set(DLOCK_EUNAVAILABLE, kind, c && c->err == REDIS_ERR_IO ? "EIO" : "ECONN",
+	return dlock_error_set(DLOCK_EUNAVAILABLE, kind,
+			       !c ? "ECONN" : c->err == REDIS_ERR_IO ? "EIO" : c->err == REDIS_ERR_PROTOCOL ? "EPROTO" : "ECONN",
 			       "%s %s:%d: %s", kind, srv->host, srv->port, what);
 }
 
@@ -390,6 +394,89 @@ int dlock__rreply_error(const redisReply *r, const dlock__rserver *srv, const ch
 		 !strcmp(code, "TRYAGAIN") || !strcmp(code, "CLUSTERDOWN"))
 		rc = DLOCK_EUNAVAILABLE;
 	return dlock_error_set(rc, kind, code, "%s %s:%d: %s", kind, srv->host, srv->port, s);
+}
+
+/* ---- replies of bounded size (a hostile or broken server) ---- */
+
+/*
+ * hiredis 0.14 buffers a whole bulk string before it makes the reply, and
+ * allocates an array's pointers (and then each element) as the header says:
+ * "$2000000000" or "*25000000" would make the client allocate gigabytes.
+ * Every read goes through dlock__rbuffer_read, which refuses a buffer of
+ * unparsed reply bytes over DLOCK__REDIS_REPLY_MAX_BYTES, and the reader's
+ * createArray is wrapped to refuse a reply whose arrays together announce
+ * more than DLOCK__REDIS_REPLY_MAX_ELEMENTS elements (counted in the
+ * reader's privdata, which hiredis does not use). Either sets a protocol
+ * error on the context: the caller drops the connection.
+ */
+static redisReplyObjectFunctions base_fn, capped_fn;
+static pthread_once_t capped_once = PTHREAD_ONCE_INIT;
+
+static redisReader *reader_of(const redisReadTask *t)
+{
+	while (t->parent)
+		t = t->parent;
+	/* the root task is rstack[0] of its reader */
+	return (redisReader *)(void *)((char *)(uintptr_t)t - offsetof(redisReader, rstack));
+}
+
+static void *capped_array(const redisReadTask *t, int elements)
+{
+	redisReader *r = reader_of(t);
+	uintptr_t seen = t->parent ? (uintptr_t)r->privdata : 0;
+	seen += elements > 0 ? (uintptr_t)elements : 0;
+	r->privdata = (void *)seen;
+	if (seen > DLOCK__REDIS_REPLY_MAX_ELEMENTS)
+		return NULL; /* hiredis reports "Out of memory"; dlock__rget_reply renames it */
+	return base_fn.createArray(t, elements);
+}
+
+static void capped_init(void)
+{
+	redisReader *r = redisReaderCreate();
+	if (!r)
+		abort();
+	base_fn = capped_fn = *r->fn;
+	capped_fn.createArray = capped_array;
+	redisReaderFree(r);
+}
+
+static void capped_install(redisContext *c)
+{
+	if (c->reader->fn != &capped_fn) {
+		pthread_once(&capped_once, capped_init);
+		c->reader->fn = &capped_fn;
+		c->reader->privdata = NULL;
+	}
+}
+
+static int refuse(redisContext *c, const char *fmt, unsigned long cap)
+{
+	c->err = REDIS_ERR_PROTOCOL;
+	snprintf(c->errstr, sizeof(c->errstr), fmt, cap);
+	return REDIS_ERR;
+}
+
+int dlock__rbuffer_read(redisContext *c)
+{
+	capped_install(c);
+	if (redisBufferRead(c) != REDIS_OK)
+		return REDIS_ERR;
+	if (c->reader->len - c->reader->pos > DLOCK__REDIS_REPLY_MAX_BYTES)
+		return refuse(c, "reply refused: more than %lu MiB (a hostile or broken server?)",
+			      (unsigned long)DLOCK__REDIS_REPLY_MAX_BYTES >> 20);
+	return REDIS_OK;
+}
+
+int dlock__rget_reply(redisContext *c, void **reply)
+{
+	capped_install(c);
+	if (redisGetReplyFromReader(c, reply) == REDIS_OK)
+		return REDIS_OK;
+	if ((uintptr_t)c->reader->privdata > DLOCK__REDIS_REPLY_MAX_ELEMENTS)
+		return refuse(c, "reply refused: more than %lu elements (a hostile or broken server?)",
+			      (unsigned long)DLOCK__REDIS_REPLY_MAX_ELEMENTS);
+	return REDIS_ERR;
 }
 
 /* ---- I/O bounded by a deadline ---- */
@@ -443,7 +530,7 @@ static int io_reply(redisContext *c, int64_t deadline, redisReply **out)
 		return rc;
 	for (;;) {
 		void *v = NULL;
-		if (redisGetReplyFromReader(c, &v) != REDIS_OK)
+		if (dlock__rget_reply(c, &v) != REDIS_OK)
 			return IO_ERR;
 		if (v) {
 			*out = v;
@@ -452,7 +539,7 @@ static int io_reply(redisContext *c, int64_t deadline, redisReply **out)
 		int w = fd_wait(c->fd, POLLIN, deadline);
 		if (w <= 0)
 			return w == 0 ? IO_TIMEOUT : IO_ERR;
-		if (redisBufferRead(c) != REDIS_OK)
+		if (dlock__rbuffer_read(c) != REDIS_OK)
 			return IO_ERR;
 	}
 }
@@ -1245,12 +1332,12 @@ static void *notify_main(void *arg)
 			}
 			if (!(pf[k].revents & (POLLIN | POLLERR | POLLHUP)))
 				continue;
-			if (redisBufferRead(nt->c[i]) != REDIS_OK) {
+			if (dlock__rbuffer_read(nt->c[i]) != REDIS_OK) {
 				drop_conn(nt, i);
 				continue;
 			}
 			void *r = NULL;
-			while (nt->c[i] && redisGetReplyFromReader(nt->c[i], &r) == REDIS_OK && r) {
+			while (nt->c[i] && dlock__rget_reply(nt->c[i], &r) == REDIS_OK && r) {
 				on_reply(nt, i, r);
 				freeReplyObject(r);
 				r = NULL;
@@ -1432,7 +1519,8 @@ static void drop(rstore *s)
 /* A request that ran out of time: the message says so (the contract's "timed out"). */
 static int timed_out_error(int rc, const char *what)
 {
-	if (rc == DLOCK_EUNAVAILABLE && !strstr(dlock_error_last()->message, "timed out"))
+	if (rc == DLOCK_EUNAVAILABLE && !strstr(dlock_error_last()->message, "timed out") &&
+	    strcmp(dlock_error_last()->store_code, "EPROTO") != 0) /* a refused reply did not time out */
 		return rewrap(rc, KIND, what);
 	return rc;
 }

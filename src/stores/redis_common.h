@@ -86,6 +86,24 @@ int dlock__rconnect_by(redisContext **out, const dlock__rserver *srv, const char
 int dlock__rread_by(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline,
 		    redisReply **out);
 
+/*
+ * Bounds of one reply, against a hostile or broken server (hiredis would
+ * allocate whatever a header announces): unparsed bytes buffered, and the
+ * elements of all arrays of one reply. A legitimate reply (a renew batch,
+ * a SCAN page, a status) is far below both.
+ */
+#define DLOCK__REDIS_REPLY_MAX_BYTES (16u << 20)
+#define DLOCK__REDIS_REPLY_MAX_ELEMENTS (1u << 20)
+
+/*
+ * redisBufferRead and redisGetReplyFromReader within those bounds: every read
+ * of a context goes through these two. Over a bound they fail with c->err =
+ * REDIS_ERR_PROTOCOL and a "reply refused: ..." c->errstr (store code
+ * "EPROTO" from dlock__rconn_error); the caller drops the connection.
+ */
+int dlock__rbuffer_read(redisContext *c);
+int dlock__rget_reply(redisContext *c, void **reply);
+
 /* TCP keepalive (idle about timeout_ms) and TCP_USER_TIMEOUT on c's socket
  * (dlock__rconnect and dlock__rconnect_by already do it). */
 void dlock__rsock_setup(redisContext *c, int64_t timeout_ms);

@@ -431,12 +431,12 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 			rl_op *op = &ops[i];
 			if (!pf[k].revents)
 				continue;
-			if (redisBufferRead(s->c[i]) != REDIS_OK) {
+			if (dlock__rbuffer_read(s->c[i]) != REDIS_OK) {
 				op_fail(s, op, i, s->c[i]->errstr[0] ? s->c[i]->errstr : "connection lost");
 				continue;
 			}
 			void *v = NULL;
-			while (!op->done && redisGetReplyFromReader(s->c[i], &v) == REDIS_OK && v) {
+			while (!op->done && dlock__rget_reply(s->c[i], &v) == REDIS_OK && v) {
 				redisReply *r = v;
 				v = NULL;
 				if (s->owed[i] > 0) { /* the answer to an earlier round that did not wait for it */

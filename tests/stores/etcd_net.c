@@ -10,7 +10,7 @@
  *              timeout= + 50 ms, open within connect_timeout + 50 ms, status
  *              within timeout= + 50 ms.
  *   lost       a held lock (ttl 2000) whose link is blackholed gets on_lost no
- *              later than its deadline + 20 ms, and before the direct client is
+ *              later than its deadline + TU_SCHED_GRACE_MS, and before the direct client is
  *              granted.
  *   orphan     locks A and B on one TTL; the release of A is blackholed (it
  *              fails), then the link passes again: while B stays held and
@@ -303,7 +303,7 @@ static void case_lost(void)
 	printf("  on_lost %lld ms after the lease deadline; direct client granted %lld ms after on_lost\n",
 	       nu_lost_at - deadline, granted - nu_lost_at);
 	CHECK(nu_lost_at > 0);
-	CHECK(nu_lost_at <= deadline + 20);
+	CHECK(nu_lost_at <= deadline + TU_SCHED_GRACE_MS);
 	CHECK(nu_lost_at < granted);
 	px_set("pass");
 	CHECK_RC(dlock_release(d), 0);

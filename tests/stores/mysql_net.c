@@ -16,7 +16,7 @@
  *             session store the connection is closed, so the server frees
  *             the lock once it sees the close.
  * 3. lost:    a held lock (ttl 2 s, renewed) on a link black-holed after the
- *             grant: on_lost comes no later than the lease deadline + 20 ms,
+ *             grant: on_lost comes no later than the lease deadline + TU_SCHED_GRACE_MS,
  *             and before a direct client is granted.
  * 4. unknown: the grant of a waiting try is applied but its reply is
  *             dropped (dropmatch on the granting request; a blanket drop for
@@ -113,7 +113,7 @@ static void test_release(void)
 	       TIMEOUT_MS);
 	CHECK(rc != 0);
 	CHECK(strstr(dlock_error_last()->message, "timed out") != NULL);
-	CHECK(took <= TIMEOUT_MS + 50);
+	CHECK(took <= TIMEOUT_MS + 50 + TU_SCHED_GRACE_MS);
 	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
 	if (session) {
 		/* The unconfirmed release closed the hold's connection: once the server
@@ -167,7 +167,7 @@ static void test_lost(void)
 	printf("  lease deadline +%lld ms; on_lost at +%lld ms; direct client granted at +%lld ms\n",
 	       deadline - t0, nu_lost_at ? nu_lost_at - t0 : -1, granted ? granted - t0 : -1);
 	CHECK(nu_lost_at != 0);
-	CHECK(nu_lost_at <= deadline + 20);
+	CHECK(nu_lost_at <= deadline + TU_SCHED_GRACE_MS);
 	CHECK(granted != 0 && nu_lost_at < granted);
 	CHECK(!dlock_held(la));
 	if (granted)

@@ -43,7 +43,7 @@ endif()
 # in both modes: acquire(wait 1000) within 1050 ms, also when the server hangs
 # mid-wait; release and status within timeout= + 50 ms, and an unconfirmed
 # advisory release closes its session; open within connect_timeout + 50 ms;
-# a held lock's on_lost no later than its deadline + 20 ms and before another
+# a held lock's on_lost no later than its deadline + 50 ms (scheduling grace) and before another
 # client is granted (postgres_hang.c).
 add_executable(postgres_hang postgres_hang.c)
 target_link_libraries(postgres_hang PRIVATE dlock_netutil ${LIBPQ_LINK_LIBRARIES})

@@ -130,3 +130,12 @@ if(TARGET dlock_cli AND DLOCK_WITH_REDLOCK)
   set_tests_properties(redlock.auth_cli PROPERTIES
     FIXTURES_REQUIRED server.redlock RUN_SERIAL ON TIMEOUT 180)
 endif()
+
+# redis.hostile: a fake server in the test answers with huge replies (issue 21 row 4).
+add_executable(redis_hostile redis_hostile.c)
+target_link_libraries(redis_hostile PRIVATE dlock_testutil Threads::Threads)
+target_include_directories(redis_hostile PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src
+                           ${HIREDIS_INCLUDE_DIRS})
+target_compile_definitions(redis_hostile PRIVATE _GNU_SOURCE)
+add_test(NAME redis.hostile COMMAND redis_hostile)
+set_tests_properties(redis.hostile PROPERTIES TIMEOUT 120)

@@ -14,7 +14,7 @@
  *    release within 350 ms, and a pipelined release's pending reply does not
  *    make the next call wait past its own bound.
  *  - lost_signal: a held lock (ttl 1500) cut off gets on_lost no later than
- *    its deadline + 20 ms, before a direct client is granted.
+ *    its deadline + TU_SCHED_GRACE_MS, before a direct client is granted.
  *  - sockets: every connection has keepalive and TCP_USER_TIMEOUT.
  * Usage: redis_faults (DLOCK_TEST_URI_FILE names the server)
  */
@@ -182,7 +182,7 @@ static void case_bounds(void)
 	long long took = tu_now_ms() - t0;
 	printf("bounds: acquire wait 1000 ms, timeout=5s, dark: %s after %lld ms\n", dlock_error_name(rc), took);
 	CHECK(rc == DLOCK_EUNAVAILABLE || rc == DLOCK_ETIMEOUT);
-	CHECK(took <= 1000 + 50);
+	CHECK(took <= 1000 + 50 + TU_SCHED_GRACE_MS);
 
 	t0 = tu_now_ms();
 	rc = dlock_acquire(a2, 0);
@@ -190,7 +190,7 @@ static void case_bounds(void)
 	printf("bounds: try-once, timeout=300ms, dark: %s after %lld ms\n", dlock_error_name(rc), took);
 	CHECK(rc == DLOCK_EUNAVAILABLE);
 	CHECK(strstr(dlock_error_last()->message, "timed out") != NULL);
-	CHECK(took <= 300 + 50); /* the core gives a try-once one request timeout */
+	CHECK(took <= 300 + 50 + TU_SCHED_GRACE_MS); /* the core gives a try-once one request timeout */
 	dlock_lock_free(a2);
 
 	dlock_store *o = NULL;
@@ -222,7 +222,7 @@ static void case_bounds(void)
 		took = tu_now_ms() - t0;
 		printf("bounds: %s release, timeout=300ms, dark: %s after %lld ms\n", pipe ? "pipelined" : "confirmed",
 		       dlock_error_name(rc), took);
-		CHECK(took <= 300 + 50);
+		CHECK(took <= 300 + 50 + TU_SCHED_GRACE_MS);
 		t0 = tu_now_ms();
 		rc = dlock_acquire(h3, 0);
 		took = tu_now_ms() - t0;
@@ -232,7 +232,7 @@ static void case_bounds(void)
 		 * the confirmed release failed, the core retries it in the background
 		 * and this call may first wait for that retry's own bound.) */
 		if (pipe)
-			CHECK(took <= 300 + 50);
+			CHECK(took <= 300 + 50 + TU_SCHED_GRACE_MS);
 		CHECK(tu_proxy_set(px, 0, "pass") == 0);
 		dlock_release(h);
 		dlock_lock_free(h);
@@ -278,7 +278,7 @@ static void case_lost_signal(void)
 	printf("lost signal: on_lost %lld ms after the deadline; the direct client granted %lld ms after on_lost\n",
 	       lost ? lost - deadline : -1, lost ? g.t_end - lost : -1);
 	CHECK_RC(g.rc, 0);
-	CHECK(lost != 0 && lost <= deadline + 20);
+	CHECK(lost != 0 && lost <= deadline + TU_SCHED_GRACE_MS);
 	CHECK(lost != 0 && lost <= g.t_end);
 	CHECK(!dlock_held(a));
 	CHECK(tu_proxy_set(px, 0, "pass") == 0);

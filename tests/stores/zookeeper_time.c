@@ -434,7 +434,7 @@ static void case_lost_dark(void)
 	printf("  dark at 0 ms: lease deadline %lld ms, on_lost at %lld ms, waiter granted at %lld ms\n",
 	       deadline - cut, lost_at ? lost_at - cut : -1, waiter_granted - cut);
 	CHECK_RC(waiter_rc, 0);
-	CHECK(lost_at > 0 && lost_at <= deadline + 20);
+	CHECK(lost_at > 0 && lost_at <= deadline + TU_SCHED_GRACE_MS);
 	CHECK(lost_at > 0 && lost_at < waiter_granted);
 	CHECK(!dlock_held(l));
 	px_set_dark(0);
