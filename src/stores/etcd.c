@@ -1317,21 +1317,27 @@ static int rescue(etcd *e)
 
 /*
  * Whether `me` holds given the keys of the name sorted by create revision
- * (all of them, or at least the first `permits` for exclusive mode).
+ * (all of them, or at least the first `permits` for exclusive mode). The
+ * permits rule of every store (dlock/lock.h): holders + 1 <= the smallest
+ * permits among the holders and the caller.
  * For waiters, *before gets the key to watch (or NULL: watch the directory).
  */
 static int holds(const kv *keys, size_t n, const kv *me, dlock_mode mode, unsigned permits,
 		 const kv **watch)
 {
 	size_t older = 0;
+	unsigned limit = permits; /* the smallest permits among the older writers and me */
 	const kv *prev = NULL, *prev_writer = NULL;
 	for (size_t i = 0; i < n; i++) {
 		if (keys[i].create_rev >= me->create_rev)
 			break;
 		older++;
 		prev = &keys[i];
-		if (keys[i].mode == DLOCK_EXCLUSIVE)
+		if (keys[i].mode == DLOCK_EXCLUSIVE) {
 			prev_writer = &keys[i];
+			if (keys[i].permits < limit)
+				limit = keys[i].permits;
+		}
 	}
 	if (watch)
 		*watch = NULL;
@@ -1345,7 +1351,10 @@ static int holds(const kv *keys, size_t n, const kv *me, dlock_mode mode, unsign
 			*watch = prev;
 		return older == 0;
 	}
-	return older < permits;
+	/* The key at queue position `older` holds while older + 1 <= the smallest
+	 * permits of the keys up to it: the holders are a prefix of the queue, as
+	 * many as every one of them allows (a mutex ahead admits nobody). */
+	return older < limit;
 }
 
 static char *value_json(const dlock_request *req)
