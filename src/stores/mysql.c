@@ -746,10 +746,14 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 			sb_add(&s, " AND mode = 0)");
 		}
 	} else {
-		/* A writer (or one of N semaphore permits): fewer than N holders, none a reader. */
+		/* A writer (or one of N semaphore permits), none a reader, and the
+		 * permits rule (dlock/lock.h): holders + 1 <= the smallest permits
+		 * among the holders and us (a mutex holder, 1, admits nobody). */
 		sb_add(&s, " AND (SELECT COUNT(*) FROM dlock_holder WHERE ");
 		where_name(&s, b, req->name);
-		sb_add(&s, ") < %u AND NOT EXISTS (SELECT 1 FROM dlock_holder WHERE ", permits);
+		sb_add(&s, ") < LEAST(%u, COALESCE((SELECT MIN(permits) FROM dlock_holder WHERE ", permits);
+		where_name(&s, b, req->name);
+		sb_add(&s, " AND mode = 0), %u)) AND NOT EXISTS (SELECT 1 FROM dlock_holder WHERE ", permits);
 		where_name(&s, b, req->name);
 		sb_add(&s, " AND mode = 1)");
 	}
