@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #define KIND "postgres"
-#define SCHEMA_VERSION 1
+#define SCHEMA_VERSION 2 /* 2: dlock_acquire_v1 applies the permits rule */
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define CHANNEL "dlock_wake"
@@ -489,7 +489,7 @@ static const char schema_sql[] =
 	" p_queue_ttl_ms bigint, p_host text, p_pid int, OUT o_fence bigint, OUT o_retry_ms bigint)"
 	" LANGUAGE plpgsql AS $f$\n"
 	"DECLARE\n"
-	" t timestamptz; f bigint; n int; bad int; exp_min timestamptz; my_seq bigint;\n"
+	" t timestamptz; f bigint; n int; bad int; lim int; exp_min timestamptz; my_seq bigint;\n"
 	" writers_ahead int; fair_ahead int; wexp timestamptz; ok boolean;\n"
 	"BEGIN\n"
 	" INSERT INTO dlock_locks (ns, name) VALUES (p_ns, p_name) ON CONFLICT DO NOTHING;\n"
@@ -501,8 +501,9 @@ static const char schema_sql[] =
 	" UPDATE dlock_holders h SET expires = t + p_ttl_ms * interval '1 millisecond'\n"
 	"  WHERE h.ns = p_ns AND h.name = p_name AND h.owner = p_owner RETURNING h.fence INTO o_fence;\n"
 	" IF FOUND THEN o_retry_ms := 0; RETURN; END IF;\n"
-	" SELECT count(*), count(*) FILTER (WHERE h.mode <> p_mode OR (p_mode = 0 AND h.permits <> p_permits)),\n"
-	"  min(h.expires) INTO n, bad, exp_min\n"
+	" SELECT count(*), count(*) FILTER (WHERE h.mode <> p_mode),\n"
+	"  least(p_permits, min(h.permits) FILTER (WHERE h.mode = 0)), min(h.expires)\n"
+	"  INTO n, bad, lim, exp_min\n"
 	"  FROM dlock_holders h WHERE h.ns = p_ns AND h.name = p_name;\n"
 	" SELECT w.seq INTO my_seq FROM dlock_waiters w\n"
 	"  WHERE w.ns = p_ns AND w.name = p_name AND w.owner = p_owner;\n"
@@ -515,8 +516,10 @@ static const char schema_sql[] =
 	/* shared: no exclusive holder, no writer waiting ahead (writer preference) */
 	"  ok := bad = 0 AND writers_ahead = 0;\n"
 	" ELSE\n"
-	/* exclusive/semaphore: a free permit that no earlier fair waiter is owed */
-	"  ok := bad = 0 AND n < p_permits AND fair_ahead < p_permits - n;\n"
+	/* exclusive/semaphore: the permits rule (holders + 1 <= the smallest
+	 * permits among the holders and the caller; a mutex holder admits
+	 * nobody), and a free permit that no earlier fair waiter is owed */
+	"  ok := bad = 0 AND n < lim AND fair_ahead < lim - n;\n"
 	" END IF;\n"
 	" IF ok THEN\n"
 	"  f := f + 1;\n"
