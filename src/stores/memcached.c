@@ -529,8 +529,10 @@ static entry *find(list *l, const char *owner, char kind)
 	return NULL;
 }
 
-/* The same rules as the PostgreSQL table mode: mode/permits must match the
- * holders', a waiting writer blocks new readers, earlier fair waiters first. */
+/* The same rules as the PostgreSQL table mode: the mode must match the
+ * holders', the permits rule (holders + 1 <= the smallest permits among the
+ * holders and the caller: a mutex holder admits nobody), a waiting writer
+ * blocks new readers, earlier fair waiters first. */
 static int may_grant(list *l, const dlock_request *req)
 {
 	int mode = req->mode == DLOCK_SHARED;
@@ -543,8 +545,10 @@ static int may_grant(list *l, const dlock_request *req)
 			continue;
 		if (e->kind == 'H') {
 			n++;
-			if (e->mode != mode || (mode == 0 && e->permits != permits))
+			if (e->mode != mode)
 				bad++;
+			else if (mode == 0 && e->permits < permits)
+				permits = e->permits < 1 ? 1 : e->permits;
 		} else if (e != me && (!me || e->seq < me->seq)) {
 			writers_ahead += e->mode == 0;
 			fair_ahead += e->fair != 0;
