@@ -87,6 +87,8 @@ typedef struct adv_hold {
 	PGconn *conn;
 	int64_t key;
 	int shared;
+	int32_t sem_class;  /* a semaphore hold: its (class, permits) key, shared; else 0 */
+	unsigned sem_permits;
 } adv_hold;
 
 /* ---------------------------------------------------------------- errors */
@@ -1229,6 +1231,43 @@ static int adv_try(pg_backend *be, PGconn **cp, int64_t deadline, dlock_request 
 	return 0;
 }
 
+/*
+ * Advisory semaphores and the permits rule (dlock/lock.h): every semaphore
+ * holder keeps, on its session, a shared two-int key (class of the name,
+ * its permits), so pg_locks tells how many hold and the smallest permits
+ * among them. A caller takes its own key first, then counts: the last of
+ * any two callers to count sees the other, so no set of holders outgrows
+ * the smallest limit among them (two that count at once may both step back;
+ * the core tries again). The class is 31 bits of a hash of the name: two
+ * names that share one only count each other's holders (more refusals,
+ * never a holder too many). Then the name's key shared, which a mutex takes
+ * exclusively: a mutex and a semaphore exclude each other.
+ * @return 0 (*ok: within the rule, key kept; else key let go); an error.
+ */
+static int sem_enter(PGconn **cp, int64_t deadline, int32_t cls, unsigned permits, int *ok)
+{
+	char cs[16], ps[16];
+	snprintf(cs, sizeof cs, "%" PRId32, cls);
+	snprintf(ps, sizeof ps, "%u", permits);
+	const char *v[] = { cs, ps };
+	PGresult *r;
+	int rc = run(cp, deadline, "acquire",
+		     /* the count is a subquery of t's row: pg_locks is read after our key is taken */
+		     "WITH t AS MATERIALIZED (SELECT pg_try_advisory_lock_shared($1::int, $2::int) AS ok),"
+		     " c AS MATERIALIZED (SELECT t.ok, t.ok AND (SELECT count(*) <= least($2::bigint,"
+		     "  min(l.objid::bigint)) FROM pg_locks l WHERE t.ok AND l.locktype = 'advisory'"
+		     "  AND l.granted AND l.objsubid = 2 AND l.classid = $1::int::oid AND l.database ="
+		     "  (SELECT oid FROM pg_database WHERE datname = current_database())) AS within FROM t)"
+		     " SELECT c.within, CASE WHEN c.ok AND NOT c.within"
+		     "  THEN pg_advisory_unlock_shared($1::int, $2::int) END FROM c",
+		     2, v, &r);
+	if (rc)
+		return rc;
+	*ok = PQgetvalue(r, 0, 0)[0] == 't';
+	PQclear(r);
+	return 0;
+}
+
 static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	pg_backend *be = (pg_backend *)base;
@@ -1284,15 +1323,30 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	}
 	int got = 0;
 	uint64_t f = 0;
-	int64_t key = 0;
-	for (unsigned i = 0; i < permits && !got; i++) {
-		char slot[16];
-		snprintf(slot, sizeof slot, "%u", i);
-		key = adv_key(be->ns, req->name, permits > 1 ? slot : NULL);
-		rc = adv_try(be, &c, deadline, req, key, shared, had_intent ? intent_key : 0, &got, &f);
+	int64_t key = adv_key(be->ns, req->name, NULL);
+	int32_t sem_class = permits > 1 ? (int32_t)(adv_key(be->ns, req->name, "permits") & 0x7fffffff) : 0;
+	int within = 1;
+	if (sem_class && (rc = sem_enter(&c, deadline, sem_class, permits, &within))) {
+		drop_conn(&c, 0);
+		return rc;
+	}
+	if (within) {
+		/* a semaphore holder takes the name's key shared: a mutex excludes it */
+		rc = adv_try(be, &c, deadline, req, key, shared || sem_class, had_intent ? intent_key : 0, &got, &f);
 		if (rc) {
 			drop_conn(&c, 0);
 			return rc;
+		}
+		if (!got && sem_class) {
+			char cs[16], ps[16];
+			snprintf(cs, sizeof cs, "%" PRId32, sem_class);
+			snprintf(ps, sizeof ps, "%u", permits);
+			const char *v[] = { cs, ps };
+			if ((rc = run(&c, deadline, "acquire", "SELECT pg_advisory_unlock_shared($1::int, $2::int)", 2,
+				      v, NULL))) {
+				drop_conn(&c, 0);
+				return rc;
+			}
 		}
 	}
 	if (!got) {
@@ -1347,7 +1401,9 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	}
 	h->conn = c;
 	h->key = key;
-	h->shared = shared;
+	h->shared = shared || sem_class;
+	h->sem_class = sem_class;
+	h->sem_permits = permits;
 	req->slot = h;
 	*fence = f;
 	if (req->waiting)
@@ -1380,11 +1436,14 @@ static int adv_release(dlock_backend *base, dlock_request *req)
 	i64s(k, sizeof k, h->key);
 	const char *v[] = { k, be->ns, req->name };
 	PGresult *r;
-	char sql[320];
+	char sql[400], sem[96] = "";
+	if (h->sem_class)
+		snprintf(sem, sizeof sem, ", pg_advisory_unlock_shared(%" PRId32 ", %u)", h->sem_class,
+			 h->sem_permits);
 	snprintf(sql, sizeof sql,
-		 "SELECT %s($1::bigint)%s, set_config('application_name', 'dlock', false),"
+		 "SELECT %s($1::bigint)%s%s, set_config('application_name', 'dlock', false),"
 		 " pg_notify('" CHANNEL "', $2 || chr(31) || $3)",
-		 h->shared ? "pg_advisory_unlock_shared" : "pg_advisory_unlock", no_lease(h->conn));
+		 h->shared ? "pg_advisory_unlock_shared" : "pg_advisory_unlock", sem, no_lease(h->conn));
 	int rc = run(&h->conn, deadline, "release", sql, 3, v, &r);
 	if (rc) {
 		int gone = !h->conn || PQstatus(h->conn) != CONNECTION_OK;
