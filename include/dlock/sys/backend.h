@@ -44,6 +44,16 @@
  * earlier release failed. A store whose hold lives on a session or a
  * connection (DLOCK_BACKEND_F_SESSION) ends that session or connection when a
  * release cannot be confirmed, so that nothing outlives it.
+ *
+ * Permits. Every store's acquire applies one rule to exclusive requests
+ * (dlock/lock.h, `permits`): grant only if (live exclusive holders + 1) <=
+ * min(req->permits, the permits of every live exclusive holder of the
+ * name). A mutex (permits 1) therefore excludes semaphores both ways, and
+ * holders of different permits limit each other. A store records each
+ * holder's permits beside its hold, so that every later caller's decision
+ * sees them. Shared requests keep their rules (no exclusive holder;
+ * writer preference). A store that cannot apply the rule returns
+ * DLOCK_ENOTSUPPORTED for permits > 1.
  */
 #ifndef DLOCK_SYS_BACKEND_H
 #define DLOCK_SYS_BACKEND_H
@@ -102,7 +112,9 @@ typedef struct dlock_request {
 	const char *name;      /**< validated lock name, without the store prefix */
 	const char *owner;     /**< unique token of this hold: "<client id hex>-<serial>" */
 	dlock_mode mode;
-	unsigned int permits;  /**< 1 for a mutex, N > 1 for a semaphore of N */
+	unsigned int permits;  /**< 1 for a mutex, N > 1 for a semaphore of N; the core
+				    guarantees 1 <= permits <= 1000000, and 1 in shared mode.
+				    See "Permits" above for the rule acquire applies */
 	int fair;              /**< grant in request order */
 	int64_t ttl_ms;        /**< lease to set on acquire / extend / renew */
 	int waiting;           /**< the caller will wait if refused: register as a waiter
