@@ -113,7 +113,7 @@ typedef struct dlock_request {
 	const char *owner;     /**< unique token of this hold: "<client id hex>-<serial>" */
 	dlock_mode mode;
 	unsigned int permits;  /**< 1 for a mutex, N > 1 for a semaphore of N; the core
-				    guarantees 1 <= permits <= 1000000, and 1 in shared mode.
+				    guarantees permits >= 1, and 1 in shared mode.
 				    See "Permits" above for the rule acquire applies */
 	int fair;              /**< grant in request order */
 	int64_t ttl_ms;        /**< lease to set on acquire / extend / renew */
