@@ -1419,16 +1419,15 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 		names_free(&nm);
 		return DLOCK_ENOMEM;
 	}
-	/* A try-once gets deadline = its start from the core (wait 0): give it
-	 * one request's time. A queued waiter past its deadline sends nothing
-	 * and stays queued: not granted in time (the core cancels). */
-	if (req->waiting && queued && req->deadline_ms > 0 && req->deadline_ms <= t0) {
+	/* A waiting try with too little time left sends nothing (see "Time" in
+	 * sys/backend.h); a queued waiter stays queued: the core cancels. */
+	if (dlock_try_too_late(req, e->request_timeout_ms)) {
 		free(value);
 		names_free(&nm);
 		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "%s is held", req->name);
 	}
 	req->slot = NULL;
-	call_begin(e, !req->waiting && req->deadline_ms <= t0 ? 0 : req->deadline_ms);
+	call_begin(e, req->deadline_ms);
 	rescue(e);
 	for (int attempt = 0; attempt < 4; attempt++) {
 		lease *l;

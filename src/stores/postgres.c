@@ -189,23 +189,13 @@ static int timed_out(const char *what, const char *detail)
 	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out %s", what, detail);
 }
 
-/*
- * The deadline of an acquire: the core's. Two cases come without time:
- * a try-once (wait 0) gets a deadline equal to its start (the core cuts it to
- * start + wait): give it one request timeout rather than fail it unsent; the
- * last try of a wait that has run out (the core tries once more at the end of
- * its wait): send nothing and say "not acquired" (nothing was applied).
- */
+/* The deadline of an acquire: the core's; a waiting try with too little of
+ * it left sends nothing and says "not acquired" (see "Time" in sys/backend.h). */
 static int acquire_deadline(const pg_backend *be, const dlock_request *req, int64_t *deadline)
 {
-	int64_t now = dlock_clock_ms();
 	*deadline = req->deadline_ms;
-	if (*deadline > now)
+	if (!dlock_try_too_late(req, be->request_timeout_ms))
 		return 0;
-	if (!req->waiting) {
-		*deadline = now + be->request_timeout_ms;
-		return 0;
-	}
 	return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "acquire: no time left for another try");
 }
 

@@ -1555,22 +1555,15 @@ static hold *current_hold(zk_store *st, dlock_request *req, int64_t deadline)
 
 /* ---------------------------------------------------------------- methods */
 
-/* The core's deadline for a try-once acquire can be its start (wait 0):
- * give such a call one request timeout rather than none. */
-static int64_t acquire_deadline(zk_store *st, const dlock_request *req)
-{
-	int64_t now = dlock_clock_ms();
-	if (!req->waiting && req->deadline_ms <= now)
-		return now + st->request_ms;
-	return req->deadline_ms;
-}
-
 static int zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	zk_store *st = (zk_store *)be;
 	(void)retry_ms;
 	int64_t start = dlock_clock_ms();
-	int64_t deadline = acquire_deadline(st, req);
+	int64_t deadline = req->deadline_ms;
+	if (dlock_try_too_late(req, st->request_ms)) /* see "Time" in sys/backend.h */
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
+				       req->name);
 	reap(st);
 	hold *h = current_hold(st, req, deadline);
 	if (h && sess_dead(st, h->sess)) {

@@ -29,6 +29,15 @@
  * the open function by dlock_uri.connect_timeout_ms for the whole open
  * (connect, handshake, authentication, setup).
  *
+ * An acquire keeps the deadline it is given, never a later one of its own:
+ * a try-once (req->waiting == 0) comes with one whole request timeout
+ * (counted when the core calls, after any wait for the store handle), and a
+ * waiting try with what is left of its wait. A waiting try left with less
+ * than dlock_try_too_late() allows would only time out, turn "not acquired
+ * in time" into "unavailable" and leave an unknown outcome to undo: it sends
+ * nothing and returns DLOCK_ELOCKED. A store whose try takes several round
+ * trips divides the time it has (Redlock keeps a share for its undo).
+ *
  * Unknown outcomes (version 2). An acquire that returns anything but 0,
  * DLOCK_ELOCKED, DLOCK_EINVAL, DLOCK_EAUTH or DLOCK_ENOTSUPPORTED may have
  * been applied by the server (its reply was lost). The core then:
@@ -233,6 +242,20 @@ DLOCK_EXTERN int dlock_error_set(int code, const char *store, const char *store_
 
 /** Milliseconds on CLOCK_MONOTONIC. */
 DLOCK_EXTERN int64_t dlock_clock_ms(void);
+
+/** The least time a waiting acquire try is sent with (see "Time"). */
+#define DLOCK_TRY_MIN_MS 50
+
+/**
+ * Whether the waiting try `req` has too little time left to be sent: less
+ * than DLOCK_TRY_MIN_MS before req->deadline_ms, or than half the store's
+ * request timeout when that is smaller. Never true for a try-once.
+ */
+static inline int dlock_try_too_late(const dlock_request *req, int64_t request_timeout_ms)
+{
+	int64_t least = request_timeout_ms / 2 < DLOCK_TRY_MIN_MS ? request_timeout_ms / 2 : DLOCK_TRY_MIN_MS;
+	return req->waiting && req->deadline_ms - dlock_clock_ms() < least;
+}
 
 /** Milliseconds since the epoch on CLOCK_REALTIME. */
 DLOCK_EXTERN int64_t dlock_wall_ms(void);
