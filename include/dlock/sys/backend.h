@@ -33,10 +33,11 @@
  * a try-once (req->waiting == 0) comes with one whole request timeout
  * (counted when the core calls, after any wait for the store handle), and a
  * waiting try with what is left of its wait. A waiting try left with less
- * than dlock_try_too_late() allows would only time out, turn "not acquired
- * in time" into "unavailable" and leave an unknown outcome to undo: it sends
- * nothing and returns DLOCK_ELOCKED. A store whose try takes several round
- * trips divides the time it has (Redlock keeps a share for its undo).
+ * than dlock_try_too_late() allows would most likely only time out and leave
+ * an unknown outcome to undo (the core reports such a wait as not acquired
+ * in time all the same): it sends nothing and returns DLOCK_ELOCKED. A store
+ * whose try takes several round trips divides the time it has (Redlock
+ * keeps a share for its undo).
  *
  * Unknown outcomes (version 2). An acquire that returns anything but 0,
  * DLOCK_ELOCKED, DLOCK_EINVAL, DLOCK_EAUTH or DLOCK_ENOTSUPPORTED may have
