@@ -37,7 +37,15 @@ typedef struct dlock_lock_options {
 	unsigned int version;  /**< DLOCK_LOCK_OPTIONS_VERSION */
 	int64_t ttl_ms;        /**< lease; 0 = the store's default (30 s unless the URI says ttl=) */
 	dlock_mode mode;       /**< DLOCK_EXCLUSIVE or DLOCK_SHARED */
-	unsigned int permits;  /**< semaphore size: >1 allows that many holders (exclusive mode only) */
+	/** Semaphore size (exclusive mode only; 0 means 1, at most 1000000): 1 is
+	 * a mutex, N > 1 lets up to N holders share the name. Holders of one name
+	 * need not agree on N; on every store a request is granted only if
+	 * (holders + 1) <= the smallest permits among every live holder and the
+	 * requester. So a mutex (1) excludes every semaphore holder and caller,
+	 * and with two holders of 2 a caller of 3 is refused. Shared (read) locks
+	 * keep their own rules. Stores without semaphores (redlock, MySQL
+	 * mode=get_lock) return DLOCK_ENOTSUPPORTED for N > 1. */
+	unsigned int permits;
 	int fair;              /**< non-zero: grant in request order (FIFO) */
 	int no_renew;          /**< non-zero: no background renewal: the lease runs out
 				    (on_lost still fires at its deadline) */

@@ -1393,21 +1393,27 @@ static int rescue(etcd *e)
 
 /*
  * Whether `me` holds given the keys of the name sorted by create revision
- * (all of them, or at least the first `permits` for exclusive mode).
+ * (all of them, or at least the first `permits` for exclusive mode). The
+ * permits rule of every store (dlock/lock.h): holders + 1 <= the smallest
+ * permits among the holders and the caller.
  * For waiters, *before gets the key to watch (or NULL: watch the directory).
  */
 static int holds(const kv *keys, size_t n, const kv *me, dlock_mode mode, unsigned permits,
 		 const kv **watch)
 {
 	size_t older = 0;
+	unsigned limit = permits; /* the smallest permits among the older writers and me */
 	const kv *prev = NULL, *prev_writer = NULL;
 	for (size_t i = 0; i < n; i++) {
 		if (keys[i].create_rev >= me->create_rev)
 			break;
 		older++;
 		prev = &keys[i];
-		if (keys[i].mode == DLOCK_EXCLUSIVE)
+		if (keys[i].mode == DLOCK_EXCLUSIVE) {
 			prev_writer = &keys[i];
+			if (keys[i].permits < limit)
+				limit = keys[i].permits;
+		}
 	}
 	if (watch)
 		*watch = NULL;
@@ -1421,7 +1427,10 @@ static int holds(const kv *keys, size_t n, const kv *me, dlock_mode mode, unsign
 			*watch = prev;
 		return older == 0;
 	}
-	return older < permits;
+	/* The key at queue position `older` holds while older + 1 <= the smallest
+	 * permits of the keys up to it: the holders are a prefix of the queue, as
+	 * many as every one of them allows (a mutex ahead admits nobody). */
+	return older < limit;
 }
 
 static char *value_json(const dlock_request *req)
@@ -1486,16 +1495,15 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 		names_free(&nm);
 		return DLOCK_ENOMEM;
 	}
-	/* A try-once gets deadline = its start from the core (wait 0): give it
-	 * one request's time. A queued waiter past its deadline sends nothing
-	 * and stays queued: not granted in time (the core cancels). */
-	if (req->waiting && queued && req->deadline_ms > 0 && req->deadline_ms <= t0) {
+	/* A waiting try with too little time left sends nothing (see "Time" in
+	 * sys/backend.h); a queued waiter stays queued: the core cancels. */
+	if (dlock_try_too_late(req, e->request_timeout_ms)) {
 		free(value);
 		names_free(&nm);
 		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "%s is held", req->name);
 	}
 	req->slot = NULL;
-	call_begin(e, !req->waiting && req->deadline_ms <= t0 ? 0 : req->deadline_ms);
+	call_begin(e, req->deadline_ms);
 	rescue(e);
 	for (int attempt = 0; attempt < 4; attempt++) {
 		lease *l;

@@ -139,27 +139,6 @@ static int arm(mc_backend *be, const char *what)
 	return 0;
 }
 
-/*
- * The deadline of an acquire try. Two kinds come without time (deadline =
- * now): a try-once (wait 0; the core cuts its deadline to start + wait) gets
- * one request timeout rather than fail unsent; the last try of a wait that
- * has run out gets 0: send nothing, "not acquired" (nothing was applied).
- * So does a waiting try left with less than LAST_TRY_MIN_MS (or half of
- * timeout=): it would only time out, and turn the caller's "not acquired in
- * time" into "unavailable".
- */
-#define LAST_TRY_MIN_MS 50
-static int64_t try_deadline(const mc_backend *be, const dlock_request *req)
-{
-	int64_t now = dlock_clock_ms();
-	if (!req->waiting && req->deadline_ms <= now)
-		return now + be->request_timeout_ms;
-	int64_t least = be->request_timeout_ms / 2 < LAST_TRY_MIN_MS ? be->request_timeout_ms / 2 : LAST_TRY_MIN_MS;
-	if (req->waiting && req->deadline_ms - now < least)
-		return 0;
-	return req->deadline_ms;
-}
-
 /* memcached_fetch_result with the time left; NULL and MEMCACHED_TIMEOUT when none is. */
 static memcached_result_st *fetch(mc_backend *be, memcached_return_t *rc)
 {
@@ -546,8 +525,10 @@ static entry *find(list *l, const char *owner, char kind)
 	return NULL;
 }
 
-/* The same rules as the PostgreSQL table mode: mode/permits must match the
- * holders', a waiting writer blocks new readers, earlier fair waiters first. */
+/* The same rules as the PostgreSQL table mode: the mode must match the
+ * holders', the permits rule (holders + 1 <= the smallest permits among the
+ * holders and the caller: a mutex holder admits nobody), a waiting writer
+ * blocks new readers, earlier fair waiters first. */
 static int may_grant(list *l, const dlock_request *req)
 {
 	int mode = req->mode == DLOCK_SHARED;
@@ -560,8 +541,10 @@ static int may_grant(list *l, const dlock_request *req)
 			continue;
 		if (e->kind == 'H') {
 			n++;
-			if (e->mode != mode || (mode == 0 && e->permits != permits))
+			if (e->mode != mode)
 				bad++;
+			else if (mode == 0 && e->permits < permits)
+				permits = e->permits < 1 ? 1 : e->permits;
 		} else if (e != me && (!me || e->seq < me->seq)) {
 			writers_ahead += e->mode == 0;
 			fair_ahead += e->fair != 0;
@@ -580,8 +563,8 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 {
 	mc_backend *be = (mc_backend *)base;
 	char k[MAX_ENCODED + 64], lk[320];
-	be->deadline = try_deadline(be, req);
-	if (!be->deadline)
+	be->deadline = req->deadline_ms;
+	if (dlock_try_too_late(req, be->request_timeout_ms)) /* see "Time" in sys/backend.h */
 		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
 				       req->name);
 	be->dropped = 0;

@@ -696,27 +696,6 @@ static long long us(int64_t ms)
 	return (long long)ms * 1000;
 }
 
-/*
- * The deadline of an acquire try. Two kinds come without time (deadline =
- * now): a try-once (wait 0; the core cuts its deadline to start + wait) gets
- * one request timeout rather than fail unsent; the last try of a wait that
- * has run out gets 0: send nothing, "not acquired" (nothing was applied).
- * So does a waiting try left with less than LAST_TRY_MIN_MS (or half of
- * timeout=): it would only time out, and turn the caller's "not acquired in
- * time" into "unavailable".
- */
-#define LAST_TRY_MIN_MS 50
-static int64_t try_deadline(const mysql_be *b, const dlock_request *req)
-{
-	int64_t now = dlock_clock_ms();
-	if (!req->waiting && req->deadline_ms <= now)
-		return now + b->request_timeout_ms;
-	int64_t least = b->request_timeout_ms / 2 < LAST_TRY_MIN_MS ? b->request_timeout_ms / 2 : LAST_TRY_MIN_MS;
-	if (req->waiting && req->deadline_ms - now < least)
-		return 0;
-	return req->deadline_ms;
-}
-
 static int too_late(const dlock_request *req)
 {
 	return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
@@ -778,10 +757,14 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 			sb_add(&s, " AND mode = 0)");
 		}
 	} else {
-		/* A writer (or one of N semaphore permits): fewer than N holders, none a reader. */
+		/* A writer (or one of N semaphore permits), none a reader, and the
+		 * permits rule (dlock/lock.h): holders + 1 <= the smallest permits
+		 * among the holders and us (a mutex holder, 1, admits nobody). */
 		sb_add(&s, " AND (SELECT COUNT(*) FROM dlock_holder WHERE ");
 		where_name(&s, b, req->name);
-		sb_add(&s, ") < %u AND NOT EXISTS (SELECT 1 FROM dlock_holder WHERE ", permits);
+		sb_add(&s, ") < LEAST(%u, COALESCE((SELECT MIN(permits) FROM dlock_holder WHERE ", permits);
+		where_name(&s, b, req->name);
+		sb_add(&s, " AND mode = 0), %u)) AND NOT EXISTS (SELECT 1 FROM dlock_holder WHERE ", permits);
 		where_name(&s, b, req->name);
 		sb_add(&s, " AND mode = 1)");
 	}
@@ -830,8 +813,8 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	sb_add(&s, ");SELECT @dl_ok, @dl_f, @dl_left;COMMIT");
 
 	MYSQL_RES *res;
-	int64_t deadline = try_deadline(b, req);
-	if (!deadline) {
+	int64_t deadline = req->deadline_ms;
+	if (dlock_try_too_late(req, b->request_timeout_ms)) { /* see "Time" in sys/backend.h */
 		free(s.p);
 		return too_late(req);
 	}
@@ -1149,12 +1132,13 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	}
 	MYSQL *c = NULL;
 	MYSQL_RES *res = NULL;
-	/* A grant g_wait got at the very end of the wait is completed all the same
-	 * (one batch on its open connection), within the acquire slack. */
-	int64_t deadline = try_deadline(b, req);
-	if (!deadline && waited)
-		deadline = dlock_clock_ms() + 50;
-	if (!deadline) {
+	/* A grant g_wait got is completed with whatever time is left (one batch
+	 * on its open connection); with none left, closing the connection gives
+	 * GET_LOCK back: not acquired in time. */
+	int64_t deadline = req->deadline_ms;
+	if (waited ? deadline <= dlock_clock_ms() : dlock_try_too_late(req, b->request_timeout_ms)) {
+		if (waited)
+			mysql_close(waited);
 		free(s.p);
 		return too_late(req);
 	}

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #define KIND "postgres"
-#define SCHEMA_VERSION 1
+#define SCHEMA_VERSION 2 /* 2: dlock_acquire_v1 applies the permits rule */
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define CHANNEL "dlock_wake"
@@ -87,6 +87,8 @@ typedef struct adv_hold {
 	PGconn *conn;
 	int64_t key;
 	int shared;
+	int32_t sem_class;  /* a semaphore hold: its (class, permits) key, shared; else 0 */
+	unsigned sem_permits;
 } adv_hold;
 
 /* ---------------------------------------------------------------- errors */
@@ -187,23 +189,13 @@ static int timed_out(const char *what, const char *detail)
 	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out %s", what, detail);
 }
 
-/*
- * The deadline of an acquire: the core's. Two cases come without time:
- * a try-once (wait 0) gets a deadline equal to its start (the core cuts it to
- * start + wait): give it one request timeout rather than fail it unsent; the
- * last try of a wait that has run out (the core tries once more at the end of
- * its wait): send nothing and say "not acquired" (nothing was applied).
- */
+/* The deadline of an acquire: the core's; a waiting try with too little of
+ * it left sends nothing and says "not acquired" (see "Time" in sys/backend.h). */
 static int acquire_deadline(const pg_backend *be, const dlock_request *req, int64_t *deadline)
 {
-	int64_t now = dlock_clock_ms();
 	*deadline = req->deadline_ms;
-	if (*deadline > now)
+	if (!dlock_try_too_late(req, be->request_timeout_ms))
 		return 0;
-	if (!req->waiting) {
-		*deadline = now + be->request_timeout_ms;
-		return 0;
-	}
 	return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "acquire: no time left for another try");
 }
 
@@ -514,7 +506,7 @@ static const char schema_sql[] =
 	" p_queue_ttl_ms bigint, p_host text, p_pid int, OUT o_fence bigint, OUT o_retry_ms bigint)"
 	" LANGUAGE plpgsql AS $f$\n"
 	"DECLARE\n"
-	" t timestamptz; f bigint; n int; bad int; exp_min timestamptz; my_seq bigint;\n"
+	" t timestamptz; f bigint; n int; bad int; lim int; exp_min timestamptz; my_seq bigint;\n"
 	" writers_ahead int; fair_ahead int; wexp timestamptz; ok boolean;\n"
 	"BEGIN\n"
 	" INSERT INTO dlock_locks (ns, name) VALUES (p_ns, p_name) ON CONFLICT DO NOTHING;\n"
@@ -526,8 +518,9 @@ static const char schema_sql[] =
 	" UPDATE dlock_holders h SET expires = t + p_ttl_ms * interval '1 millisecond'\n"
 	"  WHERE h.ns = p_ns AND h.name = p_name AND h.owner = p_owner RETURNING h.fence INTO o_fence;\n"
 	" IF FOUND THEN o_retry_ms := 0; RETURN; END IF;\n"
-	" SELECT count(*), count(*) FILTER (WHERE h.mode <> p_mode OR (p_mode = 0 AND h.permits <> p_permits)),\n"
-	"  min(h.expires) INTO n, bad, exp_min\n"
+	" SELECT count(*), count(*) FILTER (WHERE h.mode <> p_mode),\n"
+	"  least(p_permits, min(h.permits) FILTER (WHERE h.mode = 0)), min(h.expires)\n"
+	"  INTO n, bad, lim, exp_min\n"
 	"  FROM dlock_holders h WHERE h.ns = p_ns AND h.name = p_name;\n"
 	" SELECT w.seq INTO my_seq FROM dlock_waiters w\n"
 	"  WHERE w.ns = p_ns AND w.name = p_name AND w.owner = p_owner;\n"
@@ -540,8 +533,10 @@ static const char schema_sql[] =
 	/* shared: no exclusive holder, no writer waiting ahead (writer preference) */
 	"  ok := bad = 0 AND writers_ahead = 0;\n"
 	" ELSE\n"
-	/* exclusive/semaphore: a free permit that no earlier fair waiter is owed */
-	"  ok := bad = 0 AND n < p_permits AND fair_ahead < p_permits - n;\n"
+	/* exclusive/semaphore: the permits rule (holders + 1 <= the smallest
+	 * permits among the holders and the caller; a mutex holder admits
+	 * nobody), and a free permit that no earlier fair waiter is owed */
+	"  ok := bad = 0 AND n < lim AND fair_ahead < lim - n;\n"
 	" END IF;\n"
 	" IF ok THEN\n"
 	"  f := f + 1;\n"
@@ -1251,6 +1246,43 @@ static int adv_try(pg_backend *be, PGconn **cp, int64_t deadline, dlock_request 
 	return 0;
 }
 
+/*
+ * Advisory semaphores and the permits rule (dlock/lock.h): every semaphore
+ * holder keeps, on its session, a shared two-int key (class of the name,
+ * its permits), so pg_locks tells how many hold and the smallest permits
+ * among them. A caller takes its own key first, then counts: the last of
+ * any two callers to count sees the other, so no set of holders outgrows
+ * the smallest limit among them (two that count at once may both step back;
+ * the core tries again). The class is 31 bits of a hash of the name: two
+ * names that share one only count each other's holders (more refusals,
+ * never a holder too many). Then the name's key shared, which a mutex takes
+ * exclusively: a mutex and a semaphore exclude each other.
+ * @return 0 (*ok: within the rule, key kept; else key let go); an error.
+ */
+static int sem_enter(PGconn **cp, int64_t deadline, int32_t cls, unsigned permits, int *ok)
+{
+	char cs[16], ps[16];
+	snprintf(cs, sizeof cs, "%" PRId32, cls);
+	snprintf(ps, sizeof ps, "%u", permits);
+	const char *v[] = { cs, ps };
+	PGresult *r;
+	int rc = run(cp, deadline, "acquire",
+		     /* the count is a subquery of t's row: pg_locks is read after our key is taken */
+		     "WITH t AS MATERIALIZED (SELECT pg_try_advisory_lock_shared($1::int, $2::int) AS ok),"
+		     " c AS MATERIALIZED (SELECT t.ok, t.ok AND (SELECT count(*) <= least($2::bigint,"
+		     "  min(l.objid::bigint)) FROM pg_locks l WHERE t.ok AND l.locktype = 'advisory'"
+		     "  AND l.granted AND l.objsubid = 2 AND l.classid = $1::int::oid AND l.database ="
+		     "  (SELECT oid FROM pg_database WHERE datname = current_database())) AS within FROM t)"
+		     " SELECT c.within, CASE WHEN c.ok AND NOT c.within"
+		     "  THEN pg_advisory_unlock_shared($1::int, $2::int) END FROM c",
+		     2, v, &r);
+	if (rc)
+		return rc;
+	*ok = PQgetvalue(r, 0, 0)[0] == 't';
+	PQclear(r);
+	return 0;
+}
+
 static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	pg_backend *be = (pg_backend *)base;
@@ -1306,15 +1338,30 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	}
 	int got = 0;
 	uint64_t f = 0;
-	int64_t key = 0;
-	for (unsigned i = 0; i < permits && !got; i++) {
-		char slot[16];
-		snprintf(slot, sizeof slot, "%u", i);
-		key = adv_key(be->ns, req->name, permits > 1 ? slot : NULL);
-		rc = adv_try(be, &c, deadline, req, key, shared, had_intent ? intent_key : 0, &got, &f);
+	int64_t key = adv_key(be->ns, req->name, NULL);
+	int32_t sem_class = permits > 1 ? (int32_t)(adv_key(be->ns, req->name, "permits") & 0x7fffffff) : 0;
+	int within = 1;
+	if (sem_class && (rc = sem_enter(&c, deadline, sem_class, permits, &within))) {
+		drop_conn(&c, 0);
+		return rc;
+	}
+	if (within) {
+		/* a semaphore holder takes the name's key shared: a mutex excludes it */
+		rc = adv_try(be, &c, deadline, req, key, shared || sem_class, had_intent ? intent_key : 0, &got, &f);
 		if (rc) {
 			drop_conn(&c, 0);
 			return rc;
+		}
+		if (!got && sem_class) {
+			char cs[16], ps[16];
+			snprintf(cs, sizeof cs, "%" PRId32, sem_class);
+			snprintf(ps, sizeof ps, "%u", permits);
+			const char *v[] = { cs, ps };
+			if ((rc = run(&c, deadline, "acquire", "SELECT pg_advisory_unlock_shared($1::int, $2::int)", 2,
+				      v, NULL))) {
+				drop_conn(&c, 0);
+				return rc;
+			}
 		}
 	}
 	if (!got) {
@@ -1369,7 +1416,9 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	}
 	h->conn = c;
 	h->key = key;
-	h->shared = shared;
+	h->shared = shared || sem_class;
+	h->sem_class = sem_class;
+	h->sem_permits = permits;
 	req->slot = h;
 	*fence = f;
 	if (req->waiting)
@@ -1402,11 +1451,14 @@ static int adv_release(dlock_backend *base, dlock_request *req)
 	i64s(k, sizeof k, h->key);
 	const char *v[] = { k, be->ns, req->name };
 	PGresult *r;
-	char sql[320];
+	char sql[400], sem[96] = "";
+	if (h->sem_class)
+		snprintf(sem, sizeof sem, ", pg_advisory_unlock_shared(%" PRId32 ", %u)", h->sem_class,
+			 h->sem_permits);
 	snprintf(sql, sizeof sql,
-		 "SELECT %s($1::bigint)%s, set_config('application_name', 'dlock', false),"
+		 "SELECT %s($1::bigint)%s%s, set_config('application_name', 'dlock', false),"
 		 " pg_notify('" CHANNEL "', $2 || chr(31) || $3)",
-		 h->shared ? "pg_advisory_unlock_shared" : "pg_advisory_unlock", no_lease(h->conn));
+		 h->shared ? "pg_advisory_unlock_shared" : "pg_advisory_unlock", sem, no_lease(h->conn));
 	int rc = run(&h->conn, deadline, "release", sql, 3, v, &r);
 	if (rc) {
 		int gone = !h->conn || PQstatus(h->conn) != CONNECTION_OK;

@@ -1800,18 +1800,6 @@ static rstore *RS(dlock_backend *be)
 	return (rstore *)be;
 }
 
-/* A try at the end of a wait (or a try-once, whose wait is 0) comes with a
- * deadline that has (nearly) passed: it still gets TRY_MIN_MS from now,
- * inside the core's slack of max(50 ms, 5 %). (From now, not from that
- * deadline: a try-once that waited for the store's mutex behind a large
- * renewal batch must still be tried, not fail unsent.) */
-#define TRY_MIN_MS 35
-static int64_t try_deadline(const dlock_request *req)
-{
-	int64_t floor = dlock_clock_ms() + TRY_MIN_MS;
-	return req->deadline_ms >= floor ? req->deadline_ms : floor;
-}
-
 static const char confirm_lua[] =
 	"local E = KEYS[1] .. ':e'\n"
 	"if redis.call('HGET', E, 'id') == ARGV[2] and tonumber(redis.call('HGET', E, 'c') or '0') < tonumber(ARGV[1]) then\n"
@@ -1885,8 +1873,11 @@ static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_acquire(&a, &k, req, 0);
-	int64_t deadline = try_deadline(req);
+	int64_t deadline = req->deadline_ms;
 	dlock__rnotify_arm(s->nt, req);
+	if (dlock_try_too_late(req, s->srv[0].timeout_ms)) /* see "Time" in sys/backend.h */
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
+				       req->name);
 	int rc;
 	redisReply *r = NULL;
 	if (s->fence_replicas) {

@@ -25,8 +25,6 @@
 
 #define KIND "redlock"
 #define QUIET_MS 1000
-/* The least time a try gets (see rl_acquire): below the core's slack of 50 ms. */
-#define TRY_MIN_MS 40
 
 /*
  * Scripts of this store's own, after the Redis store's (redis_common.h):
@@ -641,12 +639,14 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	 * from those masters' queues) rejoins at its own place, not behind later ones */
 	dlock__rargs_acquire(&a, &k, req, req->fair ? req->ticket_us : 0);
 	dlock__rnotify_arm(s->nt, req);
+	if (dlock_try_too_late(req, master_timeout(s))) { /* see "Time" in sys/backend.h */
+		free(ops);
+		free(maybe);
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
+				       req->name);
+	}
 	int64_t t0 = dlock_clock_ms();
-	/* a try-once (wait 0) or the last try of a wait comes with a deadline that
-	 * has (nearly) passed: it still gets a little time, within the core's slack
-	 * of 50 ms (the last try of a wait less: the core's clean-up follows it) */
-	int64_t floor = t0 + (req->waiting ? TRY_MIN_MS / 2 : TRY_MIN_MS);
-	int64_t deadline = req->deadline_ms > floor ? req->deadline_ms : floor;
+	int64_t deadline = req->deadline_ms;
 	int64_t drift = drift_ms(s, req->ttl_ms);
 	/* a grant later than the validity is of no use: wait no longer for one */
 	int64_t tmo = min64(master_timeout(s), req->ttl_ms - drift);

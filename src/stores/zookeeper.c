@@ -31,6 +31,7 @@
 #include "stores/zookeeper_parse.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -289,10 +290,24 @@ bool dlock__zk_parse_child(const char *name, child *c)
 	c->name = name;
 	c->seq = seq;
 	c->kind = K_LOCK;
+	c->permits = 0;
+	/* "-sem<N>-": a semaphore node that names its permits (the rule of the
+	 * smallest limit needs every earlier holder's); "-sem-" is an older one */
+	const char *w = d - 1;
+	unsigned long p = 0, scale = 1;
+	while (w > name && w[-1] >= '0' && w[-1] <= '9' && scale <= 100000000) {
+		p += (unsigned long)(w[-1] - '0') * scale;
+		scale *= 10;
+		w--;
+	}
 	if (n >= SEQ_DIGITS + 6 && strncmp(d - 6, "-read-", 6) == 0)
 		c->kind = K_READ;
 	else if (n >= SEQ_DIGITS + 5 && strncmp(d - 5, "-sem-", 5) == 0)
 		c->kind = K_SEM;
+	else if (d[-1] == '-' && scale > 1 && w - name >= 4 && strncmp(w - 4, "-sem", 4) == 0) {
+		c->kind = K_SEM;
+		c->permits = p > 0 && p < 1000000 ? (unsigned)p : 1;
+	}
 	else if (n >= SEQ_DIGITS + 9 && strncmp(d - 9, "__rlock__", 9) == 0)
 		c->kind = K_READ;
 	return true;
@@ -1318,7 +1333,7 @@ static int find_own(zk_store *st, hold *h, int64_t deadline)
 		return rc;
 	/* Exactly one create can have reached the server per attempt; should
 	 * there be more, keep the first in line and delete the others. */
-	child best = { NULL, -1, K_LOCK };
+	child best = { NULL, -1, K_LOCK, 0 };
 	for (int i = 0; i < sv.count; i++) {
 		child c;
 		if (owned_by(sv.data[i], h->owner) && dlock__zk_parse_child(sv.data[i], &c) &&
@@ -1371,13 +1386,22 @@ static node_kind req_kind(const dlock_request *req)
 	return req->permits > 1 ? K_SEM : K_LOCK;
 }
 
+/* The path prefix of our sequential node: a semaphore's names its permits
+ * ("-sem3-"), which every later caller needs for the permits rule. */
+static char *node_prefix(const hold *h, const dlock_request *req)
+{
+	if (req_kind(req) == K_SEM)
+		return dlock__sprintf("%s/_c_%s-sem%u-", h->dir, h->owner, req->permits);
+	return dlock__sprintf("%s/_c_%s-%s-", h->dir, h->owner, kind_word(req_kind(req)));
+}
+
 /* Make sure h has a node in ZooKeeper: create it, or after a lost
  * connection (h->doubt) find the one our earlier create made. On failure
  * h->doubt says whether a node of ours may exist anyway. */
 static int place_node(zk_store *st, hold *h, dlock_request *req, int64_t deadline)
 {
 	zhandle_t *zh = h->sess->zh;
-	char *prefix = dlock__sprintf("%s/_c_%s-%s-", h->dir, h->owner, kind_word(req_kind(req)));
+	char *prefix = node_prefix(h, req);
 	int dlen;
 	char *data = node_data(req, &dlen);
 	int rc = 0;
@@ -1455,13 +1479,20 @@ static int evaluate_list(hold *h, dlock_request *req, const struct String_vector
 	const child *blocker = NULL;
 	bool crowd = false;
 	size_t sems = 0;
+	/* The permits rule (dlock/lock.h): a semaphore node holds while the nodes
+	 * up to it number no more than the smallest permits among them (a node
+	 * of an older client that does not name its permits counts as ours). */
+	unsigned limit = req->permits ? req->permits : 1;
 	for (size_t i = 0; i < me; i++) {
 		if (k == K_LOCK || (k == K_READ && cs[i].kind != K_READ) || (k == K_SEM && cs[i].kind != K_SEM))
 			blocker = &cs[i]; /* the last earlier node that excludes us */
-		else if (k == K_SEM)
+		else if (k == K_SEM) {
 			sems++;
+			if (cs[i].permits && cs[i].permits < limit)
+				limit = cs[i].permits;
+		}
 	}
-	if (!blocker && k == K_SEM && sems >= (req->permits ? req->permits : 1))
+	if (!blocker && k == K_SEM && sems >= limit)
 		crowd = true;
 	*granted = !blocker && !crowd;
 	free(h->watch);
@@ -1506,7 +1537,7 @@ static int evaluate(zk_store *st, hold *h, dlock_request *req, int64_t deadline,
  * when the create's outcome is unknown). */
 static int create_and_list(zk_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted)
 {
-	char *path = dlock__sprintf("%s/_c_%s-%s-", h->dir, h->owner, kind_word(req_kind(req)));
+	char *path = node_prefix(h, req);
 	int dlen;
 	char *data = node_data(req, &dlen);
 	zop *ops[2] = { NULL, NULL };
@@ -1581,22 +1612,15 @@ static hold *current_hold(zk_store *st, dlock_request *req, int64_t deadline)
 
 /* ---------------------------------------------------------------- methods */
 
-/* The core's deadline for a try-once acquire can be its start (wait 0):
- * give such a call one request timeout rather than none. */
-static int64_t acquire_deadline(zk_store *st, const dlock_request *req)
-{
-	int64_t now = dlock_clock_ms();
-	if (!req->waiting && req->deadline_ms <= now)
-		return now + st->request_ms;
-	return req->deadline_ms;
-}
-
 static int zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	zk_store *st = (zk_store *)be;
 	(void)retry_ms;
 	int64_t start = dlock_clock_ms();
-	int64_t deadline = acquire_deadline(st, req);
+	int64_t deadline = req->deadline_ms;
+	if (dlock_try_too_late(req, st->request_ms)) /* see "Time" in sys/backend.h */
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
+				       req->name);
 	reap(st);
 	hold *h = current_hold(st, req, deadline);
 	if (h && sess_dead(st, h->sess)) {
@@ -1986,6 +2010,7 @@ static int status_one(zk_store *st, zhandle_t *zh, const char *name, int64_t dea
 	/* Who holds: the same rule acquire applies, node by node. */
 	size_t sems = 0;
 	bool writer_seen = false, reader_seen = false;
+	unsigned sem_limit = UINT_MAX; /* the smallest permits of the semaphore nodes so far */
 	for (size_t i = 0; i < n && !rc; i++) {
 		r = op_rc(st, ops[i]);
 		if (r == ZNONODE)
@@ -2016,7 +2041,9 @@ static int status_one(zk_store *st, zhandle_t *zh, const char *name, int64_t dea
 			reader_seen = true;
 			break;
 		case K_SEM:
-			holds = !writer_seen && !reader_seen && sems < permits;
+			if (permits < sem_limit)
+				sem_limit = permits;
+			holds = !writer_seen && !reader_seen && sems < sem_limit;
 			sems++;
 			if (permits > 1)
 				s->permits = permits;

@@ -17,6 +17,7 @@ typedef struct child {
 	const char *name;
 	int64_t seq;
 	node_kind kind;
+	unsigned permits; /* K_SEM: the semaphore size its name carries ("-sem3-"); 0: not said */
 } child;
 
 /* One znode name component for lock name s: reversible percent-encoding of

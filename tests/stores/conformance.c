@@ -709,6 +709,72 @@ static void case_semaphore(void)
 	dlock_store_close(s);
 }
 
+/* Mixed permits on one name (issue 16 item 4). One rule on every store: a
+ * request is granted only if (holders + 1) <= the smallest permits among the
+ * holders and the requester; a mutex (permits 1) excludes everything. */
+static void case_permits_mixed(void)
+{
+	char name[128];
+	dlock_store *s = open_store();
+	dlock_lock *l[4];
+
+	/* Two holders of 2: a third asking 3 is refused (the holders' 2 applies). */
+	lock_name(name, sizeof(name), "permits-a");
+	l[0] = new_lock(s, name, DLOCK_EXCLUSIVE, 2, 0, 10000);
+	int rc = dlock_acquire(l[0], 0);
+	if (is_unsupported(rc, "permits_mixed")) {
+		dlock_lock_free(l[0]);
+		dlock_store_close(s);
+		return;
+	}
+	CHECK_RC(rc, 0);
+	l[1] = new_lock(s, name, DLOCK_EXCLUSIVE, 2, 0, 10000);
+	l[2] = new_lock(s, name, DLOCK_EXCLUSIVE, 3, 0, 10000);
+	CHECK_RC(dlock_acquire(l[1], 0), 0);
+	CHECK_RC(dlock_acquire(l[2], 0), DLOCK_ELOCKED);
+	for (int i = 0; i < 3; i++) {
+		dlock_release(l[i]);
+		dlock_lock_free(l[i]);
+	}
+
+	/* A holder of 3 admits a caller of 2 (2 holders <= 2), and a third
+	 * holder of 3 then neither a caller of 3 (the holder of 2 limits) nor of 2. */
+	lock_name(name, sizeof(name), "permits-b");
+	l[0] = new_lock(s, name, DLOCK_EXCLUSIVE, 3, 0, 10000);
+	l[1] = new_lock(s, name, DLOCK_EXCLUSIVE, 2, 0, 10000);
+	l[2] = new_lock(s, name, DLOCK_EXCLUSIVE, 3, 0, 10000);
+	l[3] = new_lock(s, name, DLOCK_EXCLUSIVE, 2, 0, 10000);
+	CHECK_RC(dlock_acquire(l[0], 0), 0);
+	CHECK_RC(dlock_acquire(l[1], 0), 0);
+	CHECK_RC(dlock_acquire(l[2], 0), DLOCK_ELOCKED);
+	CHECK_RC(dlock_acquire(l[3], 0), DLOCK_ELOCKED);
+	/* Two holders of 3: a caller of 2 is refused, one of 3 admitted. */
+	CHECK_RC(dlock_release(l[1]), 0);
+	CHECK_RC(dlock_acquire(l[2], 0), 0);
+	CHECK_RC(dlock_acquire(l[3], 0), DLOCK_ELOCKED);
+	CHECK_RC(dlock_acquire(l[1], 0), DLOCK_ELOCKED);
+	for (int i = 0; i < 4; i++) {
+		dlock_release(l[i]);
+		dlock_lock_free(l[i]);
+	}
+
+	/* A mutex beside a semaphore holder is refused, both ways. */
+	lock_name(name, sizeof(name), "permits-c");
+	l[0] = new_lock(s, name, DLOCK_EXCLUSIVE, 1, 0, 10000);
+	l[1] = new_lock(s, name, DLOCK_EXCLUSIVE, 3, 0, 10000);
+	CHECK_RC(dlock_acquire(l[0], 0), 0);
+	CHECK_RC(dlock_acquire(l[1], 0), DLOCK_ELOCKED);
+	CHECK_RC(dlock_release(l[0]), 0);
+	CHECK_RC(dlock_acquire(l[1], 0), 0);
+	CHECK_RC(dlock_acquire(l[0], 0), DLOCK_ELOCKED);
+	CHECK_RC(dlock_release(l[1]), 0);
+	CHECK_RC(dlock_acquire(l[0], 0), 0);
+	CHECK_RC(dlock_release(l[0]), 0);
+	dlock_lock_free(l[0]);
+	dlock_lock_free(l[1]);
+	dlock_store_close(s);
+}
+
 static void case_status(void)
 {
 	char name[128];
@@ -1582,6 +1648,7 @@ static const struct {
 	{ "fair_order", case_fair_order },
 	{ "shared", case_shared },
 	{ "semaphore", case_semaphore },
+	{ "permits_mixed", case_permits_mixed },
 	{ "two_handles", case_two_handles },
 	{ "net_bounds", case_net_bounds },
 	{ "net_lost_signal", case_net_lost_signal },

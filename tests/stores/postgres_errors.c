@@ -109,7 +109,7 @@ int main(void)
 	PGconn *fc = PQconnectdb(u);
 	PGresult *r = PQexec(fc, "SELECT version FROM dlock_schema WHERE component = 'dlock'");
 	CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
-	      strcmp(PQgetvalue(r, 0, 0), "1") == 0);
+	      strcmp(PQgetvalue(r, 0, 0), "2") == 0);
 	PQclear(r);
 	PQfinish(fc);
 	snprintf(sql, sizeof sql, "DROP DATABASE %s WITH (FORCE)", fresh);

@@ -33,6 +33,16 @@
  * dlock__resolve) and hands its library the numeric addresses, keeping the
  * name where the library checks TLS certificates against it.
  *
+ * An acquire keeps the deadline it is given, never a later one of its own:
+ * a try-once (req->waiting == 0) comes with one whole request timeout
+ * (counted when the core calls, after any wait for the store handle), and a
+ * waiting try with what is left of its wait. A waiting try left with less
+ * than dlock_try_too_late() allows would most likely only time out and leave
+ * an unknown outcome to undo (the core reports such a wait as not acquired
+ * in time all the same): it sends nothing and returns DLOCK_ELOCKED. A store
+ * whose try takes several round trips divides the time it has (Redlock
+ * keeps a share for its undo).
+ *
  * Unknown outcomes (version 2). An acquire that returns anything but 0,
  * DLOCK_ELOCKED, DLOCK_EINVAL, DLOCK_EAUTH or DLOCK_ENOTSUPPORTED may have
  * been applied by the server (its reply was lost). The core then:
@@ -48,6 +58,16 @@
  * earlier release failed. A store whose hold lives on a session or a
  * connection (DLOCK_BACKEND_F_SESSION) ends that session or connection when a
  * release cannot be confirmed, so that nothing outlives it.
+ *
+ * Permits. Every store's acquire applies one rule to exclusive requests
+ * (dlock/lock.h, `permits`): grant only if (live exclusive holders + 1) <=
+ * min(req->permits, the permits of every live exclusive holder of the
+ * name). A mutex (permits 1) therefore excludes semaphores both ways, and
+ * holders of different permits limit each other. A store records each
+ * holder's permits beside its hold, so that every later caller's decision
+ * sees them. Shared requests keep their rules (no exclusive holder;
+ * writer preference). A store that cannot apply the rule returns
+ * DLOCK_ENOTSUPPORTED for permits > 1.
  */
 #ifndef DLOCK_SYS_BACKEND_H
 #define DLOCK_SYS_BACKEND_H
@@ -106,7 +126,9 @@ typedef struct dlock_request {
 	const char *name;      /**< validated lock name, without the store prefix */
 	const char *owner;     /**< unique token of this hold: "<client id hex>-<serial>" */
 	dlock_mode mode;
-	unsigned int permits;  /**< 1 for a mutex, N > 1 for a semaphore of N */
+	unsigned int permits;  /**< 1 for a mutex, N > 1 for a semaphore of N; the core
+				    guarantees permits >= 1, and 1 in shared mode.
+				    See "Permits" above for the rule acquire applies */
 	int fair;              /**< grant in request order */
 	int64_t ttl_ms;        /**< lease to set on acquire / extend / renew */
 	int waiting;           /**< the caller will wait if refused: register as a waiter
@@ -225,6 +247,20 @@ DLOCK_EXTERN int dlock_error_set(int code, const char *store, const char *store_
 
 /** Milliseconds on CLOCK_MONOTONIC. */
 DLOCK_EXTERN int64_t dlock_clock_ms(void);
+
+/** The least time a waiting acquire try is sent with (see "Time"). */
+#define DLOCK_TRY_MIN_MS 50
+
+/**
+ * Whether the waiting try `req` has too little time left to be sent: less
+ * than DLOCK_TRY_MIN_MS before req->deadline_ms, or than half the store's
+ * request timeout when that is smaller. Never true for a try-once.
+ */
+static inline int dlock_try_too_late(const dlock_request *req, int64_t request_timeout_ms)
+{
+	int64_t least = request_timeout_ms / 2 < DLOCK_TRY_MIN_MS ? request_timeout_ms / 2 : DLOCK_TRY_MIN_MS;
+	return req->waiting && req->deadline_ms - dlock_clock_ms() < least;
+}
 
 /** Milliseconds since the epoch on CLOCK_REALTIME. */
 DLOCK_EXTERN int64_t dlock_wall_ms(void);
