@@ -176,7 +176,13 @@ void dlock_store_close(dlock_store *s)
 	if (dlock__forked(s)) {
 		/* The parent's: no thread of it to stop here, and no word to its
 		 * server (a close would end the parent's session). Only memory. */
-		dlock__forget(s->be);
+		dlock_backend *be = s->be;
+		/* A call in progress at the fork (be_mu taken by a thread that is
+		 * not here) may have left the backend half changed: keep it whole. */
+		if (be->version >= 3 && be->forget && pthread_mutex_trylock(&s->be_mu) == 0)
+			be->forget(be);
+		else
+			dlock__forget(be);
 		if (dlock__renewer_forget(s)) {
 			free(s->uri);
 			free(s);

@@ -662,6 +662,19 @@ static void sq_close(dlock_backend *be)
 	free(b);
 }
 
+/* In a fork()'s child, of the parent's connection: SQLite keeps its file
+ * and shared-memory lock bookkeeping per process, and the child inherited
+ * the parent's. Left open, a connection the child opens later on the same
+ * file would trust locks this process does not hold. Closing it without a
+ * checkpoint only closes descriptors and unmaps (the core calls this only
+ * when no statement was running at the fork: no transaction to roll back). */
+static void sq_forget(dlock_backend *be)
+{
+	sqlite_backend *b = (sqlite_backend *)be;
+	disconnect(b, true);
+	sq_close(be); /* now only frees */
+}
+
 /* The type ("table", "view") of schema object `name`, or "" (into buf). */
 static int object_type(sqlite3 *db, const char *name, char *buf, size_t len)
 {
@@ -900,6 +913,7 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 	b->base.cancel = sq_cancel;
 	b->base.status = sq_status;
 	b->base.close = sq_close;
+	b->base.forget = sq_forget;
 	b->busy_ms = busy_ms;
 	b->request_timeout_ms = uri->request_timeout_ms;
 	int rc = DLOCK_ENOMEM;
