@@ -80,7 +80,9 @@ DLOCK_EXTERN void dlock_lock_free(dlock_lock *lock);
  * @return 0 (held; the lease deadline counts from before the request was
  *         sent — from before the EARLIEST try of this call whose reply was
  *         lost, since the store may have applied it); DLOCK_ELOCKED (wait 0
- *         and held by another); DLOCK_ETIMEOUT; DLOCK_EUNAVAILABLE;
+ *         and held by another); DLOCK_ETIMEOUT (the wait ended and some
+ *         try found the lock held, even if the last try went unanswered);
+ *         DLOCK_EUNAVAILABLE (the store never said the lock was held);
  *         DLOCK_EBUSY (held through this handle by another thread);
  *         DLOCK_ELOST (reentrant acquire after the lease ended);
  *         DLOCK_EINVAL (a handle inherited through fork(): see above);

@@ -302,6 +302,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	int64_t backoff = BACKOFF_FIRST_MS;
 	bool registered = false;
 	int64_t unknown_t0 = -1; /* start of the earliest try whose outcome is unknown */
+	bool contended = false;  /* some try of this call found the lock held */
 	int rc = DLOCK_EUNAVAILABLE;
 	for (int attempt = 0;; attempt++) {
 		uint64_t fence = 0;
@@ -340,6 +341,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			unknown_t0 = t0;
 		}
 		registered |= rc == DLOCK_ELOCKED && l->req.waiting;
+		contended |= rc == DLOCK_ELOCKED;
 		/* No answer on a first try: the caller hears at once that the store is
 		 * unreachable; later in a wait it is ridden out until the wait ends. */
 		bool transient = rc == DLOCK_EUNAVAILABLE && attempt > 0;
@@ -368,6 +370,11 @@ give_up:;
 	if (unknown_t0 >= 0)
 		undo(l, by);
 	dlock__error_restore(&saved);
+	/* A wait that found the lock held and ran out during a try (the try cut
+	 * short by the wait's end, or the store gone quiet at the end): the lock
+	 * was not acquired within the wait, which is what the caller asked. */
+	if (rc == DLOCK_EUNAVAILABLE && contended && wait_ms != 0 && dlock_clock_ms() >= until)
+		rc = DLOCK_ELOCKED;
 	if (rc != DLOCK_ELOCKED)
 		return rc;
 	if (wait_ms == 0)

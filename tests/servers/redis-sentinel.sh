@@ -46,7 +46,7 @@ start)
 		dir $dir/s
 		sentinel monitor dlockmaster 127.0.0.1 $mp 1
 		sentinel down-after-milliseconds dlockmaster 1000
-		sentinel failover-timeout dlockmaster 10000
+		sentinel failover-timeout dlockmaster 4000
 	EOF
 	redis-server "$dir/m/redis.conf"
 	redis-server "$dir/r/redis.conf"

@@ -168,7 +168,7 @@ static void test_lost(void)
 	lost_at = 0;
 	long long t0 = tu_now_ms();
 	CHECK_RC(dlock_acquire(la, 0), 0);
-	long long deadline = t0 + dlock_ttl_left(la); /* the client's own deadline, from before the request */
+	long long deadline = tu_now_ms() + dlock_ttl_left(la); /* the client's own deadline (ttl_left counts from now) */
 	mp_set(proxy, MP_BLACKHOLE);
 	long long granted = 0;
 	while (tu_now_ms() - t0 < TTL_MS + 6000) {

@@ -216,7 +216,7 @@ int main(int argc, char **argv)
 	t0 = tu_now_ms();
 
 	/* open during the failover: the sentinels still name the dead master */
-	snprintf(u, sizeof(u), "%s?connect_timeout=20s&wait_replicas=0&fence_replicas=0", uri);
+	snprintf(u, sizeof(u), "%s?connect_timeout=40s&wait_replicas=0&fence_replicas=0", uri);
 	dlock_store *n = NULL;
 	rc = open_sentinel(&n, u);
 	printf("open during the failover: %s after %lld ms\n", dlock_error_name(rc), tu_now_ms() - t0);

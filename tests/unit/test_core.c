@@ -32,6 +32,7 @@ typedef struct fake {
 	atomic_llong applied_at;   /* tu_now_ms() when a lost try was applied */
 	atomic_int release_fail;   /* the next N releases fail (not applied) */
 	atomic_llong deadline_left; /* req->deadline_ms - now, at the last acquire */
+	atomic_int unanswered_from; /* tries after this many go unanswered (0: none) */
 	int renew_gate;            /* under mu: renew blocks while set */
 	pthread_cond_t gate_cv;
 } fake;
@@ -39,8 +40,10 @@ typedef struct fake {
 static int f_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry)
 {
 	fake *f = (fake *)be;
-	f->acquires++;
+	int nth = ++f->acquires;
 	f->deadline_left = req->deadline_ms - dlock_clock_ms();
+	if (f->unanswered_from && nth > f->unanswered_from)
+		return dlock_error_set(DLOCK_EUNAVAILABLE, "fake", NULL, "timed out (no answer)");
 	if (f->acquire_delay_ms)
 		usleep((useconds_t)f->acquire_delay_ms * 1000);
 	pthread_mutex_lock(&f->mu);
@@ -640,6 +643,30 @@ static void test_try_deadlines(void)
 	dlock_store_close(s);
 }
 
+/* A wait that found the lock held and then heard nothing more until it
+ * ended is a timeout (the lock was not acquired in time); a store that never
+ * answered at all is unavailable. */
+static void test_wait_ends_unanswered(void)
+{
+	fake *f = fake_new();
+	snprintf(f->holder, sizeof(f->holder), "someone-else");
+	f->unanswered_from = 2;
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	dlock_lock *l;
+	CHECK_RC(dlock_lock_new(&l, s, "a", NULL), 0);
+	CHECK_RC(dlock_acquire(l, 300), DLOCK_ETIMEOUT);
+	CHECK(f->acquires > 2);
+	f->acquires = 0;
+	f->unanswered_from = -1; /* nothing answered */
+	f->holder[0] = '\0';
+	long long t0 = tu_now_ms();
+	CHECK_RC(dlock_acquire(l, 300), DLOCK_EUNAVAILABLE);
+	CHECK(tu_now_ms() - t0 < 250); /* a first try unanswered fails at once */
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
 /* A grant whose reply comes after the lease it carries has ended is refused and undone. */
 static void test_late_grant_refused(void)
 {
@@ -927,6 +954,7 @@ int main(void)
 	test_lease_from_lost_try();
 	test_late_grant_refused();
 	test_try_deadlines();
+	test_wait_ends_unanswered();
 	test_failed_release_retried();
 	test_fork();
 #ifndef DLOCK_TEST_NO_INTERPOSE
