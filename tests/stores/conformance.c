@@ -898,6 +898,20 @@ static void quiesce_before_fork(void)
 	fflush(NULL);
 }
 
+/* ThreadSanitizer refuses new threads in the child of a multi-threaded
+ * fork (it dies: die_after_fork): there a child does not take a lock of
+ * its own store (a grant starts the renewal threads). */
+#if defined(__SANITIZE_THREAD__)
+#define FORK_CHILD_THREADS 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FORK_CHILD_THREADS 0
+#endif
+#endif
+#ifndef FORK_CHILD_THREADS
+#define FORK_CHILD_THREADS 1
+#endif
+
 /* The last error is the fork rule's. */
 static bool fork_error(void)
 {
@@ -980,7 +994,10 @@ static int fork_child_idle(dlock_store *s, dlock_lock *l, const char *name)
 	int bad = fork_inherited_calls(s, l, name);
 	dlock_store *own = NULL;
 	FORK_CHECK(bad, dlock_store_open(&own, uri) == 0);
-	if (own) {
+	if (own && !FORK_CHILD_THREADS) {
+		write_long("fork-fence", -1);
+		dlock_store_close(own);
+	} else if (own) {
 		dlock_lock *mine = new_lock(own, name, DLOCK_EXCLUSIVE, 1, 0, 5000);
 		FORK_CHECK(bad, dlock_acquire(mine, 5000) == 0 && dlock_held(mine) && dlock_fence(mine) > 0);
 		write_long("fork-fence", (long)dlock_fence(mine));
@@ -1073,7 +1090,9 @@ static void case_fork(void)
 		fprintf(stderr, "fork after open, idle: the child exited with %d\n", code);
 	CHECK(code == 0);
 	long child_fence = read_long("fork-fence");
-	CHECK(child_fence > 0);
+	if (child_fence < 0)
+		printf("  fork: under ThreadSanitizer the child took no lock of its own store\n");
+	CHECK(child_fence > 0 || (child_fence < 0 && !FORK_CHILD_THREADS));
 	CHECK_RC(dlock_acquire(l, 5000), 0);
 	CHECK((long)dlock_fence(l) > child_fence);
 	CHECK_RC(dlock_release(l), 0);

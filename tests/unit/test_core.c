@@ -836,6 +836,20 @@ static void quiesce_before_fork(void)
 	fflush(NULL);
 }
 
+/* ThreadSanitizer refuses new threads in the child of a multi-threaded
+ * fork (it dies: die_after_fork): there a child does not take a lock of
+ * its own store (a grant starts the renewal threads). */
+#if defined(__SANITIZE_THREAD__)
+#define FORK_CHILD_THREADS 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FORK_CHILD_THREADS 0
+#endif
+#endif
+#ifndef FORK_CHILD_THREADS
+#define FORK_CHILD_THREADS 1
+#endif
+
 static int fork_io(fake *f)
 {
 	return f->acquires + f->releases + f->extends + f->renew_calls + atomic_load(&fork_closes);
@@ -882,8 +896,10 @@ static int fork_child(dlock_store *s, dlock_lock *held, dlock_lock *idle, fake *
 	FORK_CHECK(dlock_store_open_backend(&s2, &g->base, "fake://", 30000) == 0);
 	FORK_CHECK(s2 && strcmp(dlock_store_client_id(s2), parent_id) != 0);
 	FORK_CHECK(s2 && dlock_lock_new(&mine, s2, "a", NULL) == 0);
-	FORK_CHECK(mine && dlock_acquire(mine, 0) == 0 && dlock_held(mine));
-	FORK_CHECK(mine && dlock_release(mine) == 0 && g->acquires == 1 && g->releases == 1);
+	if (FORK_CHILD_THREADS) {
+		FORK_CHECK(mine && dlock_acquire(mine, 0) == 0 && dlock_held(mine));
+		FORK_CHECK(mine && dlock_release(mine) == 0 && g->acquires == 1 && g->releases == 1);
+	}
 	dlock_lock_free(mine);
 	dlock_store_close(s2);
 #undef FORK_CHECK
