@@ -5,6 +5,11 @@
  * A dlock_lock belongs to the thread that acquires it: reentrant acquires
  * are counted per handle and cost no round trip. Other threads may call
  * dlock_held() and dlock_fence() on it at any time.
+ *
+ * It belongs to the process that opened its store, too: in a fork()'s child
+ * every call on an inherited lock handle fails with DLOCK_EINVAL ("... is a
+ * fork() child ...: open a new store in the child"), dlock_held() is 0 and
+ * dlock_lock_free only frees memory (see dlock/store.h, "Processes").
  */
 #ifndef DLOCK_LOCK_H
 #define DLOCK_LOCK_H
@@ -62,7 +67,8 @@ typedef struct dlock_lock_options {
  * @param name  copied; checked with dlock_name_check
  * @param opts  copied; NULL for the defaults
  * @return 0; DLOCK_EINVAL (bad name, negative ttl, permits with shared
- *         mode, unknown options version); DLOCK_ENOMEM.
+ *         mode, unknown options version; a store opened by the parent of
+ *         this fork()'s child); DLOCK_ENOMEM.
  */
 DLOCK_EXTERN int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
 				const dlock_lock_options *opts);
@@ -70,6 +76,8 @@ DLOCK_EXTERN int dlock_lock_new(dlock_lock **out, dlock_store *store, const char
 /**
  * Free a handle. A lock still held is released first (all reentrant holds).
  * Accepts NULL. Safe to call from the lock's own on_lost callback.
+ * In a fork()'s child, of a handle made before the fork: frees memory only
+ * (the hold is the parent's and stays held).
  */
 DLOCK_EXTERN void dlock_lock_free(dlock_lock *lock);
 
@@ -84,8 +92,9 @@ DLOCK_EXTERN void dlock_lock_free(dlock_lock *lock);
  *         try found the lock held, even if the last try went unanswered);
  *         DLOCK_EUNAVAILABLE (the store never said the lock was held);
  *         DLOCK_EBUSY (held through this handle by another thread);
- *         DLOCK_ELOST (reentrant acquire after the lease ended); other codes
- *         from the store.
+ *         DLOCK_ELOST (reentrant acquire after the lease ended);
+ *         DLOCK_EINVAL (a handle inherited through fork(): see above);
+ *         other codes from the store.
  * A store that does not answer a first try gives DLOCK_EUNAVAILABLE at once;
  * once a wait is under way, such answers are ridden out until it ends.
  * Bounded whatever the network does: with wait_ms > 0 it returns within
@@ -125,7 +134,8 @@ DLOCK_EXTERN int dlock_extend(dlock_lock *lock, int64_t ttl_ms);
 /**
  * Whether the handle holds the lock now: acquired, not released, and the
  * lease deadline (CLOCK_MONOTONIC, minus a drift margin) not passed without
- * a confirmed renewal. Thread-safe.
+ * a confirmed renewal. Thread-safe. 0 in a fork()'s child for a handle made
+ * before the fork (the hold is the parent's).
  */
 DLOCK_EXTERN int dlock_held(const dlock_lock *lock);
 

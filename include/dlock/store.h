@@ -5,6 +5,23 @@
  * A dlock_store is thread-safe: many threads may create and use locks on one
  * store at the same time. It owns a random 128-bit client id and, once a lock
  * with renewal is held, a background renewal thread.
+ *
+ * Processes and fork(): a store handle and the lock handles made from it
+ * belong to the process that opened the store. A fork()'s child inherits a
+ * copy of them but not their threads, and their connections and sessions
+ * stay the parent's; so in the child every call on an inherited handle
+ * (dlock_lock_new, dlock_acquire, dlock_release, dlock_extend,
+ * dlock_lock_detach, dlock_lock_attach, dlock_store_status) fails with
+ * DLOCK_EINVAL and a message naming fork() — never a grant under the
+ * parent's identity — dlock_held() and dlock_fence() answer 0, and nothing
+ * of the parent's is renewed, released or closed from the child.
+ * dlock_lock_free and dlock_store_close in the child only free memory: they
+ * send nothing (a polite close would end the parent's session). A store the
+ * child opens itself is a new owner with a client id of its own. The parent
+ * is unaffected: its locks stay held and renewed. Prefer to open stores after
+ * fork(), or exec; fork while no other thread is inside a call of the
+ * library (as always in a threaded program, a client library may hold an
+ * internal mutex of its own at the fork).
  */
 #ifndef DLOCK_STORE_H
 #define DLOCK_STORE_H
@@ -57,6 +74,9 @@ DLOCK_EXTERN int dlock_store_open_timeout(dlock_store **out, const char *uri, in
  * Close a store. Locks still held through it are released first (best
  * effort) and stop being renewed. Lock handles made from the store must be
  * freed before it. Accepts NULL.
+ * In a fork()'s child, of a store the parent opened: frees this process's
+ * copy without a word to the store (no release, no disconnect); the
+ * parent's locks and session carry on.
  */
 DLOCK_EXTERN void dlock_store_close(dlock_store *store);
 
@@ -87,7 +107,8 @@ DLOCK_EXTERN char *dlock_uri_redact(const char *uri);
  */
 DLOCK_EXTERN int dlock_store_session_bound(const dlock_store *store);
 
-/** This store handle's client id: 32 lowercase hex digits. */
+/** This store handle's client id: 32 lowercase hex digits (random per open:
+ *  a store opened in a fork()'s child has its own). */
 DLOCK_EXTERN const char *dlock_store_client_id(const dlock_store *store);
 
 /**

@@ -16,6 +16,8 @@ int dlock_lock_detach(dlock_lock *l, char **handle)
 	if (!l || !handle)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_lock_detach: NULL argument");
 	*handle = NULL;
+	if (dlock__forked(l->store))
+		return dlock__fork_error(l->store, "dlock_lock_detach");
 	pthread_mutex_lock(&l->mu);
 	bool held = l->state == DLOCK__HELD;
 	pthread_mutex_unlock(&l->mu);
@@ -57,6 +59,8 @@ int dlock_lock_attach(dlock_lock *l, const char *handle)
 {
 	if (!l || !handle)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_lock_attach: NULL argument");
+	if (dlock__forked(l->store))
+		return dlock__fork_error(l->store, "dlock_lock_attach");
 	char mode = 0, owner[64] = "";
 	unsigned permits = 0;
 	uint64_t fence = 0;

@@ -81,6 +81,14 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri);
 dlock_lock_status *dlock__status_add(dlock_lock_status **arr, size_t *count);
 dlock_holder *dlock__status_add_holder(dlock_lock_status *st);
 
+/* ---- processes ---- */
+/* Store and lock handles belong to the process that opened the store. The
+ * generation counts the fork()s on the way to this process (bumped in each
+ * child by a pthread_atfork handler), so comparing it is one atomic load. */
+unsigned long dlock__fork_gen(void);
+/* This process's id (cached; reset in a fork's child). */
+int dlock__pid(void);
+
 /* ---- the store object (core) ---- */
 typedef struct dlock__reg dlock__reg;
 typedef struct dlock__cb_run cb_run;
@@ -109,6 +117,8 @@ struct dlock_store {
 	_Atomic int fg_waiting; /* callers waiting for be_mu: background retries let them go first */
 	int64_t renewer_wake;   /* when the sleeping renewer wakes up by itself */
 	int64_t watchdog_wake;  /* when the sleeping watchdog wakes up by itself */
+	unsigned long fork_gen; /* dlock__fork_gen() at open: the handle is that process's */
+	int opener_pid;
 };
 
 /* A held lock as the renewal thread sees it; owned by the lock, linked while held. */
@@ -143,6 +153,22 @@ const dlock_request *dlock__orphan_request(dlock__orphan *o);
 /* Put a taken orphan back for the renewer to retry. */
 void dlock__orphan_put(dlock_store *store, dlock__orphan *o);
 void dlock__orphan_free(dlock__orphan *o);
+
+/* Whether s was opened by another process: this one is a fork() child of it
+ * and must not use it (no mutex of it, no I/O on its connections). */
+static inline bool dlock__forked(const dlock_store *s)
+{
+	return s->fork_gen != dlock__fork_gen();
+}
+/* DLOCK_EINVAL saying that `fn` was called on an inherited store handle. */
+int dlock__fork_error(const dlock_store *s, const char *fn);
+/* Keep memory the child cannot free without its owner's I/O (a backend, a
+ * store's per-hold state) reachable until exit, so that leak checkers do not
+ * count it. */
+void dlock__forget(void *p);
+/* In a fork's child: free the renewer's queues of an inherited store if no
+ * thread of the parent held them at the fork; false if it had to leave them. */
+bool dlock__renewer_forget(dlock_store *s);
 
 /* Lock internals shared between lock.c and renewer.c */
 /* Room for an owner token ("<client id hex>-<serial>") and its NUL. */

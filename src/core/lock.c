@@ -20,6 +20,8 @@ int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
 	*out = NULL;
 	if (!store)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_lock_new: store is NULL");
+	if (dlock__forked(store))
+		return dlock__fork_error(store, "dlock_lock_new");
 	int rc = dlock_name_check(name);
 	if (rc)
 		return rc;
@@ -63,29 +65,6 @@ int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
 	return 0;
 }
 
-/* getpid() is a system call; the pid only changes in a fork's child. */
-static _Atomic int self_pid;
-static pthread_once_t self_pid_once = PTHREAD_ONCE_INIT;
-
-static void self_pid_forked(void)
-{
-	self_pid = 0;
-}
-
-static void self_pid_init(void)
-{
-	pthread_atfork(NULL, NULL, self_pid_forked);
-}
-
-static int pid_now(void)
-{
-	pthread_once(&self_pid_once, self_pid_init);
-	int pid = self_pid;
-	if (!pid)
-		self_pid = pid = (int)getpid();
-	return pid;
-}
-
 void dlock__lock_fill_request(dlock_lock *l)
 {
 	dlock_request *r = &l->req;
@@ -99,7 +78,7 @@ void dlock__lock_fill_request(dlock_lock *l)
 	r->ttl_ms = l->ttl_ms;
 	r->queue_ttl_ms = DLOCK__QUEUE_TTL_MS;
 	r->host = l->store->host;
-	r->pid = pid_now();
+	r->pid = dlock__pid();
 	r->ticket_us = dlock_wall_ms() * 1000 + dlock__rand_between(0, 999);
 	r->slot = slot;
 }
@@ -285,6 +264,8 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 {
 	if (!l)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_acquire: lock is NULL");
+	if (dlock__forked(l->store))
+		return dlock__fork_error(l->store, "dlock_acquire");
 	pthread_mutex_lock(&l->mu);
 	if (l->state == DLOCK__HELD) {
 		int rc = 0;
@@ -450,6 +431,8 @@ int dlock_release(dlock_lock *l)
 {
 	if (!l)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_release: lock is NULL");
+	if (dlock__forked(l->store))
+		return dlock__fork_error(l->store, "dlock_release");
 	pthread_mutex_lock(&l->mu);
 	dlock__state st = l->state;
 	if (st == DLOCK__IDLE && l->release_pending) {
@@ -502,6 +485,8 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 {
 	if (!l)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_extend: lock is NULL");
+	if (dlock__forked(l->store))
+		return dlock__fork_error(l->store, "dlock_extend");
 	if (ttl_ms < 0 || (ttl_ms > 0 && ttl_ms < 10) || ttl_ms > DLOCK_TTL_MAX_MS)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
 				       "bad TTL %lld ms (0, or 10 ms to 366 days)", (long long)ttl_ms);
@@ -546,7 +531,7 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 int dlock_held(const dlock_lock *cl)
 {
 	dlock_lock *l = (dlock_lock *)cl;
-	if (!l)
+	if (!l || dlock__forked(l->store)) /* the parent's hold, not ours */
 		return 0;
 	pthread_mutex_lock(&l->mu);
 	int held = l->state == DLOCK__HELD && (l->attached || dlock_clock_ms() < l->deadline);
@@ -557,7 +542,7 @@ int dlock_held(const dlock_lock *cl)
 uint64_t dlock_fence(const dlock_lock *cl)
 {
 	dlock_lock *l = (dlock_lock *)cl;
-	if (!l)
+	if (!l || dlock__forked(l->store)) /* the parent's hold, not ours */
 		return 0;
 	pthread_mutex_lock(&l->mu);
 	uint64_t f = l->state == DLOCK__HELD && (l->attached || dlock_clock_ms() < l->deadline) ? l->fence : 0;
@@ -568,7 +553,7 @@ uint64_t dlock_fence(const dlock_lock *cl)
 int64_t dlock_ttl_left(const dlock_lock *cl)
 {
 	dlock_lock *l = (dlock_lock *)cl;
-	if (!l)
+	if (!l || dlock__forked(l->store)) /* the parent's hold, not ours */
 		return 0;
 	pthread_mutex_lock(&l->mu);
 	int64_t left = l->state == DLOCK__HELD ? l->deadline - dlock_clock_ms() : 0;
@@ -585,6 +570,14 @@ void dlock_lock_free(dlock_lock *l)
 {
 	if (!l)
 		return;
+	if (dlock__forked(l->store)) {
+		/* A fork's child: the hold is the parent's. No release, and not even
+		 * its mutex (a thread of the parent may have held it at the fork). */
+		dlock__forget(l->req.slot);
+		free(l->name);
+		free(l);
+		return;
+	}
 	pthread_mutex_lock(&l->mu);
 	dlock__state st = l->state;
 	l->count = 1;

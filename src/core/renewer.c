@@ -583,3 +583,24 @@ void dlock__renewer_stop(dlock_store *s)
 		orphan_free(o);
 	}
 }
+
+bool dlock__renewer_forget(dlock_store *s)
+{
+	/* Taken by a thread of the parent at the fork (no thread here will
+	 * ever give it back): the queues may be half changed. Leave them. */
+	if (pthread_mutex_trylock(&s->reg_mu) != 0)
+		return false;
+	while (s->orphans) {
+		dlock__orphan *o = s->orphans;
+		s->orphans = o->next;
+		dlock__forget(o->req.slot); /* a cancel's per-attempt state: the store's */
+		orphan_free(o);
+	}
+	while (s->cbs) { /* their threads are the parent's */
+		cb_run *c = s->cbs;
+		s->cbs = c->next;
+		free(c);
+	}
+	pthread_mutex_unlock(&s->reg_mu);
+	return true;
+}

@@ -189,6 +189,8 @@ int dlock_store_status(dlock_store *s, const char *const *names, size_t nnames,
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_store_status: NULL argument");
 	*out = NULL;
 	*count = 0;
+	if (dlock__forked(s))
+		return dlock__fork_error(s, "dlock_store_status");
 	if (!names)
 		nnames = 0;
 	for (size_t i = 0; i < nnames; i++) {

@@ -1,9 +1,74 @@
 #include "core/internal.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/*
+ * fork(): the child gets a copy of every store handle, its connections
+ * (shared sockets, sessions, TLS state) and none of its threads. Using them
+ * would make the child a second holder under the parent's identity, and
+ * closing them politely would end the parent's session. So a handle belongs
+ * to the process that opened it; in a child every call on it fails, and
+ * freeing it only frees memory.
+ */
+static atomic_ulong fork_gen;
+static atomic_int self_pid;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void forked(void)
+{
+	atomic_fetch_add(&fork_gen, 1);
+	atomic_store(&self_pid, 0);
+}
+
+static void watch_forks(void)
+{
+	pthread_atfork(NULL, NULL, forked);
+}
+
+unsigned long dlock__fork_gen(void)
+{
+	return atomic_load_explicit(&fork_gen, memory_order_relaxed);
+}
+
+int dlock__pid(void)
+{
+	pthread_once(&fork_once, watch_forks);
+	int pid = atomic_load(&self_pid);
+	if (!pid)
+		atomic_store(&self_pid, pid = (int)getpid());
+	return pid;
+}
+
+int dlock__fork_error(const dlock_store *s, const char *fn)
+{
+	return dlock_error_set(DLOCK_EINVAL, s->be->kind, NULL,
+			       "%s: this process (pid %d) is a fork() child of the one that opened the store "
+			       "(pid %d); store and lock handles do not cross fork(): open a new store in the child",
+			       fn, dlock__pid(), s->opener_pid);
+}
+
+/* Memory a child cannot free: a lock-free stack, so that no mutex a thread
+ * of the parent held at the fork is needed. */
+typedef struct forgotten {
+	struct forgotten *next;
+	void *p;
+} forgotten;
+static _Atomic(forgotten *) forgotten_head;
+
+void dlock__forget(void *p)
+{
+	forgotten *f = p ? malloc(sizeof(*f)) : NULL;
+	if (!f)
+		return;
+	f->p = p;
+	f->next = atomic_load(&forgotten_head);
+	while (!atomic_compare_exchange_weak(&forgotten_head, &f->next, f))
+		;
+}
 
 static int store_init(dlock_store **out, dlock_backend *be, const char *display_uri,
 		      int64_t default_ttl_ms, int64_t request_timeout_ms)
@@ -27,6 +92,8 @@ static int store_init(dlock_store **out, dlock_backend *be, const char *display_
 	dlock__hex(s->client_id, id, sizeof(id));
 	if (gethostname(s->host, sizeof(s->host) - 1) != 0)
 		strcpy(s->host, "unknown");
+	s->opener_pid = dlock__pid(); /* registers the fork handler first */
+	s->fork_gen = dlock__fork_gen();
 	pthread_mutex_init(&s->be_mu, NULL);
 	pthread_mutex_init(&s->reg_mu, NULL);
 	pthread_condattr_t ca;
@@ -106,6 +173,24 @@ void dlock_store_close(dlock_store *s)
 {
 	if (!s)
 		return;
+	if (dlock__forked(s)) {
+		/* The parent's: no thread of it to stop here, and no word to its
+		 * server (a close would end the parent's session). Only memory. */
+		dlock_backend *be = s->be;
+		/* A call in progress at the fork (be_mu taken by a thread that is
+		 * not here) may have left the backend half changed: keep it whole. */
+		if (be->version >= 3 && be->forget && pthread_mutex_trylock(&s->be_mu) == 0)
+			be->forget(be);
+		else
+			dlock__forget(be);
+		if (dlock__renewer_forget(s)) {
+			free(s->uri);
+			free(s);
+		} else {
+			dlock__forget(s);
+		}
+		return;
+	}
 	dlock__renewer_stop(s);
 	s->be->close(s->be);
 	pthread_mutex_destroy(&s->be_mu);

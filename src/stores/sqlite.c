@@ -136,7 +136,6 @@ typedef struct sqlite_backend {
 	int64_t request_timeout_ms;
 	int64_t deadline;    /* of the call in progress (dlock_clock_ms): the busy handler's limit */
 	bool timed_out;      /* the busy handler gave up at the deadline */
-	unsigned fork_gen;   /* fork_gen when the connection was opened */
 	int64_t checked_at;  /* dlock_clock_ms of the last look at the files */
 	sqlite3_stmt *st[Q_COUNT];
 } sqlite_backend;
@@ -153,20 +152,6 @@ static void disconnect(sqlite_backend *b, bool moved)
 		sqlite3_db_config(b->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
 	sqlite3_close(b->db);
 	b->db = NULL;
-}
-
-/* Bumped in the child of every fork(): a connection opened before it is the parent's. */
-static unsigned fork_gen;
-static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
-
-static void forked(void)
-{
-	fork_gen++;
-}
-
-static void watch_forks(void)
-{
-	pthread_atfork(NULL, NULL, forked);
 }
 
 /* Is any of the three files at its path no longer the one we have open? */
@@ -195,7 +180,7 @@ static bool files_moved(const sqlite_backend *b)
 
 static int check_files(sqlite_backend *b, bool always)
 {
-	if (b->db && b->fork_gen == fork_gen) {
+	if (b->db) {
 		int64_t now = dlock_clock_ms();
 		if (!always && now - b->checked_at < RECHECK_MS)
 			return 0;
@@ -204,17 +189,7 @@ static int check_files(sqlite_backend *b, bool always)
 			return 0;
 		}
 	}
-	if (b->db && b->fork_gen != fork_gen) {
-		/* A fork()'s child must not use the parent's connection (the
-		 * parent's POSIX locks are not the child's: SQLite's "how to
-		 * corrupt", 2.6), nor touch the parent's holds. */
-		disconnect(b, true);
-		return dlock_error_set(DLOCK_ENOTHELD, "sqlite", NULL,
-				       "sqlite: this process is a fork() child of the one that opened the store: "
-				       "holds taken before the fork are the parent's");
-	}
-	if (b->db)
-		disconnect(b, true);
+	disconnect(b, true);
 	return dlock_error_set(DLOCK_ENOTHELD, "sqlite", NULL,
 			       "sqlite: %s was deleted or replaced since it was opened: holds made in the old file are gone",
 			       b->paths[0]);
@@ -677,13 +652,27 @@ static int sq_status(dlock_backend *be, const char *const *names, size_t nnames,
 static void sq_close(dlock_backend *be)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
-	/* A close after the files moved (or in a fork's child) must not
-	 * checkpoint and delete the -wal and -shm by name either. */
-	disconnect(b, b->db && (b->fork_gen != fork_gen || files_moved(b)));
+	/* A close after the files moved must not checkpoint and delete the
+	 * -wal and -shm by name either. (A fork()'s child never gets here with
+	 * the parent's connection: the core does not call an inherited store.) */
+	disconnect(b, b->db && files_moved(b));
 	for (int i = 0; i < NFILES; i++)
 		free(b->paths[i]);
 	free(b->ns);
 	free(b);
+}
+
+/* In a fork()'s child, of the parent's connection: SQLite keeps its file
+ * and shared-memory lock bookkeeping per process, and the child inherited
+ * the parent's. Left open, a connection the child opens later on the same
+ * file would trust locks this process does not hold. Closing it without a
+ * checkpoint only closes descriptors and unmaps (the core calls this only
+ * when no statement was running at the fork: no transaction to roll back). */
+static void sq_forget(dlock_backend *be)
+{
+	sqlite_backend *b = (sqlite_backend *)be;
+	disconnect(b, true);
+	sq_close(be); /* now only frees */
 }
 
 /* The type ("table", "view") of schema object `name`, or "" (into buf). */
@@ -805,8 +794,6 @@ static int connect_db(sqlite_backend *b, int64_t deadline)
 	int rc = make_parents(path);
 	if (rc)
 		return rc;
-	pthread_once(&fork_once, watch_forks);
-	b->fork_gen = fork_gen;
 	int r = open_db(&b->db, path);
 	if (r != SQLITE_OK) {
 		rc = fail(b, r, "open");
@@ -926,6 +913,7 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 	b->base.cancel = sq_cancel;
 	b->base.status = sq_status;
 	b->base.close = sq_close;
+	b->base.forget = sq_forget;
 	b->busy_ms = busy_ms;
 	b->request_timeout_ms = uri->request_timeout_ms;
 	int rc = DLOCK_ENOMEM;

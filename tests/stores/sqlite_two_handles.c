@@ -107,25 +107,36 @@ int main(int argc, char **argv)
 	CHECK(dlock_fence(held) == 3);
 
 	/* A fork()'s child (no exec) has the parent's handles: it must not use
-	 * the parent's connection nor release the parent's hold; it may still
-	 * look and take locks of its own. (The renewer sleeps: TTL 600 ms, just
-	 * renewed, so no mutex of the store is held across the fork.) */
+	 * the parent's connection nor release the parent's hold (every call on
+	 * them is refused), and freeing them ends nothing of the parent's; it
+	 * may open a store of its own and look and take locks there. (The
+	 * renewer sleeps: TTL 600 ms, just renewed, so no mutex of the store
+	 * is held across the fork.) */
 	fflush(NULL);
 	pid_t pid = fork();
 	if (pid == 0) {
 		int bad = 0;
-		bad += dlock_release(held) == 0;
+		bad += dlock_release(held) != DLOCK_EINVAL;
 		dlock_lock *mine = NULL;
-		bad += dlock_lock_new(&mine, s1, "job", NULL) != 0;
-		bad += mine && dlock_acquire(mine, 0) != DLOCK_ELOCKED;
+		bad += dlock_lock_new(&mine, s1, "job", NULL) != DLOCK_EINVAL;
 		const char *names[] = { "job" };
 		dlock_lock_status *js = NULL;
 		size_t jn = 0;
-		bad += dlock_store_status(s1, names, 1, &js, &jn) != 0 || jn != 1 || js[0].nholders != 1;
+		bad += dlock_store_status(s1, names, 1, &js, &jn) != DLOCK_EINVAL;
+		dlock_lock_free(held);
+		dlock_store_close(s1); /* the inherited connection, without a checkpoint */
+		dlock_store *own = NULL;
+		bad += dlock_store_open(&own, uri) != 0;
+		bad += own && dlock_lock_new(&mine, own, "job", NULL) != 0;
+		bad += mine && dlock_acquire(mine, 0) != DLOCK_ELOCKED;
+		bad += own && (dlock_store_status(own, names, 1, &js, &jn) != 0 || jn != 1 || js[0].nholders != 1);
 		if (bad)
 			fprintf(stderr, "fork child: %d wrong answer(s); last error: %s\n", bad,
 				dlock_error_last()->message);
-		_exit(bad ? 1 : 0); /* no store close: the renewer thread is the parent's */
+		dlock_status_free(js, jn);
+		dlock_lock_free(mine);
+		dlock_store_close(own);
+		_exit(bad ? 1 : 0);
 	}
 	int wst = 0;
 	CHECK(pid > 0 && waitpid(pid, &wst, 0) == pid && WIFEXITED(wst) && WEXITSTATUS(wst) == 0);

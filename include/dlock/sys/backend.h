@@ -43,6 +43,13 @@
  * whose try takes several round trips divides the time it has (Redlock
  * keeps a share for its undo).
  *
+ * Processes (version 3). A store handle and its locks belong to the process
+ * that opened the store. In a fork()'s child the core refuses every call on
+ * an inherited handle itself (DLOCK_EINVAL): a store never sees a request
+ * from a child with the parent's connections, and needs no fork check of its
+ * own. When the child frees the handle the core calls `forget`, never
+ * `close`.
+ *
  * Unknown outcomes (version 2). An acquire that returns anything but 0,
  * DLOCK_ELOCKED, DLOCK_EINVAL, DLOCK_EAUTH or DLOCK_ENOTSUPPORTED may have
  * been applied by the server (its reply was lost). The core then:
@@ -77,7 +84,7 @@
 
 DLOCK_BEGIN_DECLS
 
-#define DLOCK_BACKEND_VERSION 2
+#define DLOCK_BACKEND_VERSION 3
 
 /** One `key=value` query option of a URI. */
 typedef struct dlock_uri_option {
@@ -217,6 +224,24 @@ struct dlock_backend {
 	 * @return 0; an error (nothing is reported).
 	 */
 	int (*list)(dlock_backend *be, char ***names, size_t *n);
+
+	/**
+	 * Optional (appended in version 3; NULL by default). Called instead of
+	 * `close` when a fork()'s child frees a store handle it inherited: the
+	 * backend, its connections and its sessions are the parent's, and the
+	 * parent goes on using them. Free what is this process's own without a
+	 * word to any server: no request, no polite disconnect (a PostgreSQL
+	 * Terminate, a ZooKeeper close, a MySQL COM_QUIT, a TLS close_notify
+	 * would end the PARENT's session or stream), and no change to files or
+	 * shared memory the parent uses. Closing a socket descriptor is fine
+	 * (the parent's copy keeps the connection open).
+	 * Called only if no call into the backend other than `wait` was in
+	 * progress at the fork (its state is consistent). Without it, or when a
+	 * call was in progress, the core frees nothing of the backend: its
+	 * memory stays allocated (and reachable) until the process exits or
+	 * execs. The core never calls any other method in the child.
+	 */
+	void (*forget)(dlock_backend *be);
 };
 
 /**
