@@ -157,6 +157,41 @@ static void on_lost(dlock_lock *lock, void *payload)
 	post(EV_LOST);
 }
 
+/*
+ * Runs inside dlock_acquire on the main thread while a wait goes on: say
+ * that the store does not answer, at once and then every REMIND_MS, and
+ * when it answers again. A wait that outlasts an outage is not silent.
+ */
+#define REMIND_MS 30000
+
+typedef struct waitinfo {
+	const cli_global *g;
+	const char *name;
+	int64_t said_at; /* CLOCK_MONOTONIC ms of the last "unreachable" message; 0: none */
+	bool down;
+} waitinfo;
+
+static void on_unreachable(dlock_lock *lock, int rc, const char *message, void *payload)
+{
+	(void)lock;
+	waitinfo *w = payload;
+	int64_t now = cli_mono_ms();
+	if (rc == 0) {
+		if (w->down)
+			cli_info(w->g, "the store answers again; still waiting for lock '%s'", w->name);
+		w->down = false;
+		w->said_at = 0;
+		return;
+	}
+	w->down = true;
+	if (w->said_at && now - w->said_at < REMIND_MS)
+		return;
+	w->said_at = now;
+	cli_info(w->g, "the store is unreachable (%s); still trying to acquire lock '%s' "
+		       "(saying so every %ds until it answers)",
+		 message && *message ? message : dlock_strerror(rc), w->name, REMIND_MS / 1000);
+}
+
 static void *signal_thread(void *arg)
 {
 	(void)arg;
@@ -749,6 +784,9 @@ int cli_run(cli_global *g, int argc, char **argv)
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
 	cli_lockopts_apply(&c.lo, &o);
 	o.on_lost = on_lost;
+	waitinfo wi = { g, name, 0, false };
+	o.on_unreachable = on_unreachable;
+	o.payload = &wi;
 	int err = dlock_lock_new(&lock, store, name, &o);
 	if (err != 0) {
 		rc = cli_fail(g, err, "bad lock");
@@ -766,6 +804,8 @@ int cli_run(cli_global *g, int argc, char **argv)
 		rc = cli_fail(g, err, "acquire");
 		goto out;
 	}
+	if (wi.down)
+		cli_info(g, "the store answers again");
 	uint64_t fence = dlock_fence(lock);
 	pthread_mutex_lock(&phase_mu);
 	phase = PHASE_HOLDING;
