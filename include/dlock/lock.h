@@ -29,7 +29,17 @@ DLOCK_BEGIN_DECLS
  */
 typedef void (*dlock_lost_fn)(dlock_lock *lock, void *payload);
 
-#define DLOCK_LOCK_OPTIONS_VERSION 1
+/**
+ * Called on the thread that waits in dlock_acquire, from inside that call,
+ * while a wait is under way: with `rc` DLOCK_EUNAVAILABLE and the store's
+ * message each time a try found the store unreachable (the wait goes on: such answers are ridden out until it
+ * ends), and once with `rc` 0 and a NULL message when the store answers
+ * again. It must return quickly and must not call the library with this
+ * lock. For telling a user why a wait takes long (`dlock run` does).
+ */
+typedef void (*dlock_wait_fn)(dlock_lock *lock, int rc, const char *message, void *payload);
+
+#define DLOCK_LOCK_OPTIONS_VERSION 2
 
 /** Longest lease accepted: 366 days. */
 #define DLOCK_TTL_MAX_MS ((int64_t)366 * 24 * 3600 * 1000)
@@ -55,11 +65,13 @@ typedef struct dlock_lock_options {
 	int no_renew;          /**< non-zero: no background renewal: the lease runs out
 				    (on_lost still fires at its deadline) */
 	dlock_lost_fn on_lost; /**< optional lost-lock callback */
-	void *payload;         /**< passed to on_lost */
+	void *payload;         /**< passed to on_lost (and on_unreachable) */
+	/* version 2 */
+	dlock_wait_fn on_unreachable; /**< optional: a wait's tries find the store unreachable */
 } dlock_lock_options;
 
 #define DLOCK_LOCK_OPTIONS_INIT \
-	{ DLOCK_LOCK_OPTIONS_VERSION, 0, DLOCK_EXCLUSIVE, 1, 0, 0, NULL, NULL }
+	{ DLOCK_LOCK_OPTIONS_VERSION, 0, DLOCK_EXCLUSIVE, 1, 0, 0, NULL, NULL, NULL }
 
 /**
  * Make a lock handle for `name` on `store`. Nothing is sent to the store.

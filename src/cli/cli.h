@@ -64,6 +64,15 @@ typedef struct cli_args {
 int cli_parse(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt_fn fn,
 	      void *ctx, cli_args *args);
 
+/*
+ * One option word `arg` (starting with '-') against `opts`, then the global
+ * options; `next` is the word after it (a value) or NULL. *used: how many
+ * words it took (1 or 2); *help is set by --help/-h. For commands with a
+ * grammar of their own (run). Returns 0 or CLI_EXIT_USAGE (message printed).
+ */
+int cli_parse_option(cli_global *g, const cli_opt *opts, cli_opt_fn fn, void *ctx,
+		     const char *arg, const char *next, int *used, bool *help);
+
 /* Global options only: used by main() before the command name. */
 int cli_global_option(cli_global *g, const char *arg, const char *next, int *used);
 

@@ -206,6 +206,12 @@ static int one_option(cli_global *g, const cli_opt *opts, cli_opt_fn fn, void *c
 	return fn ? fn(ctx, o->id, value) : 0;
 }
 
+int cli_parse_option(cli_global *g, const cli_opt *opts, cli_opt_fn fn, void *ctx,
+		     const char *arg, const char *next, int *used, bool *help)
+{
+	return one_option(g, opts, fn, ctx, arg, next, used, help);
+}
+
 int cli_global_option(cli_global *g, const char *arg, const char *next, int *used)
 {
 	bool help = false;

@@ -1,6 +1,7 @@
 #include "core/internal.h"
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +56,9 @@ int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
 		return DLOCK_ENOMEM;
 	}
 	l->store = store;
-	l->opts = *opts;
+	/* A caller built against version 1 has a shorter struct. */
+	memcpy(&l->opts, opts,
+	       opts->version >= 2 ? sizeof *opts : offsetof(dlock_lock_options, on_unreachable));
 	l->opts.version = DLOCK_LOCK_OPTIONS_VERSION;
 	if (l->opts.permits == 0)
 		l->opts.permits = 1;
@@ -303,6 +306,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	bool registered = false;
 	int64_t unknown_t0 = -1; /* start of the earliest try whose outcome is unknown */
 	bool contended = false;  /* some try of this call found the lock held */
+	bool unreachable = false; /* on_unreachable was told so */
 	int rc = DLOCK_EUNAVAILABLE;
 	for (int attempt = 0;; attempt++) {
 		uint64_t fence = 0;
@@ -345,6 +349,15 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		/* No answer on a first try: the caller hears at once that the store is
 		 * unreachable; later in a wait it is ridden out until the wait ends. */
 		bool transient = rc == DLOCK_EUNAVAILABLE && attempt > 0;
+		if (l->opts.on_unreachable && wait_ms != 0) {
+			if (transient) {
+				unreachable = true;
+				l->opts.on_unreachable(l, rc, dlock_error_last()->message, l->opts.payload);
+			} else if (unreachable && rc == DLOCK_ELOCKED) {
+				unreachable = false;
+				l->opts.on_unreachable(l, 0, NULL, l->opts.payload);
+			}
+		}
 		int64_t now = dlock_clock_ms();
 		if ((rc != DLOCK_ELOCKED && !transient) || wait_ms == 0 || now >= until)
 			goto give_up;

@@ -20,13 +20,11 @@ usage_error "bad --wait duration" acquire --wait soon L
 usage_error "negative duration" run --wait -1s L -- true
 usage_error "bad --kill-after" run --kill-after x L -- true
 usage_error "zero ttl" acquire --ttl 0 L
-usage_error "missing --" run L true
 usage_error "missing command after --" run L --
 usage_error "missing name" run -- true
 usage_error "empty name (run)" run "" -- true
 usage_error "empty name (acquire)" acquire ""
 usage_error "empty name (status)" status ""
-usage_error "two names" run A B -- true
 usage_error "--wait with --no-wait" run --wait 1s --no-wait L -- true
 usage_error "--shared with --permits" acquire --shared --permits 3 L
 usage_error "bad --permits" acquire --permits zero L

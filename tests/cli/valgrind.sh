@@ -44,7 +44,7 @@ expect_rc 0 "holder release" vg release hv "$H"; vg_clean "holder release"
 expect_rc 0 "run" vg run --ttl 3s v -- sh -c 'exit 0'; vg_clean run
 expect_rc 3 "run exit 3" vg run v -- sh -c 'exit 3'; vg_clean "run exit 3"
 expect_rc 127 "run not found" vg run v -- /no/such/cmd; vg_clean "run not found"
-expect_rc 64 "run usage" vg run v true; vg_clean "run usage"
+expect_rc 64 "run usage" vg run v --; vg_clean "run usage"
 # Loss under valgrind: renewal stops while dlock is stopped; another client
 # takes the lock; dlock continues, kills its command, exits 76.
 mkfifo "$T/ready"
