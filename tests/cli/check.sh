@@ -125,7 +125,7 @@ bg kill --duration 2500ms --faults kill --seed 3
 # and rejoin; a store that keeps granting on the deleted file runs two
 # worlds side by side, each with its own holder, until the run ends.
 bg fdel --duration 3s --hold 150ms --faults file-delete --fault-every 900ms --seed 4
-( "$DLOCK" --store broken: "${O[@]}" --clients 2 --duration 2s --faults partition,lose-reply,delay \
+( "$DLOCK" --store broken: "${O[@]}" --clients 2 --duration 3s --faults partition,lose-reply,delay \
 	--fault-every 500ms --pause 300ms --seed 6 >"$T/bnet.out" 2>"$T/bnet.err"; echo $? >"$T/bnet.rc" ) &
 wait
 
