@@ -115,7 +115,7 @@ if [ "$KIND" = zookeeper ]; then
 		sleep 0.1
 	done
 	check "zookeeper: alice holds $NAME" \
-		sh -c "'$DLOCK' --store '$good' --json status '$NAME' | grep -q '\"owner\"'"
+		sh -c "'$DLOCK' --store '$good' --json status '$NAME' | grep -q '\"id\"'"
 	URI=$good
 fi
 
