@@ -65,11 +65,7 @@ static void fork_parent(void)
 
 static void cv_make(void)
 {
-	pthread_condattr_t a;
-	pthread_condattr_init(&a);
-	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-	pthread_cond_init(&cv, &a);
-	pthread_condattr_destroy(&a);
+	dlock__cond_init_monotonic(&cv);
 }
 
 /* The parent's waiters are not in the child: a condition variable that counts

@@ -311,8 +311,9 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 	req.name = name;
 	req.owner = h->owner;
 	req.mode = h->mode;
-	req.permits = n && st[0].permits ? st[0].permits : 1;
+	req.permits = h->mode != DLOCK_SHARED && n && st[0].permits ? st[0].permits : 1;
 	req.ttl_ms = s->default_ttl_ms;
+	req.queue_ttl_ms = DLOCK__QUEUE_TTL_MS;
 	req.host = s->host;
 	req.confirm = 1;
 	pthread_mutex_lock(&s->be_mu);

@@ -96,11 +96,7 @@ static int store_init(dlock_store **out, dlock_backend *be, const char *display_
 	s->fork_gen = dlock__fork_gen();
 	pthread_mutex_init(&s->be_mu, NULL);
 	pthread_mutex_init(&s->reg_mu, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&s->reg_cv, &ca);
-	pthread_condattr_destroy(&ca);
+	dlock__cond_init_monotonic(&s->reg_cv);
 	*out = s;
 	return 0;
 }

@@ -24,8 +24,8 @@
  * handle pairs (watch + read) from a small pool; `mu` guards the pool, the
  * token, the current endpoint and the key slots.
  */
-#include "core/internal.h"
-#include "stores/etcd_parse.h"
+#include "support.h"
+#include "etcd_parse.h"
 
 #include <curl/curl.h>
 #include <json-c/json.h>
@@ -1438,7 +1438,7 @@ static char *value_json(const dlock_request *req)
 	json_object *v = json_object_new_object();
 	json_object_object_add(v, "owner", json_object_new_string(req->owner));
 	json_object_object_add(v, "mode", json_object_new_string(req->mode == DLOCK_SHARED ? "shared" : "exclusive"));
-	json_object_object_add(v, "permits", json_object_new_int64(req->permits ? req->permits : 1));
+	json_object_object_add(v, "permits", json_object_new_int64(req->permits));
 	json_object_object_add(v, "host", json_object_new_string(req->host ? req->host : ""));
 	json_object_object_add(v, "pid", json_object_new_int64(req->pid));
 	char *s = dlock__strdup(json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN));
@@ -1478,7 +1478,7 @@ static int etcd_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, 
 {
 	etcd *e = (etcd *)be;
 	int64_t t0 = dlock_clock_ms();
-	unsigned permits = req->permits ? req->permits : 1;
+	unsigned permits = req->permits;
 	int shared = req->mode == DLOCK_SHARED;
 	/* Readers need every older key to see writers; a semaphore needs its N oldest. */
 	int64_t limit = shared ? 0 : permits;
@@ -2004,7 +2004,7 @@ static int wait_read(etcd *e, CURL *h, const keyset *nm, const dlock_request *re
 	kv *mine = NULL, *keys = NULL;
 	size_t nmine = 0, nkeys = 0;
 	const kv *behind = NULL;
-	unsigned permits = req->permits ? req->permits : 1;
+	unsigned permits = req->permits;
 	int waiting = 0;
 	*target = NULL;
 	json_object_array_add(ok, op_range(nm->key, NULL, 0, 0, R_SERIALIZABLE));
@@ -2330,11 +2330,7 @@ static void curl_init(void)
 
 static int dup_opt(char **dst, dlock_uri *uri, const char *name)
 {
-	const char *v = dlock_uri_param(uri, name);
-	*dst = NULL;
-	if (v && !(*dst = dlock__strdup(v)))
-		return DLOCK_ENOMEM;
-	return 0;
+	return dlock__opt_dup(dst, dlock_uri_param(uri, name));
 }
 
 int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)

@@ -11,7 +11,7 @@
  * Expiry is judged only by memcached's own clock (key expiry); client clocks
  * appear only in what status reports. See docs/stores/memcached.md.
  */
-#include "core/internal.h"
+#include "support.h"
 
 #include <libmemcached/memcached.h>
 
@@ -152,16 +152,6 @@ static memcached_result_st *fetch(mc_backend *be, memcached_return_t *rc)
 
 /* ------------------------------------------------------------------- keys */
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-	const unsigned char *s = p;
-	for (size_t i = 0; i < n; i++) {
-		h ^= s[i];
-		h *= 1099511628211ULL;
-	}
-	return h;
-}
-
 /* A '/' of a name that would start one of the suffixes of a lock's own keys
  * ("/o/" anywhere, "/f" at the end): written %2F, so no name's K is another
  * name's lease or fence key (the fence key K/f of "deploy" is not the K of
@@ -205,11 +195,11 @@ static void base_key(mc_backend *be, const char *name, char *out, size_t cap)
 	out[n] = 0;
 	if (fits)
 		return;
-	uint64_t a = fnv1a(14695981039346656037ULL, be->ns, strlen(be->ns) + 1);
-	a = fnv1a(a, name, strlen(name));
-	uint64_t b = fnv1a(0x6c62272e07bb0142ULL ^ 0x9e3779b97f4a7c15ULL, name, strlen(name));
-	b = fnv1a(b, be->ns, strlen(be->ns));
-	uint64_t ph = fnv1a(14695981039346656037ULL, be->ns, strlen(be->ns));
+	uint64_t a = dlock__fnv1a64(DLOCK__FNV64_OFFSET, be->ns, strlen(be->ns) + 1);
+	a = dlock__fnv1a64(a, name, strlen(name));
+	uint64_t b = dlock__fnv1a64(0x6c62272e07bb0142ULL ^ 0x9e3779b97f4a7c15ULL, name, strlen(name));
+	b = dlock__fnv1a64(b, be->ns, strlen(be->ns));
+	uint64_t ph = dlock__fnv1a64(DLOCK__FNV64_OFFSET, be->ns, strlen(be->ns));
 	snprintf(out, cap, "dlock#%016" PRIx64 "#%016" PRIx64 "%016" PRIx64, ph, a, b);
 }
 
@@ -532,7 +522,7 @@ static entry *find(list *l, const char *owner, char kind)
 static int may_grant(list *l, const dlock_request *req)
 {
 	int mode = req->mode == DLOCK_SHARED;
-	unsigned permits = req->permits ? req->permits : 1;
+	unsigned permits = req->permits;
 	unsigned n = 0, bad = 0, writers_ahead = 0, fair_ahead = 0;
 	entry *me = find(l, req->owner, 'Q');
 	for (size_t i = 0; i < l->n; i++) {
@@ -617,7 +607,7 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 			e->live = 1;
 			snprintf(e->owner, sizeof e->owner, "%s", req->owner);
 			e->mode = req->mode == DLOCK_SHARED;
-			e->permits = req->permits ? req->permits : 1;
+			e->permits = req->permits;
 			e->fence = f;
 			e->pid = req->pid;
 			snprintf(e->host, sizeof e->host, "%s", req->host ? req->host : "");
@@ -639,7 +629,7 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 			return DLOCK_ELOCKED;
 		}
 		/* Queue (or stay queued): our lease key says we are still waiting. */
-		int64_t qttl = req->queue_ttl_ms > 0 ? req->queue_ttl_ms : DLOCK__QUEUE_TTL_MS;
+		int64_t qttl = req->queue_ttl_ms;
 		if ((rc = set_lease(be, lk, qttl))) {
 			list_free(&l);
 			return rc;
@@ -922,10 +912,10 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 		mc_close(&be->base);
 		return dlock__oom();
 	}
-	int64_t tmo = uri->connect_timeout_ms > 0 ? uri->connect_timeout_ms : DLOCK__DEFAULT_CONNECT_TIMEOUT_MS;
+	int64_t tmo = uri->connect_timeout_ms;
 	be->deadline = dlock_clock_ms() + tmo;
 	be->request_timeout_ms =
-		uri->request_timeout_ms > 0 ? uri->request_timeout_ms : DLOCK__DEFAULT_REQUEST_TIMEOUT_MS;
+		uri->request_timeout_ms;
 	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_SUPPORT_CAS, 1);
 	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_TCP_NODELAY, 1);
 	/* Every socket wait is bounded by POLL_TIMEOUT/CONNECT_TIMEOUT, cut to the

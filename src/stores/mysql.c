@@ -18,7 +18,7 @@
  *
  * docs/stores/mysql.md has the guarantees and the failure model.
  */
-#include "core/internal.h"
+#include "support.h"
 
 #include <mysql.h>
 #include <mysqld_error.h>
@@ -723,7 +723,7 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	mysql_be *b = (mysql_be *)be;
 	sbuf s = { 0 };
 	int mode = req->mode == DLOCK_SHARED ? 1 : 0;
-	unsigned permits = req->permits ? req->permits : 1;
+	unsigned permits = req->permits;
 
 	/* The X lock on the counter row (taken by the upsert, kept until COMMIT)
 	 * serialises every acquire of this name: holder rows of a name are only ever
@@ -804,7 +804,7 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 		sb_hex(&s, req->owner);
 		sb_add(&s, ", %d, @dl_now + INTERVAL %lld MICROSECOND FROM DUAL WHERE NOT @dl_ok "
 			   "ON DUPLICATE KEY UPDATE expires = VALUES(expires);",
-		       mode, us(req->queue_ttl_ms > 0 ? req->queue_ttl_ms : DLOCK__QUEUE_TTL_MS));
+		       mode, us(req->queue_ttl_ms));
 	}
 	sb_add(&s, "SET @dl_left = (SELECT TIMESTAMPDIFF(MICROSECOND, @dl_now, MIN(expires)) FROM dlock_holder WHERE ");
 	where_name(&s, b, req->name);
@@ -1088,7 +1088,7 @@ static void sb_grant(sbuf *s, const mysql_be *b, const dlock_request *req, const
 		sb_hex(s, req->owner);
 		sb_add(s, ", 0, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND FROM DUAL WHERE @dl_got <> 1 "
 			  "ON DUPLICATE KEY UPDATE expires = VALUES(expires);",
-		       us(req->queue_ttl_ms > 0 ? req->queue_ttl_ms : DLOCK__QUEUE_TTL_MS));
+		       us(req->queue_ttl_ms));
 	}
 }
 
@@ -1598,7 +1598,7 @@ static int opt_dup(char **dst, const char *v)
 		return 0;
 	if (!*v)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql: an ssl_* option needs a file name");
-	return (*dst = dlock__strdup(v)) ? 0 : DLOCK_ENOMEM;
+	return dlock__opt_dup(dst, v);
 }
 
 static int parse(mysql_be *b, dlock_uri *uri)
@@ -1652,10 +1652,10 @@ static int parse(mysql_be *b, dlock_uri *uri)
 	if (uri->password && !(b->password = dlock__strdup(uri->password)))
 		return DLOCK_ENOMEM;
 
-	int64_t t = uri->connect_timeout_ms > 0 ? uri->connect_timeout_ms : DLOCK__DEFAULT_CONNECT_TIMEOUT_MS;
+	int64_t t = uri->connect_timeout_ms;
 	b->connect_timeout_ms = t;
 	b->timeout_s = (unsigned)((t + 999) / 1000);
-	b->request_timeout_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : DLOCK__DEFAULT_REQUEST_TIMEOUT_MS;
+	b->request_timeout_ms = uri->request_timeout_ms;
 	/* Whole seconds (the variable is an integer), under the request bound
 	 * where it can be: the server's "lock wait timeout" then comes first. */
 	b->lock_wait_s = b->request_timeout_ms <= 2000 ? 1 : (unsigned)((b->request_timeout_ms - 1) / 1000);

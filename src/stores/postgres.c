@@ -8,7 +8,7 @@
  * life (req->slot), with idle_session_timeout as a server-side lease.
  * See docs/stores/postgres.md for the failure model.
  */
-#include "core/internal.h"
+#include "support.h"
 
 #include <libpq-fe.h>
 
@@ -603,43 +603,32 @@ static int ensure_schema(pg_backend *be, int64_t deadline)
 
 /* ------------------------------------------------------- keys and buckets */
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-	const unsigned char *s = p;
-	for (size_t i = 0; i < n; i++) {
-		h ^= s[i];
-		h *= 1099511628211ULL;
-	}
-	return h;
-}
-
-#define FNV_OFFSET 14695981039346656037ULL
 
 /* The advisory key of (prefix, name, slot): FNV-1a 64 over
  * prefix NUL name [NUL "slot"] — stable across versions, platforms and
  * servers (unlike hashtext). */
 static int64_t adv_key(const char *ns, const char *name, const char *slot)
 {
-	uint64_t h = fnv1a(FNV_OFFSET, ns, strlen(ns) + 1);
-	h = fnv1a(h, name, strlen(name));
+	uint64_t h = dlock__fnv1a64(DLOCK__FNV64_OFFSET, ns, strlen(ns) + 1);
+	h = dlock__fnv1a64(h, name, strlen(name));
 	if (slot) {
-		h = fnv1a(h, "", 1);
-		h = fnv1a(h, slot, strlen(slot));
+		h = dlock__fnv1a64(h, "", 1);
+		h = dlock__fnv1a64(h, slot, strlen(slot));
 	}
 	return (int64_t)h;
 }
 
 static unsigned bucket_of(const char *payload, size_t len)
 {
-	return (unsigned)(fnv1a(FNV_OFFSET, payload, len) % NBUCKETS);
+	return (unsigned)(dlock__fnv1a64(DLOCK__FNV64_OFFSET, payload, len) % NBUCKETS);
 }
 
 static unsigned bucket_for(pg_backend *be, const char *name)
 {
 	/* The NOTIFY payload is ns || chr(31) || name. */
-	uint64_t h = fnv1a(FNV_OFFSET, be->ns, strlen(be->ns));
-	h = fnv1a(h, "\x1f", 1);
-	h = fnv1a(h, name, strlen(name));
+	uint64_t h = dlock__fnv1a64(DLOCK__FNV64_OFFSET, be->ns, strlen(be->ns));
+	h = dlock__fnv1a64(h, "\x1f", 1);
+	h = dlock__fnv1a64(h, name, strlen(name));
 	return (unsigned)(h % NBUCKETS);
 }
 
@@ -837,9 +826,9 @@ static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 		mark_before_try(be, req);
 	char mode[4], permits[16], ttl[24], qttl[24], pid[16];
 	snprintf(mode, sizeof mode, "%d", req->mode == DLOCK_SHARED ? 1 : 0);
-	snprintf(permits, sizeof permits, "%u", req->permits ? req->permits : 1);
+	snprintf(permits, sizeof permits, "%u", req->permits);
 	i64s(ttl, sizeof ttl, req->ttl_ms);
-	i64s(qttl, sizeof qttl, req->queue_ttl_ms > 0 ? req->queue_ttl_ms : DLOCK__QUEUE_TTL_MS);
+	i64s(qttl, sizeof qttl, req->queue_ttl_ms);
 	snprintf(pid, sizeof pid, "%d", req->pid);
 	const char *v[] = { be->ns, req->name, req->owner, mode, permits, ttl,
 			    req->waiting ? "t" : "f", req->fair ? "t" : "f", qttl,
@@ -1294,7 +1283,7 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	if (rc)
 		return rc;
 	int shared = req->mode == DLOCK_SHARED;
-	unsigned permits = shared || !req->permits ? 1 : req->permits;
+	unsigned permits = req->permits;
 	int64_t intent_key = adv_key(be->ns, req->name, "writer-intent");
 	if (req->waiting)
 		mark_before_try(be, req);
@@ -1372,7 +1361,7 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 			if (!mine) {
 				char ik[24], qttl[24];
 				i64s(ik, sizeof ik, intent_key);
-				ms_setting(req->queue_ttl_ms > 0 ? req->queue_ttl_ms : DLOCK__QUEUE_TTL_MS, qttl,
+				ms_setting(req->queue_ttl_ms, qttl,
 					   sizeof qttl);
 				const char *v[] = { ik, qttl };
 				PGresult *r;
@@ -1764,14 +1753,6 @@ static void pg_close(dlock_backend *base)
 	free(be);
 }
 
-static int dup_opt(char **dst, const char *src)
-{
-	if (!src)
-		return 0;
-	*dst = dlock__strdup(src);
-	return *dst ? 0 : DLOCK_ENOMEM;
-}
-
 int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 {
 	*out = NULL;
@@ -1835,38 +1816,32 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 	be->advisory = advisory;
 	be->wakefd[0] = be->wakefd[1] = -1;
 	pthread_mutex_init(&be->lmu, NULL);
-	{
-		pthread_condattr_t ca;
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&be->lcv, &ca);
-		pthread_condattr_destroy(&ca);
-	}
+	dlock__cond_init_monotonic(&be->lcv);
 	int rc = 0;
 	/* The whole open (connect, TLS, authentication, schema) is bounded by connect_timeout. */
 	int64_t open_deadline = dlock_clock_ms() + uri->connect_timeout_ms;
 	be->connect_timeout_ms = uri->connect_timeout_ms;
-	be->request_timeout_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : 2000;
+	be->request_timeout_ms = uri->request_timeout_ms;
 	if (!rc && hp && !(be->host = dlock__strdup(hp[0].host)))
 		rc = DLOCK_ENOMEM;
 	if (!rc && hp && !(be->port = dlock__sprintf("%d", hp[0].port)))
 		rc = DLOCK_ENOMEM;
 	if (!rc)
-		rc = dup_opt(&be->user, uri->user);
+		rc = dlock__opt_dup(&be->user, uri->user);
 	if (!rc)
-		rc = dup_opt(&be->password, uri->password);
+		rc = dlock__opt_dup(&be->password, uri->password);
 	if (!rc && db && *db)
-		rc = dup_opt(&be->dbname, db);
+		rc = dlock__opt_dup(&be->dbname, db);
 	if (!rc)
-		rc = dup_opt(&be->sslmode, sslmode);
+		rc = dlock__opt_dup(&be->sslmode, sslmode);
 	if (!rc)
-		rc = dup_opt(&be->sslrootcert, dlock_uri_param(uri, "sslrootcert"));
+		rc = dlock__opt_dup(&be->sslrootcert, dlock_uri_param(uri, "sslrootcert"));
 	if (!rc)
-		rc = dup_opt(&be->sslcert, dlock_uri_param(uri, "sslcert"));
+		rc = dlock__opt_dup(&be->sslcert, dlock_uri_param(uri, "sslcert"));
 	if (!rc)
-		rc = dup_opt(&be->sslkey, dlock_uri_param(uri, "sslkey"));
+		rc = dlock__opt_dup(&be->sslkey, dlock_uri_param(uri, "sslkey"));
 	if (!rc)
-		rc = dup_opt(&be->ns, uri->prefix ? uri->prefix : "dlock");
+		rc = dlock__opt_dup(&be->ns, uri->prefix ? uri->prefix : "dlock");
 	dlock_free(hp);
 	if (!rc && pipe(be->wakefd) != 0)
 		rc = dlock_error_set(DLOCK_ESTORE, KIND, NULL, "pipe: %s", strerror(errno));

@@ -4,7 +4,7 @@
  * for waiters. Key layout and script contracts: redis_common.h and
  * docs/stores/redis.md. Also home of the code the Redlock store reuses.
  */
-#include "stores/redis_common.h"
+#include "redis_common.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -287,12 +287,6 @@ static int rewrap(int code, const char *kind, const char *prefix)
 	snprintf(msg, sizeof(msg), "%s", dlock_error_last()->message);
 	snprintf(sc, sizeof(sc), "%s", dlock_error_last()->store_code);
 	return dlock_error_set(code, kind, sc, "%s%s", prefix, msg);
-}
-
-static struct timeval ms_tv(int64_t ms)
-{
-	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000) };
-	return tv;
 }
 
 int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const char *kind, int default_port,
@@ -617,7 +611,7 @@ static int connect_by(redisContext **out, const dlock__rserver *srv, const char 
 				break;
 			redisFree(c);
 		}
-		c = redisConnectWithTimeout(ad.n ? ad.addr[i] : srv->host, srv->port, ms_tv(left > 0 ? left : 1));
+		c = redisConnectWithTimeout(ad.n ? ad.addr[i] : srv->host, srv->port, dlock__ms_timeval(left > 0 ? left : 1));
 		if (!c)
 			return dlock__oom();
 		if (!c->err)
@@ -639,7 +633,7 @@ static int connect_by(redisContext **out, const dlock__rserver *srv, const char 
 			fcntl(c->fd, F_SETFL, fl | O_NONBLOCK);
 		c->flags &= ~REDIS_BLOCK;
 	} else {
-		redisSetTimeout(c, ms_tv(srv->timeout_ms));
+		redisSetTimeout(c, dlock__ms_timeval(srv->timeout_ms));
 	}
 	int rc = 0;
 	if (srv->password) {
@@ -749,8 +743,8 @@ void dlock__rargs_acquire(dlock__rargs *a, const dlock__rkeys *k, const dlock_re
 	a->flags[2] = !req->waiting ? '0' : req->slot == &registered_mark ? '2' : '1';
 	a->flags[3] = 0;
 	arg(a, a->flags, 3);
-	arg_i(a, 1, req->permits ? req->permits : 1);
-	arg_i(a, 2, req->queue_ttl_ms > 0 ? req->queue_ttl_ms : DLOCK__QUEUE_TTL_MS);
+	arg_i(a, 1, req->permits);
+	arg_i(a, 2, req->queue_ttl_ms);
 	int n = snprintf(a->meta, sizeof(a->meta), "%d %s", req->pid, req->host ? req->host : "");
 	arg(a, a->meta, (size_t)n < sizeof(a->meta) ? (size_t)n : sizeof(a->meta) - 1);
 	if (ticket > 0)
@@ -1007,11 +1001,7 @@ int dlock__rnotify_new(dlock__rnotify **out, dlock__rserver *srv, size_t n, cons
 		return rc;
 	}
 	pthread_mutex_init(&nt->mu, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&nt->cv, &ca);
-	pthread_condattr_destroy(&ca);
+	dlock__cond_init_monotonic(&nt->cv);
 	*out = nt;
 	return 0;
 }

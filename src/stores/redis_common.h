@@ -32,7 +32,7 @@
 #ifndef DLOCK_STORES_REDIS_COMMON_H
 #define DLOCK_STORES_REDIS_COMMON_H
 
-#include "core/internal.h"
+#include "support.h"
 
 #include <hiredis/hiredis.h>
 

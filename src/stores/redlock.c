@@ -12,7 +12,7 @@
  *   intersects that one, so its INCRs start above the fence (proof and limits:
  *   docs/stores/redlock.md).
  */
-#include "stores/redis_common.h"
+#include "redis_common.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -135,10 +135,7 @@ static rlock *RL(dlock_backend *be)
 
 static struct timeval ms_tv(int64_t ms)
 {
-	if (ms < 1)
-		ms = 1;
-	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000) };
-	return tv;
+	return dlock__ms_timeval(ms < 1 ? 1 : ms);
 }
 
 /* Longest wait for one master's answer: the `timeout` option. A round does
@@ -796,7 +793,7 @@ static int rl_release(dlock_backend *be, dlock_request *req)
 static int hold_tail(char *buf, size_t n, const dlock_request *req, uint64_t fence)
 {
 	int len = snprintf(buf, n, "%llu %c %u %d %s", (unsigned long long)fence,
-			   req->mode == DLOCK_SHARED ? 's' : 'x', req->permits ? req->permits : 1, req->pid,
+			   req->mode == DLOCK_SHARED ? 's' : 'x', req->permits, req->pid,
 			   req->host ? req->host : "");
 	return len < 0 ? 0 : (size_t)len < n ? len : (int)n - 1;
 }

@@ -3,7 +3,7 @@
  * WAL mode, BEGIN IMMEDIATE for every decision, expiry on this machine's wall
  * clock (every client of the file runs on the same machine and clock).
  */
-#include "core/internal.h"
+#include "support.h"
 
 #include <errno.h>
 #include <pthread.h>

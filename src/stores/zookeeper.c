@@ -27,8 +27,8 @@
  * takes st->mu, so no synchronous zoo_* call may ever be made holding st->mu,
  * and zookeeper_close (which joins that thread) is only called without it.
  */
-#include "core/internal.h"
-#include "stores/zookeeper_parse.h"
+#include "support.h"
+#include "zookeeper_parse.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -1482,7 +1482,7 @@ static int evaluate_list(hold *h, dlock_request *req, const struct String_vector
 	/* The permits rule (dlock/lock.h): a semaphore node holds while the nodes
 	 * up to it number no more than the smallest permits among them (a node
 	 * of an older client that does not name its permits counts as ours). */
-	unsigned limit = req->permits ? req->permits : 1;
+	unsigned limit = req->permits;
 	for (size_t i = 0; i < me; i++) {
 		if (k == K_LOCK || (k == K_READ && cs[i].kind != K_READ) || (k == K_SEM && cs[i].kind != K_SEM))
 			blocker = &cs[i]; /* the last earlier node that excludes us */
@@ -2251,11 +2251,7 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	st->request_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : 2000;
 	st->default_ttl = uri->ttl_ms;
 	pthread_mutex_init(&st->mu, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&st->cv, &ca);
-	pthread_condattr_destroy(&ca);
+	dlock__cond_init_monotonic(&st->cv);
 
 	size_t cap = nh * 270 + 1;
 	st->hosts = calloc(1, cap);

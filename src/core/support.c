@@ -1,0 +1,101 @@
+/* support.c — the small helpers that stores share (src/stores/support.h). */
+#include "core/internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+uint64_t dlock__fnv1a64(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *s = p;
+	for (size_t i = 0; i < n; i++) {
+		h ^= s[i];
+		h *= 1099511628211ULL;
+	}
+	return h;
+}
+
+struct timeval dlock__ms_timeval(int64_t ms)
+{
+	if (ms < 0)
+		ms = 0;
+	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000) };
+	return tv;
+}
+
+int dlock__cond_init_monotonic(pthread_cond_t *cv)
+{
+	pthread_condattr_t ca;
+	int rc = pthread_condattr_init(&ca);
+	if (rc)
+		return rc;
+	rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	if (rc == 0)
+		rc = pthread_cond_init(cv, &ca);
+	pthread_condattr_destroy(&ca);
+	return rc;
+}
+
+int dlock__opt_dup(char **dst, const char *v)
+{
+	*dst = NULL;
+	if (!v)
+		return 0;
+	*dst = dlock__strdup(v);
+	return *dst ? 0 : DLOCK_ENOMEM;
+}
+
+static int sb_reserve(dlock__sbuf *s, size_t more)
+{
+	if (s->failed)
+		return -1;
+	if (s->limit && (more > s->limit || s->len > s->limit - more)) {
+		s->failed = 2;
+		return -1;
+	}
+	if (s->len + more + 1 <= s->cap)
+		return 0;
+	size_t cap = s->cap ? s->cap : 512;
+	while (cap < s->len + more + 1)
+		cap *= 2;
+	char *n = realloc(s->p, cap);
+	if (!n) {
+		s->failed = 1;
+		return -1;
+	}
+	s->p = n;
+	s->cap = cap;
+	return 0;
+}
+
+int dlock__sb_put(dlock__sbuf *s, const void *bytes, size_t n)
+{
+	if (sb_reserve(s, n))
+		return -1;
+	memcpy(s->p + s->len, bytes, n);
+	s->len += n;
+	s->p[s->len] = '\0';
+	return 0;
+}
+
+int dlock__sb_add(dlock__sbuf *s, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	if (n < 0) {
+		if (!s->failed)
+			s->failed = 1;
+		return -1;
+	}
+	if (sb_reserve(s, (size_t)n))
+		return -1;
+	va_start(ap, fmt);
+	vsnprintf(s->p + s->len, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	s->len += (size_t)n;
+	return 0;
+}
