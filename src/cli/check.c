@@ -434,11 +434,12 @@ static int broken_release(dlock_backend *be, dlock_request *req)
 	return 0;
 }
 
-static int broken_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
+static int broken_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
 	(void)be;
-	(void)req;
-	(void)ttl_ms;
+	(void)reqs;
+	for (size_t i = 0; i < n; i++)
+		results[i] = 0;
 	return 0;
 }
 
@@ -454,12 +455,14 @@ static int open_store(const run_ctx *c, int w_slot, dlock_store **out)
 	broken_backend *b = calloc(1, sizeof *b);
 	if (!b)
 		return DLOCK_ENOMEM;
-	b->base.version = DLOCK_BACKEND_VERSION;
-	b->base.kind = "broken";
-	b->base.acquire = broken_acquire;
-	b->base.release = broken_release;
-	b->base.extend = broken_extend;
-	b->base.close = broken_close;
+	static const dlock_backend_methods broken_methods = {
+		DLOCK_BACKEND_METHODS_INIT("broken"),
+		.acquire = broken_acquire,
+		.release = broken_release,
+		.renew = broken_renew,
+		.close = broken_close,
+	};
+	dlock_backend_init(&b->base, &broken_methods);
 	b->sh = c->sh;
 	return dlock_store_open_backend(out, &b->base, "broken:", c->o->ttl_ms);
 }

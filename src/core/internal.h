@@ -32,6 +32,22 @@ typedef struct dlock__scheme {
 	const char *build_option;   /* "DLOCK_WITH_REDIS" */
 } dlock__scheme;
 const dlock__scheme *dlock__scheme_find(const char *scheme);
+/* Parse `text`, find its scheme (built in or registered) and open a backend
+ * (connect_timeout cut to timeout_ms when > 0); the URI's ttl and request
+ * timeout come back too (either pointer may be NULL). */
+int dlock__backend_open(const char *text, int64_t timeout_ms, dlock_backend **out, int64_t *ttl_ms,
+			int64_t *request_timeout_ms);
+
+/* ---- the wake-up board of a store handle (board.c) ---- */
+typedef struct dlock__board dlock__board;
+int dlock__board_new(dlock__board **out);
+void dlock__board_free(dlock__board *b);
+/* Let be's wake-ups reach b (before the store handle is used). */
+void dlock__board_attach(dlock_backend *be, dlock__board *b);
+/* The generation of name (and of the whole board), before a try. */
+uint64_t dlock__board_arm(dlock__board *b, const char *name);
+/* Sleep until name's generation moves past `armed` or ms pass; whether it moved. */
+bool dlock__board_wait(dlock__board *b, const char *name, uint64_t armed, int64_t ms);
 
 /* ---- processes ---- */
 /* Store and lock handles belong to the process that opened the store. The
@@ -48,7 +64,19 @@ typedef struct dlock__orphan dlock__orphan;
 
 struct dlock_store {
 	dlock_backend *be;
-	pthread_mutex_t be_mu;  /* serialises calls into be (all but wait) */
+	const dlock_backend_methods *m; /* be->methods */
+	pthread_mutex_t be_mu;  /* serialises calls into be (all but wait, unwatch) */
+	dlock__board *board;    /* wake-ups the store feeds (be->core) */
+	/* DLOCK_BACKEND_F_RENEW_APART: the renewer's own instance, opened from
+	 * open_text (the URI as given, secrets included; NULL for a backend
+	 * handed in) when first needed, under its own mutex */
+	char *open_text;
+	dlock_backend *rbe;     /* set once by the opener thread, under rbe_mu */
+	pthread_mutex_t rbe_mu;
+	int64_t rbe_retry_at;   /* renewer thread only */
+	pthread_t rbe_opener;   /* opens rbe without delaying a renewal */
+	bool rbe_opener_started; /* renewer thread only (and close, after it stopped) */
+	_Atomic bool rbe_opening;
 	char *uri;              /* redacted */
 	char client_id[33];
 	char host[256];
@@ -91,6 +119,8 @@ int dlock__renewer_add(dlock_store *store, dlock__reg *reg);
  * callback are over; false if that is not before `by` (INT64_MAX: wait). */
 bool dlock__renewer_remove(dlock_store *store, dlock__reg *reg, int64_t by);
 void dlock__renewer_stop(dlock_store *store);
+/* Wait for the thread opening the renewer's own instance (after renewer_stop). */
+void dlock__renewer_join_opener(dlock_store *s);
 
 /* Releases the store did not confirm: retried by the renewer (slot NULL,
  * confirm set) until 0/ENOTHELD or CLOCK_MONOTONIC `until`. req is copied.

@@ -140,27 +140,38 @@ static bool lock_be_by(dlock_store *s, int64_t by)
 	return ok;
 }
 
-static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t until)
+/* One try. A waiting try of a store with wake-ups arms the board first and
+ * has the store watch the name (*watched: the store agreed; *armed: the
+ * board's generation from before the try). */
+static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t until, bool *watched,
+			uint64_t *armed)
 {
-	dlock_backend *be = l->store->be;
-	if (!lock_be_by(l->store, until))
+	dlock_store *s = l->store;
+	if (!lock_be_by(s, until))
 		return BE_BUSY;
-	l->req.deadline_ms = request_deadline(l->store, until);
-	int rc = be->acquire(be, &l->req, fence, retry);
-	pthread_mutex_unlock(&l->store->be_mu);
+	if (s->m->watch && l->req.waiting) {
+		*armed = dlock__board_arm(s->board, l->name);
+		dlock__saved_error saved; /* a watch that fails only costs polling */
+		dlock__error_save(&saved);
+		*watched = s->m->watch(s->be, &l->req) == 0 || *watched;
+		dlock__error_restore(&saved);
+	}
+	l->req.deadline_ms = request_deadline(s, until);
+	int rc = s->m->acquire(s->be, &l->req, fence, retry);
+	pthread_mutex_unlock(&s->be_mu);
 	return rc;
 }
 
 static void call_cancel(dlock_lock *l, int64_t deadline)
 {
 	dlock_backend *be = l->store->be;
-	if (!be->cancel)
+	if (!be->methods->cancel)
 		return;
 	dlock__saved_error saved; /* cancel is cleanup: keep the caller's error */
 	dlock__error_save(&saved);
 	if (lock_be_by(l->store, deadline)) {
 		l->req.deadline_ms = deadline;
-		be->cancel(be, &l->req);
+		be->methods->cancel(be, &l->req);
 		pthread_mutex_unlock(&l->store->be_mu);
 	} else {
 		/* busy past our bound: the renewer cancels it (the slot goes with it) */
@@ -194,7 +205,7 @@ static bool undo(dlock_lock *l, int64_t deadline)
 	l->req.confirm = 1;
 	if (lock_be_by(s, deadline)) {
 		l->req.deadline_ms = deadline;
-		rc = s->be->release(s->be, &l->req);
+		rc = s->m->release(s->be, &l->req);
 		pthread_mutex_unlock(&s->be_mu);
 	}
 	l->req.slot = NULL;
@@ -276,7 +287,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			rc = dlock_error_set(DLOCK_EBUSY, NULL, NULL,
 					     "lock '%s' is held through this handle by another thread", l->name);
 		else if (dlock_clock_ms() >= l->deadline)
-			rc = dlock_error_set(DLOCK_ELOST, l->store->be->kind, NULL,
+			rc = dlock_error_set(DLOCK_ELOST, l->store->m->kind, NULL,
 					     "lock '%s' was lost: its lease ended", l->name);
 		else
 			l->count++;
@@ -290,7 +301,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	int64_t until = wait_ms < 0 || wait_ms > DLOCK_TTL_MAX_MS ? INT64_MAX : start + wait_ms;
 	/* The lost hold's renewal may hang until its own deadline: not past ours. */
 	if (was_lost && !forget_lost(l, wait_ms == 0 ? request_deadline(l->store, INT64_MAX) : until))
-		return dlock_error_set(DLOCK_EUNAVAILABLE, be->kind, NULL,
+		return dlock_error_set(DLOCK_EUNAVAILABLE, be->methods->kind, NULL,
 				       "timed out: the store handle was busy renewing the lost hold of '%s'",
 				       l->name);
 	pthread_mutex_lock(&l->mu);
@@ -308,6 +319,8 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	bool contended = false;  /* some try of this call found the lock held */
 	bool unreachable = false; /* on_unreachable was told so */
 	int rc = DLOCK_EUNAVAILABLE;
+	bool watched = false;    /* the store feeds the board for this wait */
+	uint64_t armed = 0;
 	for (int attempt = 0;; attempt++) {
 		uint64_t fence = 0;
 		int64_t retry = -1;
@@ -318,11 +331,11 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			goto give_up;
 		}
 		l->req.waiting = wait_ms != 0;
-		rc = call_acquire(l, &fence, &retry, try_until);
+		rc = call_acquire(l, &fence, &retry, try_until, &watched, &armed);
 		if (rc == BE_BUSY) {
 			/* Another request of this store handle held it until our deadline. */
 			rc = last == DLOCK_ELOCKED ? DLOCK_ELOCKED
-						   : dlock_error_set(DLOCK_EUNAVAILABLE, be->kind, NULL,
+						   : dlock_error_set(DLOCK_EUNAVAILABLE, be->methods->kind, NULL,
 								     "timed out: the store handle was busy with "
 								     "another request");
 			goto give_up;
@@ -330,8 +343,11 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		int64_t t_lease = unknown_t0 >= 0 ? unknown_t0 : t0;
 		if (rc == 0) {
 			int64_t now = dlock_clock_ms();
-			if (now < t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms))
+			if (now < t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms)) {
+				if (watched)
+					l->store->m->unwatch(l->store->be, &l->req);
 				return granted(l, fence, t_lease);
+			}
 			/* The grant came after the lease it may carry had ended: not ours to use. */
 			if (!undo(l, request_deadline(l->store, cleanup_by > now ? cleanup_by : now + 1))) {
 				new_owner(l); /* the old owner's release goes on in the background */
@@ -339,7 +355,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 				registered = false;
 			}
 			unknown_t0 = -1;
-			rc = dlock_error_set(DLOCK_EUNAVAILABLE, be->kind, NULL,
+			rc = dlock_error_set(DLOCK_EUNAVAILABLE, be->methods->kind, NULL,
 					     "lock '%s': the grant arrived after its lease had ended", l->name);
 		} else if (outcome_unknown(rc) && unknown_t0 < 0) {
 			unknown_t0 = t0;
@@ -365,8 +381,10 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		int64_t nap = min64(until - now, l->req.queue_ttl_ms / 3);
 		if (retry >= 0)
 			nap = min64(nap, retry + 1);
-		if (be->wait && rc == DLOCK_ELOCKED) {
-			be->wait(l->store->be, &l->req, nap);
+		if (watched && rc == DLOCK_ELOCKED) {
+			dlock__board_wait(l->store->board, l->name, armed, nap);
+		} else if (be->methods->wait && rc == DLOCK_ELOCKED) {
+			be->methods->wait(l->store->be, &l->req, nap);
 		} else {
 			dlock__sleep_ms(min64(nap, dlock__rand_between(backoff / 2 + 1, backoff)));
 			backoff = min64(backoff * 2, rc == DLOCK_ELOCKED ? BACKOFF_MAX_MS : 1000);
@@ -376,6 +394,8 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 give_up:;
 	dlock__saved_error saved;
 	dlock__error_save(&saved);
+	if (watched)
+		l->store->m->unwatch(l->store->be, &l->req);
 	int64_t now = dlock_clock_ms();
 	int64_t by = request_deadline(l->store, cleanup_by > now ? cleanup_by : now + 1);
 	if (registered)
@@ -391,9 +411,9 @@ give_up:;
 	if (rc != DLOCK_ELOCKED)
 		return rc;
 	if (wait_ms == 0)
-		return dlock_error_set(DLOCK_ELOCKED, be->kind, NULL, "lock '%s' is held by another owner",
+		return dlock_error_set(DLOCK_ELOCKED, be->methods->kind, NULL, "lock '%s' is held by another owner",
 				       l->name);
-	return dlock_error_set(DLOCK_ETIMEOUT, be->kind, NULL, "lock '%s' not acquired within %lld ms",
+	return dlock_error_set(DLOCK_ETIMEOUT, be->methods->kind, NULL, "lock '%s' not acquired within %lld ms",
 			       l->name, (long long)wait_ms);
 }
 
@@ -403,9 +423,12 @@ static int release_in_store(dlock_lock *l)
 	lock_be_by(l->store, INT64_MAX);
 	l->req.confirm = l->attached;
 	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
-	int rc = be->release(be, &l->req);
+	int rc = be->methods->release(be, &l->req);
 	pthread_mutex_unlock(&l->store->be_mu);
 	l->req.slot = NULL;
+	if (rc == DLOCK_ENOTHELD) /* the core words it (sys/backend.h) */
+		dlock_error_set(DLOCK_ENOTHELD, be->methods->kind, NULL,
+				"lock '%s': the store has no hold of this owner (released or expired)", l->name);
 	if (rc != 0 && rc != DLOCK_ENOTHELD && rc != DLOCK_EINVAL) {
 		/* Not confirmed: the renewer retries until the hold's lease would have ended. */
 		pthread_mutex_lock(&l->mu);
@@ -430,7 +453,7 @@ static int release_again(dlock_lock *l)
 	dlock_request req = *dlock__orphan_request(o);
 	lock_be_by(s, INT64_MAX);
 	req.deadline_ms = request_deadline(s, INT64_MAX);
-	int rc = s->be->release(s->be, &req);
+	int rc = s->m->release(s->be, &req);
 	pthread_mutex_unlock(&s->be_mu);
 	if (rc == 0 || rc == DLOCK_ENOTHELD) {
 		dlock__orphan_free(o);
@@ -485,10 +508,10 @@ int dlock_release(dlock_lock *l)
 	l->release_pending = rc != 0 && rc != DLOCK_ENOTHELD && rc != DLOCK_EINVAL;
 	pthread_mutex_unlock(&l->mu);
 	if (st == DLOCK__LOST || expired)
-		return dlock_error_set(DLOCK_ELOST, l->store->be->kind, NULL,
+		return dlock_error_set(DLOCK_ELOST, l->store->m->kind, NULL,
 				       "lock '%s' was lost before release: its lease ended", l->name);
 	if (rc == DLOCK_ENOTHELD && !attached)
-		return dlock_error_set(DLOCK_ELOST, l->store->be->kind, NULL,
+		return dlock_error_set(DLOCK_ELOST, l->store->m->kind, NULL,
 				       "lock '%s' was lost before release: the store no longer has our hold",
 				       l->name);
 	return rc;
@@ -512,15 +535,30 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 		return dlock_error_set(DLOCK_ELOST, NULL, NULL, "lock '%s' was lost: its lease ended", l->name);
 	if (ttl_ms == 0)
 		ttl_ms = l->ttl_ms;
-	dlock_backend *be = l->store->be;
+	dlock_store *s = l->store;
+	dlock_backend *be = s->be;
 	int64_t t0 = dlock_clock_ms();
-	lock_be_by(l->store, INT64_MAX);
-	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
-	int rc = be->extend(be, &l->req, ttl_ms);
-	if (rc == 0)
-		l->req.ttl_ms = ttl_ms; /* under be_mu: the renewer reads it there */
-	pthread_mutex_unlock(&l->store->be_mu);
+	/* The store sees a copy: the renewer copies l->req under l->mu too. */
 	pthread_mutex_lock(&l->mu);
+	dlock_request req = l->req;
+	pthread_mutex_unlock(&l->mu);
+	lock_be_by(s, INT64_MAX);
+	req.deadline_ms = request_deadline(s, INT64_MAX);
+	int rc;
+	if (s->m->extend) {
+		rc = s->m->extend(be, &req, ttl_ms);
+	} else {
+		dlock_request *one = &req;
+		int result = DLOCK_EUNAVAILABLE;
+		req.ttl_ms = ttl_ms;
+		rc = s->m->renew(be, &one, 1, &result);
+		if (rc == 0)
+			rc = result;
+	}
+	pthread_mutex_unlock(&s->be_mu);
+	pthread_mutex_lock(&l->mu);
+	if (rc == 0)
+		l->req.ttl_ms = ttl_ms;
 	if (rc == 0 && l->state == DLOCK__HELD) {
 		l->ttl_ms = ttl_ms;
 		l->deadline = t0 + ttl_ms - dlock__drift_ms(ttl_ms);
@@ -532,10 +570,10 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 	} else if (rc == DLOCK_ENOTHELD) {
 		l->state = DLOCK__LOST;
 		l->lost_fired = true; /* the caller hears it now, not through on_lost */
-		rc = dlock_error_set(DLOCK_ELOST, be->kind, NULL,
+		rc = dlock_error_set(DLOCK_ELOST, be->methods->kind, NULL,
 				     "lock '%s' was lost: the store no longer has our hold", l->name);
 	} else if (rc == 0) {
-		rc = dlock_error_set(DLOCK_ELOST, be->kind, NULL, "lock '%s' was lost: its lease ended", l->name);
+		rc = dlock_error_set(DLOCK_ELOST, be->methods->kind, NULL, "lock '%s' was lost: its lease ended", l->name);
 	}
 	pthread_mutex_unlock(&l->mu);
 	return rc;

@@ -10,7 +10,7 @@
  * Two threads per store, started with its first hold:
  *
  * - the renewer talks to the store: every held lock is renewed at ttl/3,
- *   locks due within half an interval of each other in one batch (be->renew:
+ *   locks due within half an interval of each other in one batch (the store's renew:
  *   one round trip per server), and releases that failed (orphans) are
  *   retried until they succeed or the lease they may keep has ended;
  * - the watchdog never does I/O: it sleeps until the earliest lease deadline
@@ -195,6 +195,81 @@ static bool due(dlock__reg *r, int64_t now)
 	return r->next_renew != INT64_MAX && r->next_renew - now <= lock_ttl(r->lock) / 6;
 }
 
+/* The renewer's own instance (DLOCK_BACKEND_F_RENEW_APART), opened on a
+ * thread of its own: renewals go to the store handle's instance until it is
+ * there, so that opening it (connect, handshake, setup: round trips over a
+ * possibly slow link) never delays one. */
+static void *open_rbe(void *arg)
+{
+	dlock_store *s = arg;
+	dlock_backend *be = NULL;
+	if (dlock__backend_open(s->open_text, 0, &be, NULL, NULL) == 0 && be->methods != s->m) {
+		be->methods->close(be); /* another mode than the handle's: not ours to use */
+		be = NULL;
+	}
+	if (be) {
+		dlock__board_attach(be, s->board);
+		pthread_mutex_lock(&s->rbe_mu);
+		s->rbe = be;
+		pthread_mutex_unlock(&s->rbe_mu);
+	}
+	atomic_store(&s->rbe_opening, false);
+	return NULL;
+}
+
+/* Join a finished opener; start one when the instance is missing. */
+static void rbe_tend(dlock_store *s)
+{
+	if (!s->open_text || atomic_load(&s->rbe_opening))
+		return;
+	if (s->rbe_opener_started) {
+		pthread_join(s->rbe_opener, NULL);
+		s->rbe_opener_started = false;
+		pthread_mutex_lock(&s->rbe_mu);
+		bool failed = !s->rbe;
+		pthread_mutex_unlock(&s->rbe_mu);
+		if (failed)
+			s->rbe_retry_at = dlock_clock_ms() + 10000;
+	}
+	pthread_mutex_lock(&s->rbe_mu);
+	bool have = s->rbe != NULL;
+	pthread_mutex_unlock(&s->rbe_mu);
+	if (have || dlock_clock_ms() < s->rbe_retry_at)
+		return;
+	atomic_store(&s->rbe_opening, true);
+	if (pthread_create(&s->rbe_opener, NULL, open_rbe, s) == 0) {
+		s->rbe_opener_started = true;
+	} else {
+		atomic_store(&s->rbe_opening, false);
+		s->rbe_retry_at = dlock_clock_ms() + 10000;
+	}
+}
+
+/* The instance renewals go to now, with its mutex locked. */
+static dlock_backend *renew_instance(dlock_store *s, pthread_mutex_t **mu)
+{
+	rbe_tend(s);
+	pthread_mutex_lock(&s->rbe_mu);
+	dlock_backend *be = s->rbe;
+	if (be) {
+		*mu = &s->rbe_mu; /* kept locked */
+		return be;
+	}
+	pthread_mutex_unlock(&s->rbe_mu);
+	*mu = &s->be_mu;
+	pthread_mutex_lock(*mu);
+	return s->be;
+}
+
+/* After the renewer stopped: the opener too. */
+void dlock__renewer_join_opener(dlock_store *s)
+{
+	if (s->rbe_opener_started) {
+		pthread_join(s->rbe_opener, NULL);
+		s->rbe_opener_started = false;
+	}
+}
+
 static void renew_batch(dlock_store *s, int64_t now)
 {
 	size_t n = 0;
@@ -205,13 +280,13 @@ static void renew_batch(dlock_store *s, int64_t now)
 		return;
 	dlock__reg **regs = calloc(n, sizeof(*regs));
 	dlock_request **reqs = calloc(n, sizeof(*reqs));
+	dlock_request *copies = calloc(n, sizeof(*copies));
 	int *results = calloc(n, sizeof(*results));
-	int64_t *ttls = calloc(n, sizeof(*ttls));
-	if (!regs || !reqs || !results || !ttls) {
+	if (!regs || !reqs || !copies || !results) {
 		free(regs);
 		free(reqs);
+		free(copies);
 		free(results);
-		free(ttls);
 		return; /* try again next tick; the watchdog still protects us */
 	}
 	size_t i = 0;
@@ -219,7 +294,11 @@ static void renew_batch(dlock_store *s, int64_t now)
 		if (due(r, now)) {
 			r->in_batch = true;
 			regs[i] = r;
-			reqs[i] = &r->lock->req;
+			/* The store sees a copy: dlock_extend changes the lock's under l->mu. */
+			pthread_mutex_lock(&r->lock->mu);
+			copies[i] = r->lock->req;
+			pthread_mutex_unlock(&r->lock->mu);
+			reqs[i] = &copies[i];
 			i++;
 		}
 	}
@@ -227,31 +306,29 @@ static void renew_batch(dlock_store *s, int64_t now)
 	pthread_mutex_unlock(&s->reg_mu);
 
 	int64_t t0 = dlock_clock_ms();
-	dlock_backend *be = s->be;
-	pthread_mutex_lock(&s->be_mu);
-	for (i = 0; i < n; i++) {
+	pthread_mutex_t *mu;
+	dlock_backend *be = renew_instance(s, &mu);
+	for (i = 0; i < n; i++)
 		reqs[i]->deadline_ms = t0 + s->request_timeout_ms;
-		ttls[i] = reqs[i]->ttl_ms; /* what the store is asked for (extend writes it under be_mu) */
+	size_t step = s->m->renew_max ? s->m->renew_max : n;
+	for (i = 0; i < n; i += step) {
+		size_t k = n - i < step ? n - i : step;
+		int all = s->m->renew(be, reqs + i, k, results + i);
+		for (size_t j = 0; all && j < k; j++)
+			results[i + j] = all;
 	}
-	int all = 0;
-	if (be->renew) {
-		all = be->renew(be, reqs, n, results);
-	} else {
-		for (i = 0; i < n; i++)
-			results[i] = be->extend(be, reqs[i], reqs[i]->ttl_ms);
-	}
-	pthread_mutex_unlock(&s->be_mu);
+	pthread_mutex_unlock(mu);
 	int64_t t1 = dlock_clock_ms();
 
 	pthread_mutex_lock(&s->reg_mu);
 	for (i = 0; i < n; i++) {
 		dlock__reg *r = regs[i];
 		dlock_lock *l = r->lock;
-		int rc = all ? all : results[i];
+		int rc = results[i];
 		r->in_batch = false;
 		pthread_mutex_lock(&l->mu);
 		bool held = l->state == DLOCK__HELD && r->lock->registered;
-		int64_t ttl = ttls[i];
+		int64_t ttl = copies[i].ttl_ms; /* what the store was asked for */
 		if (l->state == DLOCK__LOST && rc == 0) {
 			/* Confirmed after the watchdog had called it lost: the store now
 			 * keeps it one more lease for nobody. Give it back. */
@@ -278,8 +355,8 @@ static void renew_batch(dlock_store *s, int64_t now)
 	pthread_cond_broadcast(&s->reg_cv);
 	free(regs);
 	free(reqs);
+	free(copies);
 	free(results);
-	free(ttls);
 }
 
 static void orphan_free(dlock__orphan *o)
@@ -296,10 +373,10 @@ static int orphan_call(dlock_store *s, dlock__orphan *o)
 	pthread_mutex_lock(&s->be_mu);
 	o->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
 	if (o->kind == DLOCK__ORPHAN_CANCEL) {
-		s->be->cancel(s->be, &o->req);
+		s->m->cancel(s->be, &o->req);
 	} else {
 		o->req.slot = NULL;
-		rc = s->be->release(s->be, &o->req);
+		rc = s->m->release(s->be, &o->req);
 	}
 	pthread_mutex_unlock(&s->be_mu);
 	return rc;
@@ -567,7 +644,7 @@ void dlock__renewer_stop(dlock_store *s)
 		unlink_reg(s, r);
 		pthread_mutex_lock(&s->be_mu);
 		r->lock->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
-		s->be->release(s->be, &r->lock->req);
+		s->m->release(s->be, &r->lock->req);
 		pthread_mutex_unlock(&s->be_mu);
 		pthread_mutex_lock(&r->lock->mu);
 		r->lock->state = DLOCK__IDLE;

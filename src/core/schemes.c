@@ -1,5 +1,8 @@
 #include "core/internal.h"
 
+#include <ctype.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define STORE(s, fn, opt) { s, fn, opt }
@@ -61,10 +64,75 @@ static const dlock__scheme schemes[] = {
 	STORE("memcached", MEMCACHED_OPEN, "DLOCK_WITH_MEMCACHED"),
 };
 
-const dlock__scheme *dlock__scheme_find(const char *scheme)
+/* Stores registered by the application (dlock_backend_register): a list that
+ * only grows and whose entries never change, so a found entry stays valid
+ * without the mutex. */
+typedef struct registered {
+	struct registered *next;
+	dlock__scheme sc;
+	char name[32];
+} registered;
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static registered *regs;
+
+static const dlock__scheme *builtin(const char *scheme)
 {
 	for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]); i++)
 		if (strcmp(schemes[i].scheme, scheme) == 0)
 			return &schemes[i];
 	return NULL;
+}
+
+const dlock__scheme *dlock__scheme_find(const char *scheme)
+{
+	const dlock__scheme *sc = builtin(scheme);
+	if (sc)
+		return sc;
+	pthread_mutex_lock(&reg_mu);
+	for (registered *r = regs; r && !sc; r = r->next)
+		if (strcmp(r->name, scheme) == 0)
+			sc = &r->sc;
+	pthread_mutex_unlock(&reg_mu);
+	return sc;
+}
+
+int dlock_backend_register(const char *scheme, dlock_backend_open_fn open)
+{
+	size_t n = scheme ? strlen(scheme) : 0;
+	if (!open || n == 0 || n >= sizeof(((registered *)0)->name) || !islower((unsigned char)scheme[0]))
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+				       "dlock_backend_register: a scheme of 1 to 31 characters starting "
+				       "with a lowercase letter, and an open function");
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)scheme[i];
+		if (!(islower(c) || isdigit(c) || c == '+' || c == '-' || c == '.'))
+			return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+					       "dlock_backend_register: scheme '%s' may only have lowercase "
+					       "letters, digits, '+', '-' and '.'", scheme);
+	}
+	if (builtin(scheme))
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+				       "dlock_backend_register: '%s' is a scheme of libdlock's own", scheme);
+	pthread_mutex_lock(&reg_mu);
+	registered *r;
+	for (r = regs; r; r = r->next)
+		if (strcmp(r->name, scheme) == 0)
+			break;
+	if (r) {
+		dlock_backend_open_fn had = r->sc.open;
+		pthread_mutex_unlock(&reg_mu);
+		return had == open ? 0
+				   : dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+						     "dlock_backend_register: '%s' is registered already", scheme);
+	}
+	if ((r = calloc(1, sizeof(*r))) != NULL) {
+		memcpy(r->name, scheme, n + 1);
+		r->sc.scheme = r->name;
+		r->sc.open = open;
+		r->sc.build_option = "";
+		r->next = regs;
+		regs = r;
+	}
+	pthread_mutex_unlock(&reg_mu);
+	return r ? 0 : dlock__oom();
 }

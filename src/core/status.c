@@ -156,12 +156,12 @@ static int cmp_name(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* be->status for every name be->list gives: valid lock names, once each. */
+/* be->methods->status for every name be->methods->list gives: valid lock names, once each. */
 static int status_listed(dlock_backend *be, dlock_lock_status **out, size_t *count)
 {
 	char **all = NULL;
 	size_t n = 0, u = 0;
-	int rc = be->list(be, &all, &n);
+	int rc = be->methods->list(be, &all, &n);
 	if (!rc && n) {
 		qsort(all, n, sizeof(*all), cmp_name);
 		for (size_t i = 0; i < n; i++) {
@@ -170,7 +170,7 @@ static int status_listed(dlock_backend *be, dlock_lock_status **out, size_t *cou
 			else
 				all[u++] = all[i];
 		}
-		rc = u ? be->status(be, (const char *const *)all, u, out, count) : 0;
+		rc = u ? be->methods->status(be, (const char *const *)all, u, out, count) : 0;
 	} else {
 		u = n;
 	}
@@ -198,12 +198,14 @@ int dlock_store_status(dlock_store *s, const char *const *names, size_t nnames,
 		if (rc)
 			return rc;
 	}
-	if (!s->be->status)
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->be->kind, NULL,
-				       "the %s store cannot report lock status", s->be->kind);
+	if (!s->m->status)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->m->kind, NULL,
+				       "the %s store cannot report lock status", s->m->kind);
+	if (!nnames && !s->m->list)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->m->kind, NULL,
+				       "the %s store cannot list its locks: name them", s->m->kind);
 	pthread_mutex_lock(&s->be_mu);
-	int rc = !nnames && s->be->list ? status_listed(s->be, out, count)
-					: s->be->status(s->be, nnames ? names : NULL, nnames, out, count);
+	int rc = !nnames ? status_listed(s->be, out, count) : s->m->status(s->be, names, nnames, out, count);
 	pthread_mutex_unlock(&s->be_mu);
 	if (rc) {
 		dlock_status_free(*out, *count);
@@ -285,9 +287,9 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
 				       "a holder id is %d lowercase hex digits (as 'dlock status' shows it)",
 				       DLOCK_HOLDER_ID_LEN);
-	if (!s->be->release)
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->be->kind, NULL,
-				       "the %s store cannot release", s->be->kind);
+	if (!s->m->release)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->m->kind, NULL,
+				       "the %s store cannot release", s->m->kind);
 	dlock_lock_status *st = NULL;
 	size_t n = 0;
 	const char *names[1] = { name };
@@ -301,7 +303,7 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 				h = &st[i].holders[j];
 	if (!h || !h->owner || !*h->owner) {
 		dlock_status_free(st, n);
-		return dlock_error_set(DLOCK_ENOTHELD, s->be->kind, NULL,
+		return dlock_error_set(DLOCK_ENOTHELD, s->m->kind, NULL,
 				       "lock '%s' has no holder %s (gone already, or a wrong id)", name,
 				       holder_id_text);
 	}
@@ -318,7 +320,7 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 	req.confirm = 1;
 	pthread_mutex_lock(&s->be_mu);
 	req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
-	rc = s->be->release(s->be, &req);
+	rc = s->m->release(s->be, &req);
 	pthread_mutex_unlock(&s->be_mu);
 	bool held = false;
 	if (rc == 0 || rc == DLOCK_ENOTHELD) {
@@ -329,9 +331,9 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 		int src = still_held(s, name, holder_id_text, &held);
 		dlock__error_restore(&e);
 		if (src == 0 && held)
-			rc = dlock_error_set(DLOCK_ENOTSUPPORTED, s->be->kind, NULL,
+			rc = dlock_error_set(DLOCK_ENOTSUPPORTED, s->m->kind, NULL,
 					     "the %s store cannot free a hold of another connection; end "
-					     "the holder's process or session instead", s->be->kind);
+					     "the holder's process or session instead", s->m->kind);
 	}
 	if (rc == 0 && freed) {
 		*freed = *h;

@@ -45,7 +45,7 @@ int dlock__pid(void)
 
 int dlock__fork_error(const dlock_store *s, const char *fn)
 {
-	return dlock_error_set(DLOCK_EINVAL, s->be->kind, NULL,
+	return dlock_error_set(DLOCK_EINVAL, s->m->kind, NULL,
 			       "%s: this process (pid %d) is a fork() child of the one that opened the store "
 			       "(pid %d); store and lock handles do not cross fork(): open a new store in the child",
 			       fn, dlock__pid(), s->opener_pid);
@@ -70,21 +70,44 @@ void dlock__forget(void *p)
 		;
 }
 
+/* Whether be's head points at a table this core takes (dlock_backend_init
+ * checks the same; a backend handed in may not have used it). */
+static int check_methods(dlock_backend *be)
+{
+	const dlock_backend_methods *m = be->methods;
+	if (m && m->version == DLOCK_BACKEND_VERSION && m->kind && m->acquire && m->release && m->renew &&
+	    m->close && !m->watch == !m->unwatch)
+		return 0;
+	if (m && m->close)
+		m->close(be);
+	return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+			       "backend methods of version %d, or without a required method: this "
+			       "libdlock takes version %d (see dlock_backend_init)",
+			       m ? (int)m->version : -1, DLOCK_BACKEND_VERSION);
+}
+
 static int store_init(dlock_store **out, dlock_backend *be, const char *display_uri,
-		      int64_t default_ttl_ms, int64_t request_timeout_ms)
+		      int64_t default_ttl_ms, int64_t request_timeout_ms, const char *open_text)
 {
 	dlock_store *s = dlock__calloc(1, sizeof(*s));
 	if (!s) {
-		be->close(be);
+		be->methods->close(be);
 		return DLOCK_ENOMEM;
 	}
 	s->be = be;
-	s->uri = dlock__uri_redact(display_uri ? display_uri : be->kind);
-	if (!s->uri) {
-		be->close(be);
+	s->m = be->methods;
+	s->uri = dlock__uri_redact(display_uri ? display_uri : s->m->kind);
+	if (open_text && (s->m->flags & DLOCK_BACKEND_F_RENEW_APART))
+		s->open_text = dlock__strdup(open_text);
+	if (!s->uri || (open_text && (s->m->flags & DLOCK_BACKEND_F_RENEW_APART) && !s->open_text) ||
+	    dlock__board_new(&s->board) != 0) {
+		s->m->close(be);
+		free(s->uri);
+		free(s->open_text);
 		free(s);
 		return DLOCK_ENOMEM;
 	}
+	dlock__board_attach(be, s->board);
 	s->default_ttl_ms = default_ttl_ms > 0 ? default_ttl_ms : DLOCK__DEFAULT_TTL_MS;
 	s->request_timeout_ms = request_timeout_ms > 0 ? request_timeout_ms : DLOCK__DEFAULT_REQUEST_TIMEOUT_MS;
 	unsigned char id[16];
@@ -95,6 +118,7 @@ static int store_init(dlock_store **out, dlock_backend *be, const char *display_
 	s->opener_pid = dlock__pid(); /* registers the fork handler first */
 	s->fork_gen = dlock__fork_gen();
 	pthread_mutex_init(&s->be_mu, NULL);
+	pthread_mutex_init(&s->rbe_mu, NULL);
 	pthread_mutex_init(&s->reg_mu, NULL);
 	dlock__cond_init_monotonic(&s->reg_cv);
 	*out = s;
@@ -107,15 +131,46 @@ int dlock_store_open_backend(dlock_store **out, dlock_backend *be, const char *d
 	if (!out || !be)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_store_open_backend: NULL argument");
 	*out = NULL;
-	if (be->version < 1 || be->version > DLOCK_BACKEND_VERSION || !be->acquire || !be->release ||
-	    !be->extend || !be->close) {
-		int v = (int)be->version;
-		if (be->close)
-			be->close(be);
-		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
-				       "backend version %d or its required methods are not supported", v);
+	int rc = check_methods(be);
+	return rc ? rc : store_init(out, be, display_uri, default_ttl_ms, 0, NULL);
+}
+
+int dlock__backend_open(const char *text, int64_t timeout_ms, dlock_backend **out, int64_t *ttl_ms,
+			int64_t *request_timeout_ms)
+{
+	*out = NULL;
+	dlock_uri *uri;
+	int rc = dlock__uri_parse(&uri, text);
+	if (rc)
+		return rc;
+	const dlock__scheme *sc = dlock__scheme_find(uri->scheme);
+	if (!sc) {
+		rc = dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+				     "unknown store scheme '%s:' (known: sqlite, redis, rediss, redis+sentinel, "
+				     "redlock, etcd, etcds, zk, postgres, mysql, mariadb, memcached, and any "
+				     "registered with dlock_backend_register)", uri->scheme);
+	} else if (!sc->open) {
+		rc = dlock_error_set(DLOCK_ENOTSUPPORTED, uri->scheme, NULL,
+				     "this dlock was built without the %s store (%s=OFF: its client "
+				     "library was not found at build time)", uri->scheme, sc->build_option);
+	} else {
+		dlock_backend *be = NULL;
+		if (timeout_ms > 0 && timeout_ms < uri->connect_timeout_ms)
+			uri->connect_timeout_ms = timeout_ms;
+		rc = sc->open(&be, uri);
+		if (rc == 0 && (rc = check_methods(be)) != 0)
+			be = NULL;
+		if (rc == 0 && (rc = dlock__uri_check_unused(uri)) != 0)
+			be->methods->close(be);
+		else if (rc == 0)
+			*out = be;
+		if (ttl_ms)
+			*ttl_ms = uri->ttl_ms;
+		if (request_timeout_ms)
+			*request_timeout_ms = uri->request_timeout_ms;
 	}
-	return store_init(out, be, display_uri, default_ttl_ms, 0);
+	dlock__uri_free(uri);
+	return rc;
 }
 
 int dlock_store_open(dlock_store **out, const char *text)
@@ -135,34 +190,21 @@ int dlock_store_open_timeout(dlock_store **out, const char *text, int64_t timeou
 			return rc;
 		text = dflt;
 	}
-	dlock_uri *uri;
-	int rc = dlock__uri_parse(&uri, text);
-	if (rc) {
-		free(dflt);
-		return rc;
-	}
-	const dlock__scheme *sc = dlock__scheme_find(uri->scheme);
-	if (!sc) {
-		rc = dlock_error_set(DLOCK_EINVAL, NULL, NULL,
-				     "unknown store scheme '%s:' (known: sqlite, redis, rediss, redis+sentinel, "
-				     "redlock, etcd, etcds, zk, postgres, mysql, mariadb, memcached)", uri->scheme);
-	} else if (!sc->open) {
-		rc = dlock_error_set(DLOCK_ENOTSUPPORTED, uri->scheme, NULL,
-				     "this dlock was built without the %s store (%s=OFF: its client "
-				     "library was not found at build time)", uri->scheme, sc->build_option);
-	} else {
-		dlock_backend *be = NULL;
-		if (timeout_ms > 0 && timeout_ms < uri->connect_timeout_ms)
-			uri->connect_timeout_ms = timeout_ms;
-		rc = sc->open(&be, uri);
-		if (rc == 0 && (rc = dlock__uri_check_unused(uri)) != 0)
-			be->close(be);
-		else if (rc == 0)
-			rc = store_init(out, be, text, uri->ttl_ms, uri->request_timeout_ms);
-	}
-	dlock__uri_free(uri);
+	dlock_backend *be = NULL;
+	int64_t ttl = 0, req_timeout = 0;
+	int rc = dlock__backend_open(text, timeout_ms, &be, &ttl, &req_timeout);
+	if (rc == 0)
+		rc = store_init(out, be, text, ttl, req_timeout, text);
 	free(dflt);
 	return rc;
+}
+
+static void free_text(char *t)
+{
+	if (t) {
+		memset(t, 0, strlen(t)); /* it may hold a password */
+		free(t);
+	}
 }
 
 void dlock_store_close(dlock_store *s)
@@ -172,15 +214,20 @@ void dlock_store_close(dlock_store *s)
 	if (dlock__forked(s)) {
 		/* The parent's: no thread of it to stop here, and no word to its
 		 * server (a close would end the parent's session). Only memory. */
-		dlock_backend *be = s->be;
-		/* A call in progress at the fork (be_mu taken by a thread that is
-		 * not here) may have left the backend half changed: keep it whole. */
-		if (be->version >= 3 && be->forget && pthread_mutex_trylock(&s->be_mu) == 0)
-			be->forget(be);
+		/* A call in progress at the fork (its mutex taken by a thread that
+		 * is not here) may have left a backend half changed: keep it whole. */
+		if (s->m->forget && pthread_mutex_trylock(&s->be_mu) == 0)
+			s->m->forget(s->be);
 		else
-			dlock__forget(be);
+			dlock__forget(s->be);
+		if (s->rbe && s->m->forget && pthread_mutex_trylock(&s->rbe_mu) == 0)
+			s->m->forget(s->rbe);
+		else if (s->rbe)
+			dlock__forget(s->rbe);
+		dlock__forget(s->board); /* its mutex may have been held at the fork */
 		if (dlock__renewer_forget(s)) {
 			free(s->uri);
+			free_text(s->open_text);
 			free(s);
 		} else {
 			dlock__forget(s);
@@ -188,17 +235,23 @@ void dlock_store_close(dlock_store *s)
 		return;
 	}
 	dlock__renewer_stop(s);
-	s->be->close(s->be);
+	dlock__renewer_join_opener(s);
+	if (s->rbe)
+		s->m->close(s->rbe);
+	s->m->close(s->be);
+	dlock__board_free(s->board);
 	pthread_mutex_destroy(&s->be_mu);
+	pthread_mutex_destroy(&s->rbe_mu);
 	pthread_mutex_destroy(&s->reg_mu);
 	pthread_cond_destroy(&s->reg_cv);
 	free(s->uri);
+	free_text(s->open_text);
 	free(s);
 }
 
 const char *dlock_store_kind(const dlock_store *s)
 {
-	return s ? s->be->kind : "";
+	return s ? s->m->kind : "";
 }
 
 const char *dlock_store_uri(const dlock_store *s)
@@ -208,7 +261,7 @@ const char *dlock_store_uri(const dlock_store *s)
 
 int dlock_store_session_bound(const dlock_store *s)
 {
-	return s && (s->be->flags & DLOCK_BACKEND_F_SESSION) ? 1 : 0;
+	return s && (s->m->flags & DLOCK_BACKEND_F_SESSION) ? 1 : 0;
 }
 
 const char *dlock_store_client_id(const dlock_store *s)

@@ -2333,6 +2333,19 @@ static int dup_opt(char **dst, dlock_uri *uri, const char *name)
 	return dlock__opt_dup(dst, dlock_uri_param(uri, name));
 }
 
+static const dlock_backend_methods etcd_methods = {
+	DLOCK_BACKEND_METHODS_INIT(KIND),
+	.acquire = etcd_acquire,
+	.release = etcd_release,
+	.renew = etcd_renew,
+	.extend = etcd_extend,
+	.wait = etcd_wait,
+	.cancel = etcd_cancel,
+	.status = etcd_status,
+	.list = dlock__list_via_status,
+	.close = etcd_close,
+};
+
 int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 {
 	etcd *e;
@@ -2357,16 +2370,7 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 		return DLOCK_ENOMEM;
 	}
 	pthread_mutex_init(&e->mu, NULL);
-	e->base.version = DLOCK_BACKEND_VERSION;
-	e->base.kind = KIND;
-	e->base.acquire = etcd_acquire;
-	e->base.release = etcd_release;
-	e->base.extend = etcd_extend;
-	e->base.renew = etcd_renew;
-	e->base.wait = etcd_wait;
-	e->base.cancel = etcd_cancel;
-	e->base.status = etcd_status;
-	e->base.close = etcd_close;
+	dlock_backend_init(&e->base, &etcd_methods);
 	e->connect_timeout_ms = (long)uri->connect_timeout_ms;
 	e->request_timeout_ms = (long)uri->request_timeout_ms;
 	rc = DLOCK_ENOMEM;

@@ -868,6 +868,18 @@ static void mc_close(dlock_backend *base)
 	free(be);
 }
 
+/* Memcached cannot enumerate its keys: no list. */
+static const dlock_backend_methods mc_methods = {
+	DLOCK_BACKEND_METHODS_INIT(KIND),
+	.acquire = mc_acquire,
+	.release = mc_release,
+	.renew = mc_renew,
+	.extend = mc_extend,
+	.cancel = mc_cancel,
+	.status = mc_status,
+	.close = mc_close,
+};
+
 int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 {
 	*out = NULL;
@@ -895,15 +907,7 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 		dlock_free(hp);
 		return dlock__oom();
 	}
-	be->base.version = DLOCK_BACKEND_VERSION;
-	be->base.kind = KIND;
-	be->base.acquire = mc_acquire;
-	be->base.release = mc_release;
-	be->base.extend = mc_extend;
-	be->base.renew = mc_renew;
-	be->base.cancel = mc_cancel;
-	be->base.status = mc_status;
-	be->base.close = mc_close;
+	dlock_backend_init(&be->base, &mc_methods);
 	snprintf(be->hostport, sizeof be->hostport, "%s:%d", hp[0].host, hp[0].port);
 	be->ns = dlock__strdup(uri->prefix ? uri->prefix : "dlock");
 	be->mc = memcached_create(NULL);

@@ -1696,45 +1696,67 @@ static int parse(mysql_be *b, dlock_uri *uri)
 	return 0;
 }
 
+/* mode=table: holds are rows (any connection may renew them). */
+static const dlock_backend_methods my_table_methods = {
+	DLOCK_BACKEND_METHODS_INIT(KIND),
+	.acquire = t_acquire,
+	.release = t_release,
+	.renew = t_renew,
+	.extend = t_extend,
+	.cancel = t_cancel,
+	.status = be_status,
+	.list = dlock__list_via_status,
+	.close = be_close,
+};
+
+/* mode=get_lock: a hold lives with its connection. MariaDB takes fractional
+ * GET_LOCK timeouts, so waiters block on the server there; MySQL is not
+ * known to (its manual says seconds), and a rounded-up wait could overrun
+ * the caller's deadline: there waiters back off and retry. */
+static const dlock_backend_methods my_get_lock_methods = {
+	DLOCK_BACKEND_METHODS_INIT(KIND),
+	.flags = DLOCK_BACKEND_F_SESSION,
+	.acquire = g_acquire,
+	.release = g_release,
+	.renew = g_renew,
+	.extend = g_extend,
+	.cancel = g_cancel,
+	.status = be_status,
+	.list = dlock__list_via_status,
+	.close = be_close,
+};
+static const dlock_backend_methods my_get_lock_wait_methods = {
+	DLOCK_BACKEND_METHODS_INIT(KIND),
+	.flags = DLOCK_BACKEND_F_SESSION,
+	.acquire = g_acquire,
+	.release = g_release,
+	.renew = g_renew,
+	.extend = g_extend,
+	.wait = g_wait,
+	.cancel = g_cancel,
+	.status = be_status,
+	.list = dlock__list_via_status,
+	.close = be_close,
+};
+
 int dlock__mysql_open(dlock_backend **out, dlock_uri *uri)
 {
 	*out = NULL;
 	mysql_be *b = dlock__calloc(1, sizeof(*b));
 	if (!b)
 		return DLOCK_ENOMEM;
-	b->base.version = DLOCK_BACKEND_VERSION;
-	b->base.kind = KIND;
-	b->base.close = be_close;
 	pthread_mutex_init(&b->wait_mu, NULL);
 	int rc = parse(b, uri);
 	int64_t deadline = dlock_clock_ms() + b->connect_timeout_ms;
 	if (rc == 0) {
-		if (b->mode == MODE_TABLE) {
-			b->base.acquire = t_acquire;
-			b->base.release = t_release;
-			b->base.extend = t_extend;
-			b->base.renew = t_renew;
-			b->base.cancel = t_cancel;
-			b->base.status = be_status;
-		} else {
-			b->base.flags = DLOCK_BACKEND_F_SESSION; /* a hold lives with its connection */
-			b->base.acquire = g_acquire;
-			b->base.release = g_release;
-			b->base.extend = g_extend;
-			b->base.renew = g_renew;
-			b->base.cancel = g_cancel;
-			b->base.status = be_status;
-		}
+		dlock_backend_init(&b->base, b->mode == MODE_TABLE ? &my_table_methods : &my_get_lock_methods);
 		rc = conn_open(b, &b->conn, deadline);
 	}
 	/* Both modes need the counter table (get_lock takes its fences there). */
 	if (rc == 0)
 		rc = schema_ensure(b, deadline);
-	/* MariaDB takes fractional GET_LOCK timeouts; MySQL is not known to (its manual
-	 * says seconds), and a rounded-up wait could overrun the caller's deadline:
-	 * there waiters back off and retry. */
 	if (rc == 0 && b->mode == MODE_GET_LOCK && strstr(mysql_get_server_info(b->conn), "MariaDB"))
-		b->base.wait = g_wait;
+		b->base.methods = &my_get_lock_wait_methods;
 	if (rc) {
 		be_close(&b->base);
 		return rc;

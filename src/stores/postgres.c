@@ -1753,6 +1753,34 @@ static void pg_close(dlock_backend *base)
 	free(be);
 }
 
+/* mode=table: holds are rows (any connection may renew them). */
+static const dlock_backend_methods pg_table_methods = {
+	DLOCK_BACKEND_METHODS_INIT(KIND),
+	.acquire = tbl_acquire,
+	.release = tbl_release,
+	.renew = tbl_renew,
+	.extend = tbl_extend,
+	.wait = pg_wait,
+	.cancel = tbl_cancel,
+	.status = tbl_status,
+	.list = dlock__list_via_status,
+	.close = pg_close,
+};
+
+/* mode=advisory: holds are session advisory locks of our connection. */
+static const dlock_backend_methods pg_advisory_methods = {
+	DLOCK_BACKEND_METHODS_INIT(KIND),
+	.flags = DLOCK_BACKEND_F_SESSION,
+	.acquire = adv_acquire,
+	.release = adv_release,
+	.renew = adv_renew,
+	.extend = adv_extend,
+	.wait = pg_wait,
+	.cancel = adv_cancel,
+	.status = adv_status,
+	.close = pg_close,
+};
+
 int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 {
 	*out = NULL;
@@ -1793,26 +1821,7 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 		dlock_free(hp);
 		return dlock__oom();
 	}
-	be->base.version = DLOCK_BACKEND_VERSION;
-	be->base.kind = KIND;
-	be->base.close = pg_close;
-	be->base.wait = pg_wait;
-	if (advisory) {
-		be->base.flags = DLOCK_BACKEND_F_SESSION;
-		be->base.acquire = adv_acquire;
-		be->base.release = adv_release;
-		be->base.extend = adv_extend;
-		be->base.renew = adv_renew;
-		be->base.cancel = adv_cancel;
-		be->base.status = adv_status;
-	} else {
-		be->base.acquire = tbl_acquire;
-		be->base.release = tbl_release;
-		be->base.extend = tbl_extend;
-		be->base.renew = tbl_renew;
-		be->base.cancel = tbl_cancel;
-		be->base.status = tbl_status;
-	}
+	dlock_backend_init(&be->base, advisory ? &pg_advisory_methods : &pg_table_methods);
 	be->advisory = advisory;
 	be->wakefd[0] = be->wakefd[1] = -1;
 	pthread_mutex_init(&be->lmu, NULL);

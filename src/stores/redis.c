@@ -2184,6 +2184,22 @@ static int load_scripts(rstore *s, int64_t deadline)
 	return rc;
 }
 
+/* A hold is keys in the server, keyed by owner: the renewer renews from an
+ * instance (connection) of its own, never behind a caller's request. */
+static const dlock_backend_methods redis_methods = {
+	DLOCK_BACKEND_METHODS_INIT(KIND),
+	.flags = DLOCK_BACKEND_F_RENEW_APART,
+	.acquire = r_acquire,
+	.release = r_release,
+	.renew = r_renew,
+	.extend = r_extend,
+	.wait = r_wait,
+	.cancel = r_cancel,
+	.status = r_status,
+	.list = r_list,
+	.close = r_close,
+};
+
 int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 {
 	*out = NULL;
@@ -2232,17 +2248,7 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 		s->srv = srv;
 	}
 	s->nsrv = 1;
-	s->base.version = DLOCK_BACKEND_VERSION;
-	s->base.kind = KIND;
-	s->base.acquire = r_acquire;
-	s->base.release = r_release;
-	s->base.extend = r_extend;
-	s->base.renew = r_renew;
-	s->base.wait = r_wait;
-	s->base.cancel = r_cancel;
-	s->base.status = r_status;
-	s->base.list = r_list;
-	s->base.close = r_close;
+	dlock_backend_init(&s->base, &redis_methods);
 	/* the URI outlives nothing: keep our own copies of what srv borrows */
 	if (uri->user && *uri->user && !(s->user = dlock__strdup(uri->user)))
 		goto oom;

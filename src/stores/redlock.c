@@ -1205,6 +1205,19 @@ static size_t load_scripts(rlock *s, int64_t deadline, int *err, char *msg, size
 	return nup;
 }
 
+static const dlock_backend_methods rl_methods = {
+	DLOCK_BACKEND_METHODS_INIT(KIND),
+	.acquire = rl_acquire,
+	.release = rl_release,
+	.renew = rl_renew,
+	.extend = rl_extend,
+	.wait = rl_wait,
+	.cancel = rl_cancel,
+	.status = rl_status,
+	.list = rl_list,
+	.close = rl_close,
+};
+
 int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 {
 	*out = NULL;
@@ -1250,17 +1263,7 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 	s->drift = drift;
 	s->retry_ms = retry;
 	s->request_timeout_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : 2000;
-	s->base.version = DLOCK_BACKEND_VERSION;
-	s->base.kind = KIND;
-	s->base.acquire = rl_acquire;
-	s->base.release = rl_release;
-	s->base.extend = rl_extend;
-	s->base.renew = rl_renew;
-	s->base.wait = rl_wait;
-	s->base.cancel = rl_cancel;
-	s->base.status = rl_status;
-	s->base.list = rl_list;
-	s->base.close = rl_close;
+	dlock_backend_init(&s->base, &rl_methods);
 	if (!(s->c = calloc(n, sizeof(*s->c))) || !(s->quiet_until = calloc(n, sizeof(int64_t))) ||
 	    !(s->owed = calloc(n, sizeof(int))) || (uri->user && !(s->user = dlock__strdup(uri->user))) ||
 	    (uri->password && !(s->password = dlock__strdup(uri->password))) ||

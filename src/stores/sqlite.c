@@ -611,20 +611,24 @@ static int sq_status(dlock_backend *be, const char *const *names, size_t nnames,
 	sqlite_backend *b = (sqlite_backend *)be;
 	set_deadline(b, dlock_clock_ms() + b->request_timeout_ms);
 	int rc = reopen_if_moved(b, b->deadline);
+	int64_t now = dlock_wall_ms();
+	for (size_t i = 0; i < nnames && !rc; i++)
+		rc = status_one(b, names[i], now, out, count);
+	return rc;
+}
+
+static int sq_list(dlock_backend *be, char ***names, size_t *count)
+{
+	sqlite_backend *b = (sqlite_backend *)be;
+	set_deadline(b, dlock_clock_ms() + b->request_timeout_ms);
+	int rc = reopen_if_moved(b, b->deadline);
 	if (rc)
 		return rc;
-	int64_t now = dlock_wall_ms();
-	if (names) {
-		for (size_t i = 0; i < nnames && !rc; i++)
-			rc = status_one(b, names[i], now, out, count);
-		return rc;
-	}
-	/* Collect the names first: status_one reuses statements. */
 	char **list = NULL;
 	size_t n = 0;
 	sqlite3_stmt *s = prep(b, Q_STATUS_NAMES, NULL, NULL);
 	sqlite3_bind_text(s, 1, b->ns, -1, SQLITE_STATIC);
-	sqlite3_bind_int64(s, 2, now);
+	sqlite3_bind_int64(s, 2, dlock_wall_ms());
 	int r;
 	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
 		char **nl = realloc(list, (n + 1) * sizeof(*nl));
@@ -640,12 +644,8 @@ static int sq_status(dlock_backend *be, const char *const *names, size_t nnames,
 	sqlite3_reset(s);
 	if (!rc && r != SQLITE_DONE)
 		rc = fail(b, r, "status");
-	for (size_t i = 0; i < n; i++) {
-		if (!rc)
-			rc = status_one(b, list[i], now, out, count);
-		free(list[i]);
-	}
-	free(list);
+	*names = list;
+	*count = n;
 	return rc;
 }
 
@@ -869,6 +869,22 @@ out:
 	return rc;
 }
 
+/* Not DLOCK_BACKEND_F_RENEW_APART: each instance watches its own file for
+ * being moved or replaced (reopen_if_moved), which a second one opened
+ * later by path would not see the same way. */
+static const dlock_backend_methods sqlite_methods = {
+	DLOCK_BACKEND_METHODS_INIT("sqlite"),
+	.acquire = sq_acquire,
+	.release = sq_release,
+	.renew = sq_renew,
+	.extend = sq_extend,
+	.cancel = sq_cancel,
+	.status = sq_status,
+	.list = sq_list,
+	.close = sq_close,
+	.forget = sq_forget,
+};
+
 int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 {
 	if (uri->hosts && *uri->hosts)
@@ -904,16 +920,7 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 		free(dflt);
 		return DLOCK_ENOMEM;
 	}
-	b->base.version = DLOCK_BACKEND_VERSION;
-	b->base.kind = "sqlite";
-	b->base.acquire = sq_acquire;
-	b->base.release = sq_release;
-	b->base.extend = sq_extend;
-	b->base.renew = sq_renew;
-	b->base.cancel = sq_cancel;
-	b->base.status = sq_status;
-	b->base.close = sq_close;
-	b->base.forget = sq_forget;
+	dlock_backend_init(&b->base, &sqlite_methods);
 	b->busy_ms = busy_ms;
 	b->request_timeout_ms = uri->request_timeout_ms;
 	int rc = DLOCK_ENOMEM;

@@ -2205,6 +2205,21 @@ static int check_chroot(const char *path)
 	}
 }
 
+/* Ephemeral nodes live with our session: DLOCK_BACKEND_F_SESSION. */
+static const dlock_backend_methods zk_methods = {
+	DLOCK_BACKEND_METHODS_INIT(KIND),
+	.flags = DLOCK_BACKEND_F_SESSION,
+	.acquire = zk_acquire,
+	.release = zk_release,
+	.renew = zk_renew,
+	.extend = zk_extend,
+	.wait = zk_wait,
+	.cancel = zk_cancel,
+	.status = zk_status,
+	.list = zk_list,
+	.close = zk_close,
+};
+
 int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 {
 	if (!uri->hosts || !*uri->hosts)
@@ -2234,18 +2249,7 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 		dlock_free(hp);
 		return DLOCK_ENOMEM;
 	}
-	st->base.version = DLOCK_BACKEND_VERSION;
-	st->base.kind = KIND;
-	st->base.acquire = zk_acquire;
-	st->base.release = zk_release;
-	st->base.extend = zk_extend;
-	st->base.renew = zk_renew;
-	st->base.wait = zk_wait;
-	st->base.cancel = zk_cancel;
-	st->base.status = zk_status;
-	st->base.list = zk_list;
-	st->base.close = zk_close;
-	st->base.flags = DLOCK_BACKEND_F_SESSION; /* ephemeral nodes live with our session */
+	dlock_backend_init(&st->base, &zk_methods);
 	st->fixed_session = fixed;
 	st->connect_ms = uri->connect_timeout_ms;
 	st->request_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : 2000;

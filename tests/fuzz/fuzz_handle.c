@@ -15,9 +15,11 @@ static int nop_release(dlock_backend *be, dlock_request *r)
 {
 	return DLOCK_ENOTHELD;
 }
-static int nop_extend(dlock_backend *be, dlock_request *r, int64_t ttl)
+static int nop_renew(dlock_backend *be, dlock_request *const *r, size_t n, int *results)
 {
-	return DLOCK_ENOTHELD;
+	for (size_t i = 0; i < n; i++)
+		results[i] = DLOCK_ENOTHELD;
+	return 0;
 }
 static void nop_close(dlock_backend *be)
 {
@@ -29,12 +31,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	static dlock_store *store;
 	if (!store) {
 		dlock_backend *be = calloc(1, sizeof(*be));
-		be->version = DLOCK_BACKEND_VERSION;
-		be->kind = "nop";
-		be->acquire = nop_acquire;
-		be->release = nop_release;
-		be->extend = nop_extend;
-		be->close = nop_close;
+		static const dlock_backend_methods nop_methods = {
+			DLOCK_BACKEND_METHODS_INIT("nop"),
+			.acquire = nop_acquire,
+			.release = nop_release,
+			.renew = nop_renew,
+			.close = nop_close,
+		};
+		dlock_backend_init(be, &nop_methods);
 		if (dlock_store_open_backend(&store, be, "nop://", 30000) != 0)
 			abort();
 	}

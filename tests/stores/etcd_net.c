@@ -393,13 +393,13 @@ static void case_orphan_store(void)
 	uint64_t fa = 0, fb = 0;
 	int64_t retry = -1;
 	ra.deadline_ms = tu_now_ms() + 2000;
-	CHECK_RC(be->acquire(be, &ra, &fa, &retry), 0);
+	CHECK_RC(be->methods->acquire(be, &ra, &fa, &retry), 0);
 	rb.deadline_ms = tu_now_ms() + 2000;
-	CHECK_RC(be->acquire(be, &rb, &fb, &retry), 0);
+	CHECK_RC(be->methods->acquire(be, &rb, &fb, &retry), 0);
 	px_set("blackhole");
 	long long t0 = tu_now_ms();
 	ra.deadline_ms = t0 + 300;
-	int rc = be->release(be, &ra);
+	int rc = be->methods->release(be, &ra);
 	px_set("pass");
 	CHECK(rc == DLOCK_EUNAVAILABLE);
 	dlock_store *direct = nu_open(uri);
@@ -411,7 +411,7 @@ static void case_orphan_store(void)
 			dlock_request *reqs[1] = { &rb };
 			int res = -1;
 			rb.deadline_ms = tu_now_ms() + 2000;
-			if (be->renew(be, reqs, 1, &res) != 0 || res != 0)
+			if (be->methods->renew(be, reqs, 1, &res) != 0 || res != 0)
 				renew_failed++;
 			next_renew = tu_now_ms() + ttl / 3;
 		}
@@ -429,13 +429,13 @@ static void case_orphan_store(void)
 	if (got >= 0)
 		CHECK_RC(dlock_release(da), 0);
 	rb.deadline_ms = tu_now_ms() + 2000;
-	CHECK_RC(be->release(be, &rb), 0);
+	CHECK_RC(be->methods->release(be, &rb), 0);
 	CHECK_RC(dlock_acquire(db, 0), 0);
 	CHECK_RC(dlock_release(db), 0);
 	dlock_lock_free(da);
 	dlock_lock_free(db);
 	dlock_store_close(direct);
-	be->close(be);
+	be->methods->close(be);
 	dlock__uri_free(pu);
 }
 

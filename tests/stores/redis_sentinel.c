@@ -31,7 +31,7 @@ static int open_sentinel(dlock_store **out, const char *text)
 	if (!rc)
 		rc = dlock__redis_open(&be, u);
 	if (!rc && (rc = dlock__uri_check_unused(u)) != 0)
-		be->close(be);
+		be->methods->close(be);
 	dlock__uri_free(u);
 	if (rc)
 		return rc;

@@ -123,13 +123,15 @@ static void f_close(dlock_backend *be)
 static fake *fake_new(void)
 {
 	fake *f = calloc(1, sizeof(*f));
-	f->base.version = DLOCK_BACKEND_VERSION;
-	f->base.kind = "fake";
-	f->base.acquire = f_acquire;
-	f->base.release = f_release;
-	f->base.extend = f_extend;
-	f->base.renew = f_renew;
-	f->base.close = f_close;
+	static const dlock_backend_methods fake_methods = {
+		DLOCK_BACKEND_METHODS_INIT("fake"),
+		.acquire = f_acquire,
+		.release = f_release,
+		.renew = f_renew,
+		.extend = f_extend,
+		.close = f_close,
+	};
+	dlock_backend_init(&f->base, &fake_methods);
 	pthread_mutex_init(&f->mu, NULL);
 	pthread_cond_init(&f->gate_cv, NULL);
 	return f;
@@ -909,7 +911,15 @@ static int fork_child(dlock_store *s, dlock_lock *held, dlock_lock *idle, fake *
 static void test_fork(void)
 {
 	fake *f = fake_new();
-	f->base.close = f_close_counted;
+	static const dlock_backend_methods counted_methods = {
+		DLOCK_BACKEND_METHODS_INIT("fake"),
+		.acquire = f_acquire,
+		.release = f_release,
+		.renew = f_renew,
+		.extend = f_extend,
+		.close = f_close_counted,
+	};
+	f->base.methods = &counted_methods;
 	dlock_store *s;
 	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;

@@ -7,16 +7,47 @@
  * protocol: try to take a lock once, release, extend, renew a batch, and
  * optionally block until the store says something changed.
  *
- * Versioned like sqlite3_io_methods: `version` comes first and new methods are
- * only appended. An optional method left NULL means DLOCK_ENOTSUPPORTED (or,
- * for `renew`, "call extend once per lock"; for `wait`, "back off and retry").
+ * Version 4 (the contract as it stands; earlier versions are refused). A
+ * store is two things, as a sqlite3_file and its sqlite3_io_methods: a
+ * `static const dlock_backend_methods` table per way the store works (one
+ * per mode where a store has two), made with DLOCK_BACKEND_METHODS_INIT, and
+ * an instance whose first member is a dlock_backend that dlock_backend_init
+ * points at its table. The core checks the table's version and required
+ * methods when the store is opened. An optional method left NULL means
+ * DLOCK_ENOTSUPPORTED unless its comment says otherwise.
  *
- * Threading: the core calls every method of one backend under one mutex of
- * its store, except `wait`, which is called WITHOUT that mutex (so a blocked
- * waiter does not stop renewal) and may run in several threads at once and
- * concurrently with any other method.
+ * What the core guarantees to every method, so that no store checks it:
+ * req->permits >= 1 (1 in shared mode); req->queue_ttl_ms > 0;
+ * req->ttl_ms > 0; req->name is a valid lock name (dlock_name_check);
+ * uri->connect_timeout_ms > 0, uri->request_timeout_ms > 0, uri->ttl_ms > 0
+ * and uri->prefix != NULL at open; `status` always receives at least one
+ * name (enumeration is `list`'s job); `renew` never more than
+ * `renew_max` requests. The core writes the messages of DLOCK_ELOCKED (not
+ * acquired) and DLOCK_ENOTHELD from release/extend (a store returns the bare
+ * code; a message it sets is replaced); every other error's message is the
+ * store's (dlock_error_set).
  *
- * Time (version 2). The core owns time: every call that carries a request
+ * Threading: unless the table declares DLOCK_BACKEND_F_CONCURRENT, the core
+ * calls the methods of one instance under one mutex of its store, except
+ * `wait`, `unwatch` and `forget`, which it calls WITHOUT that mutex (so a
+ * blocked waiter does not stop renewal): they may run in several threads at
+ * once and concurrently with any other method. A table with
+ * DLOCK_BACKEND_F_RENEW_APART lets the core open a second instance from the
+ * same URI for its renewal thread, so that a long acquire never delays a
+ * renewal: renew (and the releases the core retries in the background) then
+ * come from an instance that did not make the grant.
+ *
+ * Wake-ups (version 4). The core keeps a wake-up board per store handle: a
+ * waiter arms it before each try and, when refused, sleeps on it until the
+ * store says that the name may have changed or until its back-off ends. A
+ * store with a notification channel (Redis pub/sub, PostgreSQL LISTEN,
+ * watches) implements `watch`/`unwatch` and feeds the board from its
+ * channel with dlock_backend_wake (one name) and dlock_backend_wake_all
+ * (the channel was down: anything may have changed). A store whose wake-up
+ * is itself a blocking call (MySQL's GET_LOCK on a doorbell) implements
+ * `wait` instead. A store with neither is polled with back-off.
+ *
+ * Time. The core owns time: every call that carries a request
  * carries `req->deadline_ms`, an absolute CLOCK_MONOTONIC instant
  * (dlock_clock_ms) by which the call must return whatever the network or
  * the server does. A store bounds every socket wait of the call by it
@@ -43,14 +74,14 @@
  * whose try takes several round trips divides the time it has (Redlock
  * keeps a share for its undo).
  *
- * Processes (version 3). A store handle and its locks belong to the process
+ * Processes. A store handle and its locks belong to the process
  * that opened the store. In a fork()'s child the core refuses every call on
  * an inherited handle itself (DLOCK_EINVAL): a store never sees a request
  * from a child with the parent's connections, and needs no fork check of its
  * own. When the child frees the handle the core calls `forget`, never
  * `close`.
  *
- * Unknown outcomes (version 2). An acquire that returns anything but 0,
+ * Unknown outcomes. An acquire that returns anything but 0,
  * DLOCK_ELOCKED, DLOCK_EINVAL, DLOCK_EAUTH or DLOCK_ENOTSUPPORTED may have
  * been applied by the server (its reply was lost). The core then:
  *  - counts the lease of a later grant from the start of the EARLIEST try of
@@ -84,7 +115,7 @@
 
 DLOCK_BEGIN_DECLS
 
-#define DLOCK_BACKEND_VERSION 3
+#define DLOCK_BACKEND_VERSION 4
 
 /** One `key=value` query option of a URI. */
 typedef struct dlock_uri_option {
@@ -106,7 +137,7 @@ typedef struct dlock_uri {
 	int64_t ttl_ms;             /**< default lease (30000 unless ttl=) */
 	int64_t connect_timeout_ms; /**< 5000 unless connect_timeout= */
 	const char *prefix;         /**< namespace, "dlock" unless prefix= */
-	int64_t request_timeout_ms; /**< v2: bound of one request when the core gives no
+	int64_t request_timeout_ms; /**< bound of one request when the core gives no
 				         deadline (status, list): timeout=, default
 				         min(connect_timeout, 2 s) */
 } dlock_uri;
@@ -153,19 +184,32 @@ typedef struct dlock_request {
 				    attached from a handle, which may not exist); a store
 				    that can send a release without waiting for its reply
 				    must not do so then */
-	int64_t deadline_ms;   /**< v2: CLOCK_MONOTONIC ms (dlock_clock_ms) by which this
+	int64_t deadline_ms;   /**< CLOCK_MONOTONIC ms (dlock_clock_ms) by which this
 				    call must return; set by the core before every call
 				    (see "Time" above). For renew, the same for the batch */
 } dlock_request;
 
 typedef struct dlock_backend dlock_backend;
+typedef struct dlock_backend_methods dlock_backend_methods;
 
+/**
+ * The head of every store instance (its first member). The store sets it
+ * with dlock_backend_init; the core owns `core`.
+ */
 struct dlock_backend {
-	unsigned int version; /**< DLOCK_BACKEND_VERSION */
+	const dlock_backend_methods *methods;
+	void *core; /**< the core's (wake-up board); NULL until the store is opened */
+};
+
+/** A store's methods: one `static const` table per mode of the store. */
+struct dlock_backend_methods {
+	unsigned int version; /**< DLOCK_BACKEND_VERSION (DLOCK_BACKEND_METHODS_INIT sets it) */
 	const char *kind;     /**< "sqlite", "redis", ... */
+	unsigned int flags;   /**< DLOCK_BACKEND_F_* */
+	size_t renew_max;     /**< most requests per `renew` call (0: no limit) */
 
 	/**
-	 * Try once to take the lock for req->owner.
+	 * Required. Try once to take the lock for req->owner.
 	 * @return 0 and *fence (strictly greater than every earlier grant of the
 	 *         name); DLOCK_ELOCKED when someone else holds it (and, if known,
 	 *         *retry_ms = how long until the blocking lease ends; else leave
@@ -176,27 +220,45 @@ struct dlock_backend {
 	int (*acquire)(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms);
 
 	/**
-	 * Release req->owner's hold. @return 0; DLOCK_ENOTHELD (changed nothing).
-	 * Unless req->confirm, a store may return 0 once the release is sent,
-	 * before the server answers, if the server applies it before anything
-	 * this backend sends later (Redis with release=pipelined).
+	 * Required. Release req->owner's hold. @return 0; DLOCK_ENOTHELD (changed
+	 * nothing). Unless req->confirm, a store may return 0 once the release
+	 * is sent, before the server answers, if the server applies it before
+	 * anything this backend sends later (Redis with release=pipelined).
 	 */
 	int (*release)(dlock_backend *be, dlock_request *req);
 
-	/** Set req->owner's lease to ttl_ms from now. @return 0; DLOCK_ENOTHELD. */
-	int (*extend)(dlock_backend *be, dlock_request *req, int64_t ttl_ms);
-
 	/**
-	 * Optional. Renew many holds (each to its own reqs[i]->ttl_ms) in as few
-	 * round trips as possible; results[i] = 0, DLOCK_ENOTHELD (no longer
-	 * ours: the core reports it lost) or a transient error (retried until the
-	 * lease deadline). @return 0, or an error that applies to all.
+	 * Required. Renew holds (each to its own reqs[i]->ttl_ms from now) in as
+	 * few round trips as possible; results[i] = 0, DLOCK_ENOTHELD (no longer
+	 * ours: the core reports it lost) or a transient error (retried until
+	 * the lease deadline). The core also extends one lock with it (n = 1).
+	 * @return 0, or an error that applies to all.
 	 */
 	int (*renew)(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results);
 
 	/**
-	 * Optional. Block until the store signals that req->name may be free or
-	 * until timeout_ms passes. Called without the store mutex (see above).
+	 * Optional: a cheaper way than `renew` to set one hold's lease to ttl_ms
+	 * from now. @return 0; DLOCK_ENOTHELD.
+	 */
+	int (*extend)(dlock_backend *be, dlock_request *req, int64_t ttl_ms);
+
+	/**
+	 * Optional (with `unwatch`): make changes of req->name reach the board
+	 * (dlock_backend_wake) from now on, for req->owner's wait. Called under
+	 * the store mutex right before each waiting try, after the core armed
+	 * the board: it must not wait for the network (start a subscription in
+	 * the store's notification thread, which wakes the name once it is in
+	 * place, so that a release between the try and the subscription is not
+	 * missed). @return 0; an error makes the core poll with back-off.
+	 */
+	int (*watch)(dlock_backend *be, const dlock_request *req);
+
+	/** Optional: req->owner's wait is over (granted or given up). Without the mutex. */
+	void (*unwatch)(dlock_backend *be, const dlock_request *req);
+
+	/**
+	 * Optional, instead of watch: block until the store signals that
+	 * req->name may be free or until timeout_ms passes. Without the mutex.
 	 * @return 0 (woken or timed out — the core tries again either way).
 	 */
 	int (*wait)(dlock_backend *be, dlock_request *req, int64_t timeout_ms);
@@ -204,45 +266,60 @@ struct dlock_backend {
 	/** Optional. Leave the waiters of req->name (the caller gave up). */
 	int (*cancel)(dlock_backend *be, dlock_request *req);
 
-	/** Optional. See dlock_store_status. */
+	/** Optional. See dlock_store_status; `names` has nnames >= 1 entries. */
 	int (*status)(dlock_backend *be, const char *const *names, size_t nnames,
 		      dlock_lock_status **out, size_t *count);
 
-	/** Close connections and free the backend. */
-	void (*close)(dlock_backend *be);
-
-	/** DLOCK_BACKEND_F_* bits (appended in version 1; zero by default). */
-	unsigned int flags;
-
 	/**
-	 * Optional (appended in version 1; NULL by default). For
-	 * dlock_store_status without names: list the names that may have
-	 * holders or waiters; the core then calls status with them (dropping
-	 * duplicates, names that are not valid lock names, and idle locks).
-	 * *names (of *n): strings from malloc in an array from malloc, freed by
-	 * the core, also on error. A store without it lists in status itself.
+	 * Optional. For dlock_store_status without names: list the names that
+	 * may have holders or waiters; the core then calls status with them
+	 * (dropping duplicates, names that are not valid lock names, and idle
+	 * locks). *names (of *n): strings from malloc in an array from malloc,
+	 * freed by the core, also on error. Without it, status needs names.
 	 * @return 0; an error (nothing is reported).
 	 */
 	int (*list)(dlock_backend *be, char ***names, size_t *n);
 
+	/** Required. Close connections and free the instance. */
+	void (*close)(dlock_backend *be);
+
 	/**
-	 * Optional (appended in version 3; NULL by default). Called instead of
-	 * `close` when a fork()'s child frees a store handle it inherited: the
-	 * backend, its connections and its sessions are the parent's, and the
-	 * parent goes on using them. Free what is this process's own without a
-	 * word to any server: no request, no polite disconnect (a PostgreSQL
-	 * Terminate, a ZooKeeper close, a MySQL COM_QUIT, a TLS close_notify
-	 * would end the PARENT's session or stream), and no change to files or
-	 * shared memory the parent uses. Closing a socket descriptor is fine
-	 * (the parent's copy keeps the connection open).
-	 * Called only if no call into the backend other than `wait` was in
-	 * progress at the fork (its state is consistent). Without it, or when a
-	 * call was in progress, the core frees nothing of the backend: its
-	 * memory stays allocated (and reachable) until the process exits or
-	 * execs. The core never calls any other method in the child.
+	 * Optional. Called instead of `close` when a fork()'s child frees a store
+	 * handle it inherited: the backend, its connections and its sessions are
+	 * the parent's, and the parent goes on using them. Free what is this
+	 * process's own without a word to any server: no request, no polite
+	 * disconnect (a PostgreSQL Terminate, a ZooKeeper close, a MySQL
+	 * COM_QUIT, a TLS close_notify would end the PARENT's session or
+	 * stream), and no change to files or shared memory the parent uses.
+	 * Closing a socket descriptor is fine (the parent's copy keeps the
+	 * connection open). Called only if no call into the backend other than
+	 * `wait` was in progress at the fork (its state is consistent). Without
+	 * it, or when a call was in progress, the core frees nothing of the
+	 * backend: its memory stays allocated (and reachable) until the process
+	 * exits or execs. The core never calls any other method in the child.
 	 */
 	void (*forget)(dlock_backend *be);
 };
+
+/** Start a methods table: `static const dlock_backend_methods m = { DLOCK_BACKEND_METHODS_INIT("redis"), .acquire = ... };` */
+#define DLOCK_BACKEND_METHODS_INIT(kind_) .version = DLOCK_BACKEND_VERSION, .kind = (kind_)
+
+/**
+ * Point `be` at `methods` (clearing the head first). @return 0, or
+ * DLOCK_EINVAL when the table is of another version or lacks a required
+ * method (acquire, release, renew, close; unwatch with watch).
+ */
+DLOCK_EXTERN int dlock_backend_init(dlock_backend *be, const dlock_backend_methods *methods);
+
+/**
+ * Wake-ups for the core's board (see "Wake-ups"): something changed on lock
+ * `name` (a release, an expiry, a waiter leaving, a subscription now in
+ * place): its waiters try again. Thread-safe, never blocks on I/O; does
+ * nothing before the store handle exists.
+ */
+DLOCK_EXTERN void dlock_backend_wake(dlock_backend *be, const char *name);
+/** Every waiter of this store handle tries again (the channel was down). */
+DLOCK_EXTERN void dlock_backend_wake_all(dlock_backend *be);
 
 /**
  * Holds live only as long as this process's session or connection
@@ -250,9 +327,26 @@ struct dlock_backend {
  * dlock_lock_detach cannot hand them to another process.
  */
 #define DLOCK_BACKEND_F_SESSION 1u
+/** Every method may be called from several threads at once (no store mutex). */
+#define DLOCK_BACKEND_F_CONCURRENT 2u
+/**
+ * A hold does not belong to the instance that made it (its state is in the
+ * store, keyed by owner; req->slot is not needed to renew or release it):
+ * the core may renew and retry releases from a second instance.
+ */
+#define DLOCK_BACKEND_F_RENEW_APART 4u
 
 /** How a store's open function looks: parse what it needs from `uri`. */
 typedef int (*dlock_backend_open_fn)(dlock_backend **out, dlock_uri *uri);
+
+/**
+ * Make `scheme` ("mystore", lowercase letters, digits, '+', '-', '.') open
+ * with `open` in dlock_store_open, as sqlite3_vfs_register does for VFSes:
+ * a store built outside libdlock. A scheme of libdlock's own cannot be
+ * replaced. Thread-safe; registrations last until the process exits.
+ * @return 0; DLOCK_EINVAL (bad or built-in scheme); DLOCK_ENOMEM.
+ */
+DLOCK_EXTERN int dlock_backend_register(const char *scheme, dlock_backend_open_fn open);
 
 /**
  * Open a store over a backend you made yourself (tests use a fake store).

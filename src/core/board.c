@@ -1,0 +1,124 @@
+/*
+ * board.c — the wake-up board of a store handle (dlock/sys/backend.h,
+ * "Wake-ups"). A waiter arms before each try (reading the generation of its
+ * name's bucket and of the whole board) and, refused, sleeps until either
+ * moves or its back-off ends. Stores bump one name from their notification
+ * channel, or all when the channel was down. Names share buckets: a bump
+ * may wake a waiter of another name, which then only tries once more.
+ */
+#include "core/internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define NBUCKETS 256
+
+struct dlock__board {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint64_t all;            /* bumped by wake_all */
+	uint64_t gen[NBUCKETS];  /* bumped by wake(name) */
+};
+
+static unsigned bucket(const char *name)
+{
+	return (unsigned)(dlock__fnv1a64(DLOCK__FNV64_OFFSET, name, strlen(name)) % NBUCKETS);
+}
+
+int dlock__board_new(dlock__board **out)
+{
+	dlock__board *b = dlock__calloc(1, sizeof(*b));
+	if (!b)
+		return DLOCK_ENOMEM;
+	pthread_mutex_init(&b->mu, NULL);
+	dlock__cond_init_monotonic(&b->cv);
+	*out = b;
+	return 0;
+}
+
+void dlock__board_free(dlock__board *b)
+{
+	if (!b)
+		return;
+	pthread_cond_destroy(&b->cv);
+	pthread_mutex_destroy(&b->mu);
+	free(b);
+}
+
+uint64_t dlock__board_arm(dlock__board *b, const char *name)
+{
+	unsigned i = bucket(name);
+	pthread_mutex_lock(&b->mu);
+	uint64_t g = b->gen[i] + b->all;
+	pthread_mutex_unlock(&b->mu);
+	return g;
+}
+
+bool dlock__board_wait(dlock__board *b, const char *name, uint64_t armed, int64_t ms)
+{
+	unsigned i = bucket(name);
+	int64_t end = dlock_clock_ms() + (ms > 0 ? ms : 0);
+	pthread_mutex_lock(&b->mu);
+	bool moved;
+	while (!(moved = b->gen[i] + b->all != armed)) {
+		int64_t left = end - dlock_clock_ms();
+		if (left <= 0)
+			break;
+		struct timespec ts;
+		dlock__abstime(&ts, left);
+		pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+	}
+	pthread_mutex_unlock(&b->mu);
+	return moved;
+}
+
+static dlock__board *board_of(dlock_backend *be)
+{
+	return be ? __atomic_load_n((dlock__board **)&be->core, __ATOMIC_ACQUIRE) : NULL;
+}
+
+void dlock__board_attach(dlock_backend *be, dlock__board *b)
+{
+	__atomic_store_n((dlock__board **)&be->core, b, __ATOMIC_RELEASE);
+}
+
+void dlock_backend_wake(dlock_backend *be, const char *name)
+{
+	dlock__board *b = board_of(be);
+	if (!b || !name)
+		return;
+	unsigned i = bucket(name);
+	pthread_mutex_lock(&b->mu);
+	b->gen[i]++;
+	pthread_cond_broadcast(&b->cv);
+	pthread_mutex_unlock(&b->mu);
+}
+
+void dlock_backend_wake_all(dlock_backend *be)
+{
+	dlock__board *b = board_of(be);
+	if (!b)
+		return;
+	pthread_mutex_lock(&b->mu);
+	b->all++;
+	pthread_cond_broadcast(&b->cv);
+	pthread_mutex_unlock(&b->mu);
+}
+
+int dlock_backend_init(dlock_backend *be, const dlock_backend_methods *m)
+{
+	if (!be || !m)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_backend_init: NULL argument");
+	memset(be, 0, sizeof(*be));
+	if (m->version != DLOCK_BACKEND_VERSION)
+		return dlock_error_set(DLOCK_EINVAL, m->kind, NULL,
+				       "backend methods of version %u: this libdlock takes version %d",
+				       m->version, DLOCK_BACKEND_VERSION);
+	if (!m->kind || !m->acquire || !m->release || !m->renew || !m->close || (!m->watch != !m->unwatch))
+		return dlock_error_set(DLOCK_EINVAL, m->kind, NULL,
+				       "backend methods lack kind, acquire, release, renew or close "
+				       "(or have only one of watch and unwatch)");
+	be->methods = m;
+	return 0;
+}
