@@ -33,6 +33,8 @@ typedef struct fake {
 	atomic_int release_fail;   /* the next N releases fail (not applied) */
 	atomic_llong deadline_left; /* req->deadline_ms - now, at the last acquire */
 	atomic_int unanswered_from; /* tries after this many go unanswered (0: none) */
+	atomic_int no_retry_hint;  /* a refusal says nothing of when to come back */
+	atomic_int watches, unwatches;
 	int renew_gate;            /* under mu: renew blocks while set */
 	pthread_cond_t gate_cv;
 } fake;
@@ -52,7 +54,8 @@ static int f_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 		*fence = f->fence; /* the owner already holds (an earlier try was applied) */
 	} else if (f->holder[0]) {
 		rc = DLOCK_ELOCKED;
-		*retry = 5;
+		if (!f->no_retry_hint)
+			*retry = 5;
 	} else {
 		snprintf(f->holder, sizeof(f->holder), "%s", req->owner);
 		*fence = ++f->fence;
@@ -964,6 +967,183 @@ static void test_fork(void)
 	CHECK(atomic_load(&fork_closes) == closes + 1);
 }
 
+/* ---- backend contract v4: registration, the renewer's own instance, wake-ups ---- */
+
+static int f_watch(dlock_backend *be, const dlock_request *req)
+{
+	((fake *)be)->watches++;
+	return 0;
+}
+
+static void f_unwatch(dlock_backend *be, const dlock_request *req)
+{
+	((fake *)be)->unwatches++;
+}
+
+static const dlock_backend_methods apart_methods = {
+	DLOCK_BACKEND_METHODS_INIT("fakeapart"),
+	.flags = DLOCK_BACKEND_F_RENEW_APART,
+	.acquire = f_acquire,
+	.release = f_release,
+	.renew = f_renew,
+	.close = f_close,
+};
+
+static fake *apart_made[8];
+static atomic_int apart_n;
+
+static int apart_open(dlock_backend **out, dlock_uri *uri)
+{
+	int i = apart_n;
+	if (i >= 8)
+		return dlock_error_set(DLOCK_EUNAVAILABLE, "fakeapart", NULL, "too many instances");
+	fake *f = fake_new();
+	dlock_backend_init(&f->base, &apart_methods);
+	apart_made[i] = f;
+	apart_n = i + 1;
+	*out = &f->base;
+	return 0;
+}
+
+static int nop_open(dlock_backend **out, dlock_uri *uri)
+{
+	return apart_open(out, uri);
+}
+
+static void test_register(void)
+{
+	CHECK_RC(dlock_backend_register("fakeapart", apart_open), 0);
+	CHECK_RC(dlock_backend_register("fakeapart", apart_open), 0);  /* the same again: fine */
+	CHECK_RC(dlock_backend_register("fakeapart", nop_open), DLOCK_EINVAL); /* another: refused */
+	CHECK_RC(dlock_backend_register("redis", apart_open), DLOCK_EINVAL);   /* built in */
+	CHECK_RC(dlock_backend_register("Fake", apart_open), DLOCK_EINVAL);
+	CHECK_RC(dlock_backend_register("fa ke", apart_open), DLOCK_EINVAL);
+	CHECK_RC(dlock_backend_register("", apart_open), DLOCK_EINVAL);
+	CHECK_RC(dlock_backend_register("fake2", NULL), DLOCK_EINVAL);
+	dlock_store *s = NULL;
+	CHECK_RC(dlock_store_open(&s, "nosuchscheme://x"), DLOCK_EINVAL);
+	CHECK_RC(dlock_store_open(&s, "fakeapart://x?ttl=5s"), 0);
+	CHECK(s && strcmp(dlock_store_kind(s), "fakeapart") == 0);
+	dlock_store_close(s);
+	CHECK_RC(dlock_store_open(&s, "fakeapart://x?bogus=1"), DLOCK_EINVAL); /* unused option */
+	/* a table of another version, or without renew, is refused at init */
+	fake *f = fake_new();
+	dlock_backend_methods bad = apart_methods;
+	bad.version = 3;
+	CHECK_RC(dlock_backend_init(&f->base, &bad), DLOCK_EINVAL);
+	bad.version = DLOCK_BACKEND_VERSION;
+	bad.renew = NULL;
+	CHECK_RC(dlock_backend_init(&f->base, &bad), DLOCK_EINVAL);
+	bad = apart_methods;
+	bad.watch = f_watch; /* watch without unwatch */
+	CHECK_RC(dlock_backend_init(&f->base, &bad), DLOCK_EINVAL);
+	f_close(&f->base);
+	apart_n = 0;
+}
+
+typedef struct try_arg {
+	dlock_lock *l;
+	int wait_ms, rc;
+	long long done_at;
+} try_arg;
+
+static void *try_thread(void *p)
+{
+	try_arg *a = p;
+	a->rc = dlock_acquire(a->l, a->wait_ms);
+	a->done_at = tu_now_ms();
+	return NULL;
+}
+
+/* DLOCK_BACKEND_F_RENEW_APART: while a caller's request holds the store
+ * handle for longer than a lease, renewals go on from the renewer's own
+ * instance and the lock is not lost. */
+static void test_renew_apart(void)
+{
+	apart_n = 0;
+	dlock_store *s;
+	CHECK_RC(dlock_store_open(&s, "fakeapart://x"), 0);
+	if (!s)
+		return;
+	fake *main_f = apart_made[0];
+	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 300;
+	o.on_lost = on_lost;
+	o.payload = &box;
+	dlock_lock *a, *b;
+	CHECK_RC(dlock_lock_new(&a, s, "a", &o), 0);
+	CHECK_RC(dlock_lock_new(&b, s, "b", NULL), 0);
+	CHECK_RC(dlock_acquire(a, 0), 0);
+	/* the renewer opens its instance on a thread of its own and moves there */
+	long long until = tu_now_ms() + 3000;
+	while ((apart_n < 2 || apart_made[1]->renew_calls < 1) && tu_now_ms() < until)
+		usleep(2000);
+	CHECK(apart_n == 2 && apart_made[1]->renew_calls >= 1);
+	if (apart_n == 2) {
+		fake *rf = apart_made[1];
+		int before = rf->renew_calls;
+		main_f->acquire_delay_ms = 1500; /* five leases long, holding the handle */
+		try_arg t = { b, 0, 0, 0 };
+		pthread_t th;
+		pthread_create(&th, NULL, try_thread, &t);
+		pthread_join(th, NULL);
+		CHECK_RC(t.rc, DLOCK_ELOCKED);
+		CHECK(rf->renew_calls - before >= 5); /* every 100 ms meanwhile */
+		CHECK(box.fired == 0 && dlock_held(a));
+		main_f->acquire_delay_ms = 0;
+	}
+	CHECK_RC(dlock_release(a), 0);
+	dlock_lock_free(a);
+	dlock_lock_free(b);
+	dlock_store_close(s);
+	apart_n = 0;
+}
+
+/* watch/unwatch and dlock_backend_wake: a waiter sleeps on the board until
+ * the store says the name changed, then tries at once. */
+static void test_board_wakeup(void)
+{
+	static const dlock_backend_methods watch_methods = {
+		DLOCK_BACKEND_METHODS_INIT("fakewatch"),
+		.acquire = f_acquire,
+		.release = f_release,
+		.renew = f_renew,
+		.watch = f_watch,
+		.unwatch = f_unwatch,
+		.close = f_close,
+	};
+	fake *f = fake_new();
+	CHECK_RC(dlock_backend_init(&f->base, &watch_methods), 0);
+	f->no_retry_hint = 1; /* without a wake-up the waiter would sleep 1 s (queue ttl / 3) */
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fakewatch://", 30000), 0);
+	dlock_lock *a, *b;
+	CHECK_RC(dlock_lock_new(&a, s, "w", NULL), 0);
+	CHECK_RC(dlock_lock_new(&b, s, "w", NULL), 0);
+	CHECK_RC(dlock_acquire(a, 0), 0);
+	try_arg t = { b, 5000, -1, 0 };
+	pthread_t th;
+	pthread_create(&th, NULL, try_thread, &t);
+	/* the waiter watched and was refused once: it now sleeps on the board */
+	long long until = tu_now_ms() + 3000;
+	while ((f->watches < 1 || f->acquires < 2) && tu_now_ms() < until)
+		usleep(1000);
+	CHECK(f->watches >= 1 && f->acquires == 2);
+	CHECK_RC(dlock_release(a), 0);
+	long long woke = tu_now_ms();
+	dlock_backend_wake(&f->base, "w");
+	pthread_join(th, NULL);
+	CHECK_RC(t.rc, 0);
+	CHECK(t.done_at - woke < 500 + TU_SCHED_GRACE_MS); /* woken, not its 1 s back-off */
+	CHECK(f->acquires == 3);                          /* one more try, no polling */
+	CHECK(f->unwatches == 1);
+	dlock_release(b);
+	dlock_lock_free(a);
+	dlock_lock_free(b);
+	dlock_store_close(s);
+}
+
 int main(void)
 {
 	test_reentrancy();
@@ -983,6 +1163,9 @@ int main(void)
 	test_wait_ends_unanswered();
 	test_failed_release_retried();
 	test_fork();
+	test_register();
+	test_renew_apart();
+	test_board_wakeup();
 #ifndef DLOCK_TEST_NO_INTERPOSE
 	test_threads_fail();
 #endif
