@@ -121,6 +121,7 @@ struct zk_store {
 	char *root;             /* "/chroot/<escaped prefix>" */
 	char *auth;             /* "user:password" or NULL */
 	int64_t fixed_session;  /* session_timeout= (0: follow each hold's ttl) */
+	int recipe;             /* recipe=: RECIPE_DLOCK, _CURATOR or _CURATOR_RW */
 	int64_t connect_ms;
 	int64_t request_ms;     /* bound of status and list (timeout=) */
 	bool closing;           /* zk_close is closing the sessions */
@@ -137,6 +138,13 @@ struct zk_store {
 	struct ACL acl_entries[2];
 	struct ACL_vector acl;
 };
+
+/* recipe= (docs/stores/zookeeper.md, "Curator"): which node names we make.
+ * dlock's own ("-lock-", "-read-", "-sem<N>-") already orders with Curator's
+ * InterProcessMutex ("-lock-"); curator-rw makes the names of Curator's
+ * InterProcessReadWriteLock ("__WRIT__", "__READ__") so that its readers and
+ * writers see ours. Both refuse what their Curator peer would not see. */
+enum { RECIPE_DLOCK, RECIPE_CURATOR, RECIPE_CURATOR_RW };
 
 /* Our own "code" for a request whose reply did not come by the call's
  * deadline: its outcome is unknown, like ZCONNECTIONLOSS. */
@@ -310,6 +318,8 @@ bool dlock__zk_parse_child(const char *name, child *c)
 	}
 	else if (n >= SEQ_DIGITS + 9 && strncmp(d - 9, "__rlock__", 9) == 0)
 		c->kind = K_READ;
+	else if (n >= SEQ_DIGITS + 8 && strncmp(d - 8, "__READ__", 8) == 0)
+		c->kind = K_READ; /* Curator's InterProcessReadWriteLock ("__WRIT__": exclusive) */
 	return true;
 }
 
@@ -1388,8 +1398,11 @@ static node_kind req_kind(const dlock_request *req)
 
 /* The path prefix of our sequential node: a semaphore's names its permits
  * ("-sem3-"), which every later caller needs for the permits rule. */
-static char *node_prefix(const hold *h, const dlock_request *req)
+static char *node_prefix(const zk_store *st, const hold *h, const dlock_request *req)
 {
+	if (st->recipe == RECIPE_CURATOR_RW)
+		return dlock__sprintf("%s/_c_%s-%s", h->dir, h->owner,
+				      req_kind(req) == K_READ ? "__READ__" : "__WRIT__");
 	if (req_kind(req) == K_SEM)
 		return dlock__sprintf("%s/_c_%s-sem%u-", h->dir, h->owner, req->permits);
 	return dlock__sprintf("%s/_c_%s-%s-", h->dir, h->owner, kind_word(req_kind(req)));
@@ -1401,7 +1414,7 @@ static char *node_prefix(const hold *h, const dlock_request *req)
 static int place_node(zk_store *st, hold *h, dlock_request *req, int64_t deadline)
 {
 	zhandle_t *zh = h->sess->zh;
-	char *prefix = node_prefix(h, req);
+	char *prefix = node_prefix(st, h, req);
 	int dlen;
 	char *data = node_data(req, &dlen);
 	int rc = 0;
@@ -1537,7 +1550,7 @@ static int evaluate(zk_store *st, hold *h, dlock_request *req, int64_t deadline,
  * when the create's outcome is unknown). */
 static int create_and_list(zk_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted)
 {
-	char *path = node_prefix(h, req);
+	char *path = node_prefix(st, h, req);
 	int dlen;
 	char *data = node_data(req, &dlen);
 	zop *ops[2] = { NULL, NULL };
@@ -1618,6 +1631,14 @@ static int zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	(void)retry_ms;
 	int64_t start = dlock_clock_ms();
 	int64_t deadline = req->deadline_ms;
+	if (st->recipe != RECIPE_DLOCK && (req->permits > 1 || (st->recipe == RECIPE_CURATOR &&
+								 req->mode == DLOCK_SHARED)))
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
+				       "recipe=%s: %s", st->recipe == RECIPE_CURATOR ? "curator" : "curator-rw",
+				       req->permits > 1 ? "Curator's semaphores lay out nodes of their own: no "
+							  "semaphores in a Curator recipe"
+							: "Curator's InterProcessMutex does not order read nodes: "
+							  "use recipe=curator-rw for shared locks");
 	if (dlock_try_too_late(req, st->request_ms)) /* see "Time" in sys/backend.h */
 		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
 				       req->name);
@@ -2238,6 +2259,16 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 				       "zookeeper: digest auth needs user:password@ (got a user without a password)");
 	if (!*uri->prefix)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "zookeeper: the prefix must not be empty");
+	int recipe = RECIPE_DLOCK;
+	if ((v = dlock_uri_param(uri, "recipe")) != NULL) {
+		if (strcmp(v, "curator") == 0)
+			recipe = RECIPE_CURATOR;
+		else if (strcmp(v, "curator-rw") == 0)
+			recipe = RECIPE_CURATOR_RW;
+		else if (strcmp(v, "dlock") != 0)
+			return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
+					       "zookeeper: unknown recipe '%s' (dlock, curator or curator-rw)", v);
+	}
 
 	dlock_hostport *hp = NULL;
 	size_t nh = 0;
@@ -2251,6 +2282,7 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	}
 	dlock_backend_init(&st->base, &zk_methods);
 	st->fixed_session = fixed;
+	st->recipe = recipe;
 	st->connect_ms = uri->connect_timeout_ms;
 	st->request_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : 2000;
 	st->default_ttl = uri->ttl_ms;

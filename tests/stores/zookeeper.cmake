@@ -60,3 +60,13 @@ foreach(t conformance.zookeeper conformance.zookeeper3 zookeeper.faults zookeepe
       "LSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/zookeeper_lsan.supp")
   endif()
 endforeach()
+
+# zookeeper.curator: recipe=curator / curator-rw against Apache Curator's own
+# InterProcessMutex and InterProcessReadWriteLock (Java, Debian's
+# libcurator-recipes-java) on the suite's server (zookeeper_curator.sh).
+if(TARGET dlock_cli)
+  add_test(NAME zookeeper.curator COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/zookeeper_curator.sh
+           $<TARGET_FILE:dlock_cli> ${DLOCK_SERVER_DIR_zookeeper}/uri)
+  set_tests_properties(zookeeper.curator PROPERTIES FIXTURES_REQUIRED server.zookeeper
+                       TIMEOUT 300 ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1")
+endif()
