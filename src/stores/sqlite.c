@@ -6,11 +6,14 @@
 #include "support.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -138,6 +141,7 @@ typedef struct sqlite_backend {
 	bool timed_out;      /* the busy handler gave up at the deadline */
 	int64_t checked_at;  /* dlock_clock_ms of the last look at the files */
 	sqlite3_stmt *st[Q_COUNT];
+	struct bells *bells; /* wake-ups of waiters (watch), NULL until the first */
 } sqlite_backend;
 
 static void disconnect(sqlite_backend *b, bool moved)
@@ -469,6 +473,209 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 	return 0;
 }
 
+/* ---- doorbells: waking waiters without polling ----
+ *
+ * Every client of a file is on this machine, so a release can wake the
+ * waiters of the same name in other processes through the file system: a
+ * directory "<db>.bells" beside the database holds one file per bucket of
+ * names (64); a release, or a waiter leaving the queue, opens and closes
+ * its bucket's file for writing ("rings"), and each waiting store handle
+ * watches the directory with inotify and wakes the core's board for the
+ * names it waits on in that bucket. A ring costs two system calls and is
+ * skipped while no waiter has made the directory. A dead holder rings
+ * nothing: its waiters come back when its lease ends (the acquire's
+ * retry time). A ring that is missed or spurious costs one try, never
+ * safety: every decision is still the database's. */
+#define NBELLS 64
+
+typedef struct bell_watch {
+	struct bell_watch *next;
+	char *name;
+	char owner[DLOCK__OWNER_MAX];
+	unsigned bucket;
+} bell_watch;
+
+typedef struct bells {
+	pthread_mutex_t mu;
+	bell_watch *watches;  /* under mu */
+	int ifd;              /* inotify */
+	int stop[2];          /* a pipe: close asks the thread to end */
+	pthread_t thread;
+	bool started;
+} bells;
+
+static char *bells_dir(const sqlite_backend *b)
+{
+	return dlock__sprintf("%s.bells", b->paths[0]);
+}
+
+static unsigned bell_bucket(const sqlite_backend *b, const char *name)
+{
+	uint64_t h = dlock__fnv1a64(DLOCK__FNV64_OFFSET, b->ns, strlen(b->ns) + 1);
+	return (unsigned)(dlock__fnv1a64(h, name, strlen(name)) % NBELLS);
+}
+
+/* Ring the bucket of `name` (best effort; nothing when no waiter made the directory). */
+static void ring(const sqlite_backend *b, const char *name)
+{
+	char *dir = bells_dir(b);
+	char *f = dir ? dlock__sprintf("%s/%02x", dir, bell_bucket(b, name)) : NULL;
+	if (f) {
+		int fd = open(f, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+		if (fd >= 0)
+			close(fd);
+	}
+	free(f);
+	free(dir);
+	dlock_error_clear(); /* an allocation that failed above is not the caller's error */
+}
+
+static void *bells_main(void *arg)
+{
+	sqlite_backend *b = arg;
+	bells *bl = b->bells;
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+	for (;;) {
+		struct pollfd p[2] = { { bl->ifd, POLLIN, 0 }, { bl->stop[0], POLLIN, 0 } };
+		if (poll(p, 2, -1) < 0 && errno != EINTR)
+			break;
+		if (p[1].revents)
+			break;
+		if (!(p[0].revents & POLLIN))
+			continue;
+		ssize_t n = read(bl->ifd, buf, sizeof buf);
+		if (n <= 0)
+			continue;
+		bool rung[NBELLS] = { false }, all = false;
+		for (char *q = buf; q < buf + n;) {
+			struct inotify_event *ev = (struct inotify_event *)q;
+			unsigned v;
+			if (ev->mask & IN_Q_OVERFLOW)
+				all = true;
+			else if (ev->len && sscanf(ev->name, "%2x", &v) == 1 && v < NBELLS)
+				rung[v] = true;
+			q += sizeof(*ev) + ev->len;
+		}
+		pthread_mutex_lock(&bl->mu);
+		for (bell_watch *w = bl->watches; w; w = w->next)
+			if (all || rung[w->bucket])
+				dlock_backend_wake(&b->base, w->name);
+		pthread_mutex_unlock(&bl->mu);
+	}
+	return NULL;
+}
+
+/* Start watching the directory (once per handle). 0 or an error (the core then polls). */
+static int bells_start(sqlite_backend *b)
+{
+	if (b->bells)
+		return b->bells->started ? 0 : DLOCK_ESTORE;
+	bells *bl = dlock__calloc(1, sizeof(*bl));
+	if (!bl)
+		return DLOCK_ENOMEM;
+	pthread_mutex_init(&bl->mu, NULL);
+	bl->ifd = bl->stop[0] = bl->stop[1] = -1;
+	b->bells = bl;
+	char *dir = bells_dir(b);
+	struct stat dbst;
+	/* the directory is for whoever may use the database: its owner, and the
+	 * group or others where the file lets them write */
+	mode_t mode = 0700;
+	if (dir && stat(b->paths[0], &dbst) == 0)
+		mode |= (dbst.st_mode & 0020 ? 0070 : 0) | (dbst.st_mode & 0002 ? 0007 : 0);
+	if (!dir || (mkdir(dir, mode) != 0 && errno != EEXIST) ||
+	    (bl->ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0 ||
+	    inotify_add_watch(bl->ifd, dir, IN_CLOSE_WRITE | IN_ONLYDIR | IN_DONT_FOLLOW) < 0 ||
+	    pipe2(bl->stop, O_CLOEXEC) != 0 || pthread_create(&bl->thread, NULL, bells_main, b) != 0) {
+		free(dir);
+		return dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: cannot watch for wake-ups: %s",
+				       strerror(errno));
+	}
+	free(dir);
+	bl->started = true;
+	return 0;
+}
+
+/* Forget the bells (close or fork's child: no thread to stop there). */
+static void bells_free(sqlite_backend *b, bool stop_thread)
+{
+	bells *bl = b->bells;
+	if (!bl)
+		return;
+	if (bl->started && stop_thread) {
+		(void)!write(bl->stop[1], "x", 1);
+		pthread_join(bl->thread, NULL);
+	}
+	for (int i = 0; i < 2; i++)
+		if (bl->stop[i] >= 0)
+			close(bl->stop[i]);
+	if (bl->ifd >= 0)
+		close(bl->ifd);
+	while (bl->watches) {
+		bell_watch *w = bl->watches;
+		bl->watches = w->next;
+		free(w->name);
+		free(w);
+	}
+	if (stop_thread)
+		pthread_mutex_destroy(&bl->mu);
+	free(bl);
+	b->bells = NULL;
+}
+
+static int sq_watch(dlock_backend *be, const dlock_request *req)
+{
+	sqlite_backend *b = (sqlite_backend *)be;
+	int rc = bells_start(b);
+	if (rc)
+		return rc;
+	bells *bl = b->bells;
+	pthread_mutex_lock(&bl->mu);
+	bell_watch *w;
+	for (w = bl->watches; w; w = w->next)
+		if (strcmp(w->owner, req->owner) == 0)
+			break;
+	if (w && strcmp(w->name, req->name) != 0) { /* a handle reused for another name */
+		char *n = dlock__strdup(req->name);
+		if (n) {
+			free(w->name);
+			w->name = n;
+			w->bucket = bell_bucket(b, req->name);
+		}
+	} else if (!w && (w = calloc(1, sizeof(*w))) != NULL) {
+		if ((w->name = dlock__strdup(req->name)) != NULL) {
+			snprintf(w->owner, sizeof(w->owner), "%s", req->owner);
+			w->bucket = bell_bucket(b, req->name);
+			w->next = bl->watches;
+			bl->watches = w;
+		} else {
+			free(w);
+			w = NULL;
+		}
+	}
+	pthread_mutex_unlock(&bl->mu);
+	return w ? 0 : DLOCK_ENOMEM;
+}
+
+static void sq_unwatch(dlock_backend *be, const dlock_request *req)
+{
+	sqlite_backend *b = (sqlite_backend *)be;
+	bells *bl = b->bells;
+	if (!bl)
+		return;
+	pthread_mutex_lock(&bl->mu);
+	for (bell_watch **p = &bl->watches; *p; p = &(*p)->next) {
+		if (strcmp((*p)->owner, req->owner) == 0) {
+			bell_watch *w = *p;
+			*p = w->next;
+			free(w->name);
+			free(w);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&bl->mu);
+}
+
 static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
@@ -502,9 +709,8 @@ static int sq_release(dlock_backend *be, dlock_request *req)
 	if (rc)
 		return rc;
 	if (sqlite3_changes(b->db) == 0)
-		return dlock_error_set(DLOCK_ENOTHELD, "sqlite", NULL,
-				       "lock '%s' is not held by this owner (released, expired or never held)",
-				       req->name);
+		return DLOCK_ENOTHELD; /* the core words it */
+	ring(b, req->name);
 	return 0;
 }
 
@@ -559,7 +765,10 @@ static int sq_cancel(dlock_backend *be, dlock_request *req)
 	set_deadline(b, req->deadline_ms);
 	if (check_files(b, false))
 		return 0; /* the queue we were in went with the old file */
-	return run(b, prep(b, Q_DEQUEUE, req->name, req->owner), "cancel waiter");
+	int rc = run(b, prep(b, Q_DEQUEUE, req->name, req->owner), "cancel waiter");
+	if (rc == 0 && sqlite3_changes(b->db) > 0)
+		ring(b, req->name); /* the queue moved: the next in line may go now */
+	return rc;
 }
 
 static char *col_text(sqlite3_stmt *s, int col)
@@ -656,6 +865,7 @@ static void sq_close(dlock_backend *be)
 	 * -wal and -shm by name either. (A fork()'s child never gets here with
 	 * the parent's connection: the core does not call an inherited store.) */
 	disconnect(b, b->db && files_moved(b));
+	bells_free(b, true);
 	for (int i = 0; i < NFILES; i++)
 		free(b->paths[i]);
 	free(b->ns);
@@ -672,6 +882,7 @@ static void sq_forget(dlock_backend *be)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
 	disconnect(b, true);
+	bells_free(b, false); /* its thread is the parent's */
 	sq_close(be); /* now only frees */
 }
 
@@ -878,6 +1089,8 @@ static const dlock_backend_methods sqlite_methods = {
 	.release = sq_release,
 	.renew = sq_renew,
 	.extend = sq_extend,
+	.watch = sq_watch,
+	.unwatch = sq_unwatch,
 	.cancel = sq_cancel,
 	.status = sq_status,
 	.list = sq_list,
