@@ -51,13 +51,15 @@ start)
 	redis-server "$dir/m/redis.conf"
 	redis-server "$dir/r/redis.conf"
 	redis-server "$dir/s/sentinel.conf" --sentinel
-	for i in $(seq 1 300); do
+	# Sentinel learns of the replica from the master's INFO, which it asks
+	# for every 10 s: allow a few rounds of that (seen to take 39 s once).
+	for i in $(seq 1 900); do
 		if serving "$mp" "$dir/m/redis.pid" && serving "$rp" "$dir/r/redis.pid" &&
 			redis-cli -p "$rp" info replication | tr -d '\r' | grep -qx "master_link_status:up" &&
 			redis-cli -p "$sp" sentinel replicas dlockmaster 2>/dev/null | grep -q "$rp"; then
 			break
 		fi
-		[ "$i" = 300 ] && { echo "redis master/replica/sentinel did not come up in $dir" >&2; exit 1; }
+		[ "$i" = 900 ] && { echo "redis master/replica/sentinel did not come up in $dir" >&2; exit 1; }
 		sleep 0.1
 	done
 	echo "$mp" >"$dir/master"

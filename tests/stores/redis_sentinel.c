@@ -223,7 +223,25 @@ int main(int argc, char **argv)
 	CHECK_RC(rc, 0);
 	dlock_store_close(n);
 	/* the old master comes back as a replica of the new one (else every
-	 * grant waits for a replica that is not there) */
+	 * grant waits for a replica that is not there) — only once the replica
+	 * has been promoted: an empty server back on the old master's port
+	 * before that would be the replica's master again, and its full resync
+	 * would empty the replica (the fences it kept with it) */
+	{
+		redisContext *rc2 = raw_port(replica);
+		long long promoted_by = tu_now_ms() + 40000;
+		for (;;) {
+			redisReply *rr = redisCommand(rc2, "ROLE");
+			int is_master = rr && rr->type == REDIS_REPLY_ARRAY && rr->elements > 0 &&
+					rr->element[0]->type == REDIS_REPLY_STRING && !strcmp(rr->element[0]->str, "master");
+			if (rr)
+				freeReplyObject(rr);
+			if (is_master || tu_now_ms() > promoted_by)
+				break;
+			nanosleep(&(struct timespec){ 0, 50000000 }, NULL);
+		}
+		redisFree(rc2);
+	}
 	snprintf(cmd, sizeof(cmd), "redis-server '%s/m/redis.conf' --replicaof 127.0.0.1 %d", argv[2], replica);
 	CHECK(system(cmd) == 0);
 	redisContext *nm = raw_port(replica);
