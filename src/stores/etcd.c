@@ -2384,7 +2384,24 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 			goto fail;
 		e->nurls++;
 	}
-	if (!(e->prefix = prefix_enc(uri->prefix))) {
+	/* recipe=concurrency: the keys of etcd's concurrency.Mutex (`etcdctl
+	 * lock <prefix>/<name>`): the prefix is the etcd key prefix as given,
+	 * '/' and all (docs/stores/etcd.md, "Sharing a lock with etcdctl") */
+	const char *recipe = dlock_uri_param(uri, "recipe");
+	int verbatim = recipe && strcmp(recipe, "concurrency") == 0;
+	if (recipe && !verbatim && strcmp(recipe, "dlock") != 0) {
+		rc = dlock_error_set(DLOCK_EINVAL, KIND, NULL, "etcd: unknown recipe '%s' (dlock or concurrency)", recipe);
+		goto fail;
+	}
+	if (verbatim) {
+		size_t plen = strlen(uri->prefix);
+		while (plen > 1 && uri->prefix[plen - 1] == '/')
+			plen--;
+		e->prefix = dlock__strndup(uri->prefix, plen);
+	} else {
+		e->prefix = prefix_enc(uri->prefix);
+	}
+	if (!e->prefix) {
 		rc = dlock__oom();
 		goto fail;
 	}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# dlock (etcd://...?recipe=concurrency) and `etcdctl lock` (etcd's own
+# concurrency.Mutex) on one lock, on the etcd suite's server:
+#  1. mutual exclusion both ways under contention: `etcdctl lock P/job CMD`
+#     and `dlock run job -- CMD` increment one counter file with a
+#     read-pause-write at the same time; the count ends exact;
+#  2. a holder of either kind killed (SIGKILL) -> the other gets the lock
+#     once the dead holder's lease ends;
+#  3. an unknown recipe is a usage error.
+#   etcd_etcdctl.sh DLOCK URI_FILE
+set -u
+dlock=${1:?dlock binary}
+base=$(cat "${2:?uri file}")
+ep=${base#etcd://}
+ep=${ep%%/*}
+ep=${ep%%\?*}
+command -v etcdctl >/dev/null || { echo "FAIL: etcdctl missing (etcd-client)"; exit 1; }
+export ETCDCTL_API=3
+work=$(mktemp -d /tmp/dlock-etcdctl-XXXXXX)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do pkill -9 -P "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+	wait 2>/dev/null
+	rm -rf "$work"
+}
+trap cleanup EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+ctl() { etcdctl --endpoints="$ep" "$@"; }
+pfx=locks$$/app                        # a prefix with a '/', as etcdctl users name locks
+uri="$base?prefix=$pfx&recipe=concurrency&ttl=3s"
+lockname=$pfx/job                      # what etcdctl calls the same lock
+wait_line() {
+	local i
+	for ((i = 0; i < $3 * 20; i++)); do
+		grep -qx "$2" "$1" 2>/dev/null && return 0
+		sleep 0.05
+	done
+	return 1
+}
+incr='v=$(cat "$1"); sleep 0.005; echo $((v + 1)) >"$1"'
+
+# 1. a shared counter, both sides at once
+echo 0 >"$work/count"
+n=25
+(
+	for ((i = 0; i < n; i++)); do
+		ctl lock --ttl=3 "$lockname" -- sh -c "$incr" sh "$work/count" >/dev/null || echo "etcdctl lock $i exited $?"
+	done
+) >"$work/ctl.out" 2>&1 &
+cp=$!
+pids+=($cp)
+for ((i = 0; i < n; i++)); do
+	"$dlock" run --store "$uri" --wait 60s job -- sh -c "$incr" sh "$work/count" || fail "dlock run $i exited $?"
+done
+wait "$cp"
+[ -s "$work/ctl.out" ] && { fail "etcdctl side failed"; cat "$work/ctl.out"; }
+got=$(cat "$work/count")
+echo "counter: $got after $n etcdctl + $n dlock increments"
+[ "$got" = $((2 * n)) ] || fail "counter is $got, want $((2 * n)) (an update was lost: no exclusion)"
+
+# 2a. an etcdctl holder killed: dlock gets the lock once its lease (3 s) ends
+ctl lock --ttl=3 "$lockname" -- sh -c 'echo held >"$1"; exec sleep 600' sh "$work/ctl.held" >/dev/null 2>&1 &
+hp=$!
+pids+=($hp)
+wait_line "$work/ctl.held" held 30 || fail "etcdctl holder did not say held"
+"$dlock" run --store "$uri" --no-wait job -- true
+rc=$?
+[ $rc = 75 ] || fail "dlock took a lock etcdctl holds (exit $rc, want 75)"
+pkill -9 -P "$hp"
+kill -9 "$hp"
+t0=$(date +%s%N)
+"$dlock" run --store "$uri" --wait 30s job -- true || fail "dlock did not get the lock after the etcdctl holder died"
+echo "after the etcdctl holder was killed, dlock got the lock in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+
+# 2b. a dlock holder killed: etcdctl gets the lock once its lease (3 s) ends
+"$dlock" run --store "$uri" job -- sh -c 'echo held >"$1"; exec sleep 600' sh "$work/dl.held" &
+dp=$!
+pids+=($dp)
+wait_line "$work/dl.held" held 30 || fail "dlock holder did not start"
+timeout 2 etcdctl --endpoints="$ep" lock --ttl=3 "$lockname" true >/dev/null 2>&1
+rc=$?
+[ $rc = 124 ] || fail "etcdctl took a lock dlock holds (exit $rc, want 124 from timeout)"
+pkill -9 -P "$dp"
+kill -9 "$dp"
+t0=$(date +%s%N)
+timeout 30 etcdctl --endpoints="$ep" lock --ttl=3 "$lockname" true >/dev/null ||
+	fail "etcdctl did not get the lock after the dlock holder died"
+echo "after the dlock holder was killed, etcdctl got the lock in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+
+# 3. refusals
+"$dlock" run --store "$base?recipe=zookeeper" --no-wait x -- true 2>"$work/e1"
+rc=$?
+[ $rc = 64 ] || fail "unknown recipe: exit $rc, want 64: $(cat "$work/e1")"
+
+[ $fails = 0 ] && echo "etcd.etcdctl: all checks passed" || echo "etcd.etcdctl: $fails check(s) FAILED"
+[ $fails = 0 ]
