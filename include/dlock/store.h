@@ -112,6 +112,18 @@ DLOCK_EXTERN int dlock_store_session_bound(const dlock_store *store);
 DLOCK_EXTERN const char *dlock_store_client_id(const dlock_store *store);
 
 /**
+ * What this store handle's connection does not protect, or NULL: the store
+ * sends its password or its lock traffic to a host that is not this machine
+ * (as written: not localhost, 127.x.x.x, ::1 or a Unix socket) over a
+ * connection that does not verify the server (PostgreSQL sslmode other than
+ * verify-ca/verify-full, MySQL without ssl=verify, Redis, etcd and
+ * ZooKeeper with a password over plain TCP), so a man in the middle could
+ * read or change it. The text names the option that verifies, where there
+ * is one. `dlock` prints it once on stderr. Valid until the store is closed.
+ */
+DLOCK_EXTERN const char *dlock_store_warning(const dlock_store *store);
+
+/**
  * The default store URI: sqlite:// on $DLOCK_HOME/dlock.db, else
  * $XDG_STATE_HOME/dlock/dlock.db, else ~/.local/state/dlock/dlock.db.
  * @param out receives a string to free with dlock_free.

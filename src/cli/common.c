@@ -319,6 +319,12 @@ int cli_store_open_within(const cli_global *g, dlock_store **out, int64_t *wait_
 		return cli_fail(g, rc, "cannot open store");
 	}
 	cli_debug(g, "store %s (%s)", dlock_store_uri(*out), dlock_store_kind(*out));
+	static bool warned; /* once per process */
+	const char *w = dlock_store_warning(*out);
+	if (w && !warned && g->verbosity >= 0) {
+		warned = true;
+		fprintf(stderr, "dlock: warning: %s\n", w);
+	}
 	return 0;
 }
 

@@ -37,6 +37,9 @@ const dlock__scheme *dlock__scheme_find(const char *scheme);
  * timeout come back too (either pointer may be NULL). */
 int dlock__backend_open(const char *text, int64_t timeout_ms, dlock_backend **out, int64_t *ttl_ms,
 			int64_t *request_timeout_ms);
+/* The warning the last open on this thread left (dlock__open_warning), into
+ * buf ("" if none), clearing it. */
+void dlock__open_warning_take(char *buf, size_t size);
 
 /* ---- the wake-up board of a store handle (board.c) ---- */
 typedef struct dlock__board dlock__board;
@@ -70,6 +73,7 @@ struct dlock_store {
 	/* DLOCK_BACKEND_F_RENEW_APART: the renewer's own instance, opened from
 	 * open_text (the URI as given, secrets included; NULL for a backend
 	 * handed in) when first needed, under its own mutex */
+	char warning[512];      /* dlock_store_warning ("" if none) */
 	char *open_text;
 	dlock_backend *rbe;     /* set once by the opener thread, under rbe_mu */
 	pthread_mutex_t rbe_mu;

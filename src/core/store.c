@@ -157,6 +157,8 @@ int dlock__backend_open(const char *text, int64_t timeout_ms, dlock_backend **ou
 		dlock_backend *be = NULL;
 		if (timeout_ms > 0 && timeout_ms < uri->connect_timeout_ms)
 			uri->connect_timeout_ms = timeout_ms;
+		char stale[8];
+		dlock__open_warning_take(stale, sizeof(stale)); /* not this open's */
 		rc = sc->open(&be, uri);
 		if (rc == 0 && (rc = check_methods(be)) != 0)
 			be = NULL;
@@ -193,8 +195,12 @@ int dlock_store_open_timeout(dlock_store **out, const char *text, int64_t timeou
 	dlock_backend *be = NULL;
 	int64_t ttl = 0, req_timeout = 0;
 	int rc = dlock__backend_open(text, timeout_ms, &be, &ttl, &req_timeout);
+	char warning[sizeof((*out)->warning)];
+	dlock__open_warning_take(warning, sizeof(warning));
 	if (rc == 0)
 		rc = store_init(out, be, text, ttl, req_timeout, text);
+	if (rc == 0)
+		memcpy((*out)->warning, warning, sizeof(warning));
 	free(dflt);
 	return rc;
 }
@@ -262,6 +268,11 @@ const char *dlock_store_uri(const dlock_store *s)
 int dlock_store_session_bound(const dlock_store *s)
 {
 	return s && (s->m->flags & DLOCK_BACKEND_F_SESSION) ? 1 : 0;
+}
+
+const char *dlock_store_warning(const dlock_store *s)
+{
+	return s && s->warning[0] ? s->warning : NULL;
 }
 
 const char *dlock_store_client_id(const dlock_store *s)

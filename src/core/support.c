@@ -2,6 +2,7 @@
 #include "core/internal.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,4 +118,31 @@ int dlock__list_via_status(dlock_backend *be, char ***names, size_t *n)
 	}
 	dlock_status_free(st, count);
 	return rc;
+}
+
+bool dlock__host_is_local(const char *host)
+{
+	if (!host || !*host || host[0] == '/' || strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0 ||
+	    strcmp(host, "[::1]") == 0)
+		return true;
+	unsigned a, b, c, d;
+	char extra;
+	return sscanf(host, "%u.%u.%u.%u%c", &a, &b, &c, &d, &extra) == 4 && a == 127 && b < 256 && c < 256 &&
+	       d < 256;
+}
+
+static _Thread_local char open_warning[512];
+
+void dlock__open_warning(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(open_warning, sizeof(open_warning), fmt, ap);
+	va_end(ap);
+}
+
+void dlock__open_warning_take(char *buf, size_t size)
+{
+	snprintf(buf, size, "%s", open_warning);
+	open_warning[0] = '\0';
 }

@@ -2378,6 +2378,9 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 		goto fail;
 	memcpy(e->hp, hp, nhp * sizeof(*hp));
 	for (size_t i = 0; i < nhp; i++) {
+		if (!tls && uri->password && !dlock__host_is_local(hp[i].host))
+			dlock__open_warning("etcd: the password and the lock traffic go to %s over plain HTTP, which a "
+					    "man in the middle can read; use etcds:// with cacert=CA.pem", hp[i].host);
 		int v6 = strchr(hp[i].host, ':') != NULL;
 		if (!(e->urls[i] = dlock__sprintf("%s://%s%s%s:%d", tls ? "https" : "http", v6 ? "[" : "",
 						  hp[i].host, v6 ? "]" : "", hp[i].port)))

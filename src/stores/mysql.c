@@ -1685,6 +1685,12 @@ static int parse(mysql_be *b, dlock_uri *uri)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql: ssl=%s: expected off, required or verify", ssl);
 	}
 
+	if (!b->ssl_verify && !b->socket && !dlock__host_is_local(b->host))
+		dlock__open_warning("mysql: %s: on the way to %s a man in the middle could read the password and "
+				    "the lock traffic; use ssl=verify&ssl_ca=CA.pem",
+				    b->ssl_enforce ? "ssl=required encrypts but does not verify the server"
+						   : "no TLS (the default)",
+				    b->host);
 	const char *prefix = uri->prefix ? uri->prefix : "dlock";
 	if (strlen(prefix) > 255)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql: prefix longer than 255 bytes");

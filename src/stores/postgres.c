@@ -1815,6 +1815,12 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 		}
 	}
 	const char *db = uri->path && uri->path[0] == '/' ? uri->path + 1 : uri->path;
+	if (!dlock__host_is_local(hp ? hp[0].host : NULL) &&
+	    (!sslmode || (strcmp(sslmode, "verify-ca") != 0 && strcmp(sslmode, "verify-full") != 0)))
+		dlock__open_warning("postgres: sslmode=%s does not verify the server: on the way to %s a man in "
+				    "the middle could read the password and the lock traffic; use "
+				    "sslmode=verify-full&sslrootcert=CA.pem",
+				    sslmode ? sslmode : "prefer (the default)", hp[0].host);
 
 	pg_backend *be = calloc(1, sizeof *be);
 	if (!be) {

@@ -341,6 +341,10 @@ int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const 
 		return DLOCK_ENOMEM;
 	}
 	for (size_t i = 0; i < nh; i++) {
+		if (uri->password && !dlock__host_is_local(hp[i].host))
+			dlock__open_warning("%s: the password and the lock traffic go to %s over plain TCP, which a "
+					    "man in the middle can read (rediss:// is not supported by this build: "
+					    "use a TLS tunnel such as stunnel)", kind, hp[i].host);
 		snprintf(s[i].host, sizeof(s[i].host), "%s", hp[i].host);
 		s[i].port = hp[i].port;
 		s[i].user = uri->user && *uri->user ? uri->user : NULL; /* ":pw@": default user */

@@ -77,6 +77,16 @@ dlock_holder *dlock__status_add_holder(dlock_lock_status *st);
 /* Room for an owner token ("<client id hex>-<serial>") and its NUL. */
 #define DLOCK__OWNER_MAX 64
 
+/* ---- transport warnings (dlock_store_warning) ---- */
+/* Whether host names this machine as written: empty, a Unix socket path,
+ * "localhost", 127.x.x.x or ::1. A name that resolves to loopback is not. */
+bool dlock__host_is_local(const char *host);
+/* From a store's open function: this store handle sends its password or its
+ * lock traffic over a connection nobody verifies (say which option
+ * verifies). The core keeps the last one of the open; see
+ * dlock_store_warning. */
+void dlock__open_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* ---- small helpers shared by stores ---- */
 /* FNV-1a, 64 bits: h = DLOCK__FNV64_OFFSET to start, then chain. */
 #define DLOCK__FNV64_OFFSET 14695981039346656037ULL

@@ -2314,6 +2314,13 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	free(pre);
 	if (uri->user)
 		st->auth = dlock__sprintf("%s:%s", uri->user, uri->password);
+	for (size_t i = 0; uri->user && i < nh; i++)
+		if (!dlock__host_is_local(hp[i].host)) {
+			dlock__open_warning("zookeeper: the digest password and the lock traffic go to %s over "
+					    "plain TCP, which a man in the middle can read (this build's client has "
+					    "no TLS)", hp[i].host);
+			break;
+		}
 	if (!st->hosts || !st->root || (uri->user && !st->auth)) {
 		zk_close(&st->base);
 		return DLOCK_ENOMEM;
