@@ -213,8 +213,9 @@ DLOCK_EXTERN int dlock_store_break(dlock_store *store, const char *name, const c
 DLOCK_EXTERN void dlock_holder_clear(dlock_holder *holder);
 
 /**
- * Parse a duration: "250ms", "30s", "5m", "1h", "1.5s"; a bare number is
- * seconds. No sign, no spaces; at most one unit.
+ * Parse a duration: "250ms", "30s", "5m", "1h", "1d", "1.5s", or a sequence
+ * of such parts as in Go ("1h30m", "1m30s", "1d12h"); a bare number alone is
+ * seconds. No sign, no spaces.
  * @return 0 and *ms; DLOCK_EINVAL (with a message naming the problem).
  */
 DLOCK_EXTERN int dlock_duration_parse(int64_t *ms, const char *text);

@@ -255,7 +255,7 @@ int cli_parse(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt
 int cli_duration(const cli_global *g, const char *opt, const char *text, int64_t *ms)
 {
 	if (dlock_duration_parse(ms, text) != 0)
-		return cli_usage_error(g, "%s: bad duration '%s' (use e.g. 250ms, 30s, 5m, 1h)",
+		return cli_usage_error(g, "%s: bad duration '%s' (use e.g. 250ms, 30s, 5m, 1h30m, 1d)",
 				       opt, text);
 	return 0;
 }
