@@ -92,6 +92,14 @@ void cli_debug(const cli_global *g, const char *fmt, ...) __attribute__((format(
 int cli_exit_code(int rc);
 
 /*
+ * With --json: print the last error this process reported (cli_error,
+ * cli_fail, cli_usage_error) as one JSON object on stdout,
+ * {"error":{"exit":N,"code":"DLOCK_..."|null,"command":"...","message":"..."}}.
+ * Nothing when no error was reported (a command's own exit status).
+ */
+void cli_json_error(const cli_global *g, int exit_status);
+
+/*
  * Report a failed libdlock call: prints "dlock CMD: WHAT: <last error>" and
  * returns cli_exit_code(rc). Call it right after the failing call, before
  * any other dlock function overwrites the thread's last error.

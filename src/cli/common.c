@@ -46,12 +46,40 @@ int cli_usage_error(const cli_global *g, const char *fmt, ...)
 	return CLI_EXIT_USAGE;
 }
 
+/* The last error message of this process (for --json's error object). */
+static char last_error[2048];
+static const char *last_code; /* DLOCK_E* name of the last library error reported, or NULL */
+
 void cli_error(const cli_global *g, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
 	vmsg(g, fmt, ap);
 	va_end(ap);
+	va_start(ap, fmt);
+	vsnprintf(last_error, sizeof last_error, fmt, ap);
+	va_end(ap);
+	for (char *p = last_error; *p; p++)
+		if (*p == '\n' || *p == '\r')
+			*p = ' ';
+}
+
+void cli_json_error(const cli_global *g, int exit_status)
+{
+	if (!g || !g->json || !last_error[0])
+		return;
+	printf("{\"error\":{\"exit\":%d,\"code\":", exit_status);
+	if (last_code)
+		cli_json_str(stdout, last_code);
+	else
+		fputs("null", stdout);
+	fputs(",\"command\":", stdout);
+	cli_json_str(stdout, g->cmd ? g->cmd : "");
+	fputs(",\"message\":", stdout);
+	cli_json_str(stdout, last_error);
+	fputs("}}\n", stdout);
+	fflush(stdout);
+	last_error[0] = '\0';
 }
 
 void cli_info(const cli_global *g, const char *fmt, ...)
@@ -99,6 +127,7 @@ int cli_fail(const cli_global *g, int rc, const char *what)
 	const char *msg = (e->code == rc && e->message && *e->message) ? e->message
 								       : dlock_strerror(rc);
 	cli_error(g, "%s: %s", what, msg);
+	last_code = dlock_error_name(rc);
 	return cli_exit_code(rc);
 }
 

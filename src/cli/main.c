@@ -80,8 +80,11 @@ int main(int argc, char **argv)
 			return rc;
 		i += used - 1;
 	}
-	if (i >= argc)
-		return cli_usage_error(&g, "missing COMMAND");
+	if (i >= argc) {
+		int rc = cli_usage_error(&g, "missing COMMAND");
+		cli_json_error(&g, rc);
+		return rc;
+	}
 	const char *name = argv[i];
 	if (strcmp(name, "help") == 0) {
 		if (i + 1 >= argc) {
@@ -102,7 +105,10 @@ int main(int argc, char **argv)
 	for (const command *c = commands; c->name; c++) {
 		if (strcmp(c->name, name) == 0) {
 			g.cmd = c->name;
-			return c->fn(&g, argc - i - 1, argv + i + 1);
+			int rc = c->fn(&g, argc - i - 1, argv + i + 1);
+			if (rc != 0)
+				cli_json_error(&g, rc); /* only if dlock itself reported an error */
+			return rc;
 		}
 	}
 	return cli_usage_error(&g, "unknown command '%s'", name);

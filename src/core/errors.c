@@ -31,10 +31,16 @@ void dlock_error_clear(void)
 int dlock__error_vset(int code, const char *store, const char *store_code, const char *fmt,
 		      va_list ap)
 {
+	/* Format apart first: an argument may be the last message itself
+	 * ("option ttl: %s", dlock_error_last()->message), or the store names. */
+	char msg[sizeof(last.message)], st[sizeof(last.store)], sc[sizeof(last.store_code)];
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	snprintf(st, sizeof(st), "%s", store ? store : "");
+	snprintf(sc, sizeof(sc), "%s", store_code ? store_code : "");
 	last.err.code = code;
-	vsnprintf(last.message, sizeof(last.message), fmt, ap);
-	snprintf(last.store, sizeof(last.store), "%s", store ? store : "");
-	snprintf(last.store_code, sizeof(last.store_code), "%s", store_code ? store_code : "");
+	memcpy(last.message, msg, sizeof(msg));
+	memcpy(last.store, st, sizeof(st));
+	memcpy(last.store_code, sc, sizeof(sc));
 	return code;
 }
 

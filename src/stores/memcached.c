@@ -111,8 +111,19 @@ static int mc_error(mc_backend *be, memcached_return_t rc, const char *what)
 	const char *msg = memcached_last_error_message(be->mc), *cut;
 	if (msg && strncmp(msg, "(0x", 3) == 0 && (cut = strstr(msg, ") ")))
 		msg = cut + 2;
+	/* ... and ends it with its own source position, " -> ./src/libmemcached/get.cc:233",
+	 * and a doubled host: keep the words before them, lower case like ours */
+	char text[256];
+	snprintf(text, sizeof(text), "%s", msg ? msg : "");
+	if ((cut = strstr(text, " -> ")) != NULL)
+		text[cut - text] = '\0';
+	if ((cut = strstr(text, ",  host: ")) != NULL || (cut = strstr(text, ", host: ")) != NULL)
+		text[cut - text] = '\0';
+	for (char *c = text; *c; c++)
+		if (*c >= 'A' && *c <= 'Z')
+			*c = (char)(*c - 'A' + 'a');
 	int err = dlock_error_set(code, KIND, memcached_strerror(be->mc, rc), "%s on %s: %s", what,
-				  be->hostport, msg ? msg : "");
+				  be->hostport, text[0] ? text : memcached_strerror(be->mc, rc));
 	if (code == DLOCK_EUNAVAILABLE)
 		drop_conn(be); /* the next call starts on a new connection */
 	return err;

@@ -146,8 +146,16 @@ static int sb_check(sbuf *s)
 
 /* ---- errors ---- */
 
+static int word_char(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
 /* Replace every occurrence of the password in msg by "***": server messages never
- * contain it, but a message we pass on must not be the first that does. */
+ * contain it, but a message we pass on must not be the first that does. Only
+ * where it stands as a word of its own (a short password such as "p" must
+ * not turn "packet" into "***acket"); a password of a word inside another
+ * word is not the password being shown. */
 static void scrub(char *msg, size_t size, const char *password)
 {
 	size_t pl = password ? strlen(password) : 0;
@@ -156,7 +164,8 @@ static void scrub(char *msg, size_t size, const char *password)
 	char out[512];
 	size_t o = 0;
 	for (const char *p = msg; *p && o + 4 < sizeof(out);) {
-		if (strncmp(p, password, pl) == 0) {
+		if (strncmp(p, password, pl) == 0 && (p == msg || !word_char(p[-1]) || !word_char(password[0])) &&
+		    (!word_char(p[pl]) || !word_char(password[pl - 1]))) {
 			memcpy(out + o, "***", 3);
 			o += 3;
 			p += pl;

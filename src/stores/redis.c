@@ -1513,8 +1513,10 @@ static void drop(rstore *s)
 /* A request that ran out of time: the message says so (the contract's "timed out"). */
 static int timed_out_error(int rc, const char *what)
 {
+	/* a refused reply, or a connection the server refused, did not time out */
 	if (rc == DLOCK_EUNAVAILABLE && !strstr(dlock_error_last()->message, "timed out") &&
-	    strcmp(dlock_error_last()->store_code, "EPROTO") != 0) /* a refused reply did not time out */
+	    strcmp(dlock_error_last()->store_code, "EPROTO") != 0 &&
+	    strcmp(dlock_error_last()->store_code, "ECONN") != 0)
 		return rewrap(rc, KIND, what);
 	return rc;
 }

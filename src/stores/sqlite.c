@@ -142,6 +142,7 @@ typedef struct sqlite_backend {
 	int64_t checked_at;  /* dlock_clock_ms of the last look at the files */
 	sqlite3_stmt *st[Q_COUNT];
 	struct bells *bells; /* wake-ups of waiters (watch), NULL until the first */
+	bool make_dirs;      /* the default store's file: create its directories */
 } sqlite_backend;
 
 static void disconnect(sqlite_backend *b, bool moved)
@@ -972,6 +973,23 @@ static int make_parents(const char *path)
 	return 0;
 }
 
+/* For a file named in the URI: its directory must be there already (a typo
+ * in a path must not leave directories behind, e.g. from `dlock status`). */
+static int parent_exists(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	if (!slash || slash == path)
+		return 0;
+	char dir[4096];
+	snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+	struct stat st;
+	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
+				       "sqlite: directory %s does not exist (only the default store's "
+				       "directories are created)", dir);
+	return 0;
+}
+
 static pthread_mutex_t umask_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /*
@@ -1002,7 +1020,7 @@ static int connect_db(sqlite_backend *b, int64_t deadline)
 {
 	const char *path = b->paths[0];
 	set_deadline(b, deadline);
-	int rc = make_parents(path);
+	int rc = b->make_dirs ? make_parents(path) : parent_exists(path);
 	if (rc)
 		return rc;
 	int r = open_db(&b->db, path);
@@ -1104,22 +1122,26 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
 				       "sqlite URIs name a file, not a host: use sqlite:///abs/path.db or sqlite:rel.db");
 	int64_t deadline = dlock_clock_ms() + uri->connect_timeout_ms;
+	/* The default store's path (its directories are created), if there is one. */
 	char *dflt = NULL;
 	const char *path = uri->path;
-	if (!*path) {
+	{
 		char *text = NULL;
 		dlock_uri *parsed = NULL;
 		int rc = dlock_default_uri(&text);
 		if (rc == 0)
 			rc = dlock__uri_parse(&parsed, text);
 		free(text);
-		if (rc)
-			return rc;
-		dflt = dlock__strdup(parsed->path);
+		if (rc == 0 && !(dflt = dlock__strdup(parsed->path)))
+			rc = DLOCK_ENOMEM;
 		dlock__uri_free(parsed);
-		if (!dflt)
-			return DLOCK_ENOMEM;
-		path = dflt;
+		if (rc && (!*path || rc == DLOCK_ENOMEM)) {
+			free(dflt);
+			return rc;
+		}
+		dlock_error_clear();
+		if (!*path)
+			path = dflt;
 	}
 	int64_t busy_ms = 0; /* none: each call's own deadline */
 	const char *v = dlock_uri_param(uri, "busy_timeout");
@@ -1134,6 +1156,7 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 		return DLOCK_ENOMEM;
 	}
 	dlock_backend_init(&b->base, &sqlite_methods);
+	b->make_dirs = dflt && strcmp(path, dflt) == 0;
 	b->busy_ms = busy_ms;
 	b->request_timeout_ms = uri->request_timeout_ms;
 	int rc = DLOCK_ENOMEM;

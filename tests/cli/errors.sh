@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Error texts (issue 16 item 9): clear, not doubled or cut, no pointers or
+# source paths, no "timed out" for a refused connection; with --json, an
+# error is one JSON object on stdout; a SQLite path in a missing directory
+# is refused without creating anything.
+#   errors.sh DLOCK
+set -u
+dlock=${1:?dlock}
+work=$(mktemp -d /tmp/dlock-errors-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+db="sqlite://$work/e.db"
+
+"$dlock" status --store "$db?ttl=abc" x 2>"$work/e" && fail "ttl=abc accepted"
+n=$(grep -o 'option ttl' "$work/e" | wc -l)
+{ [ "$n" = 1 ] && grep -q "bad duration 'abc': expected a number" "$work/e"; } ||
+	fail "ttl=abc: $(cat "$work/e")"
+"$dlock" status --store "$db?ttl=" x 2>"$work/e" && fail "ttl= accepted"
+grep -q 'option ttl: empty duration' "$work/e" || fail "ttl=: $(cat "$work/e")"
+
+"$dlock" status --store "sqlite://$work/missing/dir/x.db" x 2>"$work/e"
+rc=$?
+[ $rc = 64 ] || fail "missing directory: exit $rc, want 64"
+grep -q "directory $work/missing/dir does not exist" "$work/e" || fail "missing directory: $(cat "$work/e")"
+[ -e "$work/missing" ] && fail "status created $work/missing"
+
+out=$("$dlock" --json status --store "$db?ttl=abc" x 2>/dev/null)
+rc=$?
+python3 - "$out" "$rc" <<'PY' || fail "--json error: $out"
+import json, sys
+o = json.loads(sys.argv[1])["error"]
+assert o["exit"] == int(sys.argv[2]) == 64, o
+assert o["code"] == "DLOCK_EINVAL" and o["command"] == "status", o
+assert "bad duration 'abc'" in o["message"], o
+PY
+out=$("$dlock" --json run --bogus x -- true 2>/dev/null)
+python3 -c 'import json,sys; o=json.loads(sys.argv[1])["error"]; assert o["exit"]==64 and "--bogus" in o["message"]' "$out" ||
+	fail "--json usage error: $out"
+out=$("$dlock" --json run --store "$db" x -- sh -c 'exit 3' 2>/dev/null)
+rc=$?
+{ [ $rc = 3 ] && [ -z "$out" ]; } || fail "a command's own exit status is not a dlock error: exit $rc, '$out'"
+
+"$dlock" status --store 'memcached://127.0.0.1:1?connect_timeout=500ms' x 2>"$work/e"
+grep -qE '0x[0-9a-f]|\.cc:|\.c:[0-9]| -> ' "$work/e" && fail "memcached: a pointer or source position: $(cat "$work/e")"
+grep -q 'connect on 127.0.0.1:1' "$work/e" || fail "memcached: $(cat "$work/e")"
+"$dlock" status --store 'redis://127.0.0.1:1?connect_timeout=500ms' x 2>"$work/e"
+grep -q 'timed out' "$work/e" && fail "redis: a refused connection said timed out: $(cat "$work/e")"
+grep -q 'Connection refused' "$work/e" || fail "redis: $(cat "$work/e")"
+
+[ $fails = 0 ] && echo "cli.errors: all checks passed" || echo "cli.errors: $fails check(s) FAILED"
+[ $fails = 0 ]
