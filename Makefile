@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS ?= 2
 
-.PHONY: all build demo check clean
+.PHONY: all build demo check install clean
 
 all: build
 
@@ -35,6 +35,12 @@ check:
 	cmake --build $(TSAN_BUILD) -j$(JOBS) --target test_core conformance
 	cd $(TSAN_BUILD) && ctest -j$(JOBS) --output-on-failure --timeout 900 -L tsan
 	cd $(ASAN_BUILD) && ctest -j$(JOBS) --output-on-failure --timeout 900
+
+# Install the library, headers, dlock.pc, the CMake package, the tool and its
+# man page under PREFIX (default /usr/local); DESTDIR stages a package.
+PREFIX ?= /usr/local
+install: build
+	DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

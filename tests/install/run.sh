@@ -17,5 +17,15 @@ PKG_CONFIG_PATH="$libdir" "$cc" -o "$tmp/hello-pc" "$src/examples/hello.c" $(PKG
 out=$("$tmp/hello-pc")
 echo "pkg-config: $out"
 grep -q "holding 'examples/hello' with fence 2 " <<<"$out"
+# dlock.pc keeps the client libraries' own flags private, and links statically
+cflags=$(PKG_CONFIG_PATH="$libdir" pkg-config --cflags dlock)
+echo "cflags: $cflags"
+! grep -qE -- '-D_FILE_OFFSET_BITS|hiredis|postgresql|mariadb|json-c' <<<"$cflags"
+static_libs=$(PKG_CONFIG_PATH="$libdir" pkg-config --static --libs dlock | sed 's/-ldlock/-l:libdlock.a/')
+"$cc" -o "$tmp/hello-static" "$src/examples/hello.c" $cflags $static_libs ${EXTRA_LDFLAGS:-}
+! ldd "$tmp/hello-static" | grep -q 'libdlock\.so'
+out=$("$tmp/hello-static")
+echo "static: $out"
+grep -q "holding 'examples/hello' with fence 3 " <<<"$out"
 test -f "$tmp/home/dlock.db"
 test "$(stat -c %a "$tmp/home/dlock.db")" = 600
