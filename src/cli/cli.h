@@ -1,6 +1,6 @@
 /*
  * cli.h — what the dlock tool's command files share: global options, a small
- * option parser, the exit-code contract (DESIGN.md §4) and output helpers.
+ * option parser, the exit-code contract (docs/cli.md) and output helpers.
  * Internal to src/cli; uses only the public libdlock API.
  */
 #ifndef DLOCK_CLI_H
@@ -88,7 +88,7 @@ void cli_info(const cli_global *g, const char *fmt, ...) __attribute__((format(p
 /* Print "dlock CMD: <message>" to stderr only with -v. */
 void cli_debug(const cli_global *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* The exit code for a libdlock return code (DESIGN.md §4). */
+/* The exit code for a libdlock return code (docs/cli.md, "Exit codes"). */
 int cli_exit_code(int rc);
 
 /*

@@ -1,5 +1,5 @@
 /*
- * demo.c — `dlock demo`: the access-token race of DESIGN.md §4.
+ * demo.c — `dlock demo`: the access-token race (docs/cli.md, "dlock demo").
  *
  * A stand-in for a remote token API lives in shared memory: fetching a token
  * invalidates the previous one, and a token expires after TOKEN_USES

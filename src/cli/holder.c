@@ -5,7 +5,7 @@
  * took it, so `acquire` leaves a small holder process behind: it takes the
  * lock, keeps the session alive, and gives the lock up when `dlock release`
  * asks, or when its TTL passes without a `dlock extend` — the same contract
- * as every other store (DESIGN.md §4).
+ * as every other store (docs/cli.md).
  *
  * The holder is dlock itself, executed again as "dlock --lock-holder-process":
  * its argv never carries the store URI (the process table is readable by

@@ -8,13 +8,17 @@ fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 warn=$("$groff" -man -ww -z "$page" 2>&1)
 [ -z "$warn" ] || fail "groff warnings: $warn"
 text=$("$groff" -man -Tutf8 -P-c "$page" 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g; s/.\x08//g')
-for cmd in run acquire extend release status break demo; do
+for cmd in run acquire extend release status break demo check bench; do
 	grep -q "dlock $cmd" <<<"$text" || fail "command $cmd not documented"
 	# Every long option in the command's --help appears in the page.
 	for opt in $("$dlock" "$cmd" --help | grep -o -- '--[a-z][a-z-]*' | sort -u); do
 		grep -q -- "$opt" <<<"$text" || fail "option $opt of $cmd not documented"
 	done
 done
+for scheme in sqlite redis rediss redis+sentinel redlock etcd etcds zk postgres postgresql mysql mariadb memcached; do
+	grep -q "$scheme:" <<<"$text" || fail "scheme $scheme: not documented"
+done
+grep -q 'DESIGN.md' "$page" && fail "the page refers to a DESIGN.md the sources do not have"
 for code in 0 1 64 69 75 76; do
 	grep -Eq "^ *$code( |$)" <<<"$text" || fail "exit code $code not documented"
 done

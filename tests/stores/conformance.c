@@ -1,5 +1,5 @@
 /*
- * The store conformance suite: the guarantees of DESIGN.md §1, checked
+ * The store conformance suite: the guarantees of include/dlock/lock.h, checked
  * against a real store given by URI:
  *
  *   conformance [URI [CASE...]]     (URI defaults to the contents of the
