@@ -36,7 +36,14 @@ assert d["ops"] > 0 and 0 < d["share"]["jain"] <= 1, d
 h = d["handoff"]
 assert 0 <= h["count"] <= d["ops"] and h["gap_mean_ms"] >= 0 and h["gap_p99_ms"] <= h["gap_max_ms"], h
 assert d["baseline"]["ideal_grants"] > 0, d["baseline"]
+# --duration is the measured time: the ops counted over it match the rate
+assert d["duration_s"] == 1.0 and abs(d["ops"] / d["rate"] - 1.0) < 0.1, (d["ops"], d["rate"])
 ' "$T/out"
+# and the run lasts that long (measuring, plus set-up), not a multiple of it
+t0=$(date +%s%N)
+expect_rc 0 "contended --duration 2s" "$DLOCK" --store "$S" --json bench --workload contended --clients 3 --duration 2s --no-baseline
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+check "--duration 2s took $ms ms" test "$ms" -ge 2000 -a "$ms" -lt 8000
 
 expect_rc 0 "reentrant --json" "$DLOCK" --store "$S" --json bench --workload reentrant --duration 1s
 check "reentrant JSON: $(head -c 400 "$T/out")" "$PY" -c '
