@@ -246,9 +246,15 @@ static int on_opt(void *ctx, int id, const char *v)
 	case O_SDIR:
 		o->server_dir = v;
 		return 0;
-	case O_REPORT:
+	case O_REPORT: {
+		/* a report that cannot be written fails now, not after the run */
+		int fd = open(v, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+		if (fd < 0)
+			return cli_usage_error(g, "--report %s: cannot write it: %s", v, strerror(errno));
+		close(fd);
 		o->report = v;
 		return 0;
+	}
 	case O_WORKDIR:
 		o->work_dir = v;
 		return 0;

@@ -46,7 +46,7 @@ check "clean: hold bars ($bars) = grants ($grants)" [ "$bars" -eq "${grants:--1}
 check "clean: no overlap marks" bash -c "! grep -q 'class=\"overlap\"' '$T/dom2.html'"
 check "clean: verdict PASS shown" grep -q 'PASS: no safety property was violated' "$T/dom2.html"
 
-# An unwritable report path is a clear error, not a crash.
-expect_rc 1 "unwritable report" "$DLOCK" --store "sqlite://$T/c.db" check --duration 300ms --report "$T/no/such/dir/r.html"
+# An unwritable report path is a usage error before the run, not a crash after it.
+expect_rc 64 "unwritable report" "$DLOCK" --store "sqlite://$T/c.db" check --duration 300ms --report "$T/no/such/dir/r.html"
 check "names the report path" grep -q "no/such/dir/r.html" "$T/err"
 finish

@@ -48,5 +48,12 @@ grep -q 'connect on 127.0.0.1:1' "$work/e" || fail "memcached: $(cat "$work/e")"
 grep -q 'timed out' "$work/e" && fail "redis: a refused connection said timed out: $(cat "$work/e")"
 grep -q 'Connection refused' "$work/e" || fail "redis: $(cat "$work/e")"
 
+# dlock check --report to a path it cannot write fails before the run (30 s)
+t0=$(date +%s)
+"$dlock" check --store "$db" --duration 30s --report "$work/no/such/dir/r.html" 2>"$work/e"
+rc=$?
+{ [ $rc = 64 ] && [ $(($(date +%s) - t0)) -lt 10 ] && grep -q 'cannot write it' "$work/e"; } ||
+	fail "check --report to a missing directory: exit $rc after $(($(date +%s) - t0)) s: $(cat "$work/e")"
+
 [ $fails = 0 ] && echo "cli.errors: all checks passed" || echo "cli.errors: $fails check(s) FAILED"
 [ $fails = 0 ]
