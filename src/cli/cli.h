@@ -222,7 +222,13 @@ int cli_break(cli_global *g, int argc, char **argv);
 int cli_demo(cli_global *g, int argc, char **argv);
 int cli_check(cli_global *g, int argc, char **argv);
 /* check_report.c: write the HTML report of `check` around its JSON (0 or -1). */
-int cli_check_report(FILE *out, const char *json);
+/* The frame of `dlock check --report` (check_report.c): the head and styles,
+ * the legend, and the end (the run as JSON, the zoom script). */
+void cli_check_report_begin(FILE *out);
+void cli_check_report_legend(FILE *out);
+int cli_check_report_end(FILE *out, const char *json);
+/* s with <, >, & and " escaped for HTML. */
+void cli_html(FILE *out, const char *s);
 int cli_bench(cli_global *g, int argc, char **argv);
 
 /* SIGPIPE as dlock found it (main ignores it); `run` restores it for its command. */
