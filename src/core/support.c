@@ -146,3 +146,29 @@ void dlock__open_warning_take(char *buf, size_t size)
 	snprintf(buf, size, "%s", open_warning);
 	open_warning[0] = '\0';
 }
+
+static int word_char(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+void dlock__scrub(char *msg, size_t size, const char *secret)
+{
+	size_t pl = secret ? strlen(secret) : 0;
+	if (pl == 0 || !msg)
+		return;
+	char out[1024];
+	size_t o = 0;
+	for (const char *p = msg; *p && o + 4 < sizeof(out);) {
+		if (strncmp(p, secret, pl) == 0 && (p == msg || !word_char(p[-1]) || !word_char(secret[0])) &&
+		    (!word_char(p[pl]) || !word_char(secret[pl - 1]))) {
+			memcpy(out + o, "***", 3);
+			o += 3;
+			p += pl;
+		} else {
+			out[o++] = *p++;
+		}
+	}
+	out[o] = '\0';
+	snprintf(msg, size, "%s", out);
+}

@@ -146,37 +146,6 @@ static int sb_check(sbuf *s)
 
 /* ---- errors ---- */
 
-static int word_char(char c)
-{
-	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
-}
-
-/* Replace every occurrence of the password in msg by "***": server messages never
- * contain it, but a message we pass on must not be the first that does. Only
- * where it stands as a word of its own (a short password such as "p" must
- * not turn "packet" into "***acket"); a password of a word inside another
- * word is not the password being shown. */
-static void scrub(char *msg, size_t size, const char *password)
-{
-	size_t pl = password ? strlen(password) : 0;
-	if (pl == 0)
-		return;
-	char out[512];
-	size_t o = 0;
-	for (const char *p = msg; *p && o + 4 < sizeof(out);) {
-		if (strncmp(p, password, pl) == 0 && (p == msg || !word_char(p[-1]) || !word_char(password[0])) &&
-		    (!word_char(p[pl]) || !word_char(password[pl - 1]))) {
-			memcpy(out + o, "***", 3);
-			o += 3;
-			p += pl;
-		} else {
-			out[o++] = *p++;
-		}
-	}
-	out[o] = '\0';
-	snprintf(msg, size, "%s", out);
-}
-
 /* The connection is unusable: a client-side CR_* error, or the server ended the
  * session (KILL: 1927 ER_CONNECTION_KILLED; MySQL 8's idle timeout: 4031). */
 static int is_conn_error(unsigned int e)
@@ -213,7 +182,7 @@ static int sql_fail(const mysql_be *b, MYSQL *c, const char *what)
 	unsigned int e = mysql_errno(c);
 	char msg[512], code[32];
 	snprintf(msg, sizeof(msg), "%s", mysql_error(c));
-	scrub(msg, sizeof(msg), b->password);
+	dlock__scrub(msg, sizeof(msg), b->password);
 	snprintf(code, sizeof(code), "%u/%s", e, mysql_sqlstate(c));
 	int rc = map_errno(e);
 	if (e == ER_BAD_DB_ERROR)
@@ -498,7 +467,7 @@ static int conn_open_at(mysql_be *b, MYSQL **out, const char *host, int64_t dead
 		unsigned int e = mysql_errno(c);
 		char msg[512], code[32];
 		snprintf(msg, sizeof(msg), "%s", mysql_error(c));
-		scrub(msg, sizeof(msg), b->password);
+		dlock__scrub(msg, sizeof(msg), b->password);
 		snprintf(code, sizeof(code), "%u/%s", e, mysql_sqlstate(c));
 		mysql_close(c);
 		int rc = map_errno(e);

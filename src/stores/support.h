@@ -87,6 +87,12 @@ bool dlock__host_is_local(const char *host);
  * dlock_store_warning. */
 void dlock__open_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Replace the secret in msg (of `size` bytes) by "***" wherever it stands as
+ * a word of its own: server messages passed on must never be the first to
+ * show a password, and a short one ("p") must not turn "packet" into
+ * "***acket". */
+void dlock__scrub(char *msg, size_t size, const char *secret);
+
 /* ---- small helpers shared by stores ---- */
 /* FNV-1a, 64 bits: h = DLOCK__FNV64_OFFSET to start, then chain. */
 #define DLOCK__FNV64_OFFSET 14695981039346656037ULL

@@ -1,6 +1,7 @@
 #include "unit/testutil.h"
 
 #include <dlock/sys/backend.h>
+#include "stores/support.h"
 #include <pthread.h>
 #include <string.h>
 
@@ -26,6 +27,24 @@ int main(void)
 	}
 	CHECK(strcmp(dlock_strerror(-999), "unknown error") == 0);
 	CHECK(strcmp(dlock_error_name(DLOCK_ETIMEOUT), "DLOCK_ETIMEOUT") == 0);
+
+	/* A message may quote the last one: formatted apart, nothing doubled or cut. */
+	dlock_error_set(DLOCK_EINVAL, NULL, NULL, "bad duration 'abc': expected a number");
+	dlock_error_set(DLOCK_EINVAL, NULL, NULL, "store URI option ttl: %s", dlock_error_last()->message);
+	CHECK(strcmp(dlock_error_last()->message, "store URI option ttl: bad duration 'abc': expected a number") == 0);
+
+	/* Passwords are scrubbed from server messages where they stand as words. */
+	char m1[128] = "Got packet bigger than 'max_allowed_packet' bytes";
+	dlock__scrub(m1, sizeof m1, "p");
+	CHECK(strcmp(m1, "Got packet bigger than 'max_allowed_packet' bytes") == 0);
+	char m2[128] = "Access denied for user 'u' using password 'hunter2' (p)";
+	dlock__scrub(m2, sizeof m2, "hunter2");
+	CHECK(strcmp(m2, "Access denied for user 'u' using password '***' (p)") == 0);
+	dlock__scrub(m2, sizeof m2, "p");
+	CHECK(strcmp(m2, "Access denied for user 'u' using password '***' (***)") == 0);
+	char m3[128] = "secret=s3@cr%t! and s3@cr%t!";
+	dlock__scrub(m3, sizeof m3, "s3@cr%t!");
+	CHECK(strcmp(m3, "secret=*** and ***") == 0);
 
 	CHECK(dlock_error_set(DLOCK_ESTORE, "redis", "WRONGTYPE", "reply was %d", 42) == DLOCK_ESTORE);
 	e = dlock_error_last();
