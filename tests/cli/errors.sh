@@ -48,6 +48,18 @@ grep -q 'connect on 127.0.0.1:1' "$work/e" || fail "memcached: $(cat "$work/e")"
 grep -q 'timed out' "$work/e" && fail "redis: a refused connection said timed out: $(cat "$work/e")"
 grep -q 'Connection refused' "$work/e" || fail "redis: $(cat "$work/e")"
 
+# a Redis listener that never answers: "timed out", by connect_timeout, not errno text
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+python3 -c 'import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1",int(sys.argv[1]))); s.listen(8); time.sleep(30)' "$port" &
+lp=$!
+for ((i = 0; i < 100; i++)); do python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1",int(sys.argv[1])),0.2)' "$port" 2>/dev/null && break; sleep 0.05; done
+t0=$(date +%s%N)
+"$dlock" status --store "redis://127.0.0.1:$port?connect_timeout=1s" x 2>"$work/e"
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+kill $lp 2>/dev/null
+{ grep -q 'timed out' "$work/e" && ! grep -q 'Resource temporarily unavailable' "$work/e" && [ $ms -ge 900 ] && [ $ms -lt 5000 ]; } ||
+	fail "silent redis listener: after $ms ms: $(cat "$work/e")"
+
 # dlock check --report to a path it cannot write fails before the run (30 s)
 t0=$(date +%s)
 "$dlock" check --store "$db" --duration 30s --report "$work/no/such/dir/r.html" 2>"$work/e"
