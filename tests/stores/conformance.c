@@ -1818,6 +1818,58 @@ static uint64_t take(dlock_lock *l, const char *what)
 	return rc == 0 ? dlock_fence(l) : 0;
 }
 
+/* Renewal: a lock held for three leases by the renewal thread alone stays
+ * ours — every try of a contender on another handle is refused, the fence
+ * does not change (the store's own record agrees where it reports status),
+ * and no lost signal fires. */
+static void case_renewal(void)
+{
+	const int64_t ttl = 1200;
+	char name[128];
+	lock_name(name, sizeof(name), "renewal");
+	dlock_store *mine = open_store(), *other = open_store();
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = ttl;
+	o.on_lost = on_lost;
+	dlock_lock *a = NULL;
+	if (dlock_lock_new(&a, mine, name, &o) != 0)
+		die("lock_new");
+	atomic_store(&lost_fired, 0);
+	CHECK_RC(dlock_acquire(a, 5000), 0);
+	uint64_t fence = dlock_fence(a);
+	dlock_lock *b = new_lock(other, name, DLOCK_EXCLUSIVE, 1, 0, ttl);
+	int tries = 0, refused = 0;
+	long long until = tu_now_ms() + 3 * ttl;
+	while (tu_now_ms() < until) {
+		int rc = dlock_acquire(b, 0);
+		tries++;
+		refused += rc == DLOCK_ELOCKED;
+		if (rc == 0)
+			dlock_release(b);
+		usleep(150000);
+	}
+	printf("  held %lld ms (3 leases) by renewal alone: %d of %d tries by another handle refused\n",
+	       (long long)(3 * ttl), refused, tries);
+	CHECK(tries >= 10 && refused == tries);
+	CHECK(dlock_held(a) && dlock_fence(a) == fence);
+	CHECK(atomic_load(&lost_fired) == 0);
+	const char *names[] = { name };
+	dlock_lock_status *st = NULL;
+	size_t n = 0;
+	int rc = dlock_store_status(other, names, 1, &st, &n);
+	if (rc == 0) {
+		CHECK(n == 1 && st[0].nholders == 1 && st[0].holders[0].fence == fence);
+		dlock_status_free(st, n);
+	} else {
+		CHECK_RC(rc, DLOCK_ENOTSUPPORTED);
+	}
+	CHECK_RC(dlock_release(a), 0);
+	dlock_lock_free(a);
+	dlock_lock_free(b);
+	dlock_store_close(mine);
+	dlock_store_close(other);
+}
+
 static void case_names(void)
 {
 	char n[128];
@@ -1962,6 +2014,7 @@ static const struct {
 	{ "net_lost_reply", case_net_lost_reply },
 	{ "net_delay", case_net_delay },
 	{ "names", case_names },
+	{ "renewal", case_renewal },
 };
 
 int main(int argc, char **argv)
