@@ -101,25 +101,6 @@ int dlock__sb_add(dlock__sbuf *s, const char *fmt, ...)
 	return 0;
 }
 
-int dlock__list_via_status(dlock_backend *be, char ***names, size_t *n)
-{
-	dlock_lock_status *st = NULL;
-	size_t count = 0;
-	*names = NULL;
-	*n = 0;
-	int rc = be->methods->status(be, NULL, 0, &st, &count);
-	if (rc == 0 && count && !(*names = dlock__calloc(count, sizeof(char *))))
-		rc = DLOCK_ENOMEM;
-	for (size_t i = 0; rc == 0 && i < count; i++) {
-		if (!((*names)[i] = dlock__strdup(st[i].name)))
-			rc = DLOCK_ENOMEM;
-		else
-			*n = i + 1;
-	}
-	dlock_status_free(st, count);
-	return rc;
-}
-
 bool dlock__host_is_local(const char *host)
 {
 	if (!host || !*host || host[0] == '/' || strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0 ||

@@ -2181,84 +2181,31 @@ static int etcd_status(dlock_backend *be, const char *const *names, size_t nname
 	*out = NULL;
 	*count = 0;
 	call_begin(e, 0);
-	if (names && nnames) {
-		for (size_t i = 0; i < nnames && rc == 0; i++) {
-			char *dir = dir_of(e, names[i]), *end = dir ? range_end(dir) : NULL;
-			json_object *ok = json_object_new_array(), *resp;
-			kv *keys = NULL;
-			size_t nk = 0;
-			if (!end) {
-				free(dir);
-				json_object_put(ok);
-				rc = DLOCK_ENOMEM;
-				break;
-			}
-			json_object_array_add(ok, op_range(dir, end, 1, 0, 0));
-			free(dir);
-			free(end);
-			if ((rc = txn(e, e->cmd, NULL, ok, NULL, &resp, NULL)) != 0)
-				break;
-			rc = dlock__etcd_txn_range(resp, 0, &keys, &nk);
-			json_object_put(resp);
-			dlock_lock_status *st = rc == 0 ? dlock__status_add(out, count) : NULL;
-			if (rc == 0 && !st)
-				rc = DLOCK_ENOMEM;
-			if (rc == 0 && !(st->name = dlock__strdup(names[i])))
-				rc = DLOCK_ENOMEM;
-			if (rc == 0)
-				rc = fill_status(e, st, keys, nk);
-			dlock__etcd_kvs_free(keys, nk);
-		}
-	} else {
-		char *pre = dlock__sprintf("%s/", e->prefix), *end = pre ? range_end(pre) : NULL;
+	for (size_t i = 0; i < nnames && rc == 0; i++) {
+		char *dir = dir_of(e, names[i]), *end = dir ? range_end(dir) : NULL;
 		json_object *ok = json_object_new_array(), *resp;
 		kv *keys = NULL;
-		size_t nk = 0, plen = pre ? strlen(pre) : 0;
+		size_t nk = 0;
 		if (!end) {
-			free(pre);
+			free(dir);
 			json_object_put(ok);
-			return DLOCK_ENOMEM;
-		}
-		json_object_array_add(ok, op_range(pre, end, 1, 0, 0));
-		free(end);
-		if ((rc = txn(e, e->cmd, NULL, ok, NULL, &resp, NULL)) == 0) {
-			rc = dlock__etcd_txn_range(resp, 0, &keys, &nk);
-			json_object_put(resp);
-		}
-		/* Group by directory, keeping create-revision order inside each group. */
-		char *done = calloc(nk ? nk : 1, 1);
-		if (!done && rc == 0)
 			rc = DLOCK_ENOMEM;
-		for (size_t i = 0; i < nk && rc == 0; i++) {
-			if (done[i] || !keys[i].key || strncmp(keys[i].key, pre, plen) != 0)
-				continue;
-			const char *slash = strrchr(keys[i].key + plen, '/');
-			if (!slash)
-				continue;
-			size_t dlen = (size_t)(slash - keys[i].key) + 1;
-			kv *grp = calloc(nk, sizeof(kv));
-			size_t ng = 0;
-			if (!grp) {
-				rc = DLOCK_ENOMEM;
-				break;
-			}
-			for (size_t j = i; j < nk; j++) {
-				if (!done[j] && keys[j].key && strlen(keys[j].key) > dlen &&
-				    strncmp(keys[j].key, keys[i].key, dlen) == 0 &&
-				    !strchr(keys[j].key + dlen, '/')) {
-					grp[ng++] = keys[j]; /* shallow: owned by keys */
-					done[j] = 1;
-				}
-			}
-			dlock_lock_status *st = dlock__status_add(out, count);
-			if (!st || !(st->name = dlock__etcd_unescape_name(keys[i].key + plen, dlen - plen - 1)))
-				rc = DLOCK_ENOMEM;
-			else
-				rc = fill_status(e, st, grp, ng);
-			free(grp);
+			break;
 		}
-		free(done);
-		free(pre);
+		json_object_array_add(ok, op_range(dir, end, 1, 0, 0));
+		free(dir);
+		free(end);
+		if ((rc = txn(e, e->cmd, NULL, ok, NULL, &resp, NULL)) != 0)
+			break;
+		rc = dlock__etcd_txn_range(resp, 0, &keys, &nk);
+		json_object_put(resp);
+		dlock_lock_status *st = rc == 0 ? dlock__status_add(out, count) : NULL;
+		if (rc == 0 && !st)
+			rc = DLOCK_ENOMEM;
+		if (rc == 0 && !(st->name = dlock__strdup(names[i])))
+			rc = DLOCK_ENOMEM;
+		if (rc == 0)
+			rc = fill_status(e, st, keys, nk);
 		dlock__etcd_kvs_free(keys, nk);
 	}
 	if (rc != 0) {
@@ -2266,6 +2213,49 @@ static int etcd_status(dlock_backend *be, const char *const *names, size_t nname
 		*out = NULL;
 		*count = 0;
 	}
+	return rc;
+}
+
+/* The names with keys under the prefix: "<prefix>/<name>/<owner>" (names are
+ * escaped, so the name is what lies between the prefix and the next '/'). */
+static int etcd_list(dlock_backend *be, char ***names, size_t *count)
+{
+	etcd *e = (etcd *)be;
+	*names = NULL;
+	*count = 0;
+	call_begin(e, 0);
+	char *pre = dlock__sprintf("%s/", e->prefix), *end = pre ? range_end(pre) : NULL;
+	json_object *ok = json_object_new_array(), *resp;
+	kv *keys = NULL;
+	size_t nk = 0, plen = pre ? strlen(pre) : 0;
+	int rc = 0;
+	if (!end) {
+		free(pre);
+		json_object_put(ok);
+		return DLOCK_ENOMEM;
+	}
+	json_object_array_add(ok, op_range(pre, end, 1, 0, 0));
+	free(end);
+	if ((rc = txn(e, e->cmd, NULL, ok, NULL, &resp, NULL)) == 0) {
+		rc = dlock__etcd_txn_range(resp, 0, &keys, &nk);
+		json_object_put(resp);
+	}
+	if (rc == 0 && nk && !(*names = calloc(nk, sizeof(char *))))
+		rc = dlock__oom();
+	for (size_t i = 0; i < nk && rc == 0; i++) {
+		if (!keys[i].key || strncmp(keys[i].key, pre, plen) != 0)
+			continue;
+		const char *slash = strchr(keys[i].key + plen, '/');
+		if (!slash || slash == keys[i].key + plen)
+			continue;
+		char *name = dlock__etcd_unescape_name(keys[i].key + plen, (size_t)(slash - keys[i].key) - plen);
+		if (!name)
+			rc = dlock__oom();
+		else
+			(*names)[(*count)++] = name; /* duplicates: the core drops them */
+	}
+	free(pre);
+	dlock__etcd_kvs_free(keys, nk);
 	return rc;
 }
 
@@ -2342,7 +2332,7 @@ static const dlock_backend_methods etcd_methods = {
 	.wait = etcd_wait,
 	.cancel = etcd_cancel,
 	.status = etcd_status,
-	.list = dlock__list_via_status,
+	.list = etcd_list,
 	.close = etcd_close,
 };
 

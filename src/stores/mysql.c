@@ -1455,16 +1455,12 @@ static int be_status(dlock_backend *be, const char *const *names, size_t nnames,
 	mysql_be *b = (mysql_be *)be;
 	int64_t deadline = dlock_clock_ms() + b->request_timeout_ms;
 	sbuf filter = { 0 };
-	if (names) {
-		sb_add(&filter, " AND name IN (");
-		for (size_t i = 0; i < nnames; i++) {
-			sb_add(&filter, "%s", i ? "," : "");
-			sb_hex(&filter, names[i]);
-		}
-		sb_add(&filter, ")");
-	} else {
-		sb_add(&filter, " ");
+	sb_add(&filter, " AND name IN (");
+	for (size_t i = 0; i < nnames; i++) {
+		sb_add(&filter, "%s", i ? "," : "");
+		sb_hex(&filter, names[i]);
 	}
+	sb_add(&filter, ")");
 	int rc = sb_check(&filter);
 	if (rc)
 		return rc;
@@ -1492,12 +1488,8 @@ static int be_status(dlock_backend *be, const char *const *names, size_t nnames,
 		} else if (step == 1)
 			sb_add(&s, "SELECT name, COUNT(*) FROM dlock_waiter WHERE ns = %s%s AND expires > UTC_TIMESTAMP(6) "
 				   "GROUP BY name", b->ns_hex, f);
-		else if (names)
+		else
 			sb_add(&s, "SELECT name, fence FROM dlock_lock WHERE ns = %s%s", b->ns_hex, f);
-		else /* not every name ever locked: only those listed by now */
-			sb_add(&s, "SELECT name, fence FROM dlock_lock WHERE ns = %s AND name IN "
-				   "(SELECT name FROM dlock_holder WHERE ns = %s UNION SELECT name FROM dlock_waiter "
-				   "WHERE ns = %s)", b->ns_hex, b->ns_hex, b->ns_hex);
 		MYSQL_RES *res;
 		rc = run(b, &s, &res, "status", 0, deadline);
 		free(s.p);
@@ -1536,6 +1528,40 @@ static int be_status(dlock_backend *be, const char *const *names, size_t nnames,
 		mysql_free_result(res);
 	}
 	free(filter.p);
+	return rc;
+}
+
+/* The names that have a holder or waiter record (the core then asks status
+ * for them, which checks each one's liveness). */
+static int be_list(dlock_backend *be, char ***names, size_t *count)
+{
+	mysql_be *b = (mysql_be *)be;
+	int64_t deadline = dlock_clock_ms() + b->request_timeout_ms;
+	*names = NULL;
+	*count = 0;
+	sbuf s = { 0 };
+	sb_add(&s, "SELECT name FROM dlock_holder WHERE ns = %s UNION SELECT name FROM dlock_waiter WHERE ns = %s",
+	       b->ns_hex, b->ns_hex);
+	int rc = sb_check(&s);
+	MYSQL_RES *res = NULL;
+	if (rc == 0)
+		rc = run(b, &s, &res, "list", 0, deadline);
+	free(s.p);
+	if (rc)
+		return rc;
+	size_t n = res ? (size_t)mysql_num_rows(res) : 0;
+	if (n && !(*names = dlock__calloc(n, sizeof(char *))))
+		rc = DLOCK_ENOMEM;
+	MYSQL_ROW row;
+	while (rc == 0 && res && *count < n && (row = mysql_fetch_row(res)) != NULL) {
+		unsigned long *len = mysql_fetch_lengths(res);
+		if (!((*names)[*count] = dlock__strndup(row[0], len[0])))
+			rc = DLOCK_ENOMEM;
+		else
+			(*count)++;
+	}
+	if (res)
+		mysql_free_result(res);
 	return rc;
 }
 
@@ -1689,7 +1715,7 @@ static const dlock_backend_methods my_table_methods = {
 	.extend = t_extend,
 	.cancel = t_cancel,
 	.status = be_status,
-	.list = dlock__list_via_status,
+	.list = be_list,
 	.close = be_close,
 };
 
@@ -1706,7 +1732,7 @@ static const dlock_backend_methods my_get_lock_methods = {
 	.extend = g_extend,
 	.cancel = g_cancel,
 	.status = be_status,
-	.list = dlock__list_via_status,
+	.list = be_list,
 	.close = be_close,
 };
 static const dlock_backend_methods my_get_lock_wait_methods = {
@@ -1719,7 +1745,7 @@ static const dlock_backend_methods my_get_lock_wait_methods = {
 	.wait = g_wait,
 	.cancel = g_cancel,
 	.status = be_status,
-	.list = dlock__list_via_status,
+	.list = be_list,
 	.close = be_close,
 };
 

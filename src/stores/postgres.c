@@ -1042,6 +1042,38 @@ static long find_status(dlock_lock_status *out, size_t count, const char *name)
 	return -1;
 }
 
+/* The names with a live holder or waiter (the core then asks status for them). */
+static int tbl_list(dlock_backend *base, char ***names, size_t *count)
+{
+	pg_backend *be = (pg_backend *)base;
+	int64_t deadline = dlock_clock_ms() + be->request_timeout_ms;
+	*names = NULL;
+	*count = 0;
+	PGconn *c = NULL;
+	int rc = main_conn(be, deadline, &c);
+	if (rc)
+		return rc;
+	PGresult *r = NULL;
+	const char *v[] = { be->ns };
+	rc = run(&be->conn, deadline, "list",
+		 "SELECT name FROM dlock_holders WHERE ns = $1 AND expires > clock_timestamp()"
+		 " UNION SELECT name FROM dlock_waiters WHERE ns = $1 AND expires > clock_timestamp()",
+		 1, v, &r);
+	if (rc)
+		return rc;
+	int n = PQntuples(r);
+	if (n > 0 && !(*names = dlock__calloc((size_t)n, sizeof(char *))))
+		rc = DLOCK_ENOMEM;
+	for (int row = 0; rc == 0 && row < n; row++) {
+		if (!((*names)[row] = dupval(r, row, 0)))
+			rc = DLOCK_ENOMEM;
+		else
+			*count = (size_t)row + 1;
+	}
+	PQclear(r);
+	return rc;
+}
+
 static int tbl_status(dlock_backend *base, const char *const *names, size_t nnames,
 		      dlock_lock_status **out, size_t *count)
 {
@@ -1055,17 +1087,15 @@ static int tbl_status(dlock_backend *base, const char *const *names, size_t nnam
 	size_t cnt = 0;
 	arr a = { 0 };
 	PGresult *r = NULL;
-	if (names && nnames) {
-		if ((rc = names_array(&a, names, nnames)))
+	if ((rc = names_array(&a, names, nnames)))
+		goto fail;
+	for (size_t i = 0; i < nnames; i++) {
+		dlock_lock_status *s = dlock__status_add(&st, &cnt);
+		if (!s || !(s->name = dlock__strdup(names[i]))) {
+			rc = DLOCK_ENOMEM;
 			goto fail;
-		for (size_t i = 0; i < nnames; i++) {
-			dlock_lock_status *s = dlock__status_add(&st, &cnt);
-			if (!s || !(s->name = dlock__strdup(names[i]))) {
-				rc = DLOCK_ENOMEM;
-				goto fail;
-			}
-			s->permits = 1;
 		}
+		s->permits = 1;
 	}
 	const char *v[] = { be->ns, a.buf };
 	rc = run(&be->conn, deadline, "status",
@@ -1075,7 +1105,7 @@ static int tbl_status(dlock_backend *base, const char *const *names, size_t nnam
 		 "   AND w.expires > clock_timestamp())"
 		 " FROM dlock_locks l LEFT JOIN dlock_holders h ON h.ns = l.ns AND h.name = l.name"
 		 "  AND h.expires > clock_timestamp()"
-		 " WHERE l.ns = $1 AND ($2::text[] IS NULL OR l.name = ANY($2::text[]))"
+		 " WHERE l.ns = $1 AND l.name = ANY($2::text[])"
 		 " ORDER BY l.name, h.fence",
 		 2, v, &r);
 	if (rc)
@@ -1085,19 +1115,8 @@ static int tbl_status(dlock_backend *base, const char *const *names, size_t nnam
 		int has_holder = !PQgetisnull(r, row, 2);
 		long waiters = strtol(PQgetvalue(r, row, 9), NULL, 10);
 		long i = find_status(st, cnt, name);
-		if (i < 0) {
-			if (names && nnames)
-				continue;
-			if (!has_holder && waiters == 0)
-				continue;
-			dlock_lock_status *s = dlock__status_add(&st, &cnt);
-			if (!s || !(s->name = dlock__strdup(name))) {
-				rc = DLOCK_ENOMEM;
-				goto fail;
-			}
-			s->permits = 1;
-			i = (long)cnt - 1;
-		}
+		if (i < 0)
+			continue;
 		dlock_lock_status *s = &st[i];
 		s->last_fence = strtoull(PQgetvalue(r, row, 1), NULL, 10);
 		s->waiters = (size_t)waiters;
@@ -1763,7 +1782,7 @@ static const dlock_backend_methods pg_table_methods = {
 	.wait = pg_wait,
 	.cancel = tbl_cancel,
 	.status = tbl_status,
-	.list = dlock__list_via_status,
+	.list = tbl_list,
 	.close = pg_close,
 };
 

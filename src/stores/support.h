@@ -104,11 +104,6 @@ int dlock__cond_init_monotonic(pthread_cond_t *cv);
 /* *dst = copy of the optional value v (NULL stays NULL). 0 or DLOCK_ENOMEM. */
 int dlock__opt_dup(char **dst, const char *v);
 
-/* Transitional, for a store whose status still enumerates when given no
- * names: its `list` as the names status(NULL, 0) reports. To be replaced by
- * a list of its own. */
-int dlock__list_via_status(dlock_backend *be, char ***names, size_t *n);
-
 /* A growable NUL-terminated string. Zero-initialise; `limit` (0: none) caps
  * its length. Appends after a failure do nothing; `failed` says why
  * (1: out of memory, 2: over the limit). Free p with free(). */
