@@ -917,18 +917,11 @@ static int t_renew_chunk(mysql_be *b, dlock_request *const *reqs, size_t n, int 
 	return 0;
 }
 
+/* At most RENEW_CHUNK at a time (the methods' renew_max: the core splits a
+ * bigger batch). */
 static int t_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
-	mysql_be *b = (mysql_be *)be;
-	for (size_t i = 0; i < n; i += RENEW_CHUNK) {
-		size_t k = n - i < RENEW_CHUNK ? n - i : RENEW_CHUNK;
-		int rc = t_renew_chunk(b, reqs + i, k, results + i);
-		if (rc) {
-			for (size_t j = i; j < i + k; j++)
-				results[j] = rc;
-		}
-	}
-	return 0;
+	return t_renew_chunk((mysql_be *)be, reqs, n, results);
 }
 
 static int t_cancel(dlock_backend *be, dlock_request *req)
@@ -1709,6 +1702,7 @@ static int parse(mysql_be *b, dlock_uri *uri)
 /* mode=table: holds are rows (any connection may renew them). */
 static const dlock_backend_methods my_table_methods = {
 	DLOCK_BACKEND_METHODS_INIT(KIND),
+	.renew_max = RENEW_CHUNK,
 	.acquire = t_acquire,
 	.release = t_release,
 	.renew = t_renew,
