@@ -1717,31 +1717,13 @@ static const dlock_backend_methods my_table_methods = {
  * GET_LOCK timeouts, so waiters block on the server there; MySQL is not
  * known to (its manual says seconds), and a rounded-up wait could overrun
  * the caller's deadline: there waiters back off and retry. */
-static const dlock_backend_methods my_get_lock_methods = {
-	DLOCK_BACKEND_METHODS_INIT(KIND),
-	.flags = DLOCK_BACKEND_F_SESSION,
-	.acquire = g_acquire,
-	.release = g_release,
-	.renew = g_renew,
-	.extend = g_extend,
-	.cancel = g_cancel,
-	.status = be_status,
-	.list = be_list,
-	.close = be_close,
-};
-static const dlock_backend_methods my_get_lock_wait_methods = {
-	DLOCK_BACKEND_METHODS_INIT(KIND),
-	.flags = DLOCK_BACKEND_F_SESSION,
-	.acquire = g_acquire,
-	.release = g_release,
-	.renew = g_renew,
-	.extend = g_extend,
-	.wait = g_wait,
-	.cancel = g_cancel,
-	.status = be_status,
-	.list = be_list,
-	.close = be_close,
-};
+#define GET_LOCK_METHODS                                                                              \
+	DLOCK_BACKEND_METHODS_INIT(KIND), .flags = DLOCK_BACKEND_F_SESSION, .acquire = g_acquire,       \
+	.release = g_release, .renew = g_renew, .extend = g_extend, .cancel = g_cancel,                \
+	.status = be_status, .list = be_list, .close = be_close
+static const dlock_backend_methods my_get_lock_methods = { GET_LOCK_METHODS };
+static const dlock_backend_methods my_get_lock_wait_methods = { GET_LOCK_METHODS, .wait = g_wait };
+#undef GET_LOCK_METHODS
 
 int dlock__mysql_open(dlock_backend **out, dlock_uri *uri)
 {
