@@ -298,36 +298,15 @@ static char *range_end(const char *dir)
 /* ------------------------------------------------------------------ */
 /* HTTP */
 
-typedef struct buf {
-	char *p;
-	size_t n, cap;
-	int overflow;
-} buf;
+/* A reply body: support.h's growable string, capped (a hostile member's
+ * endless reply fails the transfer instead of growing without bound). */
+typedef dlock__sbuf buf;
+#define REPLY_MAX (64u << 20)
 
 static size_t buf_write(char *data, size_t size, size_t nmemb, void *ud)
 {
-	buf *b = ud;
 	size_t len = size * nmemb;
-	if (b->n + len + 1 > b->cap) {
-		size_t cap = b->cap ? b->cap : 4096;
-		while (cap < b->n + len + 1)
-			cap *= 2;
-		if (cap > (64u << 20)) {
-			b->overflow = 1;
-			return 0;
-		}
-		char *p = realloc(b->p, cap);
-		if (!p) {
-			b->overflow = 1;
-			return 0;
-		}
-		b->p = p;
-		b->cap = cap;
-	}
-	memcpy(b->p + b->n, data, len);
-	b->n += len;
-	b->p[b->n] = '\0';
-	return len;
+	return dlock__sb_put(ud, data, len) == 0 ? len : 0; /* 0: curl fails the transfer */
 }
 
 /* A peer that vanished (host down, link cut) fails the connection after
@@ -537,6 +516,7 @@ static int xfer_start(etcd *e, xfer *x, CURL *h, const char *path, const char *t
 	curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(text));
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, x->hd);
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, buf_write);
+	x->b.limit = REPLY_MAX;
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, &x->b);
 	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)left);
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,

@@ -78,65 +78,29 @@ typedef struct mysql_be {
 
 /* ---- small string builder ---- */
 
-typedef struct sbuf {
-	char *p;
-	size_t len, cap;
-	int oom;
-} sbuf;
-
-static void sb_grow(sbuf *s, size_t more)
-{
-	if (s->oom || s->len + more + 1 <= s->cap)
-		return;
-	size_t cap = s->cap ? s->cap : 512;
-	while (cap < s->len + more + 1)
-		cap *= 2;
-	char *n = realloc(s->p, cap);
-	if (!n) {
-		s->oom = 1;
-		return;
-	}
-	s->p = n;
-	s->cap = cap;
-}
-
-__attribute__((format(printf, 2, 3))) static void sb_add(sbuf *s, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(NULL, 0, fmt, ap);
-	va_end(ap);
-	if (n < 0) {
-		s->oom = 1;
-		return;
-	}
-	sb_grow(s, (size_t)n);
-	if (s->oom)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(s->p + s->len, (size_t)n + 1, fmt, ap);
-	va_end(ap);
-	s->len += (size_t)n;
-}
+/* The store's SQL text: support.h's growable string. */
+typedef dlock__sbuf sbuf;
+#define sb_add dlock__sb_add
 
 /* Append a hex literal X'..' of a byte string: nothing from a caller is ever quoted or escaped. */
 static void sb_hex(sbuf *s, const char *bytes)
 {
 	size_t n = strlen(bytes);
-	sb_grow(s, 2 * n + 3);
-	if (s->oom)
+	char *h = malloc(2 * n + 1);
+	if (!h) {
+		s->failed = 1;
 		return;
-	s->p[s->len++] = 'X';
-	s->p[s->len++] = '\'';
-	dlock__hex(s->p + s->len, bytes, n);
-	s->len += 2 * n;
-	s->p[s->len++] = '\'';
-	s->p[s->len] = '\0';
+	}
+	dlock__hex(h, bytes, n);
+	dlock__sb_put(s, "X'", 2);
+	dlock__sb_put(s, h, 2 * n);
+	dlock__sb_put(s, "'", 1);
+	free(h);
 }
 
 static int sb_check(sbuf *s)
 {
-	if (s->oom) {
+	if (s->failed) {
 		free(s->p);
 		s->p = NULL;
 		return dlock__oom();
@@ -963,9 +927,9 @@ static void sb_key(sbuf *s, const mysql_be *b, const char *name_sql)
 	       " USING utf8mb4), '/', REPLACE(REPLACE(CONVERT(%s USING utf8mb4), '%%', '%%25'), '/', '%%2F'), '/',"
 	       " CONVERT(%s USING utf8mb4))",
 	       b->ns_hex, name_sql);
-	if (k.oom) {
+	if (k.failed) {
 		free(k.p);
-		s->oom = 1;
+		s->failed = 1;
 		return;
 	}
 	sb_add(s, "IF(CHAR_LENGTH(%s) <= %d, %s, CONCAT(LEFT(%s, 23), '~', LEFT(SHA2(%s, 256), 40)))", k.p,
@@ -1208,7 +1172,7 @@ static int g_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 		server_ms = 0;
 	sbuf s = { 0 }, nm = { 0 };
 	sb_hex(&nm, req->name);
-	if (!nm.oom) {
+	if (!nm.failed) {
 		/* If ever nobody completes the grant, the server frees it after a lease. */
 		sb_add(&s, "SET SESSION wait_timeout = %ld;SET @dl_k = ", wait_timeout_s(req->ttl_ms));
 		sb_key(&s, b, nm.p);
@@ -1220,7 +1184,7 @@ static int g_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 	}
 	free(nm.p);
 	MYSQL_RES *res = NULL;
-	if (nm.oom || sb_check(&s) || exec(b, c, s.p, s.len, &res, "GET_LOCK wait", deadline) != 0) {
+	if (nm.failed || sb_check(&s) || exec(b, c, s.p, s.len, &res, "GET_LOCK wait", deadline) != 0) {
 		free(s.p);
 		mysql_close(c);
 		return 0;
