@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A Redis master, one replica and one Sentinel watching them (quorum 1, the
-# master is "down" after 1 s), for the redis+sentinel:// store:
+# master is "down" after 3 s: 1 s let a loaded machine fail over twice), for
+# the redis+sentinel:// store:
 #   redis-sentinel.sh start DIR   writes DIR/uri = redis+sentinel://127.0.0.1:SP/dlockmaster
 #                                 and DIR/master, DIR/replica (their ports)
 #   redis-sentinel.sh stop DIR
@@ -45,7 +46,7 @@ start)
 		logfile $dir/s/redis.log
 		dir $dir/s
 		sentinel monitor dlockmaster 127.0.0.1 $mp 1
-		sentinel down-after-milliseconds dlockmaster 1000
+		sentinel down-after-milliseconds dlockmaster 3000
 		sentinel failover-timeout dlockmaster 4000
 	EOF
 	redis-server "$dir/m/redis.conf"
