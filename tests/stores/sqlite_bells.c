@@ -7,7 +7,9 @@
  * bell directory is made only once someone waits. */
 #include "unit/testutil.h"
 
+#include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -18,6 +20,24 @@ static long long mono_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Read n bytes from fd within ms; false on timeout, EOF or error. */
+static bool read_by(int fd, void *buf, size_t n, int ms)
+{
+	size_t got = 0;
+	long long until = mono_ms() + ms;
+	while (got < n) {
+		long long left = until - mono_ms();
+		struct pollfd p = { fd, POLLIN, 0 };
+		if (left <= 0 || poll(&p, 1, (int)left) <= 0)
+			return false;
+		ssize_t r = read(fd, (char *)buf + got, n - got);
+		if (r <= 0)
+			return false;
+		got += (size_t)r;
+	}
+	return true;
 }
 
 /* The holder, ROUNDS times: when told, take `job` and say so; when told
@@ -64,39 +84,33 @@ int main(int argc, char **argv)
 	rmdir(bells);
 	snprintf(uri, sizeof(uri), "sqlite://%s", path);
 	const int rounds = 3;
-	int to_child[2], from_child[2];
-	if (pipe(to_child) || pipe(from_child))
+	/* The other processes are forked before this one opens anything (no
+	 * thread of ours is copied into them), and every read is bounded. */
+	int to_holder[2], from_holder[2], to_rel[2];
+	if (pipe(to_holder) || pipe(from_holder) || pipe(to_rel))
 		return 2;
-	dlock_store *s;
-	CHECK_RC(dlock_store_open(&s, uri), 0);
-	if (!s)
-		return tu_done("sqlite.bells");
-	dlock_lock *w;
-	CHECK_RC(dlock_lock_new(&w, s, "job", NULL), 0);
-	/* no waiter yet: a release rings nothing and makes no directory */
-	CHECK_RC(dlock_acquire(w, 0), 0);
-	CHECK_RC(dlock_release(w), 0);
-	struct stat st;
-	CHECK(stat(bells, &st) != 0);
-
 	pid_t pid = fork();
-	if (pid == 0)
-		_exit(holder(uri, to_child[0], from_child[1], rounds));
-	for (int i = 0; i < rounds; i++) {
+	if (pid == 0) {
+		close(to_holder[1]);
+		close(from_holder[0]);
+		close(to_rel[0]);
+		close(to_rel[1]);
+		_exit(holder(uri, to_holder[0], from_holder[1], rounds));
+	}
+	pid_t rel = fork();
+	if (rel == 0) {
+		/* the releaser, each round when told: watch for our registration,
+		 * then tell the holder to let go */
+		close(to_rel[1]);
+		close(from_holder[0]);
+		close(from_holder[1]);
+		close(to_holder[0]);
+		dlock_store *p2;
+		if (dlock_store_open(&p2, uri) != 0)
+			_exit(1);
+		const char *names[] = { "job" };
 		char c;
-		CHECK(write(to_child[1], "a", 1) == 1);
-		CHECK(read(from_child[0], &c, 1) == 1 && c == 'h');
-		/* the child holds: tell it to release as soon as we wait (it sees
-		 * our registration in the database first) */
-		dlock_store *peek;
-		CHECK_RC(dlock_store_open(&peek, uri), 0);
-		pid_t rel = fork();
-		if (rel == 0) {
-			/* a third process watches for our registration, then lets go */
-			dlock_store *p2;
-			if (dlock_store_open(&p2, uri) != 0)
-				_exit(1);
-			const char *names[] = { "job" };
+		while (read(to_rel[0], &c, 1) == 1) {
 			for (long long until = mono_ms() + 10000; mono_ms() < until;) {
 				dlock_lock_status *ls;
 				size_t n;
@@ -108,25 +122,64 @@ int main(int argc, char **argv)
 				}
 				usleep(2000);
 			}
-			dlock_store_close(p2);
-			_exit(write(to_child[1], "r", 1) == 1 ? 0 : 1);
+			if (write(to_holder[1], "r", 1) != 1)
+				_exit(1);
 		}
-		dlock_store_close(peek);
+		dlock_store_close(p2);
+		_exit(0);
+	}
+	close(to_holder[0]);
+	close(from_holder[1]);
+	close(to_rel[0]);
+
+	dlock_store *s;
+	CHECK_RC(dlock_store_open(&s, uri), 0);
+	dlock_lock *w = NULL;
+	if (s)
+		CHECK_RC(dlock_lock_new(&w, s, "job", NULL), 0);
+	/* no waiter yet: a release rings nothing and makes no directory */
+	if (w) {
+		CHECK_RC(dlock_acquire(w, 0), 0);
+		CHECK_RC(dlock_release(w), 0);
+	}
+	struct stat st;
+	CHECK(stat(bells, &st) != 0);
+	for (int i = 0; w && i < rounds; i++) {
+		char c = 0;
+		CHECK(write(to_holder[1], "a", 1) == 1);
+		if (!read_by(from_holder[0], &c, 1, 30000) || c != 'h') {
+			CHECK(!"the holder did not take the lock");
+			break;
+		}
+		CHECK(write(to_rel[1], "g", 1) == 1);
 		CHECK_RC(dlock_acquire(w, 15000), 0);
 		long long granted = mono_ms(), released = 0;
-		CHECK(read(from_child[0], &released, sizeof released) == (ssize_t)sizeof released);
-		int rst = -1;
-		waitpid(rel, &rst, 0);
-		CHECK(WIFEXITED(rst) && WEXITSTATUS(rst) == 0);
+		if (!read_by(from_holder[0], &released, sizeof released, 30000)) {
+			CHECK(!"the holder did not release");
+			break;
+		}
 		printf("handoff %d: granted %lld ms after the release in another process\n", i + 1,
 		       granted - released);
 		CHECK(granted - released < 400 + TU_SCHED_GRACE_MS); /* rung: not the 1 s nap */
 		CHECK_RC(dlock_release(w), 0);
 	}
 	CHECK(stat(bells, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700);
-	int cst = -1;
-	waitpid(pid, &cst, 0);
-	CHECK(WIFEXITED(cst) && WEXITSTATUS(cst) == 0);
+	close(to_holder[1]);
+	close(to_rel[1]);
+	int cst = -1, rst = -1;
+	for (long long until = mono_ms() + 30000; mono_ms() < until && (cst == -1 || rst == -1);) {
+		if (cst == -1 && waitpid(pid, &cst, WNOHANG) == 0)
+			cst = -1;
+		if (rst == -1 && waitpid(rel, &rst, WNOHANG) == 0)
+			rst = -1;
+		usleep(10000);
+	}
+	if (cst == -1)
+		kill(pid, SIGKILL);
+	if (rst == -1)
+		kill(rel, SIGKILL);
+	CHECK(cst != -1 && WIFEXITED(cst) && WEXITSTATUS(cst) == 0);
+	CHECK(rst != -1 && WIFEXITED(rst) && WEXITSTATUS(rst) == 0);
 	dlock_lock_free(w);
 	dlock_store_close(s);
 	return tu_done("sqlite.bells");
