@@ -21,7 +21,7 @@
 #include "stores/redis_common_test.h"
 #include "stores/netutil.h"
 #include "unit/faultproxy.h"
-#include "stores/redis_common.h"
+#include "stores/redis/redis.h"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>

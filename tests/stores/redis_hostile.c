@@ -16,7 +16,7 @@
  */
 #include "unit/testutil.h"
 
-#include "stores/redis_common.h"
+#include "stores/redis/redis.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -8,7 +8,7 @@
  * Usage: redis_keys (DLOCK_TEST_URI_FILE names the server)
  */
 #include "stores/redis_common_test.h"
-#include "stores/redis_common.h"
+#include "stores/redis/redis.h"
 
 static char uri[4096];
 

@@ -3,7 +3,7 @@
  * quorum (N/2 + 1) granted it within its validity. Every request goes to all
  * masters at once (one poll loop over N connections), each with a per-master
  * timeout well below the TTL. The scripts, key layout, connection handshake
- * and pub/sub notifier are the Redis store's (redis_common.h); this file adds
+ * and pub/sub notifier are the Redis store's (redis.h); this file adds
  * the fan-out, the quorum rules and the fence rule:
  *
  *   fence = max over the granting quorum of each master's INCR, then a second
@@ -12,7 +12,8 @@
  *   intersects that one, so its INCRs start above the fence (proof and limits:
  *   docs/stores/redlock.md).
  */
-#include "redis_common.h"
+#include "redis.h"
+#include "redis_lua.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -27,11 +28,8 @@
 #define QUIET_MS 1000
 
 /*
- * Scripts of this store's own, after the Redis store's (redis_common.h):
- *
- * RENEW: KEYS H1..Hn; ARGV owner1 ttl1 ... -> per key the hold's fence when
- *   the owner's hold was live here and is renewed, else 0. (The Redis store's
- *   RENEW answers 1/0; the fence is what a repair of a lost copy writes back.)
+ * A script of this store's own (lua/redlock_repair.lua), after the Redis
+ * store's (redis.h; its RENEW answers the fence that a repair writes back):
  *
  * REPAIR: KEYS H1..Hn; ARGV owner1 ttl1 tail1 ... with tail = "fence mode
  *   permits pid host" (the hold's value after its expiry) -> per key 1 (the
@@ -39,56 +37,10 @@
  *   here: written back, and the fence counter raised to at least its fence)
  *   or 0 (another holder is in the way: nothing changed).
  */
-enum { RL_RENEW = DLOCK__RS_COUNT, RL_REPAIR, RL_NSCRIPTS };
+enum { RL_REPAIR = DLOCK__RS_COUNT, RL_NSCRIPTS };
 
 static const char *const rl_script_text[RL_NSCRIPTS - DLOCK__RS_COUNT] = {
-	[RL_RENEW - DLOCK__RS_COUNT] =
-		"if redis.replicate_commands then redis.replicate_commands() end\n"
-		"local t = redis.call('TIME')\n"
-		"local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-		"local out = {}\n"
-		"for i = 1, #KEYS do\n"
-		"  local H, owner, ttl = KEYS[i], ARGV[2 * i - 1], tonumber(ARGV[2 * i])\n"
-		"  local v = redis.call('HGET', H, owner)\n"
-		"  out[i] = 0\n"
-		"  if v then\n"
-		"    local e, f, rest = string.match(v, '^(%d+) ((%d+) .*)$')\n"
-		"    if tonumber(e) > now then\n"
-		"      redis.call('HSET', H, owner, string.format('%d ', now + ttl) .. f)\n"
-		"      if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end\n"
-		"      out[i] = tonumber(rest)\n"
-		"    end\n"
-		"  end\n"
-		"end\n"
-		"return out\n",
-	[RL_REPAIR - DLOCK__RS_COUNT] =
-		"if redis.replicate_commands then redis.replicate_commands() end\n"
-		"local t = redis.call('TIME')\n"
-		"local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-		"local out = {}\n"
-		"for i = 1, #KEYS do\n"
-		"  local H, owner, ttl, tail = KEYS[i], ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]), ARGV[3 * i]\n"
-		"  local fence, mode = string.match(tail, '^(%d+) (%a)')\n"
-		"  local free, mine = true, false\n"
-		"  local all = redis.call('HGETALL', H)\n"
-		"  for k = 1, #all, 2 do\n"
-		"    local e, m = string.match(all[k + 1], '^(%d+) %d+ (%a)')\n"
-		"    if tonumber(e) <= now then redis.call('HDEL', H, all[k])\n"
-		"    elseif all[k] == owner then mine = true\n"
-		"    elseif mode == 'x' or m == 'x' then free = false end\n"
-		"  end\n"
-		"  out[i] = 0\n"
-		"  if mine or free then\n"
-		"    if not mine then\n"
-		"      local F = H .. ':f'\n"
-		"      if tonumber(redis.call('GET', F) or '0') < tonumber(fence) then redis.call('SET', F, fence) end\n"
-		"    end\n"
-		"    redis.call('HSET', H, owner, string.format('%d ', now + ttl) .. tail)\n"
-		"    if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end\n"
-		"    out[i] = mine and 1 or 2\n"
-		"  end\n"
-		"end\n"
-		"return out\n",
+	[RL_REPAIR - DLOCK__RS_COUNT] = DLOCK__LUA_REDLOCK_REPAIR,
 };
 
 static const char *script_text(int i)
@@ -927,7 +879,7 @@ static int rl_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 	int64_t tmo = min64(master_timeout(s), ttl - drift_ms(s, ttl)), deadline = reqs[0]->deadline_ms;
 	ops_all(s, ops);
 	size_t nn = n;
-	rl_round(s, ops, RL_RENEW, b.argc, b.argv, b.lens, tmo, deadline, renew_decided, &nn);
+	rl_round(s, ops, DLOCK__RS_RENEW, b.argc, b.argv, b.lens, tmo, deadline, renew_decided, &nn);
 	size_t answered = 0;
 	bool missing = false;
 	for (size_t i = 0; i < s->n; i++) {

@@ -1,8 +1,8 @@
 /*
  * What the Redis store (redis.c) shares with the Redlock store (redlock.c):
- * server addresses and the connection handshake, the Lua scripts, the key
- * layout, reply decoding and the pub/sub notifier that wakes waiters.
- * Everything here is implemented in redis.c; redlock.c only adds the
+ * server addresses and the connection handshake, reply decoding and the key
+ * layout (protocol.c), the Lua scripts (scripts.c, from the files in lua/) and the
+ * pub/sub notifier that wakes waiters (notify.c). redlock.c only adds the
  * parallel fan-out to N masters and the quorum rules.
  *
  * Key layout of one lock NAME under prefix P (all share the hash tag {P:NAME},
@@ -29,15 +29,12 @@
  *                head; without a queue, the longest-registered live waiter
  *                when only writers wait).
  */
-#ifndef DLOCK_STORES_REDIS_COMMON_H
-#define DLOCK_STORES_REDIS_COMMON_H
+#ifndef DLOCK_STORES_REDIS_H
+#define DLOCK_STORES_REDIS_H
 
-#include "support.h"
+#include "../support.h"
 
 #include <hiredis/hiredis.h>
-
-/* Fences reserved at a time by the fence guard (one WAIT per block per name). */
-#define DLOCK__RFENCE_BLOCK "1000"
 
 /* Longest prefix accepted: keeps every key in a fixed buffer. */
 #define DLOCK__REDIS_PREFIX_MAX 200
@@ -86,6 +83,10 @@ int dlock__rconnect_by(redisContext **out, const dlock__rserver *srv, const char
 int dlock__rread_by(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline,
 		    redisReply **out);
 
+/* Write what is appended on c by `deadline`, without reading a reply
+ * (a pipelined command). @return 0; -1 (broken or timed out: drop c). */
+int dlock__rflush_by(redisContext *c, int64_t deadline);
+
 /*
  * Bounds of one reply, against a hostile or broken server (hiredis would
  * allocate whatever a header announces): unparsed bytes buffered, and the
@@ -114,6 +115,15 @@ int dlock__rreply_error(const redisReply *r, const dlock__rserver *srv, const ch
 /* Turn a broken context (c->err) into DLOCK_EUNAVAILABLE naming the server. */
 int dlock__rconn_error(const redisContext *c, const dlock__rserver *srv, const char *kind);
 
+/* Milliseconds left until deadline (CLOCK_MONOTONIC), never below 0. */
+int64_t dlock__rms_left(int64_t deadline);
+/* Re-raise the last error with another code and a prefix. */
+int dlock__rrewrap(int code, const char *kind, const char *prefix);
+/* ESTORE "unexpected reply from KIND to WHAT". */
+int dlock__rbad_reply(const char *kind, const char *what);
+/* An integer reply (or a numeric string) into *v. @return 0; -1 otherwise. */
+int dlock__rreply_int(const redisReply *r, long long *v);
+
 /* ---- scripts ---- */
 enum {
 	/* KEYS[1] is always the holder key H; scripts derive the others from it. */
@@ -121,7 +131,7 @@ enum {
 			      guard] -> {1, fence} | {1, fence, reservation: WAIT, then confirm} |
 			      {0, retry_ms} */
 	DLOCK__RS_RELEASE, /* ARGV owner -> 1 | 0 (and PUBLISH on the channel) */
-	DLOCK__RS_RENEW,   /* KEYS H1..Hn; ARGV owner1 ttl1 ... -> {1|0, ...} (also extend) */
+	DLOCK__RS_RENEW,   /* KEYS H1..Hn; ARGV owner1 ttl1 ... -> {fence|0, ...} (also extend) */
 	DLOCK__RS_CANCEL,  /* ARGV owner -> 1 */
 	DLOCK__RS_STATUS,  /* -> {now, fence, {hgetall H}, live waiters} */
 	DLOCK__RS_RAISE,   /* ARGV fence -> counter after max(counter, fence) (Redlock) */
@@ -157,6 +167,8 @@ typedef struct dlock__rargs {
 void dlock__rargs_acquire(dlock__rargs *a, const dlock__rkeys *k, const dlock_request *req, int64_t ticket);
 /* After an acquire try: remember in req->slot whether it left us registered as a waiter. */
 void dlock__racquire_done(dlock_request *req, int rc);
+/* Append one more string argument (borrowed until the command is sent). */
+void dlock__rargs_add(dlock__rargs *a, const char *s);
 /* release and cancel: the holder key and the owner */
 void dlock__rargs_owner(dlock__rargs *a, const dlock__rkeys *k, const dlock_request *req);
 void dlock__rargs_status(dlock__rargs *a, const dlock__rkeys *k);
@@ -206,7 +218,7 @@ void dlock__rnotify_free(dlock__rnotify *nt);
 void dlock__rnotify_arm(dlock__rnotify *nt, const dlock_request *req);
 /* The waiter is done (granted, released, cancelled): drop its subscription. Any thread. */
 void dlock__rnotify_forget(dlock__rnotify *nt, const dlock_request *req);
-/* be->wait: see redis.c. Thread-safe, called without the store mutex. */
+/* be->wait: see notify.c. Thread-safe, called without the store mutex. */
 int dlock__rnotify_wait(dlock__rnotify *nt, dlock_request *req, const char *channel, int64_t timeout_ms);
 
 #endif

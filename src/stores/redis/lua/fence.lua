@@ -1,0 +1,26 @@
+-- The next fence. With ARGV[8] (the fence guard: the id of the server the
+-- client talks to, sent by redis+sentinel://) fences never go back after a
+-- failover that loses grants: a fence is handed out only when it is at most a
+-- reservation r (key ":e") that is on the replicas. The client waits (WAIT)
+-- for the replicas when a grant returns a third element (a new reservation)
+-- and then confirms it (c := r); a server that has not granted since it
+-- became master (its id differs from ":e"'s) first lifts the counter to r,
+-- above every fence handed out before the failover. Reservations are made
+-- 1000 fences at a time (one WAIT per 1000 grants of a name). Returns f[, r].
+local function fence()
+  local F = H .. ':f'
+  local id = ARGV[8]
+  if not id or id == '' then return redis.call('INCR', F) end
+  local E = H .. ':e'
+  local e = redis.call('HMGET', E, 'id', 'r', 'c')
+  if e[1] ~= id then
+    local r = tonumber(e[2] or '0')
+    if tonumber(redis.call('GET', F) or '0') < r then redis.call('SET', F, r) end
+    redis.call('HSET', E, 'id', id)
+  end
+  local f = redis.call('INCR', F)
+  if f <= tonumber(e[3] or '0') then return f end
+  local r = math.max(f + 1000 - 1, tonumber(e[2] or '0'))
+  redis.call('HSET', E, 'r', r)
+  return f, r
+end

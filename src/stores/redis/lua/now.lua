@@ -1,0 +1,3 @@
+-- The server's clock in ms: expiries never use a client's clock.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
