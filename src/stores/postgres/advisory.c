@@ -1,0 +1,598 @@
+/*
+ * PostgreSQL store, mode=advisory: pg_try_advisory_lock on a connection held
+ * for the lock's life (req->slot), with idle_session_timeout as a server-side
+ * lease.
+ */
+#include "pg.h"
+
+/* ---------------------------------------------------------- advisory mode */
+
+static void pool_put(pg_backend *be, PGconn *c)
+{
+	if (c && PQstatus(c) == CONNECTION_OK && PQtransactionStatus(c) == PQTRANS_IDLE &&
+	    be->npool < POOL_MAX)
+		be->pool[be->npool++] = c;
+	else
+		PQfinish(c);
+}
+
+static int pool_get(pg_backend *be, int64_t deadline, PGconn **out)
+{
+	while (be->npool > 0) {
+		PGconn *c = be->pool[--be->npool];
+		if (dlock__pg_idle_ok(c)) {
+			*out = c;
+			return 0;
+		}
+		PQfinish(c);
+	}
+	int code = 0;
+	*out = dlock__pg_connect_db(be, deadline, &code);
+	return *out ? 0 : code;
+}
+
+static intent **intent_find(pg_backend *be, const char *owner)
+{
+	intent **p = &be->intents;
+	while (*p && strcmp((*p)->owner, owner) != 0)
+		p = &(*p)->next;
+	return p;
+}
+
+static char *ms_setting(int64_t ms, char *buf, size_t n)
+{
+	/* idle_session_timeout is an int of milliseconds */
+	snprintf(buf, n, "%" PRId64, ms > INT32_MAX ? (int64_t)INT32_MAX : ms);
+	return buf;
+}
+
+/* SQL that turns a pooled session's lease off again (PostgreSQL 14+ has one). */
+static const char *no_lease(PGconn *c)
+{
+	return PQserverVersion(c) >= 140000 ? ", set_config('idle_session_timeout', '0', false)" : "";
+}
+
+/*
+ * Every statement of a hold's session starts with "/\* dlock-hold <owner> *\/":
+ * pg_stat_activity.query keeps a session's last statement, so status can
+ * name the holder's owner (application_name has no room for it). Owners are
+ * "<hex client id>-<serial>"; anything else is left out.
+ */
+static void hold_tag(char *buf, size_t n, const char *owner)
+{
+	buf[0] = 0;
+	if (!owner || !*owner || strspn(owner, "0123456789abcdefABCDEF-") != strlen(owner) ||
+	    strlen(owner) > 96)
+		return;
+	snprintf(buf, n, "/* dlock-hold %s */ ", owner);
+}
+
+/* Try one advisory key on *cp by `deadline`; on success *fence is the name's
+ * next fence. On an error the connection may hold the key: the caller
+ * closes it (a timeout has already dropped it: *cp == NULL). */
+static int adv_try(pg_backend *be, PGconn **cp, int64_t deadline, dlock_request *req, int64_t key,
+		   int shared, int64_t unlock_intent, int *got, uint64_t *fence)
+{
+	char k[24], ik[24], ttl[24];
+	dlock__pg_i64s(k, sizeof k, key);
+	dlock__pg_i64s(ik, sizeof ik, unlock_intent);
+	ms_setting(req->ttl_ms, ttl, sizeof ttl);
+	int lease = PQserverVersion(*cp) >= 140000;
+	char app[96], pid[16];
+	snprintf(pid, sizeof pid, "%d", req->pid);
+	snprintf(app, sizeof app, "%s", req->host ? req->host : "");
+	const char *v[] = { k, be->ns, req->name, lease ? ttl : "0", ik, pid, app };
+	/*
+	 * One round trip: take the key, then (only if taken) count the fence and
+	 * set the session's idle timeout to the lease, so that a hung or cut-off
+	 * client loses the lock on the server once a TTL passes without renewal.
+	 */
+	char sql[1280], tag[128];
+	hold_tag(tag, sizeof tag, req->owner);
+	snprintf(sql, sizeof sql,
+		 "%sWITH l AS MATERIALIZED (SELECT %s($1::bigint) AS ok),"
+		 " f AS (INSERT INTO dlock_locks AS d (ns, name, fence) SELECT $2, $3, 1 FROM l WHERE l.ok"
+		 "  ON CONFLICT (ns, name) DO UPDATE SET fence = d.fence + 1 RETURNING d.fence)"
+		 " SELECT l.ok, (SELECT fence FROM f),"
+		 " CASE WHEN l.ok AND %s THEN set_config('idle_session_timeout', $4, false) END,"
+		 " CASE WHEN l.ok AND $5::bigint <> 0 THEN pg_advisory_unlock($5::bigint) END,"
+		 /* what status shows of this holder (application_name is visible to all) */
+		 " CASE WHEN l.ok THEN set_config('application_name', 'dlock ' || $6 || ' ' ||"
+		 "  (SELECT fence FROM f) || ' ' || $4 || ' ' || $7, false) END FROM l",
+		 tag, shared ? "pg_try_advisory_lock_shared" : "pg_try_advisory_lock",
+		 lease ? "true" : "false");
+	PGresult *r;
+	int rc = dlock__pg_run(cp, deadline, "acquire", sql, 7, v, &r);
+	if (rc)
+		return rc;
+	*got = PQgetvalue(r, 0, 0)[0] == 't';
+	if (*got)
+		*fence = strtoull(PQgetvalue(r, 0, 1), NULL, 10);
+	PQclear(r);
+	return 0;
+}
+
+/*
+ * Advisory semaphores and the permits rule (dlock/lock.h): every semaphore
+ * holder keeps, on its session, a shared two-int key (class of the name,
+ * its permits), so pg_locks tells how many hold and the smallest permits
+ * among them. A caller takes its own key first, then counts: the last of
+ * any two callers to count sees the other, so no set of holders outgrows
+ * the smallest limit among them (two that count at once may both step back;
+ * the core tries again). The class is 31 bits of a hash of the name: two
+ * names that share one only count each other's holders (more refusals,
+ * never a holder too many). Then the name's key shared, which a mutex takes
+ * exclusively: a mutex and a semaphore exclude each other.
+ * @return 0 (*ok: within the rule, key kept; else key let go); an error.
+ */
+static int sem_enter(PGconn **cp, int64_t deadline, int32_t cls, unsigned permits, int *ok)
+{
+	char cs[16], ps[16];
+	snprintf(cs, sizeof cs, "%" PRId32, cls);
+	snprintf(ps, sizeof ps, "%u", permits);
+	const char *v[] = { cs, ps };
+	PGresult *r;
+	int rc = dlock__pg_run(cp, deadline, "acquire",
+		     /* the count is a subquery of t's row: pg_locks is read after our key is taken */
+		     "WITH t AS MATERIALIZED (SELECT pg_try_advisory_lock_shared($1::int, $2::int) AS ok),"
+		     " c AS MATERIALIZED (SELECT t.ok, t.ok AND (SELECT count(*) <= least($2::bigint,"
+		     "  min(l.objid::bigint)) FROM pg_locks l WHERE t.ok AND l.locktype = 'advisory'"
+		     "  AND l.granted AND l.objsubid = 2 AND l.classid = $1::int::oid AND l.database ="
+		     "  (SELECT oid FROM pg_database WHERE datname = current_database())) AS within FROM t)"
+		     " SELECT c.within, CASE WHEN c.ok AND NOT c.within"
+		     "  THEN pg_advisory_unlock_shared($1::int, $2::int) END FROM c",
+		     2, v, &r);
+	if (rc)
+		return rc;
+	*ok = PQgetvalue(r, 0, 0)[0] == 't';
+	PQclear(r);
+	return 0;
+}
+
+static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+{
+	pg_backend *be = (pg_backend *)base;
+	if (req->fair)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
+				       "fair locks need mode=table: advisory try-locks have no queue");
+	int64_t deadline;
+	int rc = dlock__pg_acquire_deadline(be, req, &deadline);
+	if (rc)
+		return rc;
+	int shared = req->mode == DLOCK_SHARED;
+	unsigned permits = req->permits;
+	int64_t intent_key = dlock__pg_adv_key(be->ns, req->name, "writer-intent");
+	if (req->waiting)
+		dlock__pg_mark_before_try(be, req);
+
+	/*
+	 * Unknown outcomes: any statement that fails here may have taken a key
+	 * on its session, so the session is closed (the key goes with it), never
+	 * pooled; a timeout has dropped it already. Nothing survives a failed try.
+	 */
+	PGconn *c = NULL;
+	intent **ip = intent_find(be, req->owner), *in = *ip;
+	if (in) {
+		c = in->conn; /* a waiting writer retries on the connection holding its intent */
+		in->conn = NULL;
+		*ip = in->next;
+		free(in);
+	} else if ((rc = pool_get(be, deadline, &c))) {
+		return rc;
+	}
+	int had_intent = in != NULL;
+	if (shared) {
+		/* Writer preference: back off while a writer announced it waits. */
+		char ik[24];
+		dlock__pg_i64s(ik, sizeof ik, intent_key);
+		const char *v[] = { ik };
+		PGresult *r;
+		rc = dlock__pg_run(&c, deadline, "acquire",
+			 "SELECT CASE WHEN pg_try_advisory_lock_shared($1::bigint)"
+			 " THEN pg_advisory_unlock_shared($1::bigint) ELSE false END",
+			 1, v, &r);
+		if (rc) {
+			dlock__pg_drop_conn(&c, 0);
+			return rc;
+		}
+		int free_ = PQgetvalue(r, 0, 0)[0] == 't';
+		PQclear(r);
+		if (!free_) {
+			pool_put(be, c);
+			return DLOCK_ELOCKED;
+		}
+	}
+	int got = 0;
+	uint64_t f = 0;
+	int64_t key = dlock__pg_adv_key(be->ns, req->name, NULL);
+	int32_t sem_class = permits > 1 ? (int32_t)(dlock__pg_adv_key(be->ns, req->name, "permits") & 0x7fffffff) : 0;
+	int within = 1;
+	if (sem_class && (rc = sem_enter(&c, deadline, sem_class, permits, &within))) {
+		dlock__pg_drop_conn(&c, 0);
+		return rc;
+	}
+	if (within) {
+		/* a semaphore holder takes the name's key shared: a mutex excludes it */
+		rc = adv_try(be, &c, deadline, req, key, shared || sem_class, had_intent ? intent_key : 0, &got, &f);
+		if (rc) {
+			dlock__pg_drop_conn(&c, 0);
+			return rc;
+		}
+		if (!got && sem_class) {
+			char cs[16], ps[16];
+			snprintf(cs, sizeof cs, "%" PRId32, sem_class);
+			snprintf(ps, sizeof ps, "%u", permits);
+			const char *v[] = { cs, ps };
+			if ((rc = dlock__pg_run(&c, deadline, "acquire", "SELECT pg_advisory_unlock_shared($1::int, $2::int)", 2,
+				      v, NULL))) {
+				dlock__pg_drop_conn(&c, 0);
+				return rc;
+			}
+		}
+	}
+	if (!got) {
+		if (had_intent || (!shared && permits == 1 && req->waiting)) {
+			/* Announce the waiting writer: hold the intent key on this connection
+			 * (a waiter that already holds it keeps it). */
+			int mine = had_intent;
+			if (!mine) {
+				char ik[24], qttl[24];
+				dlock__pg_i64s(ik, sizeof ik, intent_key);
+				ms_setting(req->queue_ttl_ms, qttl,
+					   sizeof qttl);
+				const char *v[] = { ik, qttl };
+				PGresult *r;
+				/* A writer that stops retrying (hung) must not block readers for
+				 * ever: its session ends after a queue TTL without a statement. */
+				int irc = dlock__pg_run(&c, deadline, "acquire",
+					      PQserverVersion(c) >= 140000
+						      ? "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock($1::bigint) AS ok)"
+							" SELECT ok, CASE WHEN ok THEN"
+							" set_config('idle_session_timeout', $2, false) END FROM l"
+						      : "SELECT pg_try_advisory_lock($1::bigint), $2",
+					      2, v, &r);
+				if (irc) {
+					/* It may hold the intent key now: drop the session, not pool it. */
+					dlock__pg_drop_conn(&c, 0);
+					return DLOCK_ELOCKED;
+				}
+				mine = PQgetvalue(r, 0, 0)[0] == 't';
+				PQclear(r);
+			}
+			intent *ni = mine ? calloc(1, sizeof *ni) : NULL;
+			if (ni) {
+				snprintf(ni->owner, sizeof ni->owner, "%s", req->owner);
+				ni->conn = c;
+				ni->next = be->intents;
+				be->intents = ni;
+				return DLOCK_ELOCKED;
+			}
+			if (mine) {
+				dlock__pg_drop_conn(&c, 0);
+				return DLOCK_ELOCKED;
+			}
+		}
+		pool_put(be, c);
+		return DLOCK_ELOCKED;
+	}
+	adv_hold *h = calloc(1, sizeof *h);
+	if (!h) {
+		dlock__pg_drop_conn(&c, 0); /* closing the session frees the lock */
+		return dlock__oom();
+	}
+	h->conn = c;
+	h->key = key;
+	h->shared = shared || sem_class;
+	h->sem_class = sem_class;
+	h->sem_permits = permits;
+	req->slot = h;
+	*fence = f;
+	if (req->waiting)
+		dlock__pg_mark_forget(be, req);
+	(void)retry_ms;
+	return 0;
+}
+
+/*
+ * A release that cannot be confirmed (timeout, broken connection, any error)
+ * closes the hold's session: the server then frees every key it held, so
+ * nothing outlives the release. A timeout says so (DLOCK_EUNAVAILABLE, "timed
+ * out"); a session that was already gone held nothing (DLOCK_ENOTHELD).
+ */
+static int adv_release(dlock_backend *base, dlock_request *req)
+{
+	pg_backend *be = (pg_backend *)base;
+	adv_hold *h = req->slot;
+	if (!h)
+		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL,
+				       "advisory locks live on their connection: this handle holds none");
+	req->slot = NULL;
+	if (!h->conn) {
+		free(h);
+		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL,
+				       "the lock's connection was closed earlier (and the lock with it)");
+	}
+	int64_t deadline = req->deadline_ms;
+	char k[24];
+	dlock__pg_i64s(k, sizeof k, h->key);
+	const char *v[] = { k, be->ns, req->name };
+	PGresult *r;
+	char sql[400], sem[96] = "";
+	if (h->sem_class)
+		snprintf(sem, sizeof sem, ", pg_advisory_unlock_shared(%" PRId32 ", %u)", h->sem_class,
+			 h->sem_permits);
+	snprintf(sql, sizeof sql,
+		 "SELECT %s($1::bigint)%s%s, set_config('application_name', 'dlock', false),"
+		 " pg_notify('" CHANNEL "', $2 || chr(31) || $3)",
+		 h->shared ? "pg_advisory_unlock_shared" : "pg_advisory_unlock", sem, no_lease(h->conn));
+	int rc = dlock__pg_run(&h->conn, deadline, "release", sql, 3, v, &r);
+	if (rc) {
+		int gone = !h->conn || PQstatus(h->conn) != CONNECTION_OK;
+		int tmo = rc == DLOCK_EUNAVAILABLE && strcmp(dlock_error_last()->store_code, "timeout") == 0;
+		dlock__pg_drop_conn(&h->conn, 0);
+		free(h);
+		if (tmo)
+			return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout",
+					       "release: timed out; the lock's connection was closed, "
+					       "so the server ends the lock with its session");
+		return gone && rc == DLOCK_EUNAVAILABLE
+			       ? dlock_error_set(DLOCK_ENOTHELD, KIND, NULL,
+						 "the lock's connection was lost (and the lock with it)")
+			       : rc;
+	}
+	int was = PQgetvalue(r, 0, 0)[0] == 't';
+	PQclear(r);
+	pool_put(be, h->conn);
+	free(h);
+	return was ? 0 : DLOCK_ENOTHELD;
+}
+
+static const char held_sql[] =
+	"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+	" AND granted AND objsubid = 1 AND classid = $1::oid AND objid = $2::oid";
+
+static void key_oids(int64_t key, char *hi, char *lo)
+{
+	uint64_t u = (uint64_t)key;
+	snprintf(hi, 16, "%" PRIu32, (uint32_t)(u >> 32));
+	snprintf(lo, 16, "%" PRIu32, (uint32_t)u);
+}
+
+/* A hold whose statement timed out has lost its connection (the late answer
+ * must not be read later) and with it the lock: DLOCK_ENOTHELD. */
+static int adv_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
+{
+	(void)base;
+	adv_hold *h = req->slot;
+	if (!h || !h->conn)
+		return DLOCK_ENOTHELD;
+	int64_t deadline = req->deadline_ms;
+	char hi[16], lo[16], ttl[24];
+	key_oids(h->key, hi, lo);
+	ms_setting(ttl_ms, ttl, sizeof ttl);
+	int lease = PQserverVersion(h->conn) >= 140000;
+	const char *v[] = { hi, lo, ttl };
+	PGresult *r;
+	char sql[768], tag[128];
+	hold_tag(tag, sizeof tag, req->owner);
+	/* Field 4 of application_name is the lease that status reports. */
+	snprintf(sql, sizeof sql,
+		 "%sSELECT (%s) > 0%s, set_config('application_name', regexp_replace("
+		 "current_setting('application_name'), '^(dlock \\S+ \\S+) \\S+', '\\1 ' || $3), false)",
+		 tag, held_sql, lease ? ", set_config('idle_session_timeout', $3, false)" : ", $3");
+	int rc = dlock__pg_run(&h->conn, deadline, "extend", sql, 3, v, &r);
+	if (rc)
+		return h->conn && PQstatus(h->conn) == CONNECTION_OK ? rc : DLOCK_ENOTHELD;
+	int ok = PQgetvalue(r, 0, 0)[0] == 't';
+	PQclear(r);
+	return ok ? 0 : DLOCK_ENOTHELD;
+}
+
+/*
+ * All holds at once: send every check, then collect the answers as they come
+ * (one round trip overall), all by one deadline. A hold whose answer does not
+ * come in time loses its connection (so no late answer is read later) and the
+ * lock with it: DLOCK_ENOTHELD, which the core reports as lost.
+ */
+static int adv_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
+{
+	(void)base;
+	int64_t deadline = n ? reqs[0]->deadline_ms : dlock_clock_ms();
+	struct pend {
+		PGresult *last;
+		int code;
+		int state; /* 1 sent, 2 done, 0 nothing to do */
+	} *pd = calloc(n ? n : 1, sizeof *pd);
+	struct pollfd *pf = calloc(n ? n : 1, sizeof *pf);
+	if (!pd || !pf) {
+		free(pd);
+		free(pf);
+		return dlock__oom();
+	}
+	for (size_t i = 0; i < n; i++) {
+		adv_hold *h = reqs[i]->slot;
+		results[i] = DLOCK_ENOTHELD;
+		if (!h || !h->conn || PQstatus(h->conn) != CONNECTION_OK)
+			continue;
+		char hi[16], lo[16];
+		key_oids(h->key, hi, lo);
+		const char *v[] = { hi, lo };
+		char sql[512], tag[128];
+		hold_tag(tag, sizeof tag, reqs[i]->owner);
+		snprintf(sql, sizeof sql, "%s%s", tag, held_sql);
+		if (PQsendQueryParams(h->conn, sql, 2, NULL, v, NULL, NULL, 0))
+			pd[i].state = 1;
+		else
+			dlock__pg_drop_conn(&h->conn, 0);
+	}
+	for (;;) {
+		nfds_t np = 0;
+		for (size_t i = 0; i < n; i++) {
+			adv_hold *h = reqs[i]->slot;
+			pf[i].fd = -1;
+			if (pd[i].state != 1)
+				continue;
+			int f = PQflush(h->conn);
+			int s = f < 0 ? -1 : dlock__pg_q_step(h->conn, "renew", &pd[i].last, &pd[i].code);
+			if (s == 0) {
+				pf[i].fd = PQsocket(h->conn);
+				pf[i].events = (short)(POLLIN | (f ? POLLOUT : 0));
+				np++;
+			} else {
+				pd[i].state = s == 1 ? 2 : 0;
+				if (s < 0)
+					dlock__pg_drop_conn(&h->conn, 0);
+			}
+		}
+		int ms = dlock__pg_poll_ms(deadline);
+		if (np == 0 || ms == 0)
+			break;
+		if (poll(pf, (nfds_t)n, ms) < 0 && errno != EINTR)
+			break;
+	}
+	for (size_t i = 0; i < n; i++) {
+		adv_hold *h = reqs[i]->slot;
+		PGresult *last = pd[i].last;
+		if (pd[i].state == 1) {
+			/* No answer in time: the session is given up, and the lock with it. */
+			dlock__pg_drop_conn(&h->conn, 1);
+			results[i] = DLOCK_ENOTHELD;
+		} else if (pd[i].state == 2 && !pd[i].code && last && PQntuples(last) == 1) {
+			results[i] = atoi(PQgetvalue(last, 0, 0)) > 0 ? 0 : DLOCK_ENOTHELD;
+		} else if (pd[i].state == 2 && h->conn && PQstatus(h->conn) == CONNECTION_OK) {
+			results[i] = pd[i].code ? pd[i].code : DLOCK_ESTORE;
+		} else {
+			results[i] = DLOCK_ENOTHELD; /* the session died: its locks died with it */
+		}
+		PQclear(last);
+	}
+	free(pd);
+	free(pf);
+	return 0;
+}
+
+static int adv_cancel(dlock_backend *base, dlock_request *req)
+{
+	pg_backend *be = (pg_backend *)base;
+	dlock__pg_mark_forget(be, req);
+	intent **ip = intent_find(be, req->owner), *in = *ip;
+	if (!in)
+		return 0;
+	*ip = in->next;
+	int64_t deadline = req->deadline_ms;
+	char ik[24];
+	dlock__pg_i64s(ik, sizeof ik, dlock__pg_adv_key(be->ns, req->name, "writer-intent"));
+	const char *v[] = { ik, be->ns, req->name };
+	char sql[256];
+	snprintf(sql, sizeof sql,
+		 "SELECT pg_advisory_unlock($1::bigint)%s, pg_notify('" CHANNEL "', $2 || chr(31) || $3)",
+		 no_lease(in->conn));
+	int rc = dlock__pg_run(&in->conn, deadline, "cancel", sql, 3, v, NULL);
+	if (rc)
+		dlock__pg_drop_conn(&in->conn, 0); /* the intent key goes with the session */
+	else
+		pool_put(be, in->conn);
+	free(in);
+	return 0;
+}
+
+static int adv_status(dlock_backend *base, const char *const *names, size_t nnames,
+		      dlock_lock_status **out, size_t *count)
+{
+	pg_backend *be = (pg_backend *)base;
+	if (!names || !nnames)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
+				       "advisory mode cannot list lock names (keys are hashes); "
+				       "ask for names");
+	int64_t deadline = dlock_clock_ms() + be->request_timeout_ms;
+	PGconn *c = NULL;
+	int rc = dlock__pg_main_conn(be, deadline, &c);
+	if (rc)
+		return rc;
+	dlock_lock_status *st = NULL;
+	size_t cnt = 0;
+	for (size_t i = 0; i < nnames; i++) {
+		dlock_lock_status *s = dlock__status_add(&st, &cnt);
+		if (!s || !(s->name = dlock__strdup(names[i]))) {
+			rc = DLOCK_ENOMEM;
+			goto fail;
+		}
+		s->permits = 1;
+		char hi[16], lo[16];
+		key_oids(dlock__pg_adv_key(be->ns, names[i], NULL), hi, lo);
+		char ihi[16], ilo[16];
+		key_oids(dlock__pg_adv_key(be->ns, names[i], "writer-intent"), ihi, ilo);
+		const char *v[] = { hi, lo, be->ns, names[i], ihi, ilo };
+		PGresult *r;
+		/* application_name of a holder: "dlock <pid> <fence> <lease ms> <host>";
+		 * the lease counts from the session's last statement (idle_session_timeout),
+		 * whose text names the owner (hold_tag; visible to the same role). */
+		rc = dlock__pg_run(&be->conn, deadline, "status",
+			 "SELECT l.pid, l.mode, a.application_name,"
+			 " floor(extract(epoch FROM (clock_timestamp() - a.state_change)) * 1000)::bigint,"
+			 " (SELECT fence FROM dlock_locks WHERE ns = $3 AND name = $4),"
+			 " (SELECT count(*) FROM pg_locks w WHERE w.locktype = 'advisory' AND w.granted"
+			 "  AND w.objsubid = 1 AND w.classid = $5::oid AND w.objid = $6::oid),"
+			 " substring(a.query FROM '^/\\* dlock-hold ([0-9a-fA-F-]+) \\*/')"
+			 " FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted"
+			 " AND l.objsubid = 1 AND l.classid = $1::oid AND l.objid = $2::oid"
+			 " LEFT JOIN pg_stat_activity a ON a.pid = l.pid",
+			 6, v, &r);
+		if (rc)
+			goto fail;
+		for (int row = 0; row < PQntuples(r); row++) {
+			if (!PQgetisnull(r, row, 4))
+				s->last_fence = strtoull(PQgetvalue(r, row, 4), NULL, 10);
+			s->waiters = (size_t)strtoul(PQgetvalue(r, row, 5), NULL, 10);
+			if (PQgetisnull(r, row, 0))
+				continue;
+			dlock_holder *h = dlock__status_add_holder(s);
+			if (!h || !(h->owner = PQgetisnull(r, row, 6)
+						       ? dlock__sprintf("backend-%s", PQgetvalue(r, row, 0))
+						       : dlock__strdup(PQgetvalue(r, row, 6)))) {
+				PQclear(r);
+				rc = DLOCK_ENOMEM;
+				goto fail;
+			}
+			h->mode = strcmp(PQgetvalue(r, row, 1), "ShareLock") == 0 ? DLOCK_SHARED
+										   : DLOCK_EXCLUSIVE;
+			h->ttl_left_ms = -1;
+			int pid = 0, n = 0;
+			unsigned long long fence = 0;
+			long long lease = 0;
+			const char *app = PQgetvalue(r, row, 2);
+			if (sscanf(app, "dlock %d %llu %lld %n", &pid, &fence, &lease, &n) == 3) {
+				h->pid = pid;
+				h->fence = fence;
+				if (lease > 0 && !PQgetisnull(r, row, 3))
+					h->ttl_left_ms = lease - strtoll(PQgetvalue(r, row, 3), NULL, 10);
+			}
+			if (!(h->host = dlock__strdup(n > 0 ? app + n : ""))) {
+				PQclear(r);
+				rc = DLOCK_ENOMEM;
+				goto fail;
+			}
+		}
+		PQclear(r);
+	}
+	*out = st;
+	*count = cnt;
+	return 0;
+fail:
+	dlock_status_free(st, cnt);
+	return rc;
+}
+
+/* mode=advisory: holds are session advisory locks of our connection. */
+const dlock_backend_methods dlock__pg_advisory_methods = {
+	DLOCK_BACKEND_METHODS_INIT(KIND),
+	.flags = DLOCK_BACKEND_F_SESSION,
+	.acquire = adv_acquire,
+	.release = adv_release,
+	.renew = adv_renew,
+	.extend = adv_extend,
+	.wait = dlock__pg_wait,
+	.cancel = adv_cancel,
+	.status = adv_status,
+	.close = dlock__pg_close,
+};

@@ -1,0 +1,157 @@
+/*
+ * What the files of the PostgreSQL store share (postgres://…?mode=table|advisory):
+ * the store handle, connections bounded by the caller's deadline (conn.c),
+ * LISTEN/NOTIFY wake-ups (notify.c), table mode (table.c, schema.sql) and
+ * advisory mode (advisory.c); open/close and the method tables: postgres.c.
+ * See docs/stores/postgres.md for the failure model.
+ */
+#ifndef DLOCK_STORES_POSTGRES_PG_H
+#define DLOCK_STORES_POSTGRES_PG_H
+
+#include "../support.h"
+
+#include <libpq-fe.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define KIND "postgres"
+#define SCHEMA_VERSION 2 /* 2: dlock_acquire_v1 applies the permits rule */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define CHANNEL "dlock_wake"
+#define NBUCKETS 256
+#define NMARKS 64
+#define POOL_MAX 8
+/* TCP settings of every connection (see connect_db). */
+#define KEEPALIVE_IDLE_S 5
+#define KEEPALIVE_INTERVAL_S 2
+#define KEEPALIVE_COUNT 3
+#define TCP_USER_TIMEOUT_MS 10000
+/* pg_advisory_xact_lock key that serialises schema creation ("dlockSCH"). */
+#define SCHEMA_LOCK_KEY "7236281174070608712"
+
+typedef struct mark {
+	char owner[64];
+	uint64_t gen;
+	uint64_t used;
+} mark;
+
+typedef struct pg_backend {
+	dlock_backend base;
+	char *host, *port, *user, *password, *dbname, *sslmode;
+	char *sslrootcert, *sslcert, *sslkey; /* TLS files, passed to libpq as they are */
+	char *ns;
+	int advisory;
+	int64_t connect_timeout_ms; /* bound of one connect (and of the open) */
+	int64_t request_timeout_ms; /* bound of status, and of a call without a deadline */
+	PGconn *conn; /* under the store mutex */
+	unsigned prepared; /* bits of stmts[] prepared on conn */
+
+	/* LISTEN connection and its thread; everything below under lmu */
+	pthread_mutex_t lmu;
+	pthread_cond_t lcv;
+	PGconn *lconn;
+	int lthread_on, lstop;
+	pthread_t lthread;
+	int wakefd[2];
+	uint64_t gen;
+	uint64_t bucket_gen[NBUCKETS];
+	mark marks[NMARKS];
+	uint64_t mark_clock;
+
+	/* advisory mode: idle connections, and waiting writers' intent connections */
+	PGconn *pool[POOL_MAX];
+	int npool;
+	struct intent *intents;
+} pg_backend;
+
+/* A waiting writer in advisory mode holds the name's "writer intent" key on
+ * its own connection so that new readers back off (writer preference). */
+typedef struct intent {
+	struct intent *next;
+	char owner[64];
+	PGconn *conn;
+} intent;
+
+/* Per-hold state in advisory mode (req->slot). */
+typedef struct adv_hold {
+	PGconn *conn;
+	int64_t key;
+	int shared;
+	int32_t sem_class;  /* a semaphore hold: its (class, permits) key, shared; else 0 */
+	unsigned sem_permits;
+} adv_hold;
+
+/* ---- what the files of this store share ---- */
+
+/* One method table per mode (table.c, advisory.c); both close with dlock__pg_close. */
+extern const dlock_backend_methods dlock__pg_table_methods;
+extern const dlock_backend_methods dlock__pg_advisory_methods;
+void dlock__pg_close(dlock_backend *base);
+
+/* Prepared statements of table mode (conn.c: their SQL). */
+enum { S_ACQUIRE, S_RELEASE, S_COUNT };
+
+/* conn.c: one statement with parameters on *cp by `deadline`; *out gets the
+ * result (caller PQclear). A timeout or a broken link drops *cp. */
+int dlock__pg_run(PGconn **cp, int64_t deadline, const char *what, const char *sql, int n,
+		 const char *const *vals, PGresult **out);
+
+/* Close *cp (after a cancel request when `cancel`), leaving NULL. */
+void dlock__pg_drop_conn(PGconn **cp, int cancel);
+
+/* The deadline of an acquire try (the core's); DLOCK_ELOCKED when too little
+ * of it is left to send another try. */
+int dlock__pg_acquire_deadline(const pg_backend *be, const dlock_request *req, int64_t *deadline);
+
+/* Milliseconds to poll until deadline (>= 0, capped for int). */
+int dlock__pg_poll_ms(int64_t deadline);
+
+/* A new connection by `deadline` (TLS, keepalive, TCP_USER_TIMEOUT set). */
+PGconn *dlock__pg_connect_db(pg_backend *be, int64_t deadline, int *code);
+
+/* Is an idle connection still usable (no error, no pending input)? */
+int dlock__pg_idle_ok(PGconn *c);
+
+/* The store's main connection (under the store mutex), connected by `deadline`. */
+int dlock__pg_main_conn(pg_backend *be, int64_t deadline, PGconn **out);
+
+/* Take what the server sent so far: 1 complete (*last, *code), 0 more to
+ * come, -1 connection failed. Never blocks. */
+int dlock__pg_q_step(PGconn *c, const char *what, PGresult **last, int *code);
+
+/* Run prepared statement `which` (S_*) on the main connection, preparing it first. */
+int dlock__pg_run_stmt(pg_backend *be, int64_t deadline, int which, const char *what,
+		      const char *const *vals, PGresult **out);
+
+/* Create or check table mode's schema (schema.sql) once per store handle. */
+int dlock__pg_ensure_schema(pg_backend *be, int64_t deadline);
+
+/* The 64-bit advisory key of (ns, name, slot). */
+int64_t dlock__pg_adv_key(const char *ns, const char *name, const char *slot);
+
+/* The wake-up bucket of a NOTIFY payload, and of a lock name. */
+unsigned dlock__pg_bucket_of(const char *payload, size_t len);
+
+unsigned dlock__pg_bucket_for(pg_backend *be, const char *name);
+
+/* notify.c: waiters' marks (arm before each try, forget at the end) and be->wait. */
+void dlock__pg_mark_before_try(pg_backend *be, const dlock_request *req);
+
+void dlock__pg_mark_forget(pg_backend *be, const dlock_request *req);
+
+int dlock__pg_wait(dlock_backend *base, dlock_request *req, int64_t timeout_ms);
+
+/* Decimal text of v into buf. */
+void dlock__pg_i64s(char *buf, size_t n, int64_t v);
+
+#endif

@@ -1,0 +1,87 @@
+-- The tables and the acquire function of the PostgreSQL store's table mode
+-- (postgres://…?mode=table). Embedded in the library at build time and run
+-- by the first client of a database, under an advisory transaction lock;
+-- the client then records the schema version in dlock_schema.
+--
+-- Why a function and not one bare INSERT … ON CONFLICT: in READ COMMITTED a
+-- single statement re-reads only the conflicting row at its latest version;
+-- anything else it reads (other holders, waiters) comes from its start
+-- snapshot, so two concurrent shared/semaphore acquires could both count a
+-- stale holder set. The function first locks the name's counter row (never
+-- deleted), and each later statement in it takes a fresh snapshot, so the
+-- check-then-insert is serialised per name. The client still sends one
+-- statement per acquire. Expiry is always clock_timestamp() on the server.
+
+CREATE TABLE IF NOT EXISTS dlock_schema (component text PRIMARY KEY, version int NOT NULL);
+
+CREATE TABLE IF NOT EXISTS dlock_locks (
+ ns text NOT NULL, name text NOT NULL, fence bigint NOT NULL DEFAULT 0,
+ PRIMARY KEY (ns, name));
+
+CREATE TABLE IF NOT EXISTS dlock_holders (
+ ns text NOT NULL, name text NOT NULL, owner text NOT NULL, mode smallint NOT NULL,
+ permits int NOT NULL, fence bigint NOT NULL, expires timestamptz NOT NULL,
+ host text NOT NULL DEFAULT '', pid int NOT NULL DEFAULT 0,
+ PRIMARY KEY (ns, name, owner));
+
+CREATE TABLE IF NOT EXISTS dlock_waiters (
+ ns text NOT NULL, name text NOT NULL, owner text NOT NULL, mode smallint NOT NULL,
+ fair boolean NOT NULL, seq bigserial, expires timestamptz NOT NULL,
+ PRIMARY KEY (ns, name, owner));
+
+CREATE OR REPLACE FUNCTION dlock_acquire_v1(p_ns text, p_name text, p_owner text,
+ p_mode int, p_permits int, p_ttl_ms bigint, p_waiting boolean, p_fair boolean,
+ p_queue_ttl_ms bigint, p_host text, p_pid int, OUT o_fence bigint, OUT o_retry_ms bigint)
+ LANGUAGE plpgsql AS $f$
+DECLARE
+ t timestamptz; f bigint; n int; bad int; lim int; exp_min timestamptz; my_seq bigint;
+ writers_ahead int; fair_ahead int; wexp timestamptz; ok boolean;
+BEGIN
+ INSERT INTO dlock_locks (ns, name) VALUES (p_ns, p_name) ON CONFLICT DO NOTHING;
+ SELECT l.fence INTO f FROM dlock_locks l WHERE l.ns = p_ns AND l.name = p_name FOR UPDATE;
+ t := clock_timestamp();
+ DELETE FROM dlock_holders h WHERE h.ns = p_ns AND h.name = p_name AND h.expires <= t;
+ DELETE FROM dlock_waiters w WHERE w.ns = p_ns AND w.name = p_name AND w.expires <= t;
+ -- A repeated request of a live holder (a retry after a lost reply) keeps its grant.
+ UPDATE dlock_holders h SET expires = t + p_ttl_ms * interval '1 millisecond'
+  WHERE h.ns = p_ns AND h.name = p_name AND h.owner = p_owner RETURNING h.fence INTO o_fence;
+ IF FOUND THEN o_retry_ms := 0; RETURN; END IF;
+ SELECT count(*), count(*) FILTER (WHERE h.mode <> p_mode),
+  least(p_permits, min(h.permits) FILTER (WHERE h.mode = 0)), min(h.expires)
+  INTO n, bad, lim, exp_min
+  FROM dlock_holders h WHERE h.ns = p_ns AND h.name = p_name;
+ SELECT w.seq INTO my_seq FROM dlock_waiters w
+  WHERE w.ns = p_ns AND w.name = p_name AND w.owner = p_owner;
+ -- Waiters registered before us (all of them if we are not registered).
+ SELECT count(*) FILTER (WHERE w.mode = 0), count(*) FILTER (WHERE w.fair), min(w.expires)
+  INTO writers_ahead, fair_ahead, wexp FROM dlock_waiters w
+  WHERE w.ns = p_ns AND w.name = p_name AND w.owner <> p_owner
+  AND (my_seq IS NULL OR w.seq < my_seq);
+ IF p_mode = 1 THEN
+  -- shared: no exclusive holder, no writer waiting ahead (writer preference)
+  ok := bad = 0 AND writers_ahead = 0;
+ ELSE
+  -- exclusive/semaphore: the permits rule (holders + 1 <= the smallest
+  -- permits among the holders and the caller; a mutex holder admits
+  -- nobody), and a free permit that no earlier fair waiter is owed
+  ok := bad = 0 AND n < lim AND fair_ahead < lim - n;
+ END IF;
+ IF ok THEN
+  f := f + 1;
+  UPDATE dlock_locks l SET fence = f WHERE l.ns = p_ns AND l.name = p_name;
+  INSERT INTO dlock_holders (ns, name, owner, mode, permits, fence, expires, host, pid)
+   VALUES (p_ns, p_name, p_owner, p_mode, p_permits, f,
+           t + p_ttl_ms * interval '1 millisecond', p_host, p_pid);
+  DELETE FROM dlock_waiters w WHERE w.ns = p_ns AND w.name = p_name AND w.owner = p_owner;
+  o_fence := f; o_retry_ms := 0; RETURN;
+ END IF;
+ IF p_waiting THEN
+  INSERT INTO dlock_waiters AS w (ns, name, owner, mode, fair, expires)
+   VALUES (p_ns, p_name, p_owner, p_mode, p_fair, t + p_queue_ttl_ms * interval '1 millisecond')
+   ON CONFLICT (ns, name, owner) DO UPDATE
+   SET expires = EXCLUDED.expires, mode = EXCLUDED.mode, fair = EXCLUDED.fair;
+ END IF;
+ o_fence := 0;
+ o_retry_ms := ceil(extract(epoch FROM (coalesce(exp_min, wexp, t) - t)) * 1000)::bigint;
+END
+$f$;
