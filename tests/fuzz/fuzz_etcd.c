@@ -9,7 +9,7 @@
  *   3  directory-name unescaping, and the round trip of our own escaping
  */
 #include "core/internal.h"
-#include "stores/etcd_parse.h"
+#include "stores/etcd/parse.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,7 +92,7 @@ static void names(const char *text, size_t size)
 {
 	char *u = dlock__etcd_unescape_name(text, size);
 	free(u);
-	/* The store escapes '%' and '/' as %XX (src/stores/etcd.c dir_of). */
+	/* The store escapes '%' and '/' as %XX (src/stores/etcd/parse.c, dir_of). */
 	size_t len = strlen(text);
 	char *esc = malloc(3 * len + 1), *o = esc;
 	if (!esc)

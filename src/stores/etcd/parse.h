@@ -1,5 +1,5 @@
 /*
- * etcd_parse.h — the pure parsing half of the etcd store (src/stores/etcd.c),
+ * parse.h — the pure parsing half of the etcd store (src/stores/etcd/parse.c),
  * exposed only so the libFuzzer target tests/fuzz/fuzz_etcd.c can feed it
  * hostile input. Internal: not installed, not part of the API.
  *
