@@ -33,18 +33,16 @@
  * Faults on the network (partition, lose-reply, delay) need each worker to
  * talk to the store through a connection of its own that the parent can
  * fault: the parent runs the fault proxy of the tests
- * (tests/servers/faultproxy.c, built into this program) in a forked child,
+ * (src/cli/faultproxy.c, built into this program) in a forked child,
  * with one route per worker and store host, and gives each worker the store
  * URI with its hosts replaced by its own routes. Only a pause explains an
  * overlap: under every other fault the lease or the lost signal must keep
  * holds apart, and an overlap is the store's fault.
  *
- * `--store broken:` (test only, not in --help) is a fake store that grants
- * every request: the checker must catch it.
+ * The tests run it on a fake store that grants every request (a test build of
+ * this tool, tests/cli/broken_store.c): the checker must catch it.
  */
 #include "cli.h"
-
-#include <dlock/sys/backend.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -329,7 +327,6 @@ static uint64_t rnd_below(uint64_t *s, uint64_t n)
 typedef struct shared_state {
 	atomic_int stop;
 	atomic_llong holding[MAX_CLIENTS]; /* seq of the hold a worker is in, 0 when none */
-	atomic_ullong broken_fence;        /* the broken: store's fence counter */
 	atomic_int reopen[MAX_CLIENTS];    /* file-delete: open the store again before the next try */
 } shared_state;
 
@@ -340,7 +337,6 @@ typedef struct run_ctx {
 	struct proxy *px;    /* the fault proxy, or NULL */
 	char *db_path;       /* the SQLite file (file-delete), or NULL */
 	bool failed_over;    /* failover happens once: the script restarts no master */
-	bool broken;
 	int log_fd;
 	char reg_path[PATH_MAX];
 	shared_state *sh;
@@ -418,60 +414,9 @@ out:
 	return ok;
 }
 
-/* ---- the broken: store (test only) -------------------------------------- */
-
-/* Grants every request, ignoring exclusivity: proves the checker can fail. */
-typedef struct broken_backend {
-	dlock_backend base;
-	shared_state *sh;
-} broken_backend;
-
-static int broken_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
-{
-	(void)req;
-	(void)retry_ms;
-	*fence = atomic_fetch_add(&((broken_backend *)be)->sh->broken_fence, 1) + 1;
-	return 0;
-}
-
-static int broken_release(dlock_backend *be, dlock_request *req)
-{
-	(void)be;
-	(void)req;
-	return 0;
-}
-
-static int broken_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
-{
-	(void)be;
-	(void)reqs;
-	for (size_t i = 0; i < n; i++)
-		results[i] = 0;
-	return 0;
-}
-
-static void broken_close(dlock_backend *be)
-{
-	free(be);
-}
-
 static int open_store(const run_ctx *c, int w_slot, dlock_store **out)
 {
-	if (!c->broken)
-		return dlock_store_open(out, c->worker_uri[w_slot] ? c->worker_uri[w_slot] : c->uri);
-	broken_backend *b = calloc(1, sizeof *b);
-	if (!b)
-		return DLOCK_ENOMEM;
-	static const dlock_backend_methods broken_methods = {
-		DLOCK_BACKEND_METHODS_INIT("broken"),
-		.acquire = broken_acquire,
-		.release = broken_release,
-		.renew = broken_renew,
-		.close = broken_close,
-	};
-	dlock_backend_init(&b->base, &broken_methods);
-	b->sh = c->sh;
-	return dlock_store_open_backend(out, &b->base, "broken:", c->o->ttl_ms);
+	return dlock_store_open(out, c->worker_uri[w_slot] ? c->worker_uri[w_slot] : c->uri);
 }
 
 /* ---- workers ------------------------------------------------------------ */
@@ -695,7 +640,7 @@ static pid_t member_pid(const char *dir, int i)
 
 /* ---- the fault proxy, run in a child of ours ---------------------------------- */
 
-/* tests/servers/faultproxy.c, compiled in with FAULTPROXY_MAIN renamed. */
+/* src/cli/faultproxy.c, compiled in with FAULTPROXY_MAIN renamed. */
 int dlock__faultproxy_main(int argc, char **argv);
 
 typedef struct proxy {
@@ -804,10 +749,7 @@ static void proxy_stop(proxy *p)
 
 /*
  * Start the proxy with one route per worker and host of `uri` and fill
- * c->worker_uri[]. The broken: store has no host: its workers get a route
- * each to a port nobody connects to, so the faults still go through the
- * proxy (and are counted) though no traffic does. Returns 0, or -1 with a
- * message in err.
+ * c->worker_uri[]. Returns 0, or -1 with a message in err.
  */
 static int proxy_start(proxy *p, run_ctx *c, char *err, size_t errlen)
 {
@@ -822,15 +764,9 @@ static int proxy_start(proxy *p, run_ctx *c, char *err, size_t errlen)
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
-	if (c->broken) {
-		n = 1;
-		snprintf(targets[0], FAULTPROXY_HOST_MAX, "127.0.0.1:9");
-	} else {
-		n = faultproxy_uri_hosts(c->uri ? c->uri : "", targets, FAULTPROXY_MAX_HOSTS, &hs, &he, err,
-					 errlen);
-		if (n < 0)
-			goto out;
-	}
+	n = faultproxy_uri_hosts(c->uri ? c->uri : "", targets, FAULTPROXY_MAX_HOSTS, &hs, &he, err, errlen);
+	if (n < 0)
+		goto out;
 	p->nhosts = n;
 	p->nroutes = n * (int)c->o->clients;
 	const char *tmp = getenv("TMPDIR");
@@ -900,12 +836,11 @@ static int proxy_start(proxy *p, run_ctx *c, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot reach the fault proxy at %s: %s", p->sock, strerror(errno));
 		goto out;
 	}
-	if (!c->broken)
-		for (unsigned w = 0; w < c->o->clients; w++)
-			if (!(c->worker_uri[w] = faultproxy_uri_rewrite(c->uri, hs, he, ports + w * n, n))) {
-				snprintf(err, errlen, "out of memory");
-				goto out;
-			}
+	for (unsigned w = 0; w < c->o->clients; w++)
+		if (!(c->worker_uri[w] = faultproxy_uri_rewrite(c->uri, hs, he, ports + w * n, n))) {
+			snprintf(err, errlen, "out of memory");
+			goto out;
+		}
 	rc = 0;
 out:
 	if (out[0] >= 0)
@@ -2069,26 +2004,19 @@ int cli_check(cli_global *g, int argc, char **argv)
 	run_ctx c = { 0 };
 	c.o = &o;
 	c.uri = cli_store_choice(g);
-	c.broken = c.uri && strcmp(c.uri, "broken:") == 0;
-	char *shown = NULL;
-	if (c.broken) {
-		shown = strdup("broken: (test-only store that grants every request)");
-	} else {
-		/* Open once so a bad store fails before any worker starts; close it
-		 * again: a store with threads must not cross fork(). */
-		dlock_store *store = NULL;
-		if ((rc = cli_store_open(g, &store)) != 0)
-			return rc;
-		shown = strdup(dlock_store_uri(store));
-		dlock_store_close(store);
-	}
+	/* Open once so a bad store fails before any worker starts; close it
+	 * again: a store with threads must not cross fork(). */
+	dlock_store *store = NULL;
+	if ((rc = cli_store_open(g, &store)) != 0)
+		return rc;
+	char *shown = strdup(dlock_store_uri(store));
+	dlock_store_close(store);
 	if (o.faults & F_FDELETE) {
-		if (!c.broken && shown && strncmp(shown, "sqlite:", 7) == 0)
+		if (shown && strncmp(shown, "sqlite:", 7) == 0)
 			c.db_path = sqlite_path(c.uri);
 		if (!c.db_path) {
 			free(shown);
-			return cli_usage_error(g, "--faults file-delete: not available on %s: it needs an sqlite store",
-					       c.broken ? "broken:" : "this store");
+			return cli_usage_error(g, "--faults file-delete: not available on this store: it needs an sqlite store");
 		}
 	}
 	char tmpdir[PATH_MAX];

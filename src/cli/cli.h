@@ -192,6 +192,9 @@ int cli_holder_acquire(const cli_global *g, const char *uri, const char *name,
  * hands it the URI and options through a pipe on fd 3 (it reports on fd 4).
  */
 #define CLI_HOLDER_ARGV1 "--lock-holder-process"
+/* The whole tool (main.c): entry.c's main calls it; a test build of the tool
+ * registers a fake store first (tests/cli/broken_store.c). */
+int cli_main(int argc, char **argv);
 int cli_holder_main(void);
 typedef struct cli_holder_reply {
 	int code;            /* a dlock code: 0, DLOCK_ENOTHELD, ... */

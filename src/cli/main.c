@@ -50,7 +50,7 @@ static void usage(FILE *f)
 		cli_global_help);
 }
 
-int main(int argc, char **argv)
+int cli_main(int argc, char **argv)
 {
 	cli_global g = { 0 };
 	/* Writing to a closed pipe must give EPIPE, not kill us while a lock is held. */

@@ -71,6 +71,13 @@ if [ -n "${DLOCK_STORE:-}" ]; then
 	finish
 fi
 
+# The store that grants every request: a test build of dlock with one more
+# store (tests/cli/broken_store.c); check's fault proxy routes to its host,
+# where nothing listens, so that the network faults are carried out and
+# counted though no traffic flows.
+DLOCK_BROKEN=${DLOCK_BROKEN:?set DLOCK_BROKEN to the dlock_broken program}
+BROKEN=broken://127.0.0.1:9
+
 expect_rc 64 "unknown fault" "$DLOCK" check --faults nap
 check "names the bad fault" grep -q "unknown fault 'nap'" "$T/err"
 expect_rc 64 "bad --fencing" "$DLOCK" check --fencing maybe
@@ -86,7 +93,9 @@ for f in partition lose-reply delay server-pause file-delete member-restart fail
 done
 expect_rc 64 "partition on a file store" "$DLOCK" check --faults partition --duration 1s
 check "says why partition is not available" grep -q "not available on this store" "$T/err"
-expect_rc 64 "file-delete on the broken store" "$DLOCK" --store broken: check --faults file-delete
+expect_rc 64 "the tool itself has no broken store" "$DLOCK" --store "$BROKEN" check --duration 1s
+check "says the scheme is unknown" grep -q "unknown store scheme 'broken:'" "$T/err"
+expect_rc 64 "file-delete on the broken store" "$DLOCK_BROKEN" --store "$BROKEN" check --faults file-delete
 check "says file-delete needs sqlite" grep -q "needs an sqlite store" "$T/err"
 expect_rc 64 "member-restart without a server script" "$DLOCK" check --faults member-restart
 expect_rc 64 "failover with a script that has no kill-master" "$DLOCK" check --faults failover \
@@ -125,7 +134,7 @@ bg kill --duration 2500ms --faults kill --seed 3
 # and rejoin; a store that keeps granting on the deleted file runs two
 # worlds side by side, each with its own holder, until the run ends.
 bg fdel --duration 3s --hold 150ms --faults file-delete --fault-every 900ms --seed 4
-( "$DLOCK" --store broken: "${O[@]}" --clients 2 --duration 3s --faults partition,lose-reply,delay \
+( "$DLOCK_BROKEN" --store "$BROKEN" "${O[@]}" --clients 2 --duration 3s --faults partition,lose-reply,delay \
 	--fault-every 500ms --pause 300ms --seed 6 >"$T/bnet.out" 2>"$T/bnet.err"; echo $? >"$T/bnet.rc" ) &
 wait
 
@@ -192,11 +201,11 @@ check "broken/net: none excused as after a pause" [ "$(jfield overlaps_after_pau
 check "broken/net: verdict fail" [ "$(jfield verdict)" = fail ]
 
 # Text output names both holds of a violation; the broken store is caught.
-expect_rc 1 "broken store" "$DLOCK" --store broken: check --clients 2 --duration 600ms --hold 40ms
+expect_rc 1 "broken store" "$DLOCK_BROKEN" --store "$BROKEN" check --clients 2 --duration 600ms --hold 40ms
 check "broken: overlap reported with two holds" grep -Eq '^  OVERLAP: worker [0-9]+ hold [0-9]+ \(fence [0-9]+.*\) and worker [0-9]+ hold [0-9]+ \(fence' "$T/out"
 check "broken: FAIL verdict" grep -q '^verdict: FAIL' "$T/out"
 check "broken: overlap count > 0" grep -Eq 'overlapping holds \(store at fault\) +[1-9]' "$T/out"
-expect_rc 1 "broken store, json" "$DLOCK" --store broken: --json check --clients 2 --duration 600ms --hold 40ms --fencing off
+expect_rc 1 "broken store, json" "$DLOCK_BROKEN" --store "$BROKEN" --json check --clients 2 --duration 600ms --hold 40ms --fencing off
 check "broken/json: overlaps > 0" [ "$(jfield overlaps)" -gt 0 ]
 check "broken/json: violation pair" grep -q '"kind":"overlap","a":{"worker":[0-9]*,"fence":[0-9]*' "$T/out"
 

@@ -1,5 +1,5 @@
 #include "unit/faultproxy.h"
-#include "servers/faultproxy_uri.h"
+#include "faultproxy_uri.h" /* src/cli: dlock check rewrites URIs the same way */
 #include "unit/testutil.h"
 
 #include <errno.h>

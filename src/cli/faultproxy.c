@@ -47,10 +47,10 @@
  * (for shell tests that need a server that accepts and never answers).
  * One thread, epoll, non-blocking sockets; pass mode arms no timer.
  *
- * The same file is built into the dlock CLI (src/cli/CMakeLists.txt) with
- * FAULTPROXY_MAIN defined to another name: `dlock check` forks and runs the
- * proxy there to fault each worker's connections (an installed tool cannot
- * depend on a test binary). Everything else here is static.
+ * Part of the dlock tool, built with FAULTPROXY_MAIN defined to another
+ * name: `dlock check` forks and runs the proxy there to fault each worker's
+ * connections. The tests build the same file as the program `faultproxy`
+ * (tests/servers/CMakeLists.txt). Everything else here is static.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* memmem, accept4 */
