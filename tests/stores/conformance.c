@@ -1206,7 +1206,7 @@ static void case_fork(void)
 
 /* ------------------------------------------------- the network lies (issue 15)
  *
- * Each case puts tests/servers/faultproxy between one client and the real
+ * Each case puts src/cli/faultproxy.c between one client and the real
  * servers (every host of the URI, one route each) and faults that client's
  * connections only; the other clients talk to the servers directly. SQLite
  * has no network: its "blackhole" is another process that holds the

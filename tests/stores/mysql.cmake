@@ -38,7 +38,7 @@ if(TARGET dlock_cli)
 endif()
 
 # mysql.net / mysql.net_get_lock: network faults through a fault proxy
-# (tests/servers/faultproxy.c): bounded acquire wait and release on a black-holed link, the
+# (src/cli/faultproxy.c): bounded acquire wait and release on a black-holed link, the
 # lost signal before another client's grant, a granting try whose reply is
 # dropped (one holder, fences grow). memcached.cmake builds the same program.
 if(NOT TARGET store_net)
