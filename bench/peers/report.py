@@ -335,7 +335,9 @@ def main():
            "alternates 100 ms slices with the **floor** (the store's own cost for the same round "
            "trips through its client library: Redis 2×PING, etcd Txn+DeleteRange, ZooKeeper "
            "create+delete, PostgreSQL 2×`SELECT 1`, MariaDB 2×`DO 1`, SQLite 2×`BEGIN IMMEDIATE`/`COMMIT`) "
-           "in the same process, so load from elsewhere hits both alike; **× floor** is the ratio.",
+           "in the same process (the tool loads them from `dlock-floor.so`, bench/floor.c, so that it "
+           "links no store client library itself), so load from elsewhere hits both alike; **× floor** "
+           "is the ratio.",
            "- **contended**: 8 client processes on one name, each looping acquire → hold 1 ms → "
            "release → think 1 ms. **Jain** is Jain's fairness index over per-client grants (1 = "
            "equal). A **handoff** is a grant to a different client that was already waiting when "

@@ -1,6 +1,6 @@
 /*
  * bench.c — `dlock bench`: how fast locks are on a store, next to the
- * store's own floor measured in the same run (bench_baseline.c).
+ * store's own floor measured in the same run (the module bench/floor.c; bench.h).
  *
  * Workloads (docs/performance.md defines them; bench/peers/ runs the same
  * ones with other lock libraries):

@@ -1,5 +1,8 @@
 /*
- * bench.h — `dlock bench` internals shared by bench.c and bench_baseline.c.
+ * bench.h — `dlock bench` and its floors: the functions bench.c calls
+ * (bench_floor.c), and the module that measures the floors (bench/floor.c,
+ * built as dlock-floor.so with each store's client library; the tool loads it
+ * when a bench needs a floor, and links no store client library itself).
  *
  * A "floor" is the store's own cost for the round trips one acquire+release
  * needs, done with the store's client library directly on the same kind of
@@ -42,5 +45,25 @@ long long bench_floor_server_scripts(bench_floor *f);
 
 /* Close the connection and free f (NULL is fine). */
 void bench_floor_close(bench_floor *f);
+
+/*
+ * The floor module: one exported object, BENCH_FLOOR_SYMBOL, whose functions
+ * are the ones above (same contracts; open never answers 1 for "no module").
+ * The tool looks for it in $DLOCK_FLOOR_MODULE, next to its own executable,
+ * then where `make install` puts it; without it, benches run with no floor.
+ */
+#define BENCH_FLOOR_VERSION 1
+#define BENCH_FLOOR_SYMBOL "dlock_bench_floor_module"
+#define BENCH_FLOOR_FILE "dlock-floor.so"
+typedef struct bench_floor_module {
+	int version; /* BENCH_FLOOR_VERSION */
+	int (*open)(bench_floor **out, const char *uri, char *err, size_t errlen);
+	const char *(*what)(const bench_floor *f);
+	int (*step)(bench_floor *f, char *err, size_t errlen);
+	long long (*server_ops)(bench_floor *f);
+	long long (*server_scripts)(bench_floor *f);
+	void (*close)(bench_floor *f);
+} bench_floor_module;
+extern const bench_floor_module dlock_bench_floor_module;
 
 #endif

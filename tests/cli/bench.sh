@@ -14,6 +14,11 @@ check "table has pairs/s, the floor ratio and latencies: $(cat "$T/out")" \
 check "table shows the floor" grep -q 'floor, iterations/s .*ratio' "$T/out"
 check "table shows latency percentiles" grep -q 'p50 .* p99 .* max' "$T/out"
 
+# The floor comes from a module (dlock-floor.so next to dlock): without it the
+# bench still runs and says why it has no floor.
+DLOCK_FLOOR_MODULE=$T/no-such-module.so expect_rc 0 "without the floor module" "$DLOCK" --store "$S" bench --duration 300ms
+check "says the floor module is missing: $(grep floor "$T/out")" grep -q 'floor  *none: no floor module (.*no-such-module.so' "$T/out"
+
 expect_rc 0 "uncontended --json" "$DLOCK" --store "$S" --json bench --duration 1s
 check "uncontended JSON: $(head -c 600 "$T/out")" "$PY" -c '
 import json, sys

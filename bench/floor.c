@@ -1,5 +1,7 @@
 /*
- * bench_baseline.c — each store's floor for `dlock bench` (see bench.h):
+ * floor.c — each store's floor for `dlock bench` (src/cli/bench.h), built as
+ * the module dlock-floor.so that the tool loads when a bench asks for it, so
+ * that the tool itself links no store client library:
  * the round trips of one acquire+release, done with the store's own client
  * library on the same kind of connection, nothing else. The figure a lock
  * cannot beat without saving a round trip, so `dlock bench` prints ours as
@@ -214,7 +216,9 @@ static void zk_watch(zhandle_t *zh, int type, int state, const char *path, void 
 }
 #endif
 
-int bench_floor_open(bench_floor **out, const char *uri, char *err, size_t errlen)
+static void floor_close(bench_floor *f);
+
+static int floor_open(bench_floor **out, const char *uri, char *err, size_t errlen)
 {
 	*out = NULL;
 	parts p;
@@ -403,16 +407,16 @@ int bench_floor_open(bench_floor **out, const char *uri, char *err, size_t errle
 	defined(DLOCK_WITH_POSTGRES) || defined(DLOCK_WITH_MYSQL) || defined(DLOCK_WITH_SQLITE)
 bad:
 #endif
-	bench_floor_close(f);
+	floor_close(f);
 	return rc;
 }
 
-const char *bench_floor_what(const bench_floor *f)
+static const char *floor_what(const bench_floor *f)
 {
 	return f ? f->what : "none";
 }
 
-int bench_floor_step(bench_floor *f, char *err, size_t errlen)
+static int floor_step(bench_floor *f, char *err, size_t errlen)
 {
 	switch (f->kind) {
 #ifdef DLOCK_WITH_REDIS
@@ -503,7 +507,7 @@ static long long redis_info_sum(bench_floor *f, const char *section, const char 
 }
 #endif
 
-long long bench_floor_server_ops(bench_floor *f)
+static long long floor_server_ops(bench_floor *f)
 {
 #ifdef DLOCK_WITH_REDIS
 	/* Socket reads, not commands: a pipelined batch is one read (or a few
@@ -517,7 +521,7 @@ long long bench_floor_server_ops(bench_floor *f)
 	return -1;
 }
 
-long long bench_floor_server_scripts(bench_floor *f)
+static long long floor_server_scripts(bench_floor *f)
 {
 #ifdef DLOCK_WITH_REDIS
 	static const char *const keys[2] = { "cmdstat_evalsha:calls=", "cmdstat_eval:calls=" };
@@ -528,7 +532,7 @@ long long bench_floor_server_scripts(bench_floor *f)
 	return -1;
 }
 
-void bench_floor_close(bench_floor *f)
+static void floor_close(bench_floor *f)
 {
 	if (!f)
 		return;
@@ -568,3 +572,14 @@ void bench_floor_close(bench_floor *f)
 #endif
 	free(f);
 }
+
+/* What the tool looks up (BENCH_FLOOR_SYMBOL): the whole module. */
+const bench_floor_module dlock_bench_floor_module = {
+	.version = BENCH_FLOOR_VERSION,
+	.open = floor_open,
+	.what = floor_what,
+	.step = floor_step,
+	.server_ops = floor_server_ops,
+	.server_scripts = floor_server_scripts,
+	.close = floor_close,
+};
