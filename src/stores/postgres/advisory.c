@@ -162,8 +162,6 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	int shared = req->mode == DLOCK_SHARED;
 	unsigned permits = req->permits;
 	int64_t intent_key = dlock__pg_adv_key(be->ns, req->name, "writer-intent");
-	if (req->waiting)
-		dlock__pg_mark_before_try(be, req);
 
 	/*
 	 * Unknown outcomes: any statement that fails here may have taken a key
@@ -287,8 +285,6 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	h->sem_permits = permits;
 	req->slot = h;
 	*fence = f;
-	if (req->waiting)
-		dlock__pg_mark_forget(be, req);
 	(void)retry_ms;
 	return 0;
 }
@@ -474,7 +470,6 @@ static int adv_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, 
 static int adv_cancel(dlock_backend *base, dlock_request *req)
 {
 	pg_backend *be = (pg_backend *)base;
-	dlock__pg_mark_forget(be, req);
 	intent **ip = intent_find(be, req->owner), *in = *ip;
 	if (!in)
 		return 0;
@@ -591,7 +586,8 @@ const dlock_backend_methods dlock__pg_advisory_methods = {
 	.release = adv_release,
 	.renew = adv_renew,
 	.extend = adv_extend,
-	.wait = dlock__pg_wait,
+	.watch = dlock__pg_watch,
+	.unwatch = dlock__pg_unwatch,
 	.cancel = adv_cancel,
 	.status = adv_status,
 	.close = dlock__pg_close,

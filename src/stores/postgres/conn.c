@@ -437,7 +437,7 @@ int dlock__pg_ensure_schema(pg_backend *be, int64_t deadline)
 	return 0;
 }
 
-/* ------------------------------------------------------- keys and buckets */
+/* ------------------------------------------------------------------- keys */
 
 
 /* The advisory key of (prefix, name, slot): FNV-1a 64 over
@@ -452,18 +452,4 @@ int64_t dlock__pg_adv_key(const char *ns, const char *name, const char *slot)
 		h = dlock__fnv1a64(h, slot, strlen(slot));
 	}
 	return (int64_t)h;
-}
-
-unsigned dlock__pg_bucket_of(const char *payload, size_t len)
-{
-	return (unsigned)(dlock__fnv1a64(DLOCK__FNV64_OFFSET, payload, len) % NBUCKETS);
-}
-
-unsigned dlock__pg_bucket_for(pg_backend *be, const char *name)
-{
-	/* The NOTIFY payload is ns || chr(31) || name. */
-	uint64_t h = dlock__fnv1a64(DLOCK__FNV64_OFFSET, be->ns, strlen(be->ns));
-	h = dlock__fnv1a64(h, "\x1f", 1);
-	h = dlock__fnv1a64(h, name, strlen(name));
-	return (unsigned)(h % NBUCKETS);
 }

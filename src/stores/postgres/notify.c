@@ -1,26 +1,22 @@
 /*
  * PostgreSQL store: LISTEN/NOTIFY on one dedicated connection and its thread,
- * which wake the waiters of table mode.
+ * which feed the core's wake-up board (dlock_backend_wake): every release,
+ * cancel and expiry that frees something notifies "<prefix>\x1f<name>".
  */
 #include "pg.h"
 
 /* -------------------------------------------------------- LISTEN / NOTIFY */
 
+/* Wake the names of our namespace that the server notified. */
 static void drain_notifies(pg_backend *be)
 {
+	size_t nslen = strlen(be->ns);
 	PGnotify *n;
 	while ((n = PQnotifies(be->lconn))) {
-		be->bucket_gen[dlock__pg_bucket_of(n->extra, strlen(n->extra))] = ++be->gen;
+		if (strncmp(n->extra, be->ns, nslen) == 0 && n->extra[nslen] == '\x1f')
+			dlock_backend_wake(&be->base, n->extra + nslen + 1);
 		PQfreemem(n);
 	}
-}
-
-/* Missed notifications (a broken LISTEN connection): wake everyone. */
-static void wake_all(pg_backend *be)
-{
-	be->gen++;
-	for (int i = 0; i < NBUCKETS; i++)
-		be->bucket_gen[i] = be->gen;
 }
 
 /* A new LISTEN connection in *out, by `deadline`. */
@@ -38,8 +34,9 @@ static int listen_connect(pg_backend *be, int64_t deadline, PGconn **out)
 	return 0;
 }
 
-/* The LISTEN thread. It reconnects without lmu (waiters keep their own
- * timeouts meanwhile), each connect bounded by connect_timeout. */
+/* The LISTEN thread. It reconnects without lmu, each connect bounded by
+ * connect_timeout; after each (re)connect and each broken connection every
+ * waiter tries again (notifications may have been missed meanwhile). */
 static void *listener(void *arg)
 {
 	pg_backend *be = arg;
@@ -56,8 +53,7 @@ static void *listener(void *arg)
 			pthread_mutex_lock(&be->lmu);
 			if (rc == 0) {
 				be->lconn = c;
-				wake_all(be);
-				pthread_cond_broadcast(&be->lcv);
+				dlock_backend_wake_all(&be->base);
 				continue;
 			}
 			pthread_mutex_unlock(&be->lmu);
@@ -77,25 +73,27 @@ static void *listener(void *arg)
 		if (lc && p[1].revents) {
 			if (!PQconsumeInput(be->lconn) || PQstatus(be->lconn) != CONNECTION_OK) {
 				dlock__pg_drop_conn(&be->lconn, 0);
-				wake_all(be);
+				dlock_backend_wake_all(&be->base);
 			} else {
 				drain_notifies(be);
 			}
 		}
-		pthread_cond_broadcast(&be->lcv);
 	}
 	pthread_mutex_unlock(&be->lmu);
 	return NULL;
 }
 
 /*
- * Make sure the LISTEN thread runs (before an acquire whose refusal we may
- * wait on). It connects on its own, so no call waits for that connect: a
- * notification sent before its LISTEN is in place is covered by the
- * wake-up of every waiter that follows each (re)connect.
+ * be->watch, before each waiting try: make sure the LISTEN thread runs. It
+ * connects on its own, so no call waits for that connect: a notification
+ * sent before its LISTEN is in place is covered by the wake-up of every
+ * waiter that follows each (re)connect. Names need no subscription of their
+ * own: the one channel carries them all.
  */
-static int listen_ensure(pg_backend *be)
+int dlock__pg_watch(dlock_backend *base, const dlock_request *req)
 {
+	(void)req;
+	pg_backend *be = (pg_backend *)base;
 	int rc = 0;
 	pthread_mutex_lock(&be->lmu);
 	if (!be->lthread_on && !be->lstop) {
@@ -108,73 +106,8 @@ static int listen_ensure(pg_backend *be)
 	return rc;
 }
 
-static mark *mark_find(pg_backend *be, const char *owner, int create)
+void dlock__pg_unwatch(dlock_backend *base, const dlock_request *req)
 {
-	mark *old = &be->marks[0];
-	for (int i = 0; i < NMARKS; i++) {
-		if (be->marks[i].used && strcmp(be->marks[i].owner, owner) == 0)
-			return &be->marks[i];
-		if (be->marks[i].used < old->used)
-			old = &be->marks[i];
-	}
-	if (!create)
-		return NULL;
-	snprintf(old->owner, sizeof old->owner, "%s", owner);
-	return old;
-}
-
-/*
- * Remember the notification generation of req's bucket from before the
- * acquire is sent: a release after the acquire's check notifies after this
- * point, so wait() sees it even if it arrived before wait() was called.
- */
-void dlock__pg_mark_before_try(pg_backend *be, const dlock_request *req)
-{
-	/* Without a LISTEN thread the waiter falls back to its timeout. */
-	dlock__saved_error saved;
-	dlock__error_save(&saved);
-	int rc = listen_ensure(be);
-	dlock__error_restore(&saved);
-	if (rc)
-		return;
-	pthread_mutex_lock(&be->lmu);
-	mark *m = mark_find(be, req->owner, 1);
-	m->gen = be->bucket_gen[dlock__pg_bucket_for(be, req->name)];
-	m->used = ++be->mark_clock;
-	pthread_mutex_unlock(&be->lmu);
-}
-
-void dlock__pg_mark_forget(pg_backend *be, const dlock_request *req)
-{
-	pthread_mutex_lock(&be->lmu);
-	mark *m = mark_find(be, req->owner, 0);
-	if (m)
-		m->used = 0;
-	pthread_mutex_unlock(&be->lmu);
-}
-
-int dlock__pg_wait(dlock_backend *base, dlock_request *req, int64_t timeout_ms)
-{
-	pg_backend *be = (pg_backend *)base;
-	int64_t end = dlock_clock_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
-	if (listen_ensure(be) != 0) {
-		/* No LISTEN thread: the core backs off by timeout alone. */
-		int64_t left = end - dlock_clock_ms();
-		dlock__sleep_ms(left < 0 ? 0 : left < 100 ? left : 100);
-		return 0;
-	}
-	pthread_mutex_lock(&be->lmu);
-	unsigned b = dlock__pg_bucket_for(be, req->name);
-	mark *m = mark_find(be, req->owner, 0);
-	uint64_t g0 = m ? m->gen : be->bucket_gen[b];
-	while (be->bucket_gen[b] <= g0 && !be->lstop) {
-		int64_t left = end - dlock_clock_ms();
-		if (left <= 0)
-			break;
-		struct timespec ts;
-		dlock__abstime(&ts, left);
-		pthread_cond_timedwait(&be->lcv, &be->lmu, &ts);
-	}
-	pthread_mutex_unlock(&be->lmu);
-	return 0;
+	(void)base;
+	(void)req;
 }

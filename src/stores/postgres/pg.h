@@ -28,8 +28,6 @@
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define CHANNEL "dlock_wake"
-#define NBUCKETS 256
-#define NMARKS 64
 #define POOL_MAX 8
 /* TCP settings of every connection (see connect_db). */
 #define KEEPALIVE_IDLE_S 5
@@ -38,12 +36,6 @@
 #define TCP_USER_TIMEOUT_MS 10000
 /* pg_advisory_xact_lock key that serialises schema creation ("dlockSCH"). */
 #define SCHEMA_LOCK_KEY "7236281174070608712"
-
-typedef struct mark {
-	char owner[64];
-	uint64_t gen;
-	uint64_t used;
-} mark;
 
 typedef struct pg_backend {
 	dlock_backend base;
@@ -58,15 +50,10 @@ typedef struct pg_backend {
 
 	/* LISTEN connection and its thread; everything below under lmu */
 	pthread_mutex_t lmu;
-	pthread_cond_t lcv;
 	PGconn *lconn;
 	int lthread_on, lstop;
 	pthread_t lthread;
 	int wakefd[2];
-	uint64_t gen;
-	uint64_t bucket_gen[NBUCKETS];
-	mark marks[NMARKS];
-	uint64_t mark_clock;
 
 	/* advisory mode: idle connections, and waiting writers' intent connections */
 	PGconn *pool[POOL_MAX];
@@ -139,17 +126,10 @@ int dlock__pg_ensure_schema(pg_backend *be, int64_t deadline);
 /* The 64-bit advisory key of (ns, name, slot). */
 int64_t dlock__pg_adv_key(const char *ns, const char *name, const char *slot);
 
-/* The wake-up bucket of a NOTIFY payload, and of a lock name. */
-unsigned dlock__pg_bucket_of(const char *payload, size_t len);
+/* notify.c: be->watch and be->unwatch (the LISTEN thread feeds the core's board). */
+int dlock__pg_watch(dlock_backend *base, const dlock_request *req);
 
-unsigned dlock__pg_bucket_for(pg_backend *be, const char *name);
-
-/* notify.c: waiters' marks (arm before each try, forget at the end) and be->wait. */
-void dlock__pg_mark_before_try(pg_backend *be, const dlock_request *req);
-
-void dlock__pg_mark_forget(pg_backend *be, const dlock_request *req);
-
-int dlock__pg_wait(dlock_backend *base, dlock_request *req, int64_t timeout_ms);
+void dlock__pg_unwatch(dlock_backend *base, const dlock_request *req);
 
 /* Decimal text of v into buf. */
 void dlock__pg_i64s(char *buf, size_t n, int64_t v);

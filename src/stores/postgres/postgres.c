@@ -21,7 +21,6 @@ void dlock__pg_close(dlock_backend *base)
 	if (be->lthread_on) {
 		pthread_mutex_lock(&be->lmu);
 		be->lstop = 1;
-		pthread_cond_broadcast(&be->lcv);
 		pthread_mutex_unlock(&be->lmu);
 		ssize_t w = write(be->wakefd[1], "x", 1);
 		(void)w;
@@ -34,7 +33,6 @@ void dlock__pg_close(dlock_backend *base)
 	if (be->wakefd[1] >= 0)
 		close(be->wakefd[1]);
 	pthread_mutex_destroy(&be->lmu);
-	pthread_cond_destroy(&be->lcv);
 	while (be->intents) {
 		intent *in = be->intents;
 		be->intents = in->next;
@@ -110,7 +108,6 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 	be->advisory = advisory;
 	be->wakefd[0] = be->wakefd[1] = -1;
 	pthread_mutex_init(&be->lmu, NULL);
-	dlock__cond_init_monotonic(&be->lcv);
 	int rc = 0;
 	/* The whole open (connect, TLS, authentication, schema) is bounded by connect_timeout. */
 	int64_t open_deadline = dlock_clock_ms() + uri->connect_timeout_ms;

@@ -20,8 +20,6 @@ static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	PGconn *c = NULL;
 	if (rc || (rc = dlock__pg_main_conn(be, deadline, &c)))
 		return rc;
-	if (req->waiting)
-		dlock__pg_mark_before_try(be, req);
 	char mode[4], permits[16], ttl[24], qttl[24], pid[16];
 	snprintf(mode, sizeof mode, "%d", req->mode == DLOCK_SHARED ? 1 : 0);
 	snprintf(permits, sizeof permits, "%u", req->permits);
@@ -44,8 +42,6 @@ static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 		return DLOCK_ELOCKED;
 	}
 	*fence = f;
-	if (req->waiting)
-		dlock__pg_mark_forget(be, req);
 	return 0;
 }
 
@@ -204,7 +200,6 @@ out:
 static int tbl_cancel(dlock_backend *base, dlock_request *req)
 {
 	pg_backend *be = (pg_backend *)base;
-	dlock__pg_mark_forget(be, req);
 	int64_t deadline = req->deadline_ms;
 	PGconn *c = NULL;
 	int rc = dlock__pg_main_conn(be, deadline, &c);
@@ -352,7 +347,8 @@ const dlock_backend_methods dlock__pg_table_methods = {
 	.release = tbl_release,
 	.renew = tbl_renew,
 	.extend = tbl_extend,
-	.wait = dlock__pg_wait,
+	.watch = dlock__pg_watch,
+	.unwatch = dlock__pg_unwatch,
 	.cancel = tbl_cancel,
 	.status = tbl_status,
 	.list = tbl_list,
