@@ -1,7 +1,7 @@
 /* faultproxy_uri.h — the hosts of a store URI, and the same URI with every
  * host:port replaced by a faultproxy route's local port.
  *
- * One copy shared by the test client of the proxy (tests/unit/faultproxy.c)
+ * One copy shared by the test client of the proxy (tests/testutil/faultproxy.c)
  * and `dlock check` (src/cli/check.c), which runs the proxy built into the
  * CLI. Header-only (static inline) so that neither needs the other's library.
  *

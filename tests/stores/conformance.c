@@ -10,8 +10,8 @@
  * "UNSUPPORTED <case>: <the store's reason>" and goes on. Anything else that
  * goes wrong is a failure.
  */
-#include "unit/faultproxy.h"
-#include "unit/testutil.h"
+#include "testutil/faultproxy.h"
+#include "testutil/testutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -2007,10 +2007,7 @@ static int child_main(int argc, char **argv)
 	return 96;
 }
 
-static const struct {
-	const char *name;
-	void (*fn)(void);
-} cases[] = {
+static const tu_case cases[] = {
 	{ "bad_input", case_bad_input },
 	{ "owner_only", case_owner_only },
 	{ "reentrancy_and_fences", case_reentrancy_and_fences },
@@ -2046,14 +2043,7 @@ int main(int argc, char **argv)
 	if (argc > 1 && argv[1][0]) {
 		snprintf(uri, sizeof(uri), "%s", argv[1]);
 	} else {
-		const char *file = getenv("DLOCK_TEST_URI_FILE");
-		FILE *f = file ? fopen(file, "r") : NULL;
-		if (!f || !fgets(uri, sizeof(uri), f)) {
-			fprintf(stderr, "conformance: give a store URI or set DLOCK_TEST_URI_FILE (server not started?)\n");
-			return 2;
-		}
-		fclose(f);
-		uri[strcspn(uri, "\r\n")] = '\0';
+		tu_uri_from_env(uri, sizeof uri, "conformance");
 	}
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/dlock-conformance-XXXXXX");
 	if (!mkdtemp(tmpdir)) {
@@ -2071,24 +2061,11 @@ int main(int argc, char **argv)
 	printf("conformance: store %s (%s)\n", dlock_store_uri(s), dlock_store_kind(s));
 	dlock_store_close(s);
 
-	int ran = 0;
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		int want = argc <= 2;
-		for (int a = 2; a < argc; a++)
-			want |= strcmp(argv[a], cases[i].name) == 0;
-		if (!want)
-			continue;
-		int before = tu_failures;
-		long long t0 = tu_now_ms();
-		cases[i].fn();
-		printf("%-24s %s (%lld ms)\n", cases[i].name, tu_failures == before ? "ok" : "FAILED",
-		       tu_now_ms() - t0);
-		ran++;
-	}
+	size_t ran = tu_run_cases(cases, sizeof cases / sizeof cases[0], argc, argv, 2);
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	if (system(cmd) != 0)
 		fprintf(stderr, "could not remove %s\n", tmpdir);
-	printf("conformance: %d case(s) run, %d unsupported\n", ran, unsupported);
+	printf("conformance: %zu case(s) run, %d unsupported\n", ran, unsupported);
 	return tu_done("conformance");
 }

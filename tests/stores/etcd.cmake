@@ -32,7 +32,7 @@ endif()
 # Network faults on a member of its own: a proxy in the test passes,
 # blackholes or drops answers; the member is also paused with SIGSTOP.
 add_executable(etcd_net etcd_net.c)
-target_link_libraries(etcd_net PRIVATE dlock_netutil)
+target_link_libraries(etcd_net PRIVATE dlock_testutil)
 target_compile_definitions(etcd_net PRIVATE
   ETCD_SCRIPT="${PROJECT_SOURCE_DIR}/tests/servers/etcd.sh")
 add_test(NAME etcd.net COMMAND etcd_net)

@@ -25,7 +25,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -625,18 +625,8 @@ int main(int argc, char **argv)
 	snprintf(run_id, sizeof(run_id), "%08lx", (unsigned long)(tu_now_ms() ^ (getpid() << 16)));
 	const char *what = argc > 1 ? argv[1] : "single";
 	if (strcmp(what, "single") == 0) {
-		const char *file = getenv("DLOCK_TEST_URI_FILE");
-		FILE *f = file ? fopen(file, "r") : NULL;
-		if (!f || !fgets(uri, sizeof(uri), f)) {
-			fprintf(stderr, "etcd_cases: set DLOCK_TEST_URI_FILE (server not started?)\n");
-			return 2;
-		}
-		fclose(f);
-		uri[strcspn(uri, "\r\n")] = '\0';
-		struct {
-			const char *name;
-			void (*fn)(void);
-		} cases[] = {
+		tu_uri_from_env(uri, sizeof uri, "etcd_cases");
+		static const tu_case cases[] = {
 			{ "killed_holder", case_killed_holder },
 			{ "stopped_waiter", case_stopped_waiter },
 			{ "watch_wakeup", case_watch_wakeup },
@@ -645,13 +635,7 @@ int main(int argc, char **argv)
 			{ "mixed_ttls", case_mixed_ttls },
 			{ "handover", case_handover },
 		};
-		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-			int before = tu_failures;
-			long long t = tu_now_ms();
-			cases[i].fn();
-			printf("%-16s %s (%lld ms)\n", cases[i].name, tu_failures == before ? "ok" : "FAILED",
-			       tu_now_ms() - t);
-		}
+		tu_run_cases(cases, sizeof cases / sizeof cases[0], argc, argv, 2);
 	} else if (strcmp(what, "auth") == 0) {
 		case_auth();
 	} else if (strcmp(what, "cluster") == 0) {

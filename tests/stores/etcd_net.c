@@ -28,9 +28,9 @@
 #define _GNU_SOURCE
 #endif
 #include "core/internal.h"
-#include "netutil.h"
-#include "unit/faultproxy.h"
-#include "unit/testutil.h"
+#include "testutil/netutil.h"
+#include "testutil/faultproxy.h"
+#include "testutil/testutil.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -20,7 +20,7 @@
  *
  * URI "-" reads it from $DLOCK_TEST_URI_FILE. Exit 0 when every check passed.
  */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -280,14 +280,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (strcmp(argv[1], "-") == 0) {
-		const char *file = getenv("DLOCK_TEST_URI_FILE");
-		FILE *f = file ? fopen(file, "r") : NULL;
-		if (!f || !fgets(uri, sizeof uri, f)) {
-			fprintf(stderr, "limits: no server: DLOCK_TEST_URI_FILE unreadable\n");
-			return 1;
-		}
-		fclose(f);
-		uri[strcspn(uri, "\r\n")] = 0;
+		tu_uri_from_env(uri, sizeof uri, "limits");
 	} else {
 		snprintf(uri, sizeof uri, "%s", argv[1]);
 	}

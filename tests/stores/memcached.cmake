@@ -3,7 +3,7 @@
 dlock_store_suite(memcached memcached.sh)
 
 add_executable(memcached_store memcached_store.c)
-target_link_libraries(memcached_store PRIVATE dlock_netutil ${MEMCACHED_LINK_LIBRARIES})
+target_link_libraries(memcached_store PRIVATE dlock_testutil ${MEMCACHED_LINK_LIBRARIES})
 target_include_directories(memcached_store PRIVATE ${MEMCACHED_INCLUDE_DIRS})
 add_test(NAME memcached.store COMMAND memcached_store)
 set_tests_properties(memcached.store PROPERTIES
@@ -14,7 +14,7 @@ set_tests_properties(memcached.store PROPERTIES
 # through a fault proxy in front of this memcached.
 if(NOT TARGET store_net)
   add_executable(store_net mysql_net.c)
-  target_link_libraries(store_net PRIVATE dlock_netutil Threads::Threads)
+  target_link_libraries(store_net PRIVATE dlock_testutil Threads::Threads)
 endif()
 add_test(NAME memcached.net COMMAND sh -c "exec \"$0\" \"$(cat \"$1\")\"" $<TARGET_FILE:store_net>
          ${DLOCK_SERVER_DIR_memcached}/uri)

@@ -13,8 +13,8 @@
  * 4. URIs memcached cannot serve safely are refused with DLOCK_EINVAL; an
  *    unreachable server is DLOCK_EUNAVAILABLE at open.
  */
-#include "netutil.h"
-#include "unit/testutil.h"
+#include "testutil/netutil.h"
+#include "testutil/testutil.h"
 
 #include <libmemcached/memcached.h>
 
@@ -129,14 +129,7 @@ static void test_bad_uris(void)
 
 int main(void)
 {
-	const char *file = getenv("DLOCK_TEST_URI_FILE");
-	FILE *f = file ? fopen(file, "r") : NULL;
-	if (!f || !fgets(uri, sizeof uri, f)) {
-		fprintf(stderr, "memcached_store: set DLOCK_TEST_URI_FILE (server not started?)\n");
-		return 2;
-	}
-	fclose(f);
-	uri[strcspn(uri, "\r\n")] = 0;
+	tu_uri_from_env(uri, sizeof uri, "memcached_store");
 	char host[256];
 	int port = 0;
 	if (sscanf(uri, "memcached://%255[^:]:%d", host, &port) != 2) {

@@ -43,7 +43,7 @@ endif()
 # dropped (one holder, fences grow). memcached.cmake builds the same program.
 if(NOT TARGET store_net)
   add_executable(store_net mysql_net.c)
-  target_link_libraries(store_net PRIVATE dlock_netutil Threads::Threads)
+  target_link_libraries(store_net PRIVATE dlock_testutil Threads::Threads)
 endif()
 add_test(NAME mysql.net COMMAND sh -c "exec \"$0\" \"$(cat \"$1\")\"" $<TARGET_FILE:store_net>
          ${DLOCK_SERVER_DIR_mysql}/uri)

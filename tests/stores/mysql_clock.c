@@ -11,7 +11,7 @@
  * the skewed client takes the lock with a 20 s lease, and the server reports
  * about 20 s left, not 10 days: the lease is the server's.
  */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <string.h>
 #include <time.h>
@@ -28,14 +28,7 @@ static long long wall_ms(void)
 
 static void read_uri(void)
 {
-	const char *f = getenv("DLOCK_TEST_URI_FILE");
-	FILE *fp = f ? fopen(f, "r") : NULL;
-	if (!fp || !fgets(uri, sizeof(uri), fp)) {
-		fprintf(stderr, "cannot read the URI file $DLOCK_TEST_URI_FILE (run through ctest)\n");
-		exit(1);
-	}
-	fclose(fp);
-	uri[strcspn(uri, "\r\n")] = '\0';
+	tu_uri_from_env(uri, sizeof uri, "mysql_clock");
 }
 
 /* The child: one command, one line of output "wall=<ms> rc=<code> fence=<n> handle=<h>". */

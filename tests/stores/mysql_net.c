@@ -1,6 +1,6 @@
 /*
  * Network faults between one client and its store, through the fault proxy
- * (tests/unit/faultproxy.h), on a real server. Run for MySQL (both modes) and for
+ * (tests/testutil/faultproxy.h), on a real server. Run for MySQL (both modes) and for
  * Memcached; nothing here is specific to one store:
  *
  *   mysql_net URI [session]
@@ -24,9 +24,9 @@
  *             granted: one holder, and its fence is greater than the
  *             previous holder's.
  */
-#include "netutil.h"
-#include "unit/faultproxy.h"
-#include "unit/testutil.h"
+#include "testutil/netutil.h"
+#include "testutil/faultproxy.h"
+#include "testutil/testutil.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

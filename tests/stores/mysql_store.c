@@ -4,7 +4,7 @@
  * same directory has the server's socket, used here as root for KILL and
  * for looking at the tables directly).
  */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <mysql.h>
 #include <pthread.h>
@@ -17,22 +17,8 @@ static char uri[1024], dir[1024];
 
 static void read_uri(void)
 {
-	const char *f = getenv("DLOCK_TEST_URI_FILE");
-	if (!f) {
-		fprintf(stderr, "DLOCK_TEST_URI_FILE is not set (run through ctest)\n");
-		exit(1);
-	}
-	FILE *fp = fopen(f, "r");
-	if (!fp || !fgets(uri, sizeof(uri), fp)) {
-		fprintf(stderr, "cannot read %s\n", f);
-		exit(1);
-	}
-	fclose(fp);
-	uri[strcspn(uri, "\r\n")] = '\0';
-	snprintf(dir, sizeof(dir), "%s", f);
-	char *slash = strrchr(dir, '/');
-	if (slash)
-		*slash = '\0';
+	tu_uri_from_env(uri, sizeof uri, "mysql_store");
+	tu_server_dir(dir, sizeof dir);
 }
 
 /* uri with extra query text appended ("?mode=get_lock"). */

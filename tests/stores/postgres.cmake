@@ -22,7 +22,7 @@ set_tests_properties(conformance.postgres_advisory PROPERTIES
 find_program(FAKETIME faketime)
 foreach(t advisory clock errors wake tls)
   add_executable(postgres_${t} postgres_${t}.c)
-  target_link_libraries(postgres_${t} PRIVATE dlock_netutil ${LIBPQ_LINK_LIBRARIES})
+  target_link_libraries(postgres_${t} PRIVATE dlock_testutil ${LIBPQ_LINK_LIBRARIES})
   target_include_directories(postgres_${t} PRIVATE ${LIBPQ_INCLUDE_DIRS})
   add_test(NAME postgres.${t} COMMAND postgres_${t} ${FAKETIME})
   set_tests_properties(postgres.${t} PROPERTIES
@@ -46,7 +46,7 @@ endif()
 # a held lock's on_lost no later than its deadline + 50 ms (scheduling grace) and before another
 # client is granted (postgres_hang.c).
 add_executable(postgres_hang postgres_hang.c)
-target_link_libraries(postgres_hang PRIVATE dlock_netutil ${LIBPQ_LINK_LIBRARIES})
+target_link_libraries(postgres_hang PRIVATE dlock_testutil ${LIBPQ_LINK_LIBRARIES})
 target_include_directories(postgres_hang PRIVATE ${LIBPQ_INCLUDE_DIRS})
 add_test(NAME postgres.hang COMMAND postgres_hang)
 set_tests_properties(postgres.hang PROPERTIES
@@ -58,7 +58,7 @@ set_tests_properties(postgres.hang PROPERTIES
 # table mode: a try whose reply was lost ("drop") and its retry never make
 # two holders, fences increase (postgres_net.c).
 add_executable(postgres_net postgres_net.c)
-target_link_libraries(postgres_net PRIVATE dlock_netutil)
+target_link_libraries(postgres_net PRIVATE dlock_testutil)
 add_test(NAME postgres.net COMMAND postgres_net)
 set_tests_properties(postgres.net PROPERTIES
   FIXTURES_REQUIRED server.postgres RUN_SERIAL ON TIMEOUT 300

@@ -12,8 +12,8 @@
  * 5. Contrast, mode=table: terminating the holder's connection loses nothing
  *    (the lease is in a table; the store reconnects and renews).
  */
-#include "netutil.h"
-#include "unit/testutil.h"
+#include "testutil/netutil.h"
+#include "testutil/testutil.h"
 
 #include <libpq-fe.h>
 
@@ -211,14 +211,7 @@ static void test_table_mode_survives_reconnect(void)
 
 int main(void)
 {
-	const char *file = getenv("DLOCK_TEST_URI_FILE");
-	FILE *f = file ? fopen(file, "r") : NULL;
-	if (!f || !fgets(base_uri, sizeof base_uri, f)) {
-		fprintf(stderr, "postgres_advisory: set DLOCK_TEST_URI_FILE (server not started?)\n");
-		return 2;
-	}
-	fclose(f);
-	base_uri[strcspn(base_uri, "\r\n")] = 0;
+	tu_uri_from_env(base_uri, sizeof base_uri, "postgres_advisory");
 	snprintf(adv_uri, sizeof adv_uri, "%s?mode=advisory", base_uri);
 	admin = PQconnectdb(base_uri);
 	if (PQstatus(admin) != CONNECTION_OK) {

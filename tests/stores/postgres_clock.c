@@ -12,7 +12,7 @@
  * Each child first checks that libfaketime really moved its clock, so the
  * test cannot pass vacuously.
  */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <string.h>
 #include <sys/wait.h>
@@ -125,14 +125,7 @@ int main(int argc, char **argv)
 			argc > 1 ? argv[1] : "");
 		return 1;
 	}
-	const char *file = getenv("DLOCK_TEST_URI_FILE");
-	FILE *f = file ? fopen(file, "r") : NULL;
-	if (!f || !fgets(uri, sizeof uri, f)) {
-		fprintf(stderr, "postgres_clock: set DLOCK_TEST_URI_FILE (server not started?)\n");
-		return 2;
-	}
-	fclose(f);
-	uri[strcspn(uri, "\r\n")] = 0;
+	tu_uri_from_env(uri, sizeof uri, "postgres_clock");
 
 	dlock_store *s;
 	if (dlock_store_open(&s, uri) != 0) {

@@ -9,7 +9,7 @@
  * Six processes opening a store on a fresh database at the same moment all
  * succeed (schema creation is serialised) and the schema version is recorded.
  */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <libpq-fe.h>
 
@@ -34,14 +34,7 @@ static void expect_open(const char *u, int want)
 
 int main(void)
 {
-	const char *file = getenv("DLOCK_TEST_URI_FILE");
-	FILE *f = file ? fopen(file, "r") : NULL;
-	if (!f || !fgets(uri, sizeof uri, f)) {
-		fprintf(stderr, "postgres_errors: set DLOCK_TEST_URI_FILE (server not started?)\n");
-		return 2;
-	}
-	fclose(f);
-	uri[strcspn(uri, "\r\n")] = 0;
+	tu_uri_from_env(uri, sizeof uri, "postgres_errors");
 	char user[64], pass[128], hostport[128], db[64];
 	if (sscanf(uri, "postgres://%63[^:]:%127[^@]@%127[^/]/%63s", user, pass, hostport, db) != 4) {
 		fprintf(stderr, "postgres_errors: unexpected URI\n");

@@ -18,8 +18,8 @@
  * thread resumes every stopped process a few seconds later, so the test fails
  * on its time bound. Every stopped process is resumed at exit.
  */
-#include "netutil.h"
-#include "unit/testutil.h"
+#include "testutil/netutil.h"
+#include "testutil/testutil.h"
 
 #include <libpq-fe.h>
 
@@ -439,14 +439,7 @@ static void test_lost_hung(void)
 
 int main(int argc, char **argv)
 {
-	const char *file = getenv("DLOCK_TEST_URI_FILE");
-	FILE *f = file ? fopen(file, "r") : NULL;
-	if (!f || !fgets(base_uri, sizeof base_uri, f)) {
-		fprintf(stderr, "postgres_hang: set DLOCK_TEST_URI_FILE (server not started?)\n");
-		return 2;
-	}
-	fclose(f);
-	base_uri[strcspn(base_uri, "\r\n")] = 0;
+	tu_uri_from_env(base_uri, sizeof base_uri, "postgres_hang");
 	admin = PQconnectdb(base_uri);
 	if (PQstatus(admin) != CONNECTION_OK) {
 		fprintf(stderr, "admin connection: %s\n", PQerrorMessage(admin));

@@ -1,5 +1,5 @@
 /*
- * PostgreSQL behind the fault proxy (tests/unit/faultproxy.h), in both modes:
+ * PostgreSQL behind the fault proxy (tests/testutil/faultproxy.h), in both modes:
  *
  *   postgres_net       (URI from $DLOCK_TEST_URI_FILE)
  *
@@ -19,9 +19,9 @@
  * A call that would hang is not left hanging: a watchdog puts the proxy back
  * to "pass" a few seconds later, so the test fails on its time bound.
  */
-#include "netutil.h"
-#include "unit/faultproxy.h"
-#include "unit/testutil.h"
+#include "testutil/netutil.h"
+#include "testutil/faultproxy.h"
+#include "testutil/testutil.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -326,14 +326,7 @@ static void test_lost_reply(void)
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	const char *file = getenv("DLOCK_TEST_URI_FILE");
-	FILE *f = file ? fopen(file, "r") : NULL;
-	if (!f || !fgets(base_uri, sizeof base_uri, f)) {
-		fprintf(stderr, "postgres_net: set DLOCK_TEST_URI_FILE (server not started?)\n");
-		return 2;
-	}
-	fclose(f);
-	base_uri[strcspn(base_uri, "\r\n")] = 0;
+	tu_uri_from_env(base_uri, sizeof base_uri, "postgres_net");
 	char *proxied = NULL;
 	px = tu_proxy_start(base_uri, &proxied);
 	if (!px)

@@ -12,7 +12,7 @@
  * - verify-full against a CA that did not sign the server's certificate, or
  *   with a missing root file, fails to open and never echoes the password.
  */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <libpq-fe.h>
 
@@ -85,19 +85,8 @@ static void drop_role(void)
 
 int main(void)
 {
-	const char *file = getenv("DLOCK_TEST_URI_FILE");
-	FILE *f = file ? fopen(file, "r") : NULL;
-	if (!f || !fgets(uri, sizeof uri, f)) {
-		fprintf(stderr, "postgres_tls: set DLOCK_TEST_URI_FILE (server not started?)\n");
-		return 2;
-	}
-	fclose(f);
-	uri[strcspn(uri, "\r\n")] = 0;
-	snprintf(dir, sizeof dir, "%s", file);
-	char *slash = strrchr(dir, '/');
-	if (!slash)
-		return 2;
-	*slash = 0;
+	tu_uri_from_env(uri, sizeof uri, "postgres_tls");
+	tu_server_dir(dir, sizeof dir);
 	char user[64], pass[128];
 	if (sscanf(uri, "postgres://%63[^:]:%127[^@]@%127[^/]/%63s", user, pass, hostport, db) != 4) {
 		fprintf(stderr, "postgres_tls: unexpected URI\n");

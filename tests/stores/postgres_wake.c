@@ -10,7 +10,7 @@
  * is 20 s), so the hand-over chain would take about THREADS seconds; with
  * NOTIFY it takes about THREADS * HOLD_MS.
  */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -99,14 +99,7 @@ static void run(const char *mode)
 
 int main(void)
 {
-	const char *file = getenv("DLOCK_TEST_URI_FILE");
-	FILE *f = file ? fopen(file, "r") : NULL;
-	if (!f || !fgets(base_uri, sizeof base_uri, f)) {
-		fprintf(stderr, "postgres_wake: set DLOCK_TEST_URI_FILE (server not started?)\n");
-		return 2;
-	}
-	fclose(f);
-	base_uri[strcspn(base_uri, "\r\n")] = 0;
+	tu_uri_from_env(base_uri, sizeof base_uri, "postgres_wake");
 	run("table");
 	run("advisory");
 	return tu_done("postgres_wake");

@@ -22,7 +22,7 @@ set_tests_properties(server.redis-own.stop PROPERTIES FIXTURES_CLEANUP server.re
 # redis_keys: the key layout (namespaces never collide) and the notifier.
 foreach(t redis_wake redis_crash redis_uri redis_pipeline redis_faults redis_keys)
   add_executable(${t} ${t}.c)
-  target_link_libraries(${t} PRIVATE dlock_netutil)
+  target_link_libraries(${t} PRIVATE dlock_testutil)
   target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src
                              ${HIREDIS_INCLUDE_DIRS})
   target_compile_definitions(${t} PRIVATE _GNU_SOURCE)
@@ -86,7 +86,7 @@ if(DLOCK_WITH_REDLOCK)
     TIMEOUT 300)
   # the same masters through the fault proxy (lost replies, black holes, a slow link)
   add_executable(redlock_net redlock_net.c)
-  target_link_libraries(redlock_net PRIVATE dlock_netutil)
+  target_link_libraries(redlock_net PRIVATE dlock_testutil)
   target_include_directories(redlock_net PRIVATE ${PROJECT_SOURCE_DIR}/tests ${HIREDIS_INCLUDE_DIRS})
   target_compile_definitions(redlock_net PRIVATE _GNU_SOURCE)
   add_test(NAME redlock.net COMMAND redlock_net)

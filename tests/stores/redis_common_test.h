@@ -2,7 +2,7 @@
 #ifndef DLOCK_TEST_REDIS_COMMON_H
 #define DLOCK_TEST_REDIS_COMMON_H
 
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <hiredis/hiredis.h>
 #include <stdio.h>

@@ -19,8 +19,8 @@
  * Usage: redis_faults (DLOCK_TEST_URI_FILE names the server)
  */
 #include "stores/redis_common_test.h"
-#include "stores/netutil.h"
-#include "unit/faultproxy.h"
+#include "testutil/netutil.h"
+#include "testutil/faultproxy.h"
 #include "stores/redis/redis.h"
 
 #include <netinet/in.h>

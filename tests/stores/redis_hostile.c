@@ -14,7 +14,7 @@
  * grew by less than 512 MiB (before the bounds: 1.4 GiB and more).
  * Usage: redis_hostile (no server needed)
  */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include "stores/redis/redis.h"
 

@@ -13,8 +13,8 @@
  * Usage: redlock_net (DLOCK_TEST_URI_FILE names the masters' URI)
  */
 #include "stores/redis_common_test.h"
-#include "stores/netutil.h"
-#include "unit/faultproxy.h"
+#include "testutil/netutil.h"
+#include "testutil/faultproxy.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

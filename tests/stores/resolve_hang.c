@@ -17,8 +17,8 @@
  * usage: resolve_hang [STORE=URIFILE ...]   (a URI file of a running server
  * whose host is 127.0.0.1: opened again through a /etc/hosts name)
  */
-#include "unit/faultproxy.h"
-#include "unit/testutil.h"
+#include "testutil/faultproxy.h"
+#include "testutil/testutil.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -5,7 +5,7 @@
  * granted up to 1 s after the release; a rung one within milliseconds. Three
  * handoffs, each woken well before its 1 s nap would have ended; and the
  * bell directory is made only once someone waits. */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <poll.h>
 #include <signal.h>

@@ -12,7 +12,7 @@
  *     + 50 ms with DLOCK_EUNAVAILABLE;
  *   - a holder whose renewals are blocked gets on_lost no later than its
  *     lease deadline + TU_SCHED_GRACE_MS, and dlock_held() is false from the deadline. */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 #include "sqlite_proc.h"
 
 #include <pthread.h>

@@ -1,6 +1,6 @@
 /* 16 processes open the same brand-new SQLite store file at the same moment
  * (released together by a pipe), 20 rounds: every open succeeds. */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <string.h>
 #include <sys/stat.h>

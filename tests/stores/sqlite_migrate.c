@@ -10,7 +10,7 @@
  * anyone else see, a phantom holder with an empty owner: its acquire fails at
  * its first write, its reads show only real holders, it enqueues no waiter.
  * An older library that opens the file afterwards is refused. */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <sqlite3.h>
 #include <string.h>

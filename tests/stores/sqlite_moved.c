@@ -8,7 +8,7 @@
  * the name on the file now at the path, and the first process's next
  * acquire (which reopens the path) sees that holder and changes nothing.
  * A database with a second hard link is refused under either name. */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 #include "sqlite_proc.h"
 
 #include <pthread.h>

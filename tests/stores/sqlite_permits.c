@@ -3,7 +3,7 @@
  * (permits 1, exclusive) excludes everything. So a semaphore caller is not
  * admitted beside a mutex holder, a mutex caller not beside a semaphore
  * holder, and a semaphore of 3 beside one of 2 only while fewer than 2 hold. */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

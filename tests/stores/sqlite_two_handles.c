@@ -7,7 +7,7 @@
  * name, the holder's renewals land where everyone reads them, and after its
  * release another process is granted with the next fence. A fork()'s child
  * cannot release the parent's hold through the handles it inherited. */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 #include "sqlite_proc.h"
 
 #include <string.h>

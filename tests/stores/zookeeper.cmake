@@ -32,7 +32,7 @@ foreach(t zookeeper_faults:zookeeper-own:zookeeper.sh:${DLOCK_ZK_OWN_DIR}
   list(GET parts 2 script)
   list(GET parts 3 dir)
   add_executable(${exe} ${exe}.c)
-  target_link_libraries(${exe} PRIVATE dlock_netutil ${ZOOKEEPER_MT_LIB} Threads::Threads)
+  target_link_libraries(${exe} PRIVATE dlock_testutil ${ZOOKEEPER_MT_LIB} Threads::Threads)
   target_include_directories(${exe} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${ZOOKEEPER_INCLUDE_DIR})
   target_compile_definitions(${exe} PRIVATE _GNU_SOURCE THREADED)
   string(REPLACE "zookeeper_" "zookeeper." tname ${exe})

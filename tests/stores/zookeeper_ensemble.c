@@ -6,7 +6,7 @@
  * the member is back the lock is handed over normally.
  * Usage: zookeeper_ensemble SERVER_SCRIPT SERVER_DIR  (the 3-member fixture)
  */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <signal.h>
 #include <stdatomic.h>

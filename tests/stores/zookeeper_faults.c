@@ -13,8 +13,8 @@
  *  - odd names round-trip through status; empty parents are reaped.
  * Usage: zookeeper_faults SERVER_SCRIPT SERVER_DIR  (URI from DLOCK_TEST_URI_FILE)
  */
-#include "netutil.h"
-#include "unit/testutil.h"
+#include "testutil/netutil.h"
+#include "testutil/testutil.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -747,7 +747,7 @@ static void case_bad_uris(void)
 	dlock_store_close(s);
 }
 
-static const nu_case cases[] = {
+static const tu_case cases[] = {
 	{ "bad_uris", case_bad_uris },
 	{ "lost_create_reply", case_lost_create_reply },
 	{ "lost_create_request", case_lost_create_request },
@@ -765,7 +765,7 @@ int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
-	nu_uri_from_env(direct_uri, sizeof(direct_uri), "zookeeper_faults");
+	tu_uri_from_env(direct_uri, sizeof(direct_uri), "zookeeper_faults");
 	if (sscanf(direct_uri, "zk://%255[^/?]", server_hp) != 1 || !strchr(server_hp, ':')) {
 		fprintf(stderr, "zookeeper_faults: want a zk://host:port URI, got %s\n", direct_uri);
 		return 2;
@@ -784,7 +784,7 @@ int main(int argc, char **argv)
 	px_start();
 	(void)argc;
 	(void)argv;
-	nu_run_cases(cases, sizeof(cases) / sizeof(cases[0]), argc, argv, 3);
+	tu_run_cases(cases, sizeof(cases) / sizeof(cases[0]), argc, argv, 3);
 	zookeeper_close(raw);
 	return tu_done("zookeeper_faults");
 }

@@ -1,6 +1,6 @@
 /*
  * The ZooKeeper store's time bounds and orphan sweep, on a standalone server
- * of its own, through the fault proxy (tests/unit/faultproxy.h) in
+ * of its own, through the fault proxy (tests/testutil/faultproxy.h) in
  * "blackhole" mode: connections stay open and nothing is forwarded (a hung
  * server or a dead link, not a reset the client would notice):
  *  - open, acquire (before and during a wait), release, extend and status
@@ -15,9 +15,9 @@
  *    again, with the process idle, by the sweeper's probe.
  * Usage: zookeeper_time SERVER_SCRIPT SERVER_DIR [CASE...]  (URI from DLOCK_TEST_URI_FILE)
  */
-#include "unit/faultproxy.h"
-#include "netutil.h"
-#include "unit/testutil.h"
+#include "testutil/faultproxy.h"
+#include "testutil/netutil.h"
+#include "testutil/testutil.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -445,7 +445,7 @@ static void case_lost_dark(void)
 	dlock_store_close(s);
 }
 
-static const nu_case cases[] = {
+static const tu_case cases[] = {
 	{ "open_dark", case_open_dark },
 	{ "acquire_dark", case_acquire_dark },
 	{ "acquire_dark_midwait", case_acquire_dark_midwait },
@@ -461,7 +461,7 @@ int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
-	nu_uri_from_env(direct_uri, sizeof(direct_uri), "zookeeper_time");
+	tu_uri_from_env(direct_uri, sizeof(direct_uri), "zookeeper_time");
 	if (sscanf(direct_uri, "zk://%255[^/?]", server_hp) != 1 || !strchr(server_hp, ':')) {
 		fprintf(stderr, "zookeeper_time: want a zk://host:port URI, got %s\n", direct_uri);
 		return 2;
@@ -480,7 +480,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "zookeeper_time: the fault proxy did not start\n");
 		return 2;
 	}
-	nu_run_cases(cases, sizeof(cases) / sizeof(cases[0]), argc, argv, 3);
+	tu_run_cases(cases, sizeof(cases) / sizeof(cases[0]), argc, argv, 3);
 	zookeeper_close(raw);
 	tu_proxy_stop(px);
 	free(px_uri);

@@ -4,7 +4,7 @@
  * explains, fences that go back, stale writes, lost updates, and recovery
  * after each fault. Times are microseconds of run time.
  */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include "check.h"
 

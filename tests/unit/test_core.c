@@ -3,7 +3,7 @@
  * of any real store): reentrancy without round trips, lease deadlines from
  * before the request, renewal batching, the lost signal, the wait loop.
  */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <dlock/sys/backend.h>
 #include <dirent.h>

@@ -1,4 +1,4 @@
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <string.h>
 

@@ -1,6 +1,6 @@
 /* The fault proxy against a small echo server: each mode does what it says. */
-#include "unit/faultproxy.h"
-#include "unit/testutil.h"
+#include "testutil/faultproxy.h"
+#include "testutil/testutil.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,6 +1,6 @@
-#include "unit/faultproxy.h"
+#include "testutil/faultproxy.h"
 #include "faultproxy_uri.h" /* src/cli: dlock check rewrites URIs the same way */
-#include "unit/testutil.h"
+#include "testutil/testutil.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -39,4 +39,22 @@ int tu_done(const char *suite);
 /* Milliseconds on CLOCK_MONOTONIC. */
 long long tu_now_ms(void);
 
+/* The first line of the file named by $DLOCK_TEST_URI_FILE (a server
+ * script's DIR/uri) into out; exit(2) with a message naming `prog` when it
+ * cannot be read. */
+void tu_uri_from_env(char *out, size_t n, const char *prog);
+
+/* The directory of $DLOCK_TEST_URI_FILE (the server script's DIR: its other
+ * files), into out; "." when the variable is unset or has no '/'. */
+void tu_server_dir(char *out, size_t n);
+
+/* A program's cases: run those named in argv[first..argc) (every one when
+ * none is named), each printed with ok/FAILED (by tu_failures) and its time.
+ * Returns how many ran. */
+typedef struct tu_case {
+	const char *name;
+	void (*fn)(void);
+} tu_case;
+size_t tu_run_cases(const tu_case *cases, size_t n, int argc, char **argv, int first);
+
 #endif

@@ -1,5 +1,5 @@
-#include "netutil.h"
-#include "unit/testutil.h"
+#include "testutil/netutil.h"
+#include "testutil/testutil.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -125,32 +125,4 @@ void nu_bg_start(nu_bg *b)
 void nu_bg_join(nu_bg *b)
 {
 	pthread_join(b->t, NULL);
-}
-
-void nu_uri_from_env(char *out, size_t n, const char *prog)
-{
-	const char *file = getenv("DLOCK_TEST_URI_FILE");
-	FILE *f = file ? fopen(file, "r") : NULL;
-	if (!f || !fgets(out, (int)n, f)) {
-		fprintf(stderr, "%s: set DLOCK_TEST_URI_FILE (server not started?)\n", prog);
-		exit(2);
-	}
-	fclose(f);
-	out[strcspn(out, "\r\n")] = '\0';
-}
-
-void nu_run_cases(const nu_case *cases, size_t n, int argc, char **argv, int first)
-{
-	for (size_t i = 0; i < n; i++) {
-		int want = argc <= first;
-		for (int a = first; a < argc; a++)
-			want |= strcmp(argv[a], cases[i].name) == 0;
-		if (!want)
-			continue;
-		int before = tu_failures;
-		long long t0 = tu_now_ms();
-		cases[i].fn();
-		printf("%-22s %s (%lld ms)\n", cases[i].name, tu_failures == before ? "ok" : "FAILED",
-		       tu_now_ms() - t0);
-	}
 }

@@ -4,7 +4,7 @@
  * failing the test at once, one "on_lost" box, the status counts they
  * assert on, and an acquire in a thread of its own.
  *
- * Built as the static library dlock_netutil (tests/stores/CMakeLists.txt) on
+ * Built as the static library dlock_testutil (tests/stores/CMakeLists.txt) on
  * top of dlock_testutil. Not thread-safe unless a function says so. */
 #ifndef DLOCK_TEST_NETUTIL_H
 #define DLOCK_TEST_NETUTIL_H
@@ -67,18 +67,5 @@ typedef struct nu_bg {
 
 void nu_bg_start(nu_bg *b);
 void nu_bg_join(nu_bg *b);
-
-/* The first line of the file named by $DLOCK_TEST_URI_FILE (a server
- * script's DIR/uri) into out; exit(2) with a message naming `prog` when it
- * cannot be read. */
-void nu_uri_from_env(char *out, size_t n, const char *prog);
-
-/* A program's cases: run those named in argv[first..argc) (every one when
- * none is named), each printed with ok/FAILED (by tu_failures) and its time. */
-typedef struct nu_case {
-	const char *name;
-	void (*fn)(void);
-} nu_case;
-void nu_run_cases(const nu_case *cases, size_t n, int argc, char **argv, int first);
 
 #endif

@@ -1,0 +1,65 @@
+#include "testutil/testutil.h"
+
+#include <string.h>
+#include <time.h>
+
+int tu_failures;
+
+int tu_done(const char *suite)
+{
+	if (tu_failures) {
+		fprintf(stderr, "%s: %d check(s) FAILED\n", suite, tu_failures);
+		return 1;
+	}
+	printf("%s: all checks passed\n", suite);
+	return 0;
+}
+
+long long tu_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void tu_uri_from_env(char *out, size_t n, const char *prog)
+{
+	const char *file = getenv("DLOCK_TEST_URI_FILE");
+	FILE *f = file ? fopen(file, "r") : NULL;
+	if (!f || !fgets(out, (int)n, f)) {
+		fprintf(stderr, "%s: set DLOCK_TEST_URI_FILE (server not started?)\n", prog);
+		exit(2);
+	}
+	fclose(f);
+	out[strcspn(out, "\r\n")] = '\0';
+}
+
+void tu_server_dir(char *out, size_t n)
+{
+	const char *file = getenv("DLOCK_TEST_URI_FILE");
+	snprintf(out, n, "%s", file ? file : "");
+	char *slash = strrchr(out, '/');
+	if (slash)
+		*slash = '\0';
+	else
+		snprintf(out, n, ".");
+}
+
+size_t tu_run_cases(const tu_case *cases, size_t n, int argc, char **argv, int first)
+{
+	size_t ran = 0;
+	for (size_t i = 0; i < n; i++) {
+		int want = argc <= first;
+		for (int a = first; a < argc; a++)
+			want |= strcmp(argv[a], cases[i].name) == 0;
+		if (!want)
+			continue;
+		int before = tu_failures;
+		long long t0 = tu_now_ms();
+		cases[i].fn();
+		printf("%-24s %s (%lld ms)\n", cases[i].name, tu_failures == before ? "ok" : "FAILED",
+		       tu_now_ms() - t0);
+		ran++;
+	}
+	return ran;
+}
