@@ -3,8 +3,9 @@
  * "Wake-ups"). A waiter arms before each try (reading the generation of its
  * name's bucket and of the whole board) and, refused, sleeps until either
  * moves or its back-off ends. Stores bump one name from their notification
- * channel, or all when the channel was down. Names share buckets: a bump
- * may wake a waiter of another name, which then only tries once more.
+ * channel, one waiter by its owner (a fair queue's new head), or all when
+ * the channel was down. Names and owners share buckets: a bump may wake a
+ * waiter it did not mean, which then only tries once more.
  */
 #include "core/internal.h"
 
@@ -19,11 +20,12 @@ struct dlock__board {
 	pthread_cond_t cv;
 	uint64_t all;            /* bumped by wake_all */
 	uint64_t gen[NBUCKETS];  /* bumped by wake(name) */
+	uint64_t ogen[NBUCKETS]; /* bumped by wake_owner(owner) */
 };
 
-static unsigned bucket(const char *name)
+static unsigned bucket(const char *key)
 {
-	return (unsigned)(dlock__fnv1a64(DLOCK__FNV64_OFFSET, name, strlen(name)) % NBUCKETS);
+	return key ? (unsigned)(dlock__fnv1a64(DLOCK__FNV64_OFFSET, key, strlen(key)) % NBUCKETS) : 0;
 }
 
 int dlock__board_new(dlock__board **out)
@@ -46,22 +48,28 @@ void dlock__board_free(dlock__board *b)
 	free(b);
 }
 
-uint64_t dlock__board_arm(dlock__board *b, const char *name)
+/* Every counter only grows: their sum moves when any of them does. */
+static uint64_t generation(const dlock__board *b, unsigned i, unsigned o)
 {
-	unsigned i = bucket(name);
+	return b->gen[i] + b->ogen[o] + b->all;
+}
+
+uint64_t dlock__board_arm(dlock__board *b, const char *name, const char *owner)
+{
+	unsigned i = bucket(name), o = bucket(owner);
 	pthread_mutex_lock(&b->mu);
-	uint64_t g = b->gen[i] + b->all;
+	uint64_t g = generation(b, i, o);
 	pthread_mutex_unlock(&b->mu);
 	return g;
 }
 
-bool dlock__board_wait(dlock__board *b, const char *name, uint64_t armed, int64_t ms)
+bool dlock__board_wait(dlock__board *b, const char *name, const char *owner, uint64_t armed, int64_t ms)
 {
-	unsigned i = bucket(name);
+	unsigned i = bucket(name), o = bucket(owner);
 	int64_t end = dlock_clock_ms() + (ms > 0 ? ms : 0);
 	pthread_mutex_lock(&b->mu);
 	bool moved;
-	while (!(moved = b->gen[i] + b->all != armed)) {
+	while (!(moved = generation(b, i, o) != armed)) {
 		int64_t left = end - dlock_clock_ms();
 		if (left <= 0)
 			break;
@@ -91,6 +99,18 @@ void dlock_backend_wake(dlock_backend *be, const char *name)
 	unsigned i = bucket(name);
 	pthread_mutex_lock(&b->mu);
 	b->gen[i]++;
+	pthread_cond_broadcast(&b->cv);
+	pthread_mutex_unlock(&b->mu);
+}
+
+void dlock_backend_wake_owner(dlock_backend *be, const char *owner)
+{
+	dlock__board *b = board_of(be);
+	if (!b || !owner)
+		return;
+	unsigned o = bucket(owner);
+	pthread_mutex_lock(&b->mu);
+	b->ogen[o]++;
 	pthread_cond_broadcast(&b->cv);
 	pthread_mutex_unlock(&b->mu);
 }

@@ -47,10 +47,10 @@ int dlock__board_new(dlock__board **out);
 void dlock__board_free(dlock__board *b);
 /* Let be's wake-ups reach b (before the store handle is used). */
 void dlock__board_attach(dlock_backend *be, dlock__board *b);
-/* The generation of name (and of the whole board), before a try. */
-uint64_t dlock__board_arm(dlock__board *b, const char *name);
-/* Sleep until name's generation moves past `armed` or ms pass; whether it moved. */
-bool dlock__board_wait(dlock__board *b, const char *name, uint64_t armed, int64_t ms);
+/* The generation of name, of owner's waiter (and of the whole board), before a try. */
+uint64_t dlock__board_arm(dlock__board *b, const char *name, const char *owner);
+/* Sleep until that generation moves past `armed` or ms pass; whether it moved. */
+bool dlock__board_wait(dlock__board *b, const char *name, const char *owner, uint64_t armed, int64_t ms);
 
 /* ---- processes ---- */
 /* Store and lock handles belong to the process that opened the store. The

@@ -150,7 +150,7 @@ static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t 
 	if (!lock_be_by(s, until))
 		return BE_BUSY;
 	if (s->m->watch && l->req.waiting) {
-		*armed = dlock__board_arm(s->board, l->name);
+		*armed = dlock__board_arm(s->board, l->name, l->req.owner);
 		dlock__saved_error saved; /* a watch that fails only costs polling */
 		dlock__error_save(&saved);
 		*watched = s->m->watch(s->be, &l->req) == 0 || *watched;
@@ -382,7 +382,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		if (retry >= 0)
 			nap = min64(nap, retry + 1);
 		if (watched && rc == DLOCK_ELOCKED) {
-			dlock__board_wait(l->store->board, l->name, armed, nap);
+			dlock__board_wait(l->store->board, l->name, l->req.owner, armed, nap);
 		} else if (be->methods->wait && rc == DLOCK_ELOCKED) {
 			be->methods->wait(l->store->be, &l->req, nap);
 		} else {

@@ -3,12 +3,18 @@
  *  - namespaces never collide: prefix=app + name "jobs:nightly" and
  *    prefix=app:jobs + name "nightly" are two locks, and each store lists
  *    only its own names; the default prefix keeps its old keys ({dlock:NAME});
- *  - the notifier counts a second bare "*" wake-up (a cancel's) from the same
- *    server as a new event, not as a copy of the first.
+ *  - the notifier hands the core's board a wake-up for its confirmed
+ *    subscription, for every bare "*" (a second one from the same server,
+ *    a cancel's, is a new event, not a copy of the first), and for a message
+ *    naming our waiter's owner alone; a message naming another owner wakes
+ *    nobody.
  * Usage: redis_keys (DLOCK_TEST_URI_FILE names the server)
  */
 #include "stores/redis_common_test.h"
 #include "stores/redis/redis.h"
+#include "core/internal.h"
+
+#include <unistd.h>
 
 static char uri[4096];
 
@@ -67,7 +73,15 @@ static void case_namespaces(redisContext *raw)
 	dlock_store_close(d);
 }
 
-static void case_second_star(redisContext *raw)
+static void publish(redisContext *raw, const char *ch, const char *msg)
+{
+	redisReply *r = redisCommand(raw, "PUBLISH %s %s", ch, msg);
+	CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
+	if (r)
+		freeReplyObject(r);
+}
+
+static void case_wakeups(redisContext *raw)
 {
 	dlock__rserver srv;
 	memset(&srv, 0, sizeof(srv));
@@ -75,31 +89,58 @@ static void case_second_star(redisContext *raw)
 		exit(1);
 	srv.connect_timeout_ms = 1000;
 	srv.timeout_ms = 1000;
-	dlock__rnotify *nt = NULL;
-	CHECK_RC(dlock__rnotify_new(&nt, &srv, 1, "redis"), 0);
-	if (!nt)
+	/* a backend of no store but with a board, as a store handle's */
+	dlock_backend be;
+	memset(&be, 0, sizeof(be));
+	dlock__board *board = NULL;
+	CHECK_RC(dlock__board_new(&board), 0);
+	if (!board)
 		return;
+	dlock__board_attach(&be, board);
+	dlock__rnotify *nt = NULL;
+	CHECK_RC(dlock__rnotify_new(&nt, &be, &srv, 1, "redis"), 0);
+	if (!nt) {
+		dlock__board_free(board);
+		return;
+	}
 	dlock_request req;
 	memset(&req, 0, sizeof(req));
 	req.name = "star";
 	req.owner = "00ff00ff-1";
-	const char *ch = "{keys-test:star}:c";
-	/* the first wait subscribes and returns once Redis confirmed it */
-	dlock__rnotify_wait(nt, &req, ch, 3000);
+	const char *ch = "{keys-test:star}:c", *direct = "{keys-test:star}:c:00ff00ff";
+	/* the subscription, once Redis confirmed it, wakes the name */
+	uint64_t armed = dlock__board_arm(board, req.name, req.owner);
+	CHECK_RC(dlock__rnotify_watch(nt, &req, ch), 0);
+	CHECK(dlock__board_wait(board, req.name, req.owner, armed, 3000));
 	for (int round = 0; round < 3; round++) {
-		dlock__rnotify_arm(nt, &req);
-		redisReply *r = redisCommand(raw, "PUBLISH %s *", ch);
-		CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
+		armed = dlock__board_arm(board, req.name, req.owner);
+		CHECK_RC(dlock__rnotify_watch(nt, &req, ch), 0);
+		publish(raw, ch, "*");
+		long long t0 = tu_now_ms();
+		CHECK(dlock__board_wait(board, req.name, req.owner, armed, 2000));
+		printf("bare '*' number %d woke the waiter after %lld ms\n", round + 1, tu_now_ms() - t0);
+	}
+	/* a new head named on our direct channel: ours wakes, another's does not */
+	armed = dlock__board_arm(board, req.name, req.owner);
+	publish(raw, direct, "00ff00ff-7");
+	CHECK(!dlock__board_wait(board, req.name, req.owner, armed, 300));
+	publish(raw, direct, req.owner);
+	CHECK(dlock__board_wait(board, req.name, req.owner, armed, 2000));
+	/* unwatched: nothing subscribed is left to hear it */
+	dlock__rnotify_forget(nt, &req);
+	long long until = tu_now_ms() + 3000;
+	int receivers = 1;
+	while (receivers > 0 && tu_now_ms() < until) {
+		redisReply *r = redisCommand(raw, "PUBSUB NUMSUB %s", ch);
+		receivers = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 ? (int)r->element[1]->integer : -1;
 		if (r)
 			freeReplyObject(r);
-		long long t0 = tu_now_ms();
-		dlock__rnotify_wait(nt, &req, ch, 2000);
-		long long took = tu_now_ms() - t0;
-		printf("bare '*' number %d woke the waiter after %lld ms\n", round + 1, took);
-		CHECK(took < 1000);
+		if (receivers > 0)
+			usleep(10000);
 	}
-	dlock__rnotify_forget(nt, &req);
+	CHECK(receivers == 0);
 	dlock__rnotify_free(nt);
+	dlock__board_free(board);
 }
 
 int main(void)
@@ -108,7 +149,7 @@ int main(void)
 	rt_read_uri(uri, sizeof(uri));
 	redisContext *raw = rt_raw(uri);
 	case_namespaces(raw);
-	case_second_star(raw);
+	case_wakeups(raw);
 	redisFree(raw);
 	return tu_done("redis_keys");
 }

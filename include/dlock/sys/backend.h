@@ -42,8 +42,9 @@
  * store says that the name may have changed or until its back-off ends. A
  * store with a notification channel (Redis pub/sub, PostgreSQL LISTEN,
  * watches) implements `watch`/`unwatch` and feeds the board from its
- * channel with dlock_backend_wake (one name) and dlock_backend_wake_all
- * (the channel was down: anything may have changed). A store whose wake-up
+ * channel with dlock_backend_wake (one name), dlock_backend_wake_owner (one
+ * waiter: a fair queue's new head) and dlock_backend_wake_all (the channel
+ * was down: anything may have changed). A store whose wake-up
  * is itself a blocking call (MySQL's GET_LOCK on a doorbell) implements
  * `wait` instead. A store with neither is polled with back-off.
  *
@@ -318,6 +319,9 @@ DLOCK_EXTERN int dlock_backend_init(dlock_backend *be, const dlock_backend_metho
  * nothing before the store handle exists.
  */
 DLOCK_EXTERN void dlock_backend_wake(dlock_backend *be, const char *name);
+/** The waiter whose request carries `owner` tries again (a fair queue named
+ * it the next holder): the other waiters of its name sleep on. */
+DLOCK_EXTERN void dlock_backend_wake_owner(dlock_backend *be, const char *owner);
 /** Every waiter of this store handle tries again (the channel was down). */
 DLOCK_EXTERN void dlock_backend_wake_all(dlock_backend *be);
 

@@ -36,11 +36,17 @@ int dlock__my_sb_check(sbuf *s)
 
 /* ---- errors ---- */
 
+/* MySQL 8's "disconnected by the server because of inactivity": the same
+ * number is another error in MariaDB's header (which we build against), so
+ * it has a name of our own. */
+#define MYSQL8_ER_CLIENT_INTERACTION_TIMEOUT 4031
+
 /* The connection is unusable: a client-side CR_* error, or the server ended the
- * session (KILL: 1927 ER_CONNECTION_KILLED; MySQL 8's idle timeout: 4031). */
+ * session (KILL, or MySQL 8's idle timeout). */
 int dlock__my_is_conn_error(unsigned int e)
 {
-	return (e >= 2000 && e < 3000) || e == 1927 || e == 4031;
+	return (e >= CR_MIN_ERROR && e <= CR_MAX_ERROR) || e == ER_CONNECTION_KILLED ||
+	       e == MYSQL8_ER_CLIENT_INTERACTION_TIMEOUT;
 }
 
 static int map_errno(unsigned int e)
@@ -52,8 +58,8 @@ static int map_errno(unsigned int e)
 	case ER_COLUMNACCESS_DENIED_ERROR:
 	case ER_SPECIFIC_ACCESS_DENIED_ERROR:
 	case ER_PASSWORD_NO_MATCH:
-	case 1698: /* ER_ACCESS_DENIED_NO_PASSWORD_ERROR */
-	case 1862: /* ER_MUST_CHANGE_PASSWORD_LOGIN */
+	case ER_ACCESS_DENIED_NO_PASSWORD_ERROR:
+	case ER_MUST_CHANGE_PASSWORD_LOGIN:
 		return DLOCK_EAUTH;
 	case ER_BAD_DB_ERROR:
 		return DLOCK_EINVAL;

@@ -7,17 +7,33 @@
 
 /* ---------------------------------------------------------------- errors */
 
+/* SQLSTATE codes and classes (PostgreSQL's errcodes; libpq has no header
+ * for them). */
+#define SQLSTATE_CLASS_CONNECTION_EXCEPTION "08"
+#define SQLSTATE_CLASS_TRANSACTION_ROLLBACK "40" /* deadlock detected, serialization failure */
+#define SQLSTATE_CLASS_INVALID_AUTHORIZATION "28"
+#define SQLSTATE_ADMIN_CRASH_SHUTDOWN_PREFIX "57P" /* admin/crash shutdown, cannot connect now */
+#define SQLSTATE_TOO_MANY_CONNECTIONS "53300"
+#define SQLSTATE_INSUFFICIENT_PRIVILEGE "42501"
+
+static bool sqlstate_in(const char *st, const char *class_or_prefix)
+{
+	return strncmp(st, class_or_prefix, strlen(class_or_prefix)) == 0;
+}
+
 static int code_for_sqlstate(const char *st)
 {
 	if (!st)
 		return DLOCK_ESTORE;
 	/* Connection trouble, shutdown, too many connections, and transaction
-	 * rollbacks (deadlock detected, serialization failure) are transient:
-	 * the core retries them. */
-	if (strncmp(st, "08", 2) == 0 || strncmp(st, "57P", 3) == 0 || strcmp(st, "53300") == 0 ||
-	    strncmp(st, "40", 2) == 0)
+	 * rollbacks are transient: the core retries them. */
+	if (sqlstate_in(st, SQLSTATE_CLASS_CONNECTION_EXCEPTION) ||
+	    sqlstate_in(st, SQLSTATE_ADMIN_CRASH_SHUTDOWN_PREFIX) ||
+	    strcmp(st, SQLSTATE_TOO_MANY_CONNECTIONS) == 0 ||
+	    sqlstate_in(st, SQLSTATE_CLASS_TRANSACTION_ROLLBACK))
 		return DLOCK_EUNAVAILABLE;
-	if (strncmp(st, "28", 2) == 0 || strcmp(st, "42501") == 0)
+	if (sqlstate_in(st, SQLSTATE_CLASS_INVALID_AUTHORIZATION) ||
+	    strcmp(st, SQLSTATE_INSUFFICIENT_PRIVILEGE) == 0)
 		return DLOCK_EAUTH;
 	return DLOCK_ESTORE;
 }

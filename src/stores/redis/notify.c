@@ -1,6 +1,7 @@
 /*
  * The pub/sub notifier of the Redis and Redlock stores: one thread per store
- * handle wakes the waiters of a name when a release is published (redis.h).
+ * handle hands the releases published for the names its waiters watch to the
+ * core's wake-up board (redis.h).
  */
 #include "redis.h"
 
@@ -28,30 +29,29 @@
  * Waiting without polling, and without missing a release.
  *
  * One background thread per store handle owns one subscriber connection per
- * server and SUBSCRIBEs to the channel of every lock some thread of this
- * process is waiting for. A waiter is identified by its dlock_request (one per
- * lock handle, stable across the tries of one acquire) and carries a
- * generation counter that the thread bumps for every release message meant
- * for it ("*", or its own owner token when a fair queue names the head).
+ * server and SUBSCRIBEs to the channels of every lock some thread of this
+ * process is waiting for: the lock's own ("*": wake every waiter) and our
+ * direct one (a fair queue names its new head's owner). A waiter is a
+ * dlock_request (one per lock handle, stable across the tries of one acquire)
+ * that the core watches before each try (dlock__rnotify_watch) and unwatches
+ * when the wait is over. Messages go to the core's board: "*" wakes the name
+ * (dlock_backend_wake), an owner of ours wakes that waiter alone
+ * (dlock_backend_wake_owner), a reconnection after an outage wakes everyone.
  *
- * The race: the core tries acquire, is refused, then calls wait. A release
- * that lands between the refusal and the SUBSCRIBE would be lost and the
- * waiter would sleep for the full nap. Closed in two steps:
- *  1. the first wait of a waiter subscribes, waits for Redis to confirm the
- *     subscription and returns at once, so the core tries again while already
- *     subscribed;
- *  2. the subscription then stays up across tries, and acquire (arm) records
- *     the waiter's generation *before* sending its try: a release after that
- *     point bumps the generation, so the following wait returns at once
- *     instead of sleeping. A release before it is seen by the try itself.
- * The subscription is dropped when the waiter is granted, releases, cancels,
- * or (a backstop) stays idle for FORGET_IDLE_MS.
+ * The race: the core tries, is refused, then sleeps on the board. The core
+ * arms the board before each try, so a release published after the arming
+ * wakes the sleeper even if it comes before the sleep; a release before the
+ * subscription is in place is covered by the wake-up of the name that
+ * follows each confirmation of its subscription. The subscription stays up
+ * across tries and is dropped when the waiter is unwatched, or (a backstop)
+ * when no try of it came for FORGET_IDLE_MS.
  */
 #define FORGET_IDLE_MS 10000
 #define RECONNECT_MAX_MS 2000
 
 typedef struct rn_chan {
 	struct rn_chan *next;
+	char *lock;            /* the lock's name: what the board is told */
 	char *name;            /* the lock's channel "{P:NAME}:c": wake-everyone messages */
 	size_t len;
 	char *direct;          /* "{P:NAME}:c:<client id>": wake-ups naming our waiters */
@@ -70,17 +70,15 @@ typedef struct rn_waiter {
 	const dlock_request *req;
 	char owner[64];
 	rn_chan *chan;
-	uint64_t gen, seen;
-	int inwait;
-	int64_t last;
+	int64_t last;          /* its last watch (a try of the core) */
 } rn_waiter;
 
 struct dlock__rnotify {
+	dlock_backend *be;    /* whose board the wake-ups go to */
 	const char *kind;
 	dlock__rserver *srv;  /* the store's; moved only under mu (dlock__rnotify_moved) */
 	size_t n;
 	pthread_mutex_t mu;
-	pthread_cond_t cv;
 	pthread_t th;
 	bool started, stop;
 	int pipe[2];
@@ -92,12 +90,13 @@ struct dlock__rnotify {
 	rn_waiter *waiters;
 };
 
-int dlock__rnotify_new(dlock__rnotify **out, dlock__rserver *srv, size_t n, const char *kind)
+int dlock__rnotify_new(dlock__rnotify **out, dlock_backend *be, dlock__rserver *srv, size_t n, const char *kind)
 {
 	*out = NULL;
 	dlock__rnotify *nt = dlock__calloc(1, sizeof(*nt));
 	if (!nt)
 		return DLOCK_ENOMEM;
+	nt->be = be;
 	nt->kind = kind;
 	nt->srv = srv;
 	nt->n = n;
@@ -115,7 +114,6 @@ int dlock__rnotify_new(dlock__rnotify **out, dlock__rserver *srv, size_t n, cons
 		return rc;
 	}
 	pthread_mutex_init(&nt->mu, NULL);
-	dlock__cond_init_monotonic(&nt->cv);
 	*out = nt;
 	return 0;
 }
@@ -131,6 +129,7 @@ static void chan_free(rn_chan *ch)
 {
 	free(ch->last);
 	free(ch->heard);
+	free(ch->lock);
 	free(ch->name);
 	free(ch->direct);
 	free(ch->sent);
@@ -154,7 +153,6 @@ void dlock__rnotify_free(dlock__rnotify *nt)
 		close(nt->pipe[0]);
 		close(nt->pipe[1]);
 		pthread_mutex_destroy(&nt->mu);
-		pthread_cond_destroy(&nt->cv);
 	}
 	for (size_t i = 0; nt->c && i < nt->n; i++)
 		if (nt->c[i])
@@ -241,8 +239,10 @@ static void on_reply(dlock__rnotify *nt, size_t i, redisReply *r)
 		return;
 	if (!strcmp(what, "subscribe")) {
 		if (ch->pend[i] > 0 && --ch->pend[i] == 0 && ch->sent[i]) {
+			/* listening now: a release before this point may have gone unheard */
+			if (!chan_ok(nt, ch))
+				dlock_backend_wake(nt->be, ch->lock);
 			ch->ok[i] = 1;
-			pthread_cond_broadcast(&nt->cv);
 		}
 		bool pending = false;
 		for (rn_chan *o = nt->chans; o && !pending; o = o->next)
@@ -264,17 +264,13 @@ static void on_reply(dlock__rnotify *nt, size_t i, redisReply *r)
 			ch->last = strdup(msg);
 			memset(ch->heard, 0, nt->n);
 			ch->heard[i] = 1;
+			dlock_backend_wake(nt->be, ch->lock);
+			return;
 		}
-		/* wake the waiting threads only when one of them is meant: a release
-		 * naming another process's waiter is nothing to us */
-		bool woke = false;
+		/* a new head named: wake it alone, if it is one of ours */
 		for (rn_waiter *w = nt->waiters; w; w = w->next)
-			if (w->chan == ch && (all || !strcmp(msg, w->owner))) {
-				w->gen++;
-				woke = true;
-			}
-		if (woke)
-			pthread_cond_broadcast(&nt->cv);
+			if (w->chan == ch && !strcmp(msg, w->owner))
+				dlock_backend_wake_owner(nt->be, w->owner);
 	}
 }
 
@@ -361,11 +357,8 @@ static void *notify_main(void *arg)
 			bool again = nt->backoff[i] != 0;
 			nt->c[i] = c;
 			nt->backoff[i] = 0;
-			if (again) { /* releases during the outage were not heard: everyone retries */
-				for (rn_waiter *w = nt->waiters; w; w = w->next)
-					w->gen++;
-				pthread_cond_broadcast(&nt->cv);
-			}
+			if (again) /* releases during the outage were not heard: everyone retries */
+				dlock_backend_wake_all(nt->be);
 		}
 		sync_subs(nt);
 		/* a subscription not confirmed in time: the connection hangs (a dead
@@ -382,10 +375,10 @@ static void *notify_main(void *arg)
 				next_check = nt->sub_since[i] + limit;
 			}
 		}
-		/* backstop for waiters whose caller vanished without forget */
+		/* backstop for waiters whose caller vanished without unwatch */
 		for (rn_waiter *w = nt->waiters, *next; w; w = next) {
 			next = w->next;
-			if (!w->inwait && now - w->last > FORGET_IDLE_MS)
+			if (now - w->last > FORGET_IDLE_MS)
 				waiter_unlink(nt, w);
 		}
 		size_t np = 0;
@@ -471,17 +464,6 @@ void dlock__rnotify_moved(dlock__rnotify *nt, size_t i, const char *host, int po
 	pthread_mutex_unlock(&nt->mu);
 }
 
-void dlock__rnotify_arm(dlock__rnotify *nt, const dlock_request *req)
-{
-	pthread_mutex_lock(&nt->mu);
-	rn_waiter *w = waiter_find(nt, req);
-	if (w) {
-		w->seen = w->gen;
-		w->last = dlock_clock_ms();
-	}
-	pthread_mutex_unlock(&nt->mu);
-}
-
 void dlock__rnotify_forget(dlock__rnotify *nt, const dlock_request *req)
 {
 	pthread_mutex_lock(&nt->mu);
@@ -492,7 +474,7 @@ void dlock__rnotify_forget(dlock__rnotify *nt, const dlock_request *req)
 }
 
 /* The channels of one lock; owner (ours: "<client id>-<serial>") names the direct one. */
-static rn_chan *chan_get(dlock__rnotify *nt, const char *name, const char *owner)
+static rn_chan *chan_get(dlock__rnotify *nt, const char *lock, const char *name, const char *owner)
 {
 	size_t len = strlen(name);
 	rn_chan *ch = chan_find(nt, name, len);
@@ -501,6 +483,7 @@ static rn_chan *chan_get(dlock__rnotify *nt, const char *name, const char *owner
 	ch = calloc(1, sizeof(*ch));
 	if (!ch)
 		return NULL;
+	ch->lock = dlock__strdup(lock);
 	ch->name = dlock__strdup(name);
 	ch->len = len;
 	size_t cid = strspn(owner, "0123456789abcdefABCDEF");
@@ -515,7 +498,7 @@ static rn_chan *chan_get(dlock__rnotify *nt, const char *name, const char *owner
 	ch->pend = calloc(nt->n, sizeof(int));
 	ch->ok = calloc(nt->n, 1);
 	ch->heard = calloc(nt->n, 1);
-	if (!ch->name || !ch->sent || !ch->pend || !ch->ok || !ch->heard) {
+	if (!ch->lock || !ch->name || !ch->sent || !ch->pend || !ch->ok || !ch->heard) {
 		chan_free(ch);
 		return NULL;
 	}
@@ -524,15 +507,13 @@ static rn_chan *chan_get(dlock__rnotify *nt, const char *name, const char *owner
 	return ch;
 }
 
-int dlock__rnotify_wait(dlock__rnotify *nt, dlock_request *req, const char *channel, int64_t timeout_ms)
+int dlock__rnotify_watch(dlock__rnotify *nt, const dlock_request *req, const char *channel)
 {
-	int64_t deadline = dlock_clock_ms() + (timeout_ms > 0 ? timeout_ms : 0);
 	pthread_mutex_lock(&nt->mu);
 	if (!nt->started) {
 		if (pthread_create(&nt->th, NULL, notify_main, nt) != 0) {
 			pthread_mutex_unlock(&nt->mu);
-			dlock__sleep_ms(timeout_ms); /* cannot listen: behave like a back-off */
-			return 0;
+			return dlock_error_set(DLOCK_ESTORE, nt->kind, NULL, "cannot start the pub/sub thread");
 		}
 		nt->started = true;
 	}
@@ -541,40 +522,22 @@ int dlock__rnotify_wait(dlock__rnotify *nt, dlock_request *req, const char *chan
 		waiter_unlink(nt, w);
 		w = NULL;
 	}
-	bool first = !w;
 	if (!w) {
-		rn_chan *ch = chan_get(nt, channel, req->owner);
+		rn_chan *ch = chan_get(nt, req->name, channel, req->owner);
 		w = ch ? calloc(1, sizeof(*w)) : NULL;
 		if (!w) {
 			pthread_mutex_unlock(&nt->mu);
-			dlock__sleep_ms(timeout_ms);
-			return 0;
+			return dlock__oom();
 		}
 		w->req = req;
 		w->chan = ch;
 		ch->refs++;
 		w->next = nt->waiters;
 		nt->waiters = w;
-		kick(nt);
+		kick(nt); /* subscribe; its confirmation wakes the name */
 	}
 	snprintf(w->owner, sizeof(w->owner), "%s", req->owner);
-	w->inwait++;
-	struct timespec ts;
-	if (first || !chan_ok(nt, w->chan)) {
-		/* not listening yet: wait for the subscription, then let the core try again */
-		while (!chan_ok(nt, w->chan) && !nt->stop && dlock_clock_ms() < deadline) {
-			dlock__abstime(&ts, deadline - dlock_clock_ms());
-			pthread_cond_timedwait(&nt->cv, &nt->mu, &ts);
-		}
-	} else {
-		while (w->gen == w->seen && !nt->stop && dlock_clock_ms() < deadline) {
-			dlock__abstime(&ts, deadline - dlock_clock_ms());
-			pthread_cond_timedwait(&nt->cv, &nt->mu, &ts);
-		}
-	}
-	w->inwait--;
 	w->last = dlock_clock_ms();
 	pthread_mutex_unlock(&nt->mu);
 	return 0;
 }
-

@@ -421,7 +421,6 @@ static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_acquire(&a, &k, req, 0);
 	int64_t deadline = req->deadline_ms;
-	dlock__rnotify_arm(s->nt, req);
 	if (dlock_try_too_late(req, s->srv[0].timeout_ms)) /* see "Time" in sys/backend.h */
 		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
 				       req->name);
@@ -446,8 +445,6 @@ static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	else if (rc == 0 && !s->c && (s->wait_replicas > 0 || reserve > 0))
 		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "lock '%s': connection lost before WAIT", req->name);
 	dlock__racquire_done(req, rc);
-	if (rc == 0)
-		dlock__rnotify_forget(s->nt, req);
 	return rc;
 }
 
@@ -486,7 +483,6 @@ static int r_release(dlock_backend *be, dlock_request *req)
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_owner(&a, &k, req);
-	dlock__rnotify_forget(s->nt, req);
 	if (s->pipelined && !req->confirm && send_release(s, &a, req->deadline_ms))
 		return 0;
 	int rc;
@@ -536,18 +532,22 @@ static int r_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 	return 0;
 }
 
-static int r_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
+static int r_watch(dlock_backend *be, const dlock_request *req)
 {
 	rstore *s = RS(be);
 	dlock__rkeys k;
 	dlock__rkeys_make(&k, s->prefix, req->name);
-	return dlock__rnotify_wait(s->nt, req, k.k[DLOCK__RK_C], timeout_ms);
+	return dlock__rnotify_watch(s->nt, req, k.k[DLOCK__RK_C]);
+}
+
+static void r_unwatch(dlock_backend *be, const dlock_request *req)
+{
+	dlock__rnotify_forget(RS(be)->nt, req);
 }
 
 static int r_cancel(dlock_backend *be, dlock_request *req)
 {
 	rstore *s = RS(be);
-	dlock__rnotify_forget(s->nt, req);
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
@@ -750,7 +750,8 @@ static const dlock_backend_methods redis_methods = {
 	.release = r_release,
 	.renew = r_renew,
 	.extend = r_extend,
-	.wait = r_wait,
+	.watch = r_watch,
+	.unwatch = r_unwatch,
 	.cancel = r_cancel,
 	.status = r_status,
 	.list = r_list,
@@ -846,7 +847,7 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 		}
 		*val[i] = (int)x;
 	}
-	if ((rc = dlock__rnotify_new(&s->nt, s->srv, 1, KIND)) != 0)
+	if ((rc = dlock__rnotify_new(&s->nt, &s->base, s->srv, 1, KIND)) != 0)
 		goto fail;
 	if ((rc = connect_cmd(s, deadline)) != 0)
 		goto fail;

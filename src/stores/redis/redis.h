@@ -209,16 +209,18 @@ int dlock__rscan_names_by(redisContext **c, const dlock__rserver *srv, const cha
 typedef struct dlock__rnotify dlock__rnotify;
 
 /* Make a notifier over n servers (borrowed; must outlive it; their addresses are
- * changed only through dlock__rnotify_moved). Nothing connects yet. */
-int dlock__rnotify_new(dlock__rnotify **out, dlock__rserver *srv, size_t n, const char *kind);
+ * changed only through dlock__rnotify_moved) that wakes be's waiters through
+ * the core's board. Nothing connects yet. */
+int dlock__rnotify_new(dlock__rnotify **out, dlock_backend *be, dlock__rserver *srv, size_t n,
+		       const char *kind);
 /* Server i moved (Sentinel failover): update its address and resubscribe there. Any thread. */
 void dlock__rnotify_moved(dlock__rnotify *nt, size_t i, const char *host, int port);
 void dlock__rnotify_free(dlock__rnotify *nt);
-/* Before each acquire try: remember what this waiter has seen so far. Any thread. */
-void dlock__rnotify_arm(dlock__rnotify *nt, const dlock_request *req);
-/* The waiter is done (granted, released, cancelled): drop its subscription. Any thread. */
+/* be->watch: before each waiting try, make the releases published on `channel`
+ * (the lock's, and our direct one) reach the board. Never waits for the
+ * network. Any thread. */
+int dlock__rnotify_watch(dlock__rnotify *nt, const dlock_request *req, const char *channel);
+/* be->unwatch: the wait is over (granted or given up): drop its subscription. Any thread. */
 void dlock__rnotify_forget(dlock__rnotify *nt, const dlock_request *req);
-/* be->wait: see notify.c. Thread-safe, called without the store mutex. */
-int dlock__rnotify_wait(dlock__rnotify *nt, dlock_request *req, const char *channel, int64_t timeout_ms);
 
 #endif

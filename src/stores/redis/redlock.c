@@ -587,7 +587,6 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	 * and a waiter that must rejoin a queue (a partial grant it undid removed it
 	 * from those masters' queues) rejoins at its own place, not behind later ones */
 	dlock__rargs_acquire(&a, &k, req, req->fair ? req->ticket_us : 0);
-	dlock__rnotify_arm(s->nt, req);
 	if (dlock_try_too_late(req, master_timeout(s))) { /* see "Time" in sys/backend.h */
 		free(ops);
 		free(maybe);
@@ -673,7 +672,6 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		free(maybe);
 		*fence = top;
 		dlock__racquire_done(req, 0);
-		dlock__rnotify_forget(s->nt, req);
 		return 0;
 	}
 	/* Not granted: undo everywhere it may have landed, a grant we saw or a
@@ -706,7 +704,6 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 static int rl_release(dlock_backend *be, dlock_request *req)
 {
 	rlock *s = RL(be);
-	dlock__rnotify_forget(s->nt, req);
 	rl_op *ops = calloc(s->n, sizeof(*ops));
 	if (!ops)
 		return dlock__oom();
@@ -951,18 +948,22 @@ static int rl_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 	return 0;
 }
 
-static int rl_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
+static int rl_watch(dlock_backend *be, const dlock_request *req)
 {
 	rlock *s = RL(be);
 	dlock__rkeys k;
 	dlock__rkeys_make(&k, s->prefix, req->name);
-	return dlock__rnotify_wait(s->nt, req, k.k[DLOCK__RK_C], timeout_ms);
+	return dlock__rnotify_watch(s->nt, req, k.k[DLOCK__RK_C]);
+}
+
+static void rl_unwatch(dlock_backend *be, const dlock_request *req)
+{
+	dlock__rnotify_forget(RL(be)->nt, req);
 }
 
 static int rl_cancel(dlock_backend *be, dlock_request *req)
 {
 	rlock *s = RL(be);
-	dlock__rnotify_forget(s->nt, req);
 	rl_op *ops = calloc(s->n, sizeof(*ops));
 	if (!ops)
 		return dlock__oom();
@@ -1163,7 +1164,8 @@ static const dlock_backend_methods rl_methods = {
 	.release = rl_release,
 	.renew = rl_renew,
 	.extend = rl_extend,
-	.wait = rl_wait,
+	.watch = rl_watch,
+	.unwatch = rl_unwatch,
 	.cancel = rl_cancel,
 	.status = rl_status,
 	.list = rl_list,
@@ -1227,7 +1229,7 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 		srv[i].user = s->user;
 		srv[i].password = s->password;
 	}
-	if ((rc = dlock__rnotify_new(&s->nt, s->srv, n, KIND)) != 0) {
+	if ((rc = dlock__rnotify_new(&s->nt, &s->base, s->srv, n, KIND)) != 0) {
 		rl_close(&s->base);
 		return rc;
 	}
