@@ -790,9 +790,6 @@ static int mc_status(dlock_backend *base, const char *const *names, size_t nname
 {
 	mc_backend *be = (mc_backend *)base;
 	be->deadline = dlock_clock_ms() + be->request_timeout_ms;
-	if (!names || !nnames)
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
-				       "memcached cannot list its keys: ask for names");
 	dlock_lock_status *st = NULL;
 	size_t cnt = 0;
 	int rc = 0;

@@ -495,10 +495,6 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 		      dlock_lock_status **out, size_t *count)
 {
 	pg_backend *be = (pg_backend *)base;
-	if (!names || !nnames)
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
-				       "advisory mode cannot list lock names (keys are hashes); "
-				       "ask for names");
 	int64_t deadline = dlock_clock_ms() + be->request_timeout_ms;
 	PGconn *c = NULL;
 	int rc = dlock__pg_main_conn(be, deadline, &c);
