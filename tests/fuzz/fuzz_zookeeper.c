@@ -6,7 +6,7 @@
  *  - parse_child accepts exactly names ending in 10 digits, seq in range.
  */
 #include "core/internal.h"
-#include "stores/zookeeper_parse.h"
+#include "stores/zookeeper/parse.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /*
- * zookeeper_parse.h — the pure name handling of the ZooKeeper store
- * (src/stores/zookeeper.c), exposed only so the libFuzzer target
+ * parse.h — the pure name handling of the ZooKeeper store
+ * (src/stores/zookeeper/parse.c), exposed only so the libFuzzer target
  * tests/fuzz/fuzz_zookeeper.c can feed it hostile input. Internal: not
  * installed, not part of the API.
  */

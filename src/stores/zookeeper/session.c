@@ -1,0 +1,337 @@
+/* ZooKeeper store: sessions — one per TTL class, connected by a deadline,
+ * referenced by holds, orphans and waits (zk.h). */
+#include "zk.h"
+
+void dlock__zk_watcher(zhandle_t *zh, int type, int state, const char *path, void *ctx)
+{
+	zsess *z = ctx;
+	zk_store *st = z->st;
+	pthread_mutex_lock(&st->mu);
+	if (type == ZOO_SESSION_EVENT) {
+		z->state = state;
+		if (state == ZOO_CONNECTED_STATE)
+			z->negotiated = zoo_recv_timeout(zh);
+		if (state == ZOO_EXPIRED_SESSION_STATE)
+			z->expired = true;
+		if (state == ZOO_AUTH_FAILED_STATE)
+			z->expired = z->auth_failed = true;
+		/* Orphans: connected again, delete them now (an idle process
+		 * would otherwise keep them alive with its pings); expired, they
+		 * are gone with the session. */
+		for (orphan **p = &st->orphans; *p && !st->closing;) {
+			orphan *o = *p;
+			if (o->sess != z) {
+				p = &o->next;
+			} else if (z->expired && !o->sweeping) {
+				*p = o->next;
+				dlock__zk_orphan_free_locked(o);
+			} else {
+				if (state == ZOO_CONNECTED_STATE)
+					dlock__zk_sweep_start_locked(o);
+				p = &o->next;
+			}
+		}
+	} else if (path) {
+		for (watch_wait *w = st->waits; w; w = w->next)
+			if (w->sess == z && strcmp(w->path, path) == 0)
+				w->fired = true;
+	}
+	pthread_cond_broadcast(&st->cv);
+	pthread_mutex_unlock(&st->mu);
+}
+
+static void quiet_log(const char *message)
+{
+	(void)message; /* libzookeeper logs every reconnect; our errors carry what matters */
+}
+
+/* Under st->mu: drop a reference; returns the session to close (after
+ * unlocking) when it was the last. */
+zsess *dlock__zk_unref_locked(zsess *z)
+{
+	if (--z->refs > 0)
+		return NULL;
+	zk_store *st = z->st;
+	for (zsess **p = &st->sessions; *p; p = &(*p)->next) {
+		if (*p == z) {
+			*p = z->next;
+			break;
+		}
+	}
+	return z;
+}
+
+/* Under st->mu, on any thread (also libzookeeper's completion thread, which
+ * cannot close its own handle): the last reference goes to the graveyard. */
+void dlock__zk_unref_later_locked(zsess *z)
+{
+	zsess *dead = dlock__zk_unref_locked(z);
+	if (dead) {
+		dead->next = dead->st->graveyard;
+		dead->st->graveyard = dead;
+	}
+}
+
+void dlock__zk_close_sess(zsess *z)
+{
+	if (!z)
+		return;
+	if (z->zh)
+		zookeeper_close(z->zh);
+	free(z);
+}
+
+/* Close the sessions the completion thread let go (from a caller's thread). */
+void dlock__zk_reap(zk_store *st)
+{
+	pthread_mutex_lock(&st->mu);
+	zsess *all = st->graveyard;
+	st->graveyard = NULL;
+	pthread_mutex_unlock(&st->mu);
+	while (all) {
+		zsess *z = all;
+		all = z->next;
+		dlock__zk_close_sess(z);
+	}
+}
+
+void dlock__zk_unref(zk_store *st, zsess *z)
+{
+	if (!z)
+		return;
+	pthread_mutex_lock(&st->mu);
+	zsess *dead = dlock__zk_unref_locked(z);
+	pthread_mutex_unlock(&st->mu);
+	dlock__zk_close_sess(dead);
+}
+
+/* Under st->mu: wait until z is connected (true) or dead, or the deadline. */
+static bool wait_connected_locked(zk_store *st, zsess *z, int64_t deadline)
+{
+	while (!z->expired && z->state != ZOO_CONNECTED_STATE) {
+		int64_t left = deadline - dlock_clock_ms();
+		if (left <= 0)
+			break;
+		struct timespec ts;
+		dlock__abstime(&ts, left);
+		pthread_cond_timedwait(&st->cv, &st->mu, &ts);
+	}
+	return !z->expired && z->state == ZOO_CONNECTED_STATE;
+}
+
+bool dlock__zk_wait_connected(zk_store *st, zsess *z, int64_t deadline)
+{
+	pthread_mutex_lock(&st->mu);
+	bool ok = wait_connected_locked(st, z, deadline);
+	pthread_mutex_unlock(&st->mu);
+	return ok;
+}
+
+bool dlock__zk_sess_dead(zk_store *st, zsess *z)
+{
+	pthread_mutex_lock(&st->mu);
+	bool dead = z->expired;
+	pthread_mutex_unlock(&st->mu);
+	return dead;
+}
+
+bool dlock__zk_sess_connected(zk_store *st, zsess *z)
+{
+	pthread_mutex_lock(&st->mu);
+	bool ok = !z->expired && z->state == ZOO_CONNECTED_STATE;
+	pthread_mutex_unlock(&st->mu);
+	return ok;
+}
+
+/* The session timeout a hold of ttl_ms needs: never shorter than the ttl, so
+ * the holder's own deadline passes before the server can expire it. */
+int64_t dlock__zk_session_key(zk_store *st, int64_t ttl_ms)
+{
+	if (st->fixed_session)
+		return st->fixed_session;
+	int64_t k = 1000;
+	while (k < ttl_ms && k < INT32_MAX / 2)
+		k *= 2;
+	return k;
+}
+
+static int dead_sess_error(zsess *z)
+{
+	if (z->auth_failed)
+		return dlock_error_set(DLOCK_EAUTH, KIND, "ZAUTHFAILED",
+				       "zookeeper: the server refused our credentials");
+	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ZSESSIONEXPIRED", "zookeeper: session expired");
+}
+
+static int not_connected_error(zk_store *st, int64_t waited)
+{
+	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ZCONNECTIONLOSS",
+			       "zookeeper: not connected to any of %s: timed out after %lld ms", st->hosts,
+			       (long long)waited);
+}
+
+/*
+ * The connect string of a new session: every address of every host,
+ * resolved by `deadline`. The C client would resolve the names itself with a
+ * blocking getaddrinfo, in zookeeper_init and again on its reconnects; given
+ * addresses it never asks the DNS. A host whose name does not resolve in time
+ * is left out while another one answered.
+ */
+static int resolve_hosts(zk_store *st, int64_t deadline, char **out)
+{
+	*out = NULL;
+	dlock__addrs *ad = dlock__calloc(st->nh, sizeof(*ad));
+	int *rcs = dlock__calloc(st->nh, sizeof(*rcs));
+	const char **names = dlock__calloc(st->nh, sizeof(*names));
+	int rc = 0;
+	if (!ad || !rcs || !names) {
+		rc = DLOCK_ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < st->nh; i++)
+		names[i] = st->hp[i].host;
+	if (!dlock__resolve_all(ad, rcs, names, st->nh, deadline, KIND)) {
+		rc = dlock_error_last()->code;
+		goto out;
+	}
+	size_t cap = st->nh * DLOCK__ADDRS_MAX * (DLOCK__ADDR_LEN + 10) + st->nh * 270 + 1, len = 0;
+	char *cs = dlock__calloc(1, cap);
+	if (!cs) {
+		rc = DLOCK_ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < st->nh; i++) {
+		if (rcs[i])
+			continue;
+		for (size_t k = 0; k < (ad[i].n ? ad[i].n : 1); k++) {
+			const char *h = ad[i].n ? ad[i].addr[k] : st->hp[i].host;
+			bool v6 = strchr(h, ':') != NULL;
+			len += (size_t)snprintf(cs + len, cap - len, "%s%s%s%s:%d", len ? "," : "", v6 ? "[" : "", h,
+						v6 ? "]" : "", st->hp[i].port);
+		}
+	}
+	*out = cs;
+out:
+	free(ad);
+	free(rcs);
+	free(names);
+	return rc;
+}
+
+/* A connected session with timeout key `want` (made, or remade after expiry,
+ * as needed), by `deadline`. Borrowed: valid while the caller holds the
+ * core's store mutex. */
+int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **out)
+{
+	int64_t start = dlock_clock_ms();
+	pthread_mutex_lock(&st->mu);
+	zsess *z = NULL, *retired = NULL;
+	for (int round = 0; round < 2; round++) {
+		z = NULL;
+		for (zsess *s = st->sessions; s; s = s->next)
+			if (s->current && s->want_ms == want)
+				z = s;
+		if (z && z->expired) {
+			/* After expiry a new session serves later acquires; holds of the
+			 * old one keep it referenced until they are released as lost. */
+			z->current = false;
+			retired = dlock__zk_unref_locked(z);
+			z = NULL;
+		}
+		if (!z)
+			break;
+		bool ok = wait_connected_locked(st, z, deadline);
+		if (ok) {
+			pthread_mutex_unlock(&st->mu);
+			*out = z;
+			return 0;
+		}
+		if (!z->expired || z->auth_failed) {
+			int rc = z->expired ? dead_sess_error(z) : not_connected_error(st, dlock_clock_ms() - start);
+			pthread_mutex_unlock(&st->mu);
+			return rc;
+		}
+		/* it expired while we waited for it to reconnect: make a new one */
+	}
+	pthread_mutex_unlock(&st->mu);
+	dlock__zk_close_sess(retired);
+
+	z = dlock__calloc(1, sizeof(*z));
+	if (!z)
+		return DLOCK_ENOMEM;
+	z->st = st;
+	z->want_ms = want;
+	z->refs = 1;
+	z->current = true;
+	z->state = ZOO_CONNECTING_STATE;
+	pthread_mutex_lock(&st->mu);
+	z->next = st->sessions;
+	st->sessions = z;
+	pthread_mutex_unlock(&st->mu);
+	/* zh is assigned before anything but the dlock__zk_watcher can see z; the dlock__zk_watcher
+	 * only uses the handle it is given. */
+	char *numeric = NULL;
+	int rrc = resolve_hosts(st, deadline, &numeric);
+	if (rrc) {
+		dlock__zk_unref(st, z);
+		return rrc;
+	}
+	errno = 0;
+	zhandle_t *zh = zookeeper_init2(numeric, dlock__zk_watcher, (int)want, NULL, z, 0, quiet_log);
+	free(numeric);
+	if (!zh) {
+		int e = errno;
+		dlock__zk_unref(st, z);
+		return dlock_error_set(e == EINVAL ? DLOCK_EINVAL : DLOCK_EUNAVAILABLE, KIND, NULL,
+				       "zookeeper: cannot start a session with %s: %s", st->hosts,
+				       strerror(e ? e : EIO));
+	}
+	pthread_mutex_lock(&st->mu);
+	z->zh = zh;
+	pthread_mutex_unlock(&st->mu);
+	if (st->auth) {
+		/* queued: sent with the connect request, answered before CONNECTED */
+		int rc = zoo_add_auth(zh, "digest", st->auth, (int)strlen(st->auth), NULL, NULL);
+		if (rc != ZOK) {
+			dlock__zk_unref(st, z);
+			return dlock__zk_zerr(rc, "add digest auth for", "session");
+		}
+	}
+	pthread_mutex_lock(&st->mu);
+	bool ok = wait_connected_locked(st, z, deadline);
+	bool auth = z->auth_failed;
+	pthread_mutex_unlock(&st->mu);
+	if (!ok) {
+		pthread_mutex_lock(&st->mu);
+		z->current = false;
+		pthread_mutex_unlock(&st->mu);
+		dlock__zk_unref(st, z);
+		if (auth)
+			return dlock_error_set(DLOCK_EAUTH, KIND, "ZAUTHFAILED",
+					       "zookeeper: the server refused our credentials");
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ZCONNECTIONLOSS",
+				       "zookeeper: no server of %s answered: timed out after %lld ms", st->hosts,
+				       (long long)(dlock_clock_ms() - start));
+	}
+	*out = z;
+	return 0;
+}
+
+/* The session for a hold of ttl_ms, refusing a ttl the server's session
+ * timeout cannot cover. */
+int dlock__zk_session_for(zk_store *st, int64_t ttl_ms, int64_t deadline, zsess **out)
+{
+	int rc = dlock__zk_get_session(st, dlock__zk_session_key(st, ttl_ms), deadline, out);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&st->mu);
+	int granted = (*out)->negotiated;
+	pthread_mutex_unlock(&st->mu);
+	if (ttl_ms > granted)
+		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
+				       "zookeeper: lock ttl %lld ms is longer than the session timeout the server "
+				       "granted (%d ms; see its maxSessionTimeout and our session_timeout option): "
+				       "a holder cut off from ZooKeeper could outlive its session unnoticed",
+				       (long long)ttl_ms, granted);
+	return 0;
+}
