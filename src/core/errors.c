@@ -119,6 +119,14 @@ char *dlock__strdup(const char *s)
 	return p;
 }
 
+void dlock__free_secret(char *s)
+{
+	if (!s)
+		return;
+	explicit_bzero(s, strlen(s)); /* a memset before free may be optimised away */
+	free(s);
+}
+
 char *dlock__strndup(const char *s, size_t n)
 {
 	char *p = strndup(s, n);

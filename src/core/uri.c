@@ -44,10 +44,7 @@ void dlock__uri_free(dlock_uri *uri)
 		return;
 	free(uri->scheme);
 	free(uri->user);
-	if (uri->password) {
-		memset(uri->password, 0, strlen(uri->password));
-		free(uri->password);
-	}
+	dlock__free_secret(uri->password);
 	free(uri->hosts);
 	free(uri->path);
 	for (size_t i = 0; i < uri->nparams; i++) {

@@ -26,6 +26,8 @@ char *dlock__strdup(const char *s);
 char *dlock__strndup(const char *s, size_t n);
 char *dlock__sprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void *dlock__calloc(size_t n, size_t size);
+/* Overwrite a secret (a password, an auth string) with zeros, then free it (NULL is fine). */
+void dlock__free_secret(char *s);
 /* Lowercase hex of len bytes into out (2*len+1 bytes). */
 void dlock__hex(char *out, const void *bytes, size_t len);
 

@@ -63,14 +63,11 @@ static void etcd_close(dlock_backend *be)
 	free(e->hp);
 	free(e->prefix);
 	free(e->user);
-	if (e->password) {
-		memset(e->password, 0, strlen(e->password));
-		free(e->password);
-	}
+	dlock__free_secret(e->password);
 	free(e->cacert);
 	free(e->cert);
 	free(e->key);
-	free(e->token);
+	dlock__free_secret(e->token); /* an auth token is a password for its lifetime */
 	for (size_t i = 0; i < e->nholds; i++)
 		free(e->holds[i].name);
 	free(e->holds);

@@ -469,7 +469,7 @@ int dlock__et_authenticate(etcd *e, CURL *h, unsigned seen_gen, int64_t until)
 	if (!t)
 		return DLOCK_ENOMEM;
 	pthread_mutex_lock(&e->mu);
-	free(e->token);
+	dlock__free_secret(e->token);
 	e->token = t;
 	e->token_gen++;
 	pthread_mutex_unlock(&e->mu);

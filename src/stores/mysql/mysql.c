@@ -28,10 +28,7 @@ void dlock__my_be_close(dlock_backend *be)
 	dlock__my_conn_drop(&b->conn);
 	free(b->host);
 	free(b->user);
-	if (b->password) {
-		memset(b->password, 0, strlen(b->password));
-		free(b->password);
-	}
+	dlock__free_secret(b->password);
 	free(b->db);
 	free(b->socket);
 	free(b->ssl_ca);

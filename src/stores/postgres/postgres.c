@@ -46,7 +46,7 @@ void dlock__pg_close(dlock_backend *base)
 	free(be->host);
 	free(be->port);
 	free(be->user);
-	free(be->password);
+	dlock__free_secret(be->password);
 	free(be->dbname);
 	free(be->sslmode);
 	free(be->sslrootcert);

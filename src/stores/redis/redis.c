@@ -712,7 +712,7 @@ static void r_close(dlock_backend *be)
 	free(s->sentinels);
 	free(s->master_name);
 	free(s->user);
-	free(s->password);
+	dlock__free_secret(s->password);
 	free(s->prefix);
 	free(s);
 }

@@ -1108,7 +1108,7 @@ static void rl_close(dlock_backend *be)
 	free(s->owed);
 	free(s->srv);
 	free(s->user);
-	free(s->password);
+	dlock__free_secret(s->password);
 	free(s->prefix);
 	free(s);
 }

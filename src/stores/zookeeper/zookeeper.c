@@ -73,10 +73,7 @@ void dlock__zk_close(dlock_backend *be)
 	free(st->hosts);
 	dlock_free(st->hp);
 	free(st->root);
-	if (st->auth) {
-		memset(st->auth, 0, strlen(st->auth));
-		free(st->auth);
-	}
+	dlock__free_secret(st->auth);
 	free(st);
 }
 
