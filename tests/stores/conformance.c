@@ -137,21 +137,17 @@ struct child_entry {
 
 static pid_t spawn_named(const char *fname, long arg)
 {
-	fflush(NULL);
-	pid_t p = fork();
+	char a[32], fds[4][16];
+	snprintf(a, sizeof(a), "%ld", arg);
+	snprintf(fds[0], 16, "%d", ev_a.rd);
+	snprintf(fds[1], 16, "%d", ev_a.wr);
+	snprintf(fds[2], 16, "%d", ev_b.rd);
+	snprintf(fds[3], 16, "%d", ev_b.wr);
+	char *argv[] = { self_exe, "--child", uri, tmpdir, run_id, (char *)fname, a, fds[0], fds[1], fds[2],
+			 fds[3], NULL };
+	pid_t p = tu_spawn_self(argv, NULL, NULL);
 	if (p < 0)
 		die("fork");
-	if (p == 0) {
-		char a[32], fds[4][16];
-		snprintf(a, sizeof(a), "%ld", arg);
-		snprintf(fds[0], 16, "%d", ev_a.rd);
-		snprintf(fds[1], 16, "%d", ev_a.wr);
-		snprintf(fds[2], 16, "%d", ev_b.rd);
-		snprintf(fds[3], 16, "%d", ev_b.wr);
-		execl(self_exe, self_exe, "--child", uri, tmpdir, run_id, fname, a, fds[0], fds[1], fds[2],
-		      fds[3], (char *)NULL);
-		_exit(98);
-	}
 	/* Only the child writes ev_a: if it dies, our read of ev_a sees EOF instead of hanging. */
 	if (ev_a.wr >= 0) {
 		close(ev_a.wr);
@@ -162,15 +158,7 @@ static pid_t spawn_named(const char *fname, long arg)
 
 #define spawn(fn, arg) spawn_named(#fn, arg)
 
-static int reap(pid_t p)
-{
-	int st;
-	while (waitpid(p, &st, 0) < 0 && errno == EINTR)
-		;
-	if (WIFEXITED(st))
-		return WEXITSTATUS(st);
-	return 128 + WTERMSIG(st);
-}
+#define reap tu_reap
 
 static int reap_all(pid_t *p, int n)
 {

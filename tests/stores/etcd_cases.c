@@ -160,36 +160,29 @@ static int child_wait(const char *name, long ttl, int fd)
 	return 0;
 }
 
+static void close_fd(void *fd)
+{
+	close(*(int *)fd);
+}
+
 static pid_t spawn(const char *what, const char *name, long ttl, int *rd)
 {
 	int fd[2];
 	if (pipe(fd) != 0)
 		die("pipe");
-	fflush(NULL);
-	pid_t p = fork();
+	char a[32], f[16];
+	snprintf(a, sizeof(a), "%ld", ttl);
+	snprintf(f, sizeof(f), "%d", fd[1]);
+	char *argv[] = { self_exe, "--child", (char *)what, uri, (char *)name, a, f, NULL };
+	pid_t p = tu_spawn_self(argv, close_fd, &fd[0]);
 	if (p < 0)
 		die("fork");
-	if (p == 0) {
-		char a[32], f[16];
-		close(fd[0]);
-		snprintf(a, sizeof(a), "%ld", ttl);
-		snprintf(f, sizeof(f), "%d", fd[1]);
-		execl(self_exe, self_exe, "--child", what, uri, name, a, f, (char *)NULL);
-		_exit(98);
-	}
 	close(fd[1]);
 	*rd = fd[0];
 	return p;
 }
 
-static int reap(pid_t p)
-{
-	int st;
-	while (waitpid(p, &st, 0) < 0)
-		if (errno != EINTR)
-			return -1;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+#define reap tu_reap
 
 /* ---- single member ---- */
 

@@ -114,34 +114,30 @@ int sp_role(int argc, char **argv)
 	return 64;
 }
 
-static pid_t spawn(const char *role, const char *a1, const char *a2, int in[2], int out[2])
+/* In the child: stdin from in, stdout to out. */
+static void plumb(void *ctx)
 {
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid != 0)
-		return pid;
-	if (in) {
-		dup2(in[0], 0);
-		close(in[0]);
-		close(in[1]);
+	int **io = ctx;
+	if (io[0]) {
+		dup2(io[0][0], 0);
+		close(io[0][0]);
+		close(io[0][1]);
 	}
-	if (out) {
-		dup2(out[1], 1);
-		close(out[0]);
-		close(out[1]);
+	if (io[1]) {
+		dup2(io[1][1], 1);
+		close(io[1][0]);
+		close(io[1][1]);
 	}
-	char *argv[] = { "child", "--child", (char *)role, (char *)a1, (char *)a2, NULL };
-	execv("/proc/self/exe", argv);
-	_exit(127);
 }
 
-static int reap(pid_t pid)
+static pid_t spawn(const char *role, const char *a1, const char *a2, int in[2], int out[2])
 {
-	int st;
-	if (waitpid(pid, &st, 0) != pid)
-		return -1;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	char *argv[] = { "child", "--child", (char *)role, (char *)a1, (char *)a2, NULL };
+	int *io[2] = { in, out };
+	return tu_spawn_self(argv, plumb, io);
 }
+
+#define reap tu_reap
 
 int sp_run(const char *role, const char *a1, const char *a2)
 {

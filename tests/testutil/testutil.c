@@ -1,7 +1,10 @@
 #include "testutil/testutil.h"
 
+#include <errno.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 int tu_failures;
 
@@ -62,4 +65,25 @@ size_t tu_run_cases(const tu_case *cases, size_t n, int argc, char **argv, int f
 		ran++;
 	}
 	return ran;
+}
+
+pid_t tu_spawn_self(char *const argv[], void (*in_child)(void *ctx), void *ctx)
+{
+	fflush(NULL);
+	pid_t p = fork();
+	if (p != 0)
+		return p;
+	if (in_child)
+		in_child(ctx);
+	execv("/proc/self/exe", argv);
+	_exit(98);
+}
+
+int tu_reap(pid_t pid)
+{
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }

@@ -48,6 +48,18 @@ void tu_uri_from_env(char *out, size_t n, const char *prog);
  * files), into out; "." when the variable is unset or has no '/'. */
 void tu_server_dir(char *out, size_t n);
 
+/* Run this program again as a child: fork, then (after in_child(ctx), when
+ * given: dup2s, closing pipe ends) exec /proc/self/exe with argv (argv[0]
+ * is the child's name, the test's own words follow). Stdio is flushed
+ * first. A fresh process inherits no store, thread or connection of the
+ * parent. -1 when fork failed; the child exits 98 when exec failed. */
+#include <sys/types.h>
+pid_t tu_spawn_self(char *const argv[], void (*in_child)(void *ctx), void *ctx);
+
+/* Wait for pid (through EINTR): its exit status, 128 + the signal that
+ * ended it, or -1 when it cannot be waited for. */
+int tu_reap(pid_t pid);
+
 /* A program's cases: run those named in argv[first..argc) (every one when
  * none is named), each printed with ok/FAILED (by tu_failures) and its time.
  * Returns how many ran. */
