@@ -1,4 +1,5 @@
 #include "sqlite_proc.h"
+#include "testutil/testutil.h"
 
 #include <dlock/dlock.h>
 #include <poll.h>
