@@ -49,7 +49,8 @@ void tu_uri_from_env(char *out, size_t n, const char *prog);
 void tu_server_dir(char *out, size_t n);
 
 /* Run this program again as a child: fork, then (after in_child(ctx), when
- * given: dup2s, closing pipe ends) exec /proc/self/exe with argv (argv[0]
+ * given: dup2s, closing pipe ends) exec this program (the path /proc/self/exe
+ * names) with argv (argv[0]
  * is the child's name, the test's own words follow). Stdio is flushed
  * first. A fresh process inherits no store, thread or connection of the
  * parent. -1 when fork failed; the child exits 98 when exec failed. */

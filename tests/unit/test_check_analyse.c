@@ -30,7 +30,8 @@ static int judge(results *r, const char *text, const fault *faults, size_t nfaul
 	r->faults = calloc(nfaults ? nfaults : 1, sizeof *r->faults);
 	if (!r->faults)
 		return -1;
-	memcpy(r->faults, faults, nfaults * sizeof *faults);
+	if (nfaults)
+		memcpy(r->faults, faults, nfaults * sizeof *faults);
 	r->nfaults = nfaults;
 	r->reg.accepted = accepted;
 	r->reg.value = value;
