@@ -12,6 +12,9 @@
 #
 # REDIS_PERSIST=1 turns on the append-only file with fsync on every write
 # (appendfsync always), so a killed and restarted server keeps its data.
+# REDIS_TLS=CERTDIR (redis-tls.sh) adds a TLS port (DIR/<i>/tls_port) beside
+# the plain one, with CERTDIR's server certificate — expired.pem for server 2
+# — and client certificates required by server 1.
 source "$(dirname "$0")/lib.sh"
 
 cmd=${1:?usage: redis.sh start|stop|kill|restart|pause|resume DIR [N]}
@@ -65,6 +68,21 @@ start)
 				appendonly $aof
 				appendfsync always
 			EOF
+			if [ -n "${REDIS_TLS:-}" ]; then
+				tport=$(free_port)
+				echo "$tport" >"$d/tls_port"
+				crt=server
+				[ "$i" -eq 2 ] && crt=expired
+				auth=no
+				[ "$i" -eq 1 ] && auth=yes
+				cat >>"$d/redis.conf" <<-EOF
+					tls-port $tport
+					tls-cert-file $REDIS_TLS/$crt.pem
+					tls-key-file $REDIS_TLS/$crt.key
+					tls-ca-cert-file $REDIS_TLS/ca.pem
+					tls-auth-clients $auth
+				EOF
+			fi
 			rc=0
 			launch "$i" || rc=$?
 			[ $rc -eq 0 ] && break

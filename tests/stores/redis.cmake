@@ -139,3 +139,15 @@ target_include_directories(redis_hostile PRIVATE ${PROJECT_SOURCE_DIR}/tests ${P
 target_compile_definitions(redis_hostile PRIVATE _GNU_SOURCE)
 add_test(NAME redis.hostile COMMAND redis_hostile)
 set_tests_properties(redis.hostile PROPERTIES TIMEOUT 120)
+
+# Redis over TLS: four redis-servers with TLS ports and a CA of their own
+# (tests/servers/redis-tls.sh); the conformance suite over rediss:// once, and
+# redis.tls: trusted, wrong CA, wrong name, expired, mutual TLS, plain TCP to
+# a TLS port, bad options, Redlock over TLS.
+dlock_store_suite(redis-tls redis-tls.sh)
+add_executable(redis_tls redis_tls.c)
+target_link_libraries(redis_tls PRIVATE dlock_testutil Threads::Threads)
+add_test(NAME redis.tls COMMAND redis_tls)
+set_tests_properties(redis.tls PROPERTIES
+  FIXTURES_REQUIRED server.redis-tls RESOURCE_LOCK server.redis-tls
+  ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_redis-tls}/uri" TIMEOUT 120)

@@ -156,7 +156,7 @@ void dlock__rnotify_free(dlock__rnotify *nt)
 	}
 	for (size_t i = 0; nt->c && i < nt->n; i++)
 		if (nt->c[i])
-			redisFree(nt->c[i]);
+			dlock__rfree(nt->c[i]);
 	while (nt->waiters) {
 		rn_waiter *w = nt->waiters;
 		nt->waiters = w->next;
@@ -217,7 +217,7 @@ static void waiter_unlink(dlock__rnotify *nt, rn_waiter *w)
 
 static void drop_conn(dlock__rnotify *nt, size_t i)
 {
-	redisFree(nt->c[i]);
+	dlock__rfree(nt->c[i]);
 	nt->c[i] = NULL;
 	nt->sub_since[i] = 0;
 	nt->wantw[i] = 0;
@@ -301,7 +301,7 @@ static void sync_subs(dlock__rnotify *nt)
 		}
 		/* non-blocking: what does not fit now goes when poll says POLLOUT */
 		int done = 0;
-		if (redisBufferWrite(nt->c[i], &done) != REDIS_OK)
+		if (dlock__rbuffer_write(nt->c[i], &done) != REDIS_OK)
 			drop_conn(nt, i);
 		else
 			nt->wantw[i] = !done;
@@ -421,7 +421,7 @@ static void *notify_main(void *arg)
 				continue;
 			if (pf[k].revents & POLLOUT) {
 				int done = 0;
-				if (redisBufferWrite(nt->c[i], &done) != REDIS_OK) {
+				if (dlock__rbuffer_write(nt->c[i], &done) != REDIS_OK) {
 					drop_conn(nt, i);
 					continue;
 				}

@@ -40,11 +40,6 @@ int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const 
 {
 	*out = NULL;
 	*n = 0;
-	if (strcmp(uri->scheme, "rediss") == 0)
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, kind, NULL,
-				       "rediss:// (Redis over TLS) is not supported: this build uses hiredis %d.%d, "
-				       "which has no TLS; use redis:// through a TLS tunnel (stunnel, spiped)",
-				       HIREDIS_MAJOR, HIREDIS_MINOR);
 	if (!uri->hosts || !*uri->hosts)
 		return dlock_error_set(DLOCK_EINVAL, kind, NULL, "%s:// needs a host: %s://host:port", uri->scheme,
 				       uri->scheme);
@@ -76,21 +71,28 @@ int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const 
 		if (timeout < 1)
 			return dlock_error_set(DLOCK_EINVAL, kind, NULL, "timeout must be at least 1 ms");
 	}
-	dlock_hostport *hp = NULL;
-	size_t nh = 0;
-	int rc = dlock_uri_hosts(uri, default_port, &hp, &nh);
+	dlock__rtls *tls = NULL;
+	int rc = dlock__rtls_parse(&tls, uri, kind);
 	if (rc)
 		return rc;
+	dlock_hostport *hp = NULL;
+	size_t nh = 0;
+	if ((rc = dlock_uri_hosts(uri, default_port, &hp, &nh))) {
+		dlock__rtls_free(tls);
+		return rc;
+	}
 	dlock__rserver *s = dlock__calloc(nh ? nh : 1, sizeof(*s));
 	if (!s) {
 		dlock_free(hp);
+		dlock__rtls_free(tls);
 		return DLOCK_ENOMEM;
 	}
+	s[0].tls_owner = true;
 	for (size_t i = 0; i < nh; i++) {
-		if (uri->password && !dlock__host_is_local(hp[i].host))
+		if (uri->password && !tls && !dlock__host_is_local(hp[i].host))
 			dlock__open_warning("%s: the password and the lock traffic go to %s over plain TCP, which a "
-					    "man in the middle can read (rediss:// is not supported by this build: "
-					    "use a TLS tunnel such as stunnel)", kind, hp[i].host);
+					    "man in the middle can read (use rediss://, or tls=yes)", kind, hp[i].host);
+		s[i].tls = tls;
 		snprintf(s[i].host, sizeof(s[i].host), "%s", hp[i].host);
 		s[i].port = hp[i].port;
 		s[i].user = uri->user && *uri->user ? uri->user : NULL; /* ":pw@": default user */
@@ -101,7 +103,7 @@ int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const 
 	}
 	dlock_free(hp);
 	if (uri->user && !uri->password) {
-		free(s);
+		dlock__rservers_free(s);
 		return dlock_error_set(DLOCK_EINVAL, kind, NULL,
 				       "a user name without a password: write %s://user:password@host", uri->scheme);
 	}
@@ -204,7 +206,8 @@ static int refuse(redisContext *c, const char *fmt, unsigned long cap)
 int dlock__rbuffer_read(redisContext *c)
 {
 	capped_install(c);
-	if (redisBufferRead(c) != REDIS_OK)
+	bool tls;
+	if (dlock__rtls_read(c, &tls) != REDIS_OK || (!tls && redisBufferRead(c) != REDIS_OK))
 		return REDIS_ERR;
 	if (c->reader->len - c->reader->pos > DLOCK__REDIS_REPLY_MAX_BYTES)
 		return refuse(c, "reply refused: more than %lu MiB (a hostile or broken server?)",
@@ -255,7 +258,7 @@ static int io_flush(redisContext *c, int64_t deadline)
 {
 	int done = 0;
 	for (;;) {
-		if (redisBufferWrite(c, &done) != REDIS_OK)
+		if (dlock__rbuffer_write(c, &done) != REDIS_OK)
 			return IO_ERR;
 		if (done)
 			return IO_OK;
@@ -364,7 +367,7 @@ static int connect_by(redisContext **out, const dlock__rserver *srv, const char 
 		if (c) {
 			if (left <= 0)
 				break;
-			redisFree(c);
+			dlock__rfree(c);
 		}
 		c = redisConnectWithTimeout(ad.n ? ad.addr[i] : srv->host, srv->port, dlock__ms_timeval(left > 0 ? left : 1));
 		if (!c)
@@ -377,10 +380,15 @@ static int connect_by(redisContext **out, const dlock__rserver *srv, const char 
 		int rc = dlock_error_set(DLOCK_EUNAVAILABLE, kind, to ? "ETIMEDOUT" : "ECONN",
 					 "cannot connect to %s %s:%d: %s%s", kind, srv->host, srv->port, c->errstr,
 					 to && !strstr(c->errstr, "timed out") ? " (timed out)" : "");
-		redisFree(c);
+		dlock__rfree(c);
 		return rc;
 	}
 	dlock__rsock_setup(c, srv->timeout_ms);
+	int trc = dlock__rtls_connect(c, srv, kind, end); /* within what is left of connect_timeout */
+	if (trc) {
+		dlock__rfree(c);
+		return trc;
+	}
 	if (nonblock) {
 		/* every read and write goes through poll with the caller's deadline */
 		int fl = fcntl(c->fd, F_GETFL);
@@ -409,7 +417,7 @@ static int connect_by(redisContext **out, const dlock__rserver *srv, const char 
 			rc = dlock__rrewrap(DLOCK_EINVAL, kind, "cannot use the database of the URI path: ");
 	}
 	if (rc) {
-		redisFree(c);
+		dlock__rfree(c);
 		return rc;
 	}
 	*out = c;

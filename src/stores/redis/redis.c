@@ -61,7 +61,7 @@ typedef struct rstore {
 static void drop(rstore *s)
 {
 	if (s->c)
-		redisFree(s->c);
+		dlock__rfree(s->c);
 	s->c = NULL;
 	s->npend = 0; /* pipelined releases whose fate is unknown: they end with their leases */
 }
@@ -69,10 +69,12 @@ static void drop(rstore *s)
 /* A request that ran out of time: the message says so (the contract's "timed out"). */
 static int timed_out_error(int rc, const char *what)
 {
-	/* a refused reply, or a connection the server refused, did not time out */
+	/* a refused reply, a connection the server refused or reset, a failed TLS
+	 * handshake did not time out (our sockets are non-blocking: a timeout is ETIMEDOUT) */
+	const char *code = dlock_error_last()->store_code;
 	if (rc == DLOCK_EUNAVAILABLE && !strstr(dlock_error_last()->message, "timed out") &&
-	    strcmp(dlock_error_last()->store_code, "EPROTO") != 0 &&
-	    strcmp(dlock_error_last()->store_code, "ECONN") != 0)
+	    strcmp(code, "EPROTO") != 0 && strcmp(code, "ECONN") != 0 && strcmp(code, "TLS") != 0 &&
+	    strcmp(code, "EIO") != 0)
 		return dlock__rrewrap(rc, KIND, what);
 	return rc;
 }
@@ -110,7 +112,7 @@ static int sentinel_resolve(rstore *s, int64_t deadline)
 			dlock__rnotify_moved(s->nt, 0, r->element[0]->str, atoi(r->element[1]->str));
 		if (r)
 			freeReplyObject(r);
-		redisFree(c);
+		dlock__rfree(c);
 		if (ok)
 			return 0;
 	}
@@ -611,7 +613,7 @@ static int scan_names(redisContext **cp, const dlock__rserver *srv, const char *
 		redisReply *r = NULL;
 		redisAppendCommandArgv(*cp, 6, argv, NULL);
 		if ((rc = dlock__rread_by(*cp, srv, kind, until, &r)) != 0) {
-			redisFree(*cp);
+			dlock__rfree(*cp);
 			*cp = NULL;
 			break;
 		}
@@ -708,8 +710,8 @@ static void r_close(dlock_backend *be)
 	drop(s);
 	free(s->pend);
 	free(s->again);
-	free(s->srv);
-	free(s->sentinels);
+	dlock__rservers_free(s->srv);
+	dlock__rservers_free(s->sentinels);
 	free(s->master_name);
 	free(s->user);
 	dlock__free_secret(s->password);
@@ -783,7 +785,7 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 	if (rc)
 		return rc;
 	if (n != 1 && !sentinel) {
-		free(srv);
+		dlock__rservers_free(srv);
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
 				       "redis:// takes exactly one host (got %zu); for several independent masters "
 				       "use redlock://h1:p1,h2:p2,h3:p3",
@@ -791,7 +793,7 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 	}
 	rstore *s = dlock__calloc(1, sizeof(*s));
 	if (!s) {
-		free(srv);
+		dlock__rservers_free(srv);
 		return DLOCK_ENOMEM;
 	}
 	if (sentinel) { /* srv: the sentinels; s->srv: the master, found at connect */
@@ -800,6 +802,7 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 		if (!(s->master_name = dlock__strdup(master)) || !(s->srv = dlock__calloc(1, sizeof(*s->srv))))
 			goto oom;
 		s->srv[0] = srv[0];
+		s->srv[0].tls_owner = false; /* the sentinels' array owns the TLS settings */
 		s->srv[0].host[0] = 0;
 		s->srv[0].port = 0;
 	} else {
@@ -859,7 +862,7 @@ oom:
 	rc = DLOCK_ENOMEM;
 fail:
 	if (!s->srv && !s->sentinels)
-		free(srv);
+		dlock__rservers_free(srv);
 	r_close(&s->base);
 	return rc;
 }

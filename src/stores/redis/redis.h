@@ -40,10 +40,15 @@
 #define DLOCK__REDIS_PREFIX_MAX 200
 #define DLOCK__REDIS_KEY_MAX (DLOCK__REDIS_PREFIX_MAX + DLOCK_NAME_MAX + 8)
 
+/* TLS settings of a store (tls.c): NULL for plain TCP. */
+typedef struct dlock__rtls dlock__rtls;
+
 /* One Redis server and how to log in to it. */
 typedef struct dlock__rserver {
 	char host[256];
 	int port;
+	dlock__rtls *tls;       /* NULL: plain TCP */
+	bool tls_owner;         /* element 0 of what dlock__rserver_parse made: frees tls */
 	const char *user;       /* borrowed from the store; NULL when absent */
 	const char *password;   /* borrowed; NULL when absent; never printed */
 	int db;
@@ -54,11 +59,31 @@ typedef struct dlock__rserver {
 /*
  * Parse what redis:// and redlock:// share: hosts (default_port when absent),
  * user/password, database from dbpath ("/db" or ""), option `timeout` (command timeout, default 2 s
- * or connect_timeout if smaller). *out (of *n) is freed with free().
- * Rejects rediss:// (hiredis 0.14 has no TLS) with DLOCK_ENOTSUPPORTED.
+ * or connect_timeout if smaller), and TLS (rediss://, or tls=yes: options
+ * cacert, cert, key, sni, insecure; tls.c). *out (of *n) is freed with
+ * dlock__rservers_free.
  */
 int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const char *kind, int default_port,
 			 const char *dbpath);
+
+/* ---- TLS (tls.c) ---- */
+/* The TLS settings of uri into *out (NULL without TLS). @return 0; DLOCK_EINVAL. */
+int dlock__rtls_parse(dlock__rtls **out, dlock_uri *uri, const char *kind);
+void dlock__rtls_free(dlock__rtls *t);
+/* Free what dlock__rserver_parse made (and its TLS settings). */
+void dlock__rservers_free(dlock__rserver *s);
+/* After the TCP connect: the TLS handshake of srv (nothing without srv->tls),
+ * the server's certificate checked against the CA and srv's host (or sni=),
+ * bounded by deadline. @return 0; DLOCK_EUNAVAILABLE (naming the reason). */
+int dlock__rtls_connect(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline);
+/* redisBufferWrite, through the context's TLS session when it has one:
+ * every write of a context goes through this. */
+int dlock__rbuffer_write(redisContext *c, int *done);
+/* dlock__rbuffer_read's TLS half: *tls says whether c has a session (if not,
+ * nothing was done). */
+int dlock__rtls_read(redisContext *c, bool *tls);
+/* redisFree, and the context's TLS session with it: every context is freed so. */
+void dlock__rfree(redisContext *c);
 
 /* Blocking connect + AUTH + SELECT. @return 0; EUNAVAILABLE; EAUTH; EINVAL (bad db). */
 int dlock__rconnect(redisContext **out, const dlock__rserver *srv, const char *kind);

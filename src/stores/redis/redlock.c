@@ -110,7 +110,7 @@ static int64_t min64(int64_t a, int64_t b)
 static void drop(rlock *s, size_t i)
 {
 	if (s->c[i])
-		redisFree(s->c[i]);
+		dlock__rfree(s->c[i]);
 	s->c[i] = NULL;
 	s->owed[i] = 0;
 }
@@ -172,7 +172,7 @@ static bool flush(redisContext *c)
 {
 	int done = 0;
 	while (!done)
-		if (redisBufferWrite(c, &done) != REDIS_OK)
+		if (dlock__rbuffer_write(c, &done) != REDIS_OK)
 			return false;
 	return true;
 }
@@ -270,7 +270,7 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 				if (c) {
 					if (cl <= 0)
 						break;
-					redisFree(c);
+					dlock__rfree(c);
 				}
 				c = redisConnectWithTimeout(mad->n ? mad->addr[k] : s->srv[i].host, s->srv[i].port,
 							    ms_tv(cl > 0 ? cl : 1));
@@ -281,13 +281,20 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 				char what[160];
 				snprintf(what, sizeof(what), "cannot connect: %s", c ? c->errstr : "out of memory");
 				if (c)
-					redisFree(c);
+					dlock__rfree(c);
 				op_fail(s, op, i, what);
 				/* the connect is blocking: a master whose connects time out (SYNs
 				 * dropped) would cost every round its wait; try it again after
 				 * QUIET_MS (a refused connect fails at once: no need) */
 				if (dlock_clock_ms() - tc >= ct)
 					s->quiet_until[i] = dlock_clock_ms() + QUIET_MS;
+				continue;
+			}
+			if (dlock__rtls_connect(c, &s->srv[i], KIND, tc + ct) != 0) {
+				char what[300];
+				snprintf(what, sizeof(what), "%s", dlock_error_last()->message);
+				dlock__rfree(c);
+				op_fail(s, op, i, what);
 				continue;
 			}
 			redisSetTimeout(c, ms_tv(s->srv[i].timeout_ms));
@@ -1106,7 +1113,7 @@ static void rl_close(dlock_backend *be)
 	free(s->c);
 	free(s->quiet_until);
 	free(s->owed);
-	free(s->srv);
+	dlock__rservers_free(s->srv);
 	free(s->user);
 	dlock__free_secret(s->password);
 	free(s->prefix);
@@ -1188,19 +1195,19 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 		errno = 0;
 		drift = strtod(d, &end);
 		if (errno || end == d || *end || !(drift >= 0 && drift < 0.5)) {
-			free(srv);
+			dlock__rservers_free(srv);
 			return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
 					       "bad drift '%s': a clock drift factor from 0 to 0.5 (default 0.01)", d);
 		}
 	}
 	const char *r = dlock_uri_param(uri, "retry");
 	if (r && (dlock_duration_parse(&retry, r) != 0 || retry < 1)) {
-		free(srv);
+		dlock__rservers_free(srv);
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
 				       "bad retry '%s': the longest random delay after a split vote, e.g. 50ms", r);
 	}
 	if (n < 3) {
-		free(srv);
+		dlock__rservers_free(srv);
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
 				       "redlock needs at least 3 independent masters (got %zu): "
 				       "redlock://h1:p1,h2:p2,h3:p3; for one server use redis://",
@@ -1208,7 +1215,7 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 	}
 	rlock *s = dlock__calloc(1, sizeof(*s));
 	if (!s) {
-		free(srv);
+		dlock__rservers_free(srv);
 		return DLOCK_ENOMEM;
 	}
 	s->srv = srv;
