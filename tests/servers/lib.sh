@@ -56,3 +56,31 @@ stop_pidfile() {
 	kill -KILL "$pid" 2>/dev/null || true
 	rm -f "$f"
 }
+
+# make_test_certs DIR: a throw-away CA for TLS servers, made with openssl in DIR:
+# ca.pem; server.pem/.key for 127.0.0.1 and localhost; expired.pem/.key, the
+# same but expired ten days ago (signed under faketime); client.pem/.key for
+# mutual TLS; other-ca.pem, a CA that signed none of them. Keys readable by
+# the server's user. Output goes to DIR/openssl.log (shown on failure).
+make_test_certs() {
+	local t=$1
+	mkdir -p "$t"
+	(
+		cd "$t" || exit 1
+		printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >san.cnf
+		printf 'extendedKeyUsage=clientAuth\n' >client.cnf
+		openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 3 -subj "/CN=dlock test CA" &&
+			openssl req -x509 -newkey rsa:2048 -nodes -keyout other-ca.key -out other-ca.pem -days 3 \
+				-subj "/CN=another CA" &&
+			for c in server expired client; do
+				openssl req -newkey rsa:2048 -nodes -keyout $c.key -out $c.csr -subj "/CN=$c" || exit 1
+			done &&
+			openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem \
+				-days 3 -extfile san.cnf &&
+			faketime -f -10d openssl x509 -req -in expired.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+				-out expired.pem -days 1 -extfile san.cnf &&
+			openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem \
+				-days 3 -extfile client.cnf
+	) >"$t/openssl.log" 2>&1 || { cat "$t/openssl.log" >&2; return 1; }
+	chmod 0644 "$t"/*.key
+}

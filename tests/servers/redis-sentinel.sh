@@ -6,6 +6,10 @@
 #                                 and DIR/master, DIR/replica (their ports)
 #   redis-sentinel.sh stop DIR
 #   redis-sentinel.sh kill-master DIR   SIGKILL the current master (by port in DIR/master)
+# REDIS_TLS=1: every server also listens with TLS (a CA of its own in DIR/tls,
+# lib.sh make_test_certs), replicates and is watched over TLS, and DIR/uri is
+# redis+sentinel://127.0.0.1:SENTINEL_TLS_PORT/dlockmaster?tls=yes&cacert=DIR/tls/ca.pem
+# (the plain ports stay, for this script's own checks).
 source "$(dirname "$0")/lib.sh"
 
 cmd=${1:?usage: redis-sentinel.sh start|stop|kill-master DIR}
@@ -23,6 +27,19 @@ start)
 	mp=$(free_port)
 	rp=$(free_port)
 	sp=$(free_port)
+	tls=${REDIS_TLS:-}
+	# the ports the servers are known by: their TLS ports with REDIS_TLS
+	mk=$mp rk=$rp sk=$sp
+	if [ -n "$tls" ]; then
+		need openssl faketime
+		make_test_certs "$dir/tls" || exit 1
+		mk=$(free_port) rk=$(free_port) sk=$(free_port)
+	fi
+	tls_conf() { # tls_conf PORT: the TLS lines of a server listening with TLS on PORT
+		[ -n "$tls" ] || return 0
+		printf '%s\n' "tls-port $1" "tls-cert-file $dir/tls/server.pem" "tls-key-file $dir/tls/server.key" \
+			"tls-ca-cert-file $dir/tls/ca.pem" "tls-auth-clients no" "tls-replication yes"
+	}
 	for role in m r; do
 		port=$mp
 		[ $role = r ] && port=$rp
@@ -37,7 +54,9 @@ start)
 			appendonly no
 		EOF
 	done
-	echo "replicaof 127.0.0.1 $mp" >>"$dir/r/redis.conf"
+	tls_conf "$mk" >>"$dir/m/redis.conf"
+	tls_conf "$rk" >>"$dir/r/redis.conf"
+	echo "replicaof 127.0.0.1 $mk" >>"$dir/r/redis.conf"
 	cat >"$dir/s/sentinel.conf" <<-EOF
 		port $sp
 		bind 127.0.0.1
@@ -45,10 +64,11 @@ start)
 		pidfile $dir/s/redis.pid
 		logfile $dir/s/redis.log
 		dir $dir/s
-		sentinel monitor dlockmaster 127.0.0.1 $mp 1
+		sentinel monitor dlockmaster 127.0.0.1 $mk 1
 		sentinel down-after-milliseconds dlockmaster 3000
 		sentinel failover-timeout dlockmaster 4000
 	EOF
+	tls_conf "$sk" >>"$dir/s/sentinel.conf"
 	redis-server "$dir/m/redis.conf"
 	redis-server "$dir/r/redis.conf"
 	redis-server "$dir/s/sentinel.conf" --sentinel
@@ -57,7 +77,7 @@ start)
 	for i in $(seq 1 900); do
 		if serving "$mp" "$dir/m/redis.pid" && serving "$rp" "$dir/r/redis.pid" &&
 			redis-cli -p "$rp" info replication | tr -d '\r' | grep -qx "master_link_status:up" &&
-			redis-cli -p "$sp" sentinel replicas dlockmaster 2>/dev/null | grep -q "$rp"; then
+			redis-cli -p "$sp" sentinel replicas dlockmaster 2>/dev/null | grep -qx "$rk"; then
 			break
 		fi
 		[ "$i" = 900 ] && { echo "redis master/replica/sentinel did not come up in $dir" >&2; exit 1; }
@@ -65,7 +85,11 @@ start)
 	done
 	echo "$mp" >"$dir/master"
 	echo "$rp" >"$dir/replica"
-	echo "redis+sentinel://127.0.0.1:$sp/dlockmaster" >"$dir/uri"
+	if [ -n "$tls" ]; then
+		echo "redis+sentinel://127.0.0.1:$sk/dlockmaster?tls=yes&cacert=$dir/tls/ca.pem" >"$dir/uri"
+	else
+		echo "redis+sentinel://127.0.0.1:$sp/dlockmaster" >"$dir/uri"
+	fi
 	;;
 stop)
 	for d in m r s; do

@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
 # redis-tls.sh start DIR | stop DIR — redis-servers that speak TLS, for rediss://.
 #
-# Makes a throw-away CA in DIR/tls with openssl: ca.pem, a server certificate
-# for 127.0.0.1/localhost (server.pem), one that expired ten days ago
-# (expired.pem, signed under faketime), a client certificate (client.pem,
-# client.key) and a CA that signed none of them (other-ca.pem). Starts four
+# Makes a throw-away CA in DIR/tls (lib.sh make_test_certs: ca.pem, server,
+# expired, client certificates, other-ca.pem). Starts four
 # servers (redis.sh with REDIS_TLS), each with a TLS port beside its plain one:
 #   DIR/uri          rediss://127.0.0.1:T0/?cacert=DIR/tls/ca.pem
 #   DIR/uri_mtls     the same for server 1, which requires a client certificate
@@ -21,25 +19,7 @@ start)
 	need openssl faketime redis-server
 	t=$dir/tls
 	rm -rf "$dir"
-	mkdir -p "$t"
-	(
-		cd "$t" || exit 1
-		printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >san.cnf
-		printf 'extendedKeyUsage=clientAuth\n' >client.cnf
-		openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 3 -subj "/CN=dlock test CA" &&
-			openssl req -x509 -newkey rsa:2048 -nodes -keyout other-ca.key -out other-ca.pem -days 3 \
-				-subj "/CN=another CA" &&
-			for c in server expired client; do
-				openssl req -newkey rsa:2048 -nodes -keyout $c.key -out $c.csr -subj "/CN=$c" || exit 1
-			done &&
-			openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem \
-				-days 3 -extfile san.cnf &&
-			faketime -f -10d openssl x509 -req -in expired.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
-				-out expired.pem -days 1 -extfile san.cnf &&
-			openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem \
-				-days 3 -extfile client.cnf
-	) >"$dir/openssl.log" 2>&1 || { cat "$dir/openssl.log" >&2; exit 1; }
-	chmod 0644 "$t"/*.key
+	make_test_certs "$t" || exit 1
 	REDIS_TLS=$t bash "$here/redis.sh" start "$dir" 4 || exit 1
 	tp() { cat "$dir/$1/tls_port"; }
 	q="cacert=$t/ca.pem"

@@ -143,11 +143,22 @@ set_tests_properties(redis.hostile PROPERTIES TIMEOUT 120)
 # Redis over TLS: four redis-servers with TLS ports and a CA of their own
 # (tests/servers/redis-tls.sh); the conformance suite over rediss:// once, and
 # redis.tls: trusted, wrong CA, wrong name, expired, mutual TLS, plain TCP to
-# a TLS port, bad options, Redlock over TLS.
+# a TLS port, bad options, Redlock over TLS, and Sentinel over TLS.
+# With a Sentinel set-up of its own over TLS (redis-sentinel.sh, REDIS_TLS=1):
+# locks through the sentinels, then a failover.
 dlock_store_suite(redis-tls redis-tls.sh)
+set(DLOCK_REDIS_SENTINEL_TLS_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redis-sentinel-tls)
+add_test(NAME server.redis-sentinel-tls.start
+  COMMAND ${CMAKE_COMMAND} -E env REDIS_TLS=1
+          bash ${PROJECT_SOURCE_DIR}/tests/servers/redis-sentinel.sh start ${DLOCK_REDIS_SENTINEL_TLS_DIR})
+add_test(NAME server.redis-sentinel-tls.stop
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redis-sentinel.sh stop ${DLOCK_REDIS_SENTINEL_TLS_DIR})
+set_tests_properties(server.redis-sentinel-tls.start PROPERTIES FIXTURES_SETUP server.redis-sentinel-tls TIMEOUT 180)
+set_tests_properties(server.redis-sentinel-tls.stop PROPERTIES FIXTURES_CLEANUP server.redis-sentinel-tls)
 add_executable(redis_tls redis_tls.c)
 target_link_libraries(redis_tls PRIVATE dlock_testutil Threads::Threads)
-add_test(NAME redis.tls COMMAND redis_tls)
+add_test(NAME redis.tls COMMAND redis_tls
+  ${PROJECT_SOURCE_DIR}/tests/servers/redis-sentinel.sh ${DLOCK_REDIS_SENTINEL_TLS_DIR})
 set_tests_properties(redis.tls PROPERTIES
-  FIXTURES_REQUIRED server.redis-tls RESOURCE_LOCK server.redis-tls
+  FIXTURES_REQUIRED "server.redis-tls;server.redis-sentinel-tls" RESOURCE_LOCK server.redis-tls
   ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_redis-tls}/uri" TIMEOUT 120)

@@ -7,8 +7,10 @@
  * client certificate refuses us without one and serves us with it; plain
  * TCP to a TLS port fails within its bound; options that make no sense
  * without TLS, or that would turn the check off without saying so, are
- * refused.
- * Usage: redis_tls (DLOCK_TEST_URI_FILE names DIR/uri of redis-tls.sh)
+ * refused. With a Sentinel set-up over TLS (redis-sentinel.sh with
+ * REDIS_TLS=1): locks through the sentinels, then the master killed, and the
+ * promoted replica found and served over TLS, with fences still rising.
+ * Usage: redis_tls [SENTINEL_SCRIPT SENTINEL_DIR] (DLOCK_TEST_URI_FILE names DIR/uri of redis-tls.sh)
  */
 #include "testutil/testutil.h"
 
@@ -154,7 +156,61 @@ out:
 	dlock_store_close(s2);
 }
 
-int main(void)
+/* redis+sentinel:// over TLS: locks, then a failover, and locks again. */
+static void sentinel_failover(const char *script, const char *sdir)
+{
+	char su[4096], path[4200], cmd[9000];
+	snprintf(path, sizeof path, "%s/uri", sdir);
+	FILE *f = fopen(path, "r");
+	if (!f || !fgets(su, sizeof su, f)) {
+		CHECK(!"no sentinel URI");
+		if (f)
+			fclose(f);
+		return;
+	}
+	fclose(f);
+	su[strcspn(su, "\r\n")] = '\0';
+	locks_work(su);
+	dlock_store *s = NULL;
+	CHECK_RC(dlock_store_open(&s, su), 0);
+	if (!s)
+		return;
+	dlock_lock *l = NULL;
+	CHECK_RC(dlock_lock_new(&l, s, "tls-failover", NULL), 0);
+	CHECK_RC(dlock_acquire(l, 5000), 0);
+	uint64_t before = dlock_fence(l);
+	CHECK_RC(dlock_release(l), 0);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+	snprintf(cmd, sizeof cmd, "bash '%s' kill-master '%s'", script, sdir);
+	CHECK(system(cmd) == 0);
+	/* the sentinel promotes the replica (down after 3 s); a new store finds it.
+	 * The promoted master has no replica left: grants and fences are taken
+	 * without waiting for one (wait_replicas=0, fence_replicas=0). */
+	long long t0 = tu_now_ms(), until = t0 + 60000;
+	int rc = -1;
+	uint64_t after = 0;
+	while (rc != 0 && tu_now_ms() < until) {
+		s = NULL;
+		char u[4200];
+		snprintf(u, sizeof u, "%s&connect_timeout=2s&wait_replicas=0&fence_replicas=0", su);
+		if (dlock_store_open(&s, u) == 0) {
+			l = NULL;
+			if (dlock_lock_new(&l, s, "tls-failover", NULL) == 0 && (rc = dlock_acquire(l, 1000)) == 0) {
+				after = dlock_fence(l);
+				dlock_release(l);
+			}
+			dlock_lock_free(l);
+			dlock_store_close(s);
+		}
+	}
+	printf("  master killed: the promoted replica served over TLS after %lld ms; fences %llu then %llu\n",
+	       tu_now_ms() - t0, (unsigned long long)before, (unsigned long long)after);
+	CHECK_RC(rc, 0);
+	CHECK(after > before);
+}
+
+int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	tu_uri_from_env(uri, sizeof uri, "redis_tls");
@@ -211,5 +267,10 @@ int main(void)
 	printf("redlock over three TLS masters:\n");
 	uri_of(u, sizeof u, "uri_redlock", "");
 	locks_work(u);
+
+	if (argc == 3) {
+		printf("redis+sentinel:// over TLS:\n");
+		sentinel_failover(argv[1], argv[2]);
+	}
 	return tu_done("redis_tls");
 }
