@@ -81,7 +81,7 @@ redis-server --port "$rport" --bind 127.0.0.1 --requirepass s3cret --save '' --a
 for ((i = 0; i < 100; i++)); do redis-cli -p "$rport" -a s3cret --no-auth-warning ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
 forward 127.0.0.1 "$rport"
 fport=$fwd
-check "redis via $ip with a password" "redis://:s3cret@$ip:$fport" warn 'TLS tunnel'
+check "redis via $ip with a password" "redis://:s3cret@$ip:$fport" warn 'use rediss://'
 check "redis on 127.0.0.1 with a password" "redis://:s3cret@127.0.0.1:$rport" quiet ''
 grep -q s3cret "$work/err" && fail "redis: the password in a message"
 
