@@ -6,7 +6,8 @@
 #     read-pause-write at the same time; the count ends exact;
 #  2. a holder of either kind killed (SIGKILL) -> the other gets the lock
 #     once the dead holder's lease ends;
-#  3. an unknown recipe is a usage error.
+#  3. an unknown recipe is a usage error;
+#  4. waits wake without polling on both sides: counted at the server.
 #   etcd_etcdctl.sh DLOCK URI_FILE
 set -u
 dlock=${1:?dlock binary}
@@ -87,6 +88,49 @@ t0=$(date +%s%N)
 timeout 30 etcdctl --endpoints="$ep" lock --ttl=3 "$lockname" true >/dev/null ||
 	fail "etcdctl did not get the lock after the dlock holder died"
 echo "after the dlock holder was killed, etcdctl got the lock in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+
+# 4. waits wake without polling, both sides, shown by counting the server's
+#    Range and Txn requests (etcd's /metrics) while a waiter waits 3 s: a
+#    dlock waiter sends only its 1 s heartbeat (a poller with back-off would
+#    send hundreds), and is woken by its watch; etcdctl's waiter watches.
+kv_requests() {
+	python3 - "$ep" <<'PY'
+import sys, urllib.request
+n = 0
+for l in urllib.request.urlopen("http://%s/metrics" % sys.argv[1], timeout=5).read().decode().splitlines():
+    if l.startswith("grpc_server_handled_total") and ('"Range"' in l or '"Txn"' in l):
+        n += float(l.split()[-1])
+print(int(n))
+PY
+}
+# waits_quietly WHO HELD_FILE RELEASE_FILE GOT_FILE: with a holder holding
+# (HELD_FILE written) and a waiter started, count for 3 s, then release
+waits_quietly() {
+	local who=$1 i c0 c1
+	wait_line "$2" held 30 || { fail "$who: the holder did not start"; return; }
+	sleep 0.5 # the waiter's first tries (queueing) are not the point
+	c0=$(kv_requests)
+	sleep 3
+	c1=$(kv_requests)
+	touch "$3"
+	for ((i = 0; i < 200; i++)); do [ -s "$4" ] && break; sleep 0.05; done
+	[ -s "$4" ] || fail "$who: the waiter never got the lock"
+	echo "$who waited 3 s with $((c1 - c0)) Range/Txn requests at the server"
+	[ $((c1 - c0)) -le 12 ] || fail "$who: $((c1 - c0)) requests in 3 s of waiting (polling?)"
+}
+hold_until='echo held >"$1"; while [ ! -e "$2" ]; do sleep 0.02; done'
+ctl lock --ttl=3 "$lockname" -- sh -c "$hold_until" sh "$work/h4a" "$work/r4a" >/dev/null 2>&1 &
+pids+=($!)
+"$dlock" run --store "$uri" --wait 30s job -- sh -c 'echo got >"$1"' sh "$work/g4a" &
+pids+=($!)
+waits_quietly "dlock behind etcdctl" "$work/h4a" "$work/r4a" "$work/g4a"
+"$dlock" run --store "$uri" job -- sh -c "$hold_until" sh "$work/h4b" "$work/r4b" &
+pids+=($!)
+wait_line "$work/h4b" held 30
+ctl lock --ttl=3 "$lockname" -- sh -c 'echo got >"$1"' sh "$work/g4b" >/dev/null 2>&1 &
+pids+=($!)
+waits_quietly "etcdctl behind dlock" "$work/h4b" "$work/r4b" "$work/g4b"
+wait
 
 # 3. refusals
 "$dlock" run --store "$base?recipe=zookeeper" --no-wait x -- true 2>"$work/e1"

@@ -10,7 +10,8 @@
 #     refuses a dlock exclusive one; Curator's write lock refuses both; a
 #     dlock writer refuses Curator's reader;
 #  4. what a recipe cannot do is refused (shared under recipe=curator,
-#     semaphores), and an unknown recipe is a usage error.
+#     semaphores), and an unknown recipe is a usage error;
+#  5. waits wake without polling on both sides: counted at the server.
 #   zookeeper_curator.sh DLOCK URI_FILE
 set -u
 dlock=${1:?dlock binary}
@@ -118,6 +119,46 @@ rc=$?
 [ $rc = 3 ] || fail "Curator reader admitted beside a dlock writer (exit $rc)"
 kill -9 "$dwp"
 pkill -9 -f "sleep 600" 2>/dev/null
+
+# 5. waits wake without polling, both sides, shown by counting the packets
+#    the server received (srvr) while a waiter waits 3 s: session pings, the
+#    holder's renewals and the dlock waiter's 1 s heartbeat, not a poller's
+#    hundreds; then the release wakes the waiter through its watch.
+received() {
+	local h=${hp%%,*} line
+	exec 3<>"/dev/tcp/${h%:*}/${h##*:}" || return 1
+	printf srvr >&3
+	line=$(grep '^Received:' <&3)
+	exec 3<&-
+	echo "${line#Received: }"
+}
+# waits_quietly WHO HELD_FILE RELEASE_FILE DONE_FILE
+waits_quietly() {
+	local who=$1 i c0 c1
+	wait_line "$2" held 30 || { fail "$who: the holder did not start"; return; }
+	sleep 0.5 # the waiter's first requests (queueing) are not the point
+	c0=$(received)
+	sleep 3
+	c1=$(received)
+	touch "$3"
+	for ((i = 0; i < 400; i++)); do [ -s "$4" ] && break; sleep 0.05; done
+	[ -s "$4" ] || fail "$who: the waiter never got the lock"
+	echo "$who waited 3 s; the server received $((c1 - c0)) packets meanwhile"
+	[ $((c1 - c0)) -le 40 ] || fail "$who: $((c1 - c0)) packets in 3 s of waiting (polling?)"
+}
+$peer "$path" holduntil mutex "$work/r5a" >"$work/h5a" 2>&1 &
+pids+=($!)
+"$dlock" run --store "$uri" --wait 30s job -- sh -c 'echo got >"$1"' sh "$work/g5a" &
+pids+=($!)
+waits_quietly "dlock behind Curator" "$work/h5a" "$work/r5a" "$work/g5a"
+"$dlock" run --store "$uri" job -- sh -c 'echo held >"$1"; while [ ! -e "$2" ]; do sleep 0.02; done' \
+	sh "$work/h5b" "$work/r5b" &
+pids+=($!)
+wait_line "$work/h5b" held 30
+( $peer "$path" try mutex 30000 && echo got >"$work/g5b" ) >/dev/null 2>&1 &
+pids+=($!)
+waits_quietly "Curator behind dlock" "$work/h5b" "$work/r5b" "$work/g5b"
+wait
 
 # 4. refusals
 "$dlock" run --store "$uri" --no-wait --shared x -- true 2>"$work/e1"

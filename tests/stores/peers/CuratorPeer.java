@@ -7,6 +7,8 @@
 //       without exclusion lose updates), release.
 //   CuratorPeer CONNECT PATH hold mutex|write|read
 //       take the lock, print "held" and keep it until killed.
+//   CuratorPeer CONNECT PATH holduntil mutex FILE
+//       take the lock, print "held", keep it until FILE exists, release.
 //   CuratorPeer CONNECT PATH try mutex|write|read WAIT_MS
 //       exit 0 when the lock is taken within WAIT_MS (then released), 3 if not.
 import java.nio.charset.StandardCharsets;
@@ -58,6 +60,16 @@ public class CuratorPeer {
                 System.out.flush();
                 Thread.sleep(Long.MAX_VALUE);
                 break;
+            case "holduntil": {
+                l.acquire();
+                System.out.println("held");
+                System.out.flush();
+                Path f = Paths.get(a[4]);
+                while (!Files.exists(f))
+                    Thread.sleep(20);
+                l.release();
+                break;
+            }
             case "try":
                 if (!l.acquire(Long.parseLong(a[4]), TimeUnit.MILLISECONDS)) {
                     c.close();
