@@ -259,7 +259,7 @@ int dlock__rtls_connect(redisContext *c, const dlock__rserver *srv, const char *
 static int io_fail(redisContext *c, int err, const char *what)
 {
 	c->err = err;
-	snprintf(c->errstr, sizeof(c->errstr), "%s", what);
+	snprintf(c->errstr, sizeof(c->errstr), "%.*s", (int)sizeof(c->errstr) - 1, what);
 	return REDIS_ERR;
 }
 
@@ -281,9 +281,13 @@ static int ssl_fail(redisContext *c, SSL *ssl, int r)
 	if (e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && r == 0))
 		return io_fail(c, REDIS_ERR_EOF, "Server closed the connection");
 	unsigned long ee = ERR_get_error();
-	char buf[128];
+	char why[128], buf[192];
+	if (ee)
+		ERR_error_string_n(ee, why, sizeof(why)); /* not ERR_error_string(ee, NULL): a static buffer */
+	else
+		snprintf(why, sizeof(why), "%s", strerror(errno));
 	/* a server that requires a client certificate we did not send closes so */
-	snprintf(buf, sizeof(buf), "TLS: %s%s", ee ? ERR_error_string(ee, NULL) : strerror(errno),
+	snprintf(buf, sizeof(buf), "TLS: %s%s", why,
 		 SSL_get_certificate(ssl) ? "" : " (no client certificate was offered: cert=, key=)");
 	ERR_clear_error();
 	return io_fail(c, REDIS_ERR_IO, buf);
