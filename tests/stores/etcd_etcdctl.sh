@@ -27,18 +27,11 @@ cleanup() {
 trap cleanup EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/peer_lib.sh"
 ctl() { etcdctl --endpoints="$ep" "$@"; }
 pfx=locks$$/app                        # a prefix with a '/', as etcdctl users name locks
 uri="$base?prefix=$pfx&recipe=concurrency&ttl=3s"
 lockname=$pfx/job                      # what etcdctl calls the same lock
-wait_line() {
-	local i
-	for ((i = 0; i < $3 * 20; i++)); do
-		grep -qx "$2" "$1" 2>/dev/null && return 0
-		sleep 0.05
-	done
-	return 1
-}
 incr='v=$(cat "$1"); sleep 0.005; echo $((v + 1)) >"$1"'
 
 # 1. a shared counter, both sides at once
@@ -103,33 +96,18 @@ for l in urllib.request.urlopen("http://%s/metrics" % sys.argv[1], timeout=5).re
 print(int(n))
 PY
 }
-# waits_quietly WHO HELD_FILE RELEASE_FILE GOT_FILE: with a holder holding
-# (HELD_FILE written) and a waiter started, count for 3 s, then release
-waits_quietly() {
-	local who=$1 i c0 c1
-	wait_line "$2" held 30 || { fail "$who: the holder did not start"; return; }
-	sleep 0.5 # the waiter's first tries (queueing) are not the point
-	c0=$(kv_requests)
-	sleep 3
-	c1=$(kv_requests)
-	touch "$3"
-	for ((i = 0; i < 200; i++)); do [ -s "$4" ] && break; sleep 0.05; done
-	[ -s "$4" ] || fail "$who: the waiter never got the lock"
-	echo "$who waited 3 s with $((c1 - c0)) Range/Txn requests at the server"
-	[ $((c1 - c0)) -le 12 ] || fail "$who: $((c1 - c0)) requests in 3 s of waiting (polling?)"
-}
 hold_until='echo held >"$1"; while [ ! -e "$2" ]; do sleep 0.02; done'
 ctl lock --ttl=3 "$lockname" -- sh -c "$hold_until" sh "$work/h4a" "$work/r4a" >/dev/null 2>&1 &
 pids+=($!)
 "$dlock" run --store "$uri" --wait 30s job -- sh -c 'echo got >"$1"' sh "$work/g4a" &
 pids+=($!)
-waits_quietly "dlock behind etcdctl" "$work/h4a" "$work/r4a" "$work/g4a"
+waits_quietly kv_requests 12 "Range/Txn requests" 10 "dlock behind etcdctl" "$work/h4a" "$work/r4a" "$work/g4a"
 "$dlock" run --store "$uri" job -- sh -c "$hold_until" sh "$work/h4b" "$work/r4b" &
 pids+=($!)
 wait_line "$work/h4b" held 30
 ctl lock --ttl=3 "$lockname" -- sh -c 'echo got >"$1"' sh "$work/g4b" >/dev/null 2>&1 &
 pids+=($!)
-waits_quietly "etcdctl behind dlock" "$work/h4b" "$work/r4b" "$work/g4b"
+waits_quietly kv_requests 12 "Range/Txn requests" 10 "etcdctl behind dlock" "$work/h4b" "$work/r4b" "$work/g4b"
 wait
 
 # 3. refusals

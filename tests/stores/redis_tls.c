@@ -24,13 +24,10 @@ static void uri_of(char *out, size_t n, const char *file, const char *extra)
 {
 	char path[4200];
 	snprintf(path, sizeof path, "%s/%s", dir, file);
-	FILE *f = fopen(path, "r");
-	if (!f || !fgets(out, (int)n, f)) {
+	if (tu_first_line(path, out, n) != 0) {
 		fprintf(stderr, "redis_tls: cannot read %s\n", path);
 		exit(2);
 	}
-	fclose(f);
-	out[strcspn(out, "\r\n")] = '\0';
 	size_t len = strlen(out);
 	snprintf(out + len, n - len, "%s", extra);
 }
@@ -161,15 +158,10 @@ static void sentinel_failover(const char *script, const char *sdir)
 {
 	char su[4096], path[4200], cmd[9000];
 	snprintf(path, sizeof path, "%s/uri", sdir);
-	FILE *f = fopen(path, "r");
-	if (!f || !fgets(su, sizeof su, f)) {
+	if (tu_first_line(path, su, sizeof su) != 0) {
 		CHECK(!"no sentinel URI");
-		if (f)
-			fclose(f);
 		return;
 	}
-	fclose(f);
-	su[strcspn(su, "\r\n")] = '\0';
 	locks_work(su);
 	dlock_store *s = NULL;
 	CHECK_RC(dlock_store_open(&s, su), 0);

@@ -35,21 +35,13 @@ cleanup() {
 trap cleanup EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/peer_lib.sh"
 javac -nowarn -d "$work" -cp "$cp" "$(dirname "$0")/peers/CuratorPeer.java" 2>&1 | grep -v '^Note:'
 peer="java -cp $cp:$work CuratorPeer $hp"  # word-split on purpose: no spaces inside
 prefix=curator$$
 path=/$prefix/job                      # the lock path both sides use
 uri="$base?prefix=$prefix&recipe=curator&ttl=4s"
 rw="$base?prefix=$prefix&recipe=curator-rw&ttl=4s"
-# wait_line FILE WORD SECONDS: until FILE has a line WORD (a process said so)
-wait_line() {
-	local i
-	for ((i = 0; i < $3 * 20; i++)); do
-		grep -qx "$2" "$1" 2>/dev/null && return 0
-		sleep 0.05
-	done
-	return 1
-}
 
 # 1. a shared counter, both sides at once
 echo 0 >"$work/count"
@@ -132,32 +124,18 @@ received() {
 	exec 3<&-
 	echo "${line#Received: }"
 }
-# waits_quietly WHO HELD_FILE RELEASE_FILE DONE_FILE
-waits_quietly() {
-	local who=$1 i c0 c1
-	wait_line "$2" held 30 || { fail "$who: the holder did not start"; return; }
-	sleep 0.5 # the waiter's first requests (queueing) are not the point
-	c0=$(received)
-	sleep 3
-	c1=$(received)
-	touch "$3"
-	for ((i = 0; i < 400; i++)); do [ -s "$4" ] && break; sleep 0.05; done
-	[ -s "$4" ] || fail "$who: the waiter never got the lock"
-	echo "$who waited 3 s; the server received $((c1 - c0)) packets meanwhile"
-	[ $((c1 - c0)) -le 40 ] || fail "$who: $((c1 - c0)) packets in 3 s of waiting (polling?)"
-}
 $peer "$path" holduntil mutex "$work/r5a" >"$work/h5a" 2>&1 &
 pids+=($!)
 "$dlock" run --store "$uri" --wait 30s job -- sh -c 'echo got >"$1"' sh "$work/g5a" &
 pids+=($!)
-waits_quietly "dlock behind Curator" "$work/h5a" "$work/r5a" "$work/g5a"
+waits_quietly received 40 packets 20 "dlock behind Curator" "$work/h5a" "$work/r5a" "$work/g5a"
 "$dlock" run --store "$uri" job -- sh -c 'echo held >"$1"; while [ ! -e "$2" ]; do sleep 0.02; done' \
 	sh "$work/h5b" "$work/r5b" &
 pids+=($!)
 wait_line "$work/h5b" held 30
 ( $peer "$path" try mutex 30000 && echo got >"$work/g5b" ) >/dev/null 2>&1 &
 pids+=($!)
-waits_quietly "Curator behind dlock" "$work/h5b" "$work/r5b" "$work/g5b"
+waits_quietly received 40 packets 20 "Curator behind dlock" "$work/h5b" "$work/r5b" "$work/g5b"
 wait
 
 # 4. refusals

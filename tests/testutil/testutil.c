@@ -25,16 +25,24 @@ long long tu_now_ms(void)
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+int tu_first_line(const char *path, char *out, size_t n)
+{
+	FILE *f = path ? fopen(path, "r") : NULL;
+	int ok = f && fgets(out, (int)n, f);
+	if (f)
+		fclose(f);
+	if (!ok)
+		return -1;
+	out[strcspn(out, "\r\n")] = '\0';
+	return 0;
+}
+
 void tu_uri_from_env(char *out, size_t n, const char *prog)
 {
-	const char *file = getenv("DLOCK_TEST_URI_FILE");
-	FILE *f = file ? fopen(file, "r") : NULL;
-	if (!f || !fgets(out, (int)n, f)) {
+	if (tu_first_line(getenv("DLOCK_TEST_URI_FILE"), out, n) != 0) {
 		fprintf(stderr, "%s: set DLOCK_TEST_URI_FILE (server not started?)\n", prog);
 		exit(2);
 	}
-	fclose(f);
-	out[strcspn(out, "\r\n")] = '\0';
 }
 
 void tu_server_dir(char *out, size_t n)

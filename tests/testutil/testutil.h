@@ -44,6 +44,9 @@ long long tu_now_ms(void);
  * cannot be read. */
 void tu_uri_from_env(char *out, size_t n, const char *prog);
 
+/* The first line of the file at path (without its newline) into out. @return 0; -1 when unreadable. */
+int tu_first_line(const char *path, char *out, size_t n);
+
 /* The directory of $DLOCK_TEST_URI_FILE (the server script's DIR: its other
  * files), into out; "." when the variable is unset or has no '/'. */
 void tu_server_dir(char *out, size_t n);
