@@ -60,11 +60,16 @@ static inline int faultproxy_uri_hosts(const char *uri, char (*targets)[FAULTPRO
 }
 
 /* A malloc'd copy of `uri` with its host list [hs, he) replaced by
- * 127.0.0.1:ports[0],...,127.0.0.1:ports[n-1]; NULL when out of memory. */
+ * 127.0.0.1:ports[0],...,127.0.0.1:ports[n-1]; NULL when out of memory.
+ * A Redis Cluster URI (scheme ending in "+cluster") also gets
+ * remap=host:port>127.0.0.1:port for every host: the nodes announce their own
+ * addresses, which the client must reach through the proxy too. */
 static inline char *faultproxy_uri_rewrite(const char *uri, const char *hs, const char *he, const int *ports,
 					   int n)
 {
-	size_t cap = strlen(uri) + (size_t)n * 24 + 1;
+	const char *sep = strstr(uri, "://");
+	int cluster = sep && sep - uri >= 8 && !strncmp(sep - 8, "+cluster", 8);
+	size_t cap = strlen(uri) + (size_t)n * 24 + 1 + (cluster ? (size_t)(he - hs) + (size_t)n * 24 + 8 : 0);
 	char *copy = malloc(cap);
 	if (!copy)
 		return NULL;
@@ -72,7 +77,18 @@ static inline char *faultproxy_uri_rewrite(const char *uri, const char *hs, cons
 	memcpy(copy, uri, off);
 	for (int i = 0; i < n; i++)
 		off += (size_t)snprintf(copy + off, cap - off, "%s127.0.0.1:%d", i ? "," : "", ports[i]);
-	snprintf(copy + off, cap - off, "%s", he);
+	off += (size_t)snprintf(copy + off, cap - off, "%s", he);
+	if (cluster) {
+		off += (size_t)snprintf(copy + off, cap - off, "%sremap=", strchr(he, '?') ? "&" : "?");
+		const char *a = hs;
+		for (int i = 0; i < n && a < he; i++) {
+			const char *comma = memchr(a, ',', (size_t)(he - a));
+			const char *e = comma ? comma : he;
+			off += (size_t)snprintf(copy + off, cap - off, "%s%.*s>127.0.0.1:%d", i ? "," : "", (int)(e - a), a,
+						ports[i]);
+			a = comma ? comma + 1 : he;
+		}
+	}
 	return copy;
 }
 

@@ -14,8 +14,10 @@
 #endif
 #ifdef DLOCK_WITH_REDIS
 #define REDIS_OPEN dlock__redis_open
+#define REDIS_CLUSTER_OPEN dlock__redis_cluster_open
 #else
 #define REDIS_OPEN NULL
+#define REDIS_CLUSTER_OPEN NULL
 #endif
 #ifdef DLOCK_WITH_REDLOCK
 #define REDLOCK_OPEN dlock__redlock_open
@@ -53,6 +55,8 @@ static const dlock__scheme schemes[] = {
 	STORE("redis", REDIS_OPEN, "DLOCK_WITH_REDIS"),
 	STORE("rediss", REDIS_OPEN, "DLOCK_WITH_REDIS"),
 	STORE("redis+sentinel", REDIS_OPEN, "DLOCK_WITH_REDIS"),
+	STORE("redis+cluster", REDIS_CLUSTER_OPEN, "DLOCK_WITH_REDIS"),
+	STORE("rediss+cluster", REDIS_CLUSTER_OPEN, "DLOCK_WITH_REDIS"),
 	STORE("redlock", REDLOCK_OPEN, "DLOCK_WITH_REDIS"),
 	STORE("etcd", ETCD_OPEN, "DLOCK_WITH_ETCD"),
 	STORE("etcds", ETCD_OPEN, "DLOCK_WITH_ETCD"),

@@ -146,7 +146,7 @@ int dlock__backend_open(const char *text, int64_t timeout_ms, dlock_backend **ou
 	const dlock__scheme *sc = dlock__scheme_find(uri->scheme);
 	if (!sc) {
 		rc = dlock_error_set(DLOCK_EINVAL, NULL, NULL,
-				     "unknown store scheme '%s:' (known: sqlite, redis, rediss, redis+sentinel, "
+				     "unknown store scheme '%s:' (known: sqlite, redis, rediss, redis+sentinel, redis+cluster, "
 				     "redlock, etcd, etcds, zk, postgres, mysql, mariadb, memcached, and any "
 				     "registered with dlock_backend_register)", uri->scheme);
 	} else if (!sc->open) {

@@ -65,6 +65,7 @@ int dlock__uri_check_unused(const dlock_uri *uri);
 int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri);
 int dlock__redis_open(dlock_backend **out, dlock_uri *uri);
 int dlock__redlock_open(dlock_backend **out, dlock_uri *uri);
+int dlock__redis_cluster_open(dlock_backend **out, dlock_uri *uri);
 int dlock__etcd_open(dlock_backend **out, dlock_uri *uri);
 int dlock__zk_open(dlock_backend **out, dlock_uri *uri);
 int dlock__postgres_open(dlock_backend **out, dlock_uri *uri);

@@ -57,6 +57,8 @@ typedef struct rn_chan {
 	char *direct;          /* "{P:NAME}:c:<client id>": wake-ups naming our waiters */
 	size_t dlen;
 	int refs;              /* waiters that want it */
+	int home;              /* sharded (Redis Cluster): the one server that carries it
+				  (-1: every server; -2: none known yet) */
 	unsigned char *sent;   /* per server: SUBSCRIBE sent (and no UNSUBSCRIBE since) */
 	int *pend;             /* per server: SUBSCRIBE replies still to come */
 	unsigned char *ok;     /* per server: confirmed */
@@ -88,6 +90,10 @@ struct dlock__rnotify {
 	unsigned char *wantw;   /* per server: output still buffered (poll for POLLOUT) */
 	rn_chan *chans;
 	rn_waiter *waiters;
+	/* sharded pub/sub (dlock__rnotify_sharded): SSUBSCRIBE on the server
+	 * home(home_arg, channel) names; NULL: SUBSCRIBE everywhere */
+	int (*home)(void *arg, const char *channel);
+	void *home_arg;
 };
 
 int dlock__rnotify_new(dlock__rnotify **out, dlock_backend *be, dlock__rserver *srv, size_t n, const char *kind)
@@ -184,6 +190,21 @@ static bool chan_ok(const dlock__rnotify *nt, const rn_chan *ch)
 }
 
 
+/* Whether server i should carry ch's subscription. */
+static bool wanted_on(const rn_chan *ch, size_t i)
+{
+	return ch->refs > 0 && (ch->home == -1 || ch->home == (int)i);
+}
+
+/* Whether some waiter needs server i. */
+static bool server_wanted(const dlock__rnotify *nt, size_t i)
+{
+	for (const rn_chan *ch = nt->chans; ch; ch = ch->next)
+		if (wanted_on(ch, i))
+			return true;
+	return false;
+}
+
 /* A lock's channels by either name: the lock's own, or our direct one (the
  * two never collide: a lock's channel ends in "}:c", a direct one in hex). */
 static rn_chan *chan_find(dlock__rnotify *nt, const char *name, size_t len)
@@ -228,15 +249,35 @@ static void drop_conn(dlock__rnotify *nt, size_t i)
 	nt->retry_at[i] = dlock_clock_ms() + nt->backoff[i];
 }
 
-static void on_reply(dlock__rnotify *nt, size_t i, redisReply *r)
+/* One reply or message from server i. @return false when the connection
+ * must go: a sharded subscription refused (the slot moved: -MOVED). */
+static bool on_reply(dlock__rnotify *nt, size_t i, redisReply *r)
 {
+	if (r->type == REDIS_REPLY_ERROR && nt->home) {
+		/* the slot map we subscribed by is stale: every waiter of this
+		 * server tries again, and the store's redirect rehomes them */
+		for (rn_chan *ch = nt->chans; ch; ch = ch->next)
+			if (ch->sent[i])
+				dlock_backend_wake(nt->be, ch->lock);
+		return false;
+	}
 	if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 || r->element[0]->type != REDIS_REPLY_STRING ||
 	    r->element[1]->type != REDIS_REPLY_STRING)
-		return;
+		return true;
 	const char *what = r->element[0]->str;
 	rn_chan *ch = chan_find(nt, r->element[1]->str, r->element[1]->len);
 	if (!ch)
-		return;
+		return true;
+	if (what[0] == 's' && nt->home) /* ssubscribe, smessage, sunsubscribe */
+		what++;
+	if (!strcmp(what, "unsubscribe") && ch->sent[i]) {
+		/* not asked for: the server dropped it (its slot moved away). The
+		 * waiters try again; their redirect tells the store where it went. */
+		ch->sent[i] = ch->ok[i] = 0;
+		ch->pend[i] = 0;
+		dlock_backend_wake(nt->be, ch->lock);
+		return true;
+	}
 	if (!strcmp(what, "subscribe")) {
 		if (ch->pend[i] > 0 && --ch->pend[i] == 0 && ch->sent[i]) {
 			/* listening now: a release before this point may have gone unheard */
@@ -257,7 +298,7 @@ static void on_reply(dlock__rnotify *nt, size_t i, redisReply *r)
 		 * event (a second bare "*" of a cancel, or any repeat on one server). */
 		if (all && ch->last && !strcmp(ch->last, msg) && !ch->heard[i]) {
 			ch->heard[i] = 1;
-			return;
+			return true;
 		}
 		if (all) {
 			free(ch->last);
@@ -265,13 +306,14 @@ static void on_reply(dlock__rnotify *nt, size_t i, redisReply *r)
 			memset(ch->heard, 0, nt->n);
 			ch->heard[i] = 1;
 			dlock_backend_wake(nt->be, ch->lock);
-			return;
+			return true;
 		}
 		/* a new head named: wake it alone, if it is one of ours */
 		for (rn_waiter *w = nt->waiters; w; w = w->next)
 			if (w->chan == ch && !strcmp(msg, w->owner))
 				dlock_backend_wake_owner(nt->be, w->owner);
 	}
+	return true;
 }
 
 /* Bring each server's subscriptions in line with what waiters want. Under mu. */
@@ -283,14 +325,15 @@ static void sync_subs(dlock__rnotify *nt)
 		for (rn_chan *ch = nt->chans; ch; ch = ch->next) {
 			const char *verb = NULL;
 			int nch = ch->direct ? 2 : 1;
-			if (ch->refs > 0 && !ch->sent[i]) {
-				verb = "SUBSCRIBE";
+			bool want = wanted_on(ch, i);
+			if (want && !ch->sent[i]) {
+				verb = nt->home ? "SSUBSCRIBE" : "SUBSCRIBE";
 				ch->sent[i] = 1;
 				ch->pend[i] += nch; /* one confirmation per channel */
 				if (!nt->sub_since[i])
 					nt->sub_since[i] = dlock_clock_ms();
-			} else if (ch->refs == 0 && ch->sent[i]) {
-				verb = "UNSUBSCRIBE";
+			} else if (!want && ch->sent[i]) {
+				verb = nt->home ? "SUNSUBSCRIBE" : "UNSUBSCRIBE";
 				ch->sent[i] = ch->ok[i] = 0;
 			}
 			if (verb) {
@@ -339,7 +382,7 @@ static void *notify_main(void *arg)
 			wanted |= ch->refs > 0;
 		/* (re)connect servers that are down while someone waits */
 		for (size_t i = 0; i < nt->n && wanted; i++) {
-			if (nt->c[i] || now < nt->retry_at[i])
+			if (nt->c[i] || now < nt->retry_at[i] || !nt->srv[i].port || !server_wanted(nt, i))
 				continue;
 			redisContext *c = NULL;
 			/* short: this thread also serves the other servers' messages */
@@ -392,7 +435,7 @@ static void *notify_main(void *arg)
 				pf[np].events = POLLIN | (nt->wantw[i] ? POLLOUT : 0);
 				pidx[np] = i;
 				np++;
-			} else {
+			} else if (nt->srv[i].port && server_wanted(nt, i)) {
 				down = true;
 			}
 		}
@@ -435,9 +478,11 @@ static void *notify_main(void *arg)
 			}
 			void *r = NULL;
 			while (nt->c[i] && dlock__rget_reply(nt->c[i], &r) == REDIS_OK && r) {
-				on_reply(nt, i, r);
+				bool keep = on_reply(nt, i, r);
 				freeReplyObject(r);
 				r = NULL;
+				if (!keep)
+					drop_conn(nt, i);
 			}
 			if (nt->c[i] && nt->c[i]->err)
 				drop_conn(nt, i);
@@ -494,6 +539,7 @@ static rn_chan *chan_get(dlock__rnotify *nt, const char *lock, const char *name,
 		else
 			ch->dlen = 0; /* then only the lock's channel: wake-ups naming us come after a nap */
 	}
+	ch->home = nt->home ? nt->home(nt->home_arg, ch->name) : -1;
 	ch->sent = calloc(nt->n, 1);
 	ch->pend = calloc(nt->n, sizeof(int));
 	ch->ok = calloc(nt->n, 1);
@@ -540,4 +586,28 @@ int dlock__rnotify_watch(dlock__rnotify *nt, const dlock_request *req, const cha
 	w->last = dlock_clock_ms();
 	pthread_mutex_unlock(&nt->mu);
 	return 0;
+}
+
+void dlock__rnotify_sharded(dlock__rnotify *nt, int (*home)(void *arg, const char *channel), void *arg)
+{
+	pthread_mutex_lock(&nt->mu);
+	nt->home = home;
+	nt->home_arg = arg;
+	pthread_mutex_unlock(&nt->mu);
+}
+
+void dlock__rnotify_rehome(dlock__rnotify *nt)
+{
+	pthread_mutex_lock(&nt->mu);
+	bool moved = false;
+	for (rn_chan *ch = nt->chans; ch && nt->home; ch = ch->next) {
+		int h = nt->home(nt->home_arg, ch->name);
+		if (h != ch->home) {
+			ch->home = h;
+			moved = true;
+		}
+	}
+	pthread_mutex_unlock(&nt->mu);
+	if (moved)
+		kick(nt); /* unsubscribe where it was, subscribe where it is */
 }

@@ -4,6 +4,7 @@
  * the key layout and the scripts' arguments, and reply decoding (redis.h).
  */
 #include "redis.h"
+#include "redis_lua.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -669,3 +670,54 @@ int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char 
 	return 0;
 }
 
+
+static const char confirm_lua[] = DLOCK__LUA_CONFIRM;
+
+long long dlock__rwait_replicas(redisContext *c, const dlock__rserver *srv, const char *kind, int n,
+				long long reserve, const dlock__rkeys *k, const char *server_id, int64_t deadline)
+{
+	int64_t left = dlock__rms_left(deadline);
+	int64_t margin = left / 5 > 10 ? left / 5 : 10; /* for the reply to come back in time */
+	if (left - margin < 1)
+		return -1;
+	char num[16], ms[24];
+	snprintf(num, sizeof(num), "%d", n);
+	snprintf(ms, sizeof(ms), "%lld", (long long)(left - margin));
+	const char *argv[3] = { "WAIT", num, ms };
+	redisReply *r = NULL;
+	redisAppendCommandArgv(c, 3, argv, NULL);
+	if (dlock__rread_by(c, srv, kind, deadline, &r) != 0)
+		return -2;
+	long long acked = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+	freeReplyObject(r);
+	if (acked >= n && reserve > 0) { /* best effort: unconfirmed, the next grant waits again */
+		char rv[24];
+		snprintf(rv, sizeof(rv), "%lld", reserve);
+		const char *cv[6] = { "EVAL", confirm_lua, "1", k->k[DLOCK__RK_H], rv, server_id };
+		size_t lens[6] = { 4, sizeof(confirm_lua) - 1, 1, k->len[DLOCK__RK_H], strlen(rv), strlen(server_id) };
+		redisAppendCommandArgv(c, 6, cv, lens);
+		if (dlock__rread_by(c, srv, kind, deadline, &r) != 0)
+			return -2;
+		freeReplyObject(r);
+	}
+	return acked;
+}
+
+int dlock__rreplicas_option(dlock_uri *uri, const char *kind, int *wait, int *fence)
+{
+	const char *opt[2] = { "wait_replicas", "fence_replicas" };
+	int *val[2] = { wait, fence };
+	for (int i = 0; i < 2; i++) {
+		const char *v = dlock_uri_param(uri, opt[i]);
+		if (!v)
+			continue;
+		char *end;
+		errno = 0;
+		long x = strtol(v, &end, 10);
+		if (errno || end == v || *end || x < 0 || x > 100)
+			return dlock_error_set(DLOCK_EINVAL, kind, NULL,
+					       "option %s: want a number of replicas (0-100), not '%s'", opt[i], v);
+		*val[i] = (int)x;
+	}
+	return 0;
+}

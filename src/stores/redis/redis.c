@@ -354,8 +354,6 @@ static rstore *RS(dlock_backend *be)
 	return (rstore *)be;
 }
 
-static const char confirm_lua[] = DLOCK__LUA_CONFIRM;
-
 /*
  * After a grant: wait until the replicas have it (wait_replicas), or have the
  * fence reservation it made (reserve > 0; then confirm the reservation).
@@ -369,42 +367,15 @@ static int replicate_grant(rstore *s, dlock_request *req, const dlock__rkeys *k,
 		n = s->fence_replicas;
 	if (n <= 0)
 		return 0;
-	int64_t left = dlock__rms_left(deadline);
-	int64_t margin = left / 5 > 10 ? left / 5 : 10; /* for the reply to come back in time */
-	long long acked = -1;
-	int rc = 0;
-	if (left - margin >= 1) {
-		char num[16], ms[24];
-		snprintf(num, sizeof(num), "%d", n);
-		snprintf(ms, sizeof(ms), "%lld", (long long)(left - margin));
-		const char *argv[3] = { "WAIT", num, ms };
-		redisReply *r = NULL;
-		redisAppendCommandArgv(s->c, 3, argv, NULL);
-		if ((rc = dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r)) != 0) {
-			drop(s);
-			return timed_out_error(rc, "timed out waiting for the replicas: ");
-		}
-		if (r->type == REDIS_REPLY_INTEGER)
-			acked = r->integer;
-		freeReplyObject(r);
+	long long acked = dlock__rwait_replicas(s->c, &s->srv[0], KIND, n, reserve, k, s->server_id, deadline);
+	if (acked == -2) {
+		drop(s);
+		return timed_out_error(DLOCK_EUNAVAILABLE, "timed out waiting for the replicas: ");
 	}
-	if (acked >= n) {
-		if (reserve > 0) { /* best effort: unconfirmed, the next grant waits again */
-			char rv[24];
-			snprintf(rv, sizeof(rv), "%lld", reserve);
-			const char *argv[6] = { "EVAL", confirm_lua, "1", k->k[DLOCK__RK_H], rv, s->server_id };
-			size_t lens[6] = { 4, sizeof(confirm_lua) - 1, 1, k->len[DLOCK__RK_H], strlen(rv),
-					   strlen(s->server_id) };
-			redisReply *r = NULL;
-			redisAppendCommandArgv(s->c, 6, argv, lens);
-			if (dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r) != 0)
-				drop(s);
-			else
-				freeReplyObject(r);
-		}
+	if (acked >= n)
 		return 0;
-	}
 	/* give it back (the core undoes it again if this does not arrive) */
+	int rc;
 	dlock__rargs a;
 	dlock__rargs_owner(&a, k, req);
 	redisReply *r = run(s, DLOCK__RS_RELEASE, &a, deadline, &rc);
@@ -834,22 +805,8 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 	/* Sentinel: a failover must not lose a grant that was handed out, nor
 	 * make a fence go back (see docs/stores/redis.md) */
 	s->wait_replicas = s->fence_replicas = sentinel ? 1 : 0;
-	const char *opt[2] = { "wait_replicas", "fence_replicas" };
-	int *val[2] = { &s->wait_replicas, &s->fence_replicas };
-	for (int i = 0; i < 2; i++) {
-		const char *v = dlock_uri_param(uri, opt[i]);
-		if (!v)
-			continue;
-		char *end;
-		errno = 0;
-		long x = strtol(v, &end, 10);
-		if (errno || end == v || *end || x < 0 || x > 100) {
-			rc = dlock_error_set(DLOCK_EINVAL, KIND, NULL, "option %s: want a number of replicas (0-100), not '%s'",
-					     opt[i], v);
-			goto fail;
-		}
-		*val[i] = (int)x;
-	}
+	if ((rc = dlock__rreplicas_option(uri, KIND, &s->wait_replicas, &s->fence_replicas)) != 0)
+		goto fail;
 	if ((rc = dlock__rnotify_new(&s->nt, &s->base, s->srv, 1, KIND)) != 0)
 		goto fail;
 	if ((rc = connect_cmd(s, deadline)) != 0)

@@ -219,6 +219,17 @@ void dlock__rbatch_free(dlock__rbatch *b);
 /* results[i] = 0 (renewed) or DLOCK_ENOTHELD from a RENEW reply of n entries. */
 int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char *kind);
 
+/*
+ * After a grant on c: WAIT until n replicas have it; then, with reserve > 0,
+ * confirm the fence guard's reservation on k (best effort). @return the
+ * replicas that acknowledged (below n: too few in time; -1: no time left to
+ * ask); -2: the connection broke or timed out (the caller drops c).
+ */
+long long dlock__rwait_replicas(redisContext *c, const dlock__rserver *srv, const char *kind, int n,
+				long long reserve, const dlock__rkeys *k, const char *server_id, int64_t deadline);
+/* Options wait_replicas and fence_replicas (0-100) into *wait, *fence; unchanged when absent. */
+int dlock__rreplicas_option(dlock_uri *uri, const char *kind, int *wait, int *fence);
+
 /* Append to *names (of *n) the lock names with holders or waiters under prefix on one
  * server (SCAN; connects *c if NULL; duplicates and foreign keys possible: be->list).
  * Free each name and the array with free(). */
@@ -241,6 +252,13 @@ int dlock__rnotify_new(dlock__rnotify **out, dlock_backend *be, dlock__rserver *
 /* Server i moved (Sentinel failover): update its address and resubscribe there. Any thread. */
 void dlock__rnotify_moved(dlock__rnotify *nt, size_t i, const char *host, int port);
 void dlock__rnotify_free(dlock__rnotify *nt);
+/* Redis Cluster: subscribe with SSUBSCRIBE, each channel on the one server
+ * home(arg, channel) names (an index below n; -2: none known yet). home is
+ * called under the notifier's lock, from threads that call watch or
+ * dlock__rnotify_rehome: it may read what those threads write. */
+void dlock__rnotify_sharded(dlock__rnotify *nt, int (*home)(void *arg, const char *channel), void *arg);
+/* The slot map changed: ask home again for every channel and move the subscriptions. */
+void dlock__rnotify_rehome(dlock__rnotify *nt);
 /* be->watch: before each waiting try, make the releases published on `channel`
  * (the lock's, and our direct one) reach the board. Never waits for the
  * network. Any thread. */

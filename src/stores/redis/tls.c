@@ -49,11 +49,11 @@ int dlock__rtls_parse(dlock__rtls **out, dlock_uri *uri, const char *kind)
 	const char *cacert = dlock_uri_param(uri, "cacert"), *cert = dlock_uri_param(uri, "cert");
 	const char *key = dlock_uri_param(uri, "key"), *sni = dlock_uri_param(uri, "sni");
 	const char *insecure = dlock_uri_param(uri, "insecure");
-	bool on = strcmp(uri->scheme, "rediss") == 0;
+	bool on = !strcmp(uri->scheme, "rediss") || !strcmp(uri->scheme, "rediss+cluster");
 	if (tls && strcmp(tls, "yes") != 0 && strcmp(tls, "no") != 0)
 		return dlock_error_set(DLOCK_EINVAL, kind, NULL, "option tls: want yes or no, not '%s'", tls);
 	if (tls && !strcmp(tls, "no") && on)
-		return dlock_error_set(DLOCK_EINVAL, kind, NULL, "rediss:// is TLS: tls=no contradicts it");
+		return dlock_error_set(DLOCK_EINVAL, kind, NULL, "%s:// is TLS: tls=no contradicts it", uri->scheme);
 	on |= tls && !strcmp(tls, "yes");
 	if (!on) {
 		if (cacert || cert || key || sni || insecure)

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# A real Redis Cluster: 3 masters and 3 replicas (redis-cli --cluster create
+# --cluster-replicas 1) on free loopback ports, node timeout 1 s (a killed
+# master's replica takes over within a few seconds), for redis+cluster://:
+#   redis-cluster.sh start DIR      writes DIR/uri = redis+cluster://h:p1,...,h:p6
+#                                   (every node: the fault proxy fronts each one)
+#                                   and DIR/<i>/port for node i = 0..5
+#   redis-cluster.sh stop DIR
+#   redis-cluster.sh kill DIR PORT  SIGKILL the node on PORT (a crash)
+#   redis-cluster.sh restart DIR PORT  start that node again (it rejoins as a
+#                                   replica of the master that replaced it)
+#   redis-cluster.sh wait-ok DIR    wait until every node says cluster_state:ok
+source "$(dirname "$0")/lib.sh"
+
+cmd=${1:?usage: redis-cluster.sh start|stop|kill|wait-ok DIR [PORT]}
+dir=${2:?usage: redis-cluster.sh $cmd DIR}
+
+state_ok() { # state_ok PORT: that node sees the cluster whole
+	redis-cli -p "$1" cluster info 2>/dev/null | tr -d '\r' | grep -qx "cluster_state:ok"
+}
+
+wait_ok() {
+	local p i ok
+	for i in $(seq 1 600); do
+		ok=1
+		for p in $(cat "$dir"/*/port); do
+			[ -f "$dir/dead-$p" ] && continue
+			state_ok "$p" || { ok=0; break; }
+		done
+		[ $ok = 1 ] && return 0
+		sleep 0.1
+	done
+	echo "redis cluster in $dir did not reach cluster_state:ok" >&2
+	return 1
+}
+
+case $cmd in
+start)
+	need redis-server redis-cli
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	hosts=()
+	for i in 0 1 2 3 4 5; do
+		d=$dir/$i
+		mkdir -p "$d"
+		for attempt in 1 2 3 4 5 6 7 8; do # a free port can be taken before we bind it
+			# the cluster bus listens on port + 10000: both must be free
+			for _ in $(seq 1 50); do
+				port=$(free_port)
+				[ "$port" -lt 55000 ] && ! (exec 3<>"/dev/tcp/127.0.0.1/$((port + 10000))") 2>/dev/null && break
+			done
+			echo "$port" >"$d/port"
+			cat >"$d/redis.conf" <<-EOF
+				port $port
+				bind 127.0.0.1
+				daemonize yes
+				pidfile $d/redis.pid
+				logfile $d/redis.log
+				dir $d
+				save ""
+				appendonly no
+				cluster-enabled yes
+				cluster-config-file $d/nodes.conf
+				cluster-node-timeout 1000
+				cluster-replica-validity-factor 0
+			EOF
+			: >"$d/redis.log"
+			rm -f "$d/nodes.conf"
+			redis-server "$d/redis.conf"
+			up=0
+			for _ in $(seq 1 300); do
+				grep -q "Address already in use" "$d/redis.log" && break
+				if [ -s "$d/redis.pid" ] && redis-cli -p "$port" info server 2>/dev/null | tr -d '\r' |
+					grep -qx "process_id:$(cat "$d/redis.pid")"; then
+					up=1
+					break
+				fi
+				sleep 0.1
+			done
+			[ $up = 1 ] && break
+			[ -f "$d/redis.pid" ] && stop_pidfile "$d/redis.pid"
+			[ $attempt = 8 ] && { echo "redis-server $d did not start (see $d/redis.log)" >&2; exit 1; }
+		done
+		hosts+=("127.0.0.1:$port")
+	done
+	redis-cli --cluster create "${hosts[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 ||
+		{ cat "$dir/create.log" >&2; exit 1; }
+	wait_ok
+	# every replica replicating before anyone locks (WAIT 1 needs one)
+	for i in $(seq 1 300); do
+		n=$(for p in $(cat "$dir"/*/port); do redis-cli -p "$p" info replication | tr -d '\r'; done |
+			grep -c "^master_link_status:up" || true)
+		[ "$n" -ge 3 ] && break
+		[ "$i" = 300 ] && { echo "redis cluster replicas did not sync in $dir" >&2; exit 1; }
+		sleep 0.1
+	done
+	(IFS=,; echo "redis+cluster://${hosts[*]}") >"$dir/uri"
+	;;
+stop)
+	for d in "$dir"/*/; do
+		if [ -f "$d/redis.pid" ]; then stop_pidfile "$d/redis.pid" & fi
+	done
+	wait
+	;;
+kill)
+	port=${3:?usage: redis-cluster.sh kill DIR PORT}
+	for d in "$dir"/*/; do
+		[ "$(cat "$d/port")" = "$port" ] || continue
+		pid=$(cat "$d/redis.pid")
+		kill -KILL "$pid"
+		while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+		rm -f "$d/redis.pid"
+		touch "$dir/dead-$port"
+	done
+	;;
+restart)
+	port=${3:?usage: redis-cluster.sh restart DIR PORT}
+	for d in "$dir"/*/; do
+		[ "$(cat "$d/port")" = "$port" ] || continue
+		redis-server "$d/redis.conf"
+		wait_port "$port" 30
+		rm -f "$dir/dead-$port"
+		for i in $(seq 1 300); do
+			redis-cli -p "$port" info replication | tr -d '\r' | grep -qx "master_link_status:up" && break
+			[ "$i" = 300 ] && { echo "node $port did not rejoin as a replica" >&2; exit 1; }
+			sleep 0.1
+		done
+	done
+	wait_ok
+	;;
+wait-ok)
+	wait_ok
+	;;
+*)
+	echo "unknown command: $cmd" >&2
+	exit 64
+	;;
+esac

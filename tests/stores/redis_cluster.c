@@ -1,0 +1,389 @@
+/*
+ * redis+cluster:// on a real cluster of 3 masters and 3 replicas
+ * (tests/servers/redis-cluster.sh; issue 19 §2):
+ *  - spread: locks on many names land on every master (their holder keys
+ *    are found on each of the three), and each master has its replica;
+ *  - reshard: a held lock's slot moves to another master (redis-cli
+ *    --cluster reshard) while the holder renews it and another client keeps
+ *    trying: no on_lost, every try refused, the hold is found on the new
+ *    master, a waiter that subscribed before the move is woken by the
+ *    release after it, and its fence is higher;
+ *  - failover: the master of a held lock is killed; its replica takes over;
+ *    the hold survives (granted only once the replica had it: WAIT), the
+ *    holder renews on the new master, another client is refused until the
+ *    release and then gets a higher fence.
+ * The cases run in that order (failover last: it leaves a master without a
+ * replica). Usage: redis_cluster SERVER_SCRIPT SERVER_DIR [case...]
+ */
+#include "stores/redis_common_test.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static char uri[2048], script[1024], dir[1024];
+static int ports[6];
+
+static redisContext *at(int port)
+{
+	char u[64];
+	snprintf(u, sizeof(u), "redis://127.0.0.1:%d", port);
+	return rt_raw(u);
+}
+
+/* The slot of a key, asked of the cluster. */
+static int keyslot(const char *key)
+{
+	redisContext *c = at(ports[0]);
+	redisReply *r = redisCommand(c, "CLUSTER KEYSLOT %s", key);
+	int v = r && r->type == REDIS_REPLY_INTEGER ? (int)r->integer : -1;
+	if (r)
+		freeReplyObject(r);
+	redisFree(c);
+	return v;
+}
+
+/* The master serving `slot` by CLUSTER SLOTS asked of a live node: its port
+ * and id (id: 41 bytes). @return the port; -1. */
+static int master_of(int slot, char *id)
+{
+	for (int i = 0; i < 6; i++) {
+		char path[1100];
+		snprintf(path, sizeof(path), "%s/dead-%d", dir, ports[i]);
+		if (access(path, F_OK) == 0)
+			continue;
+		redisContext *c = at(ports[i]);
+		redisReply *r = redisCommand(c, "CLUSTER SLOTS");
+		int port = -1;
+		for (size_t k = 0; r && r->type == REDIS_REPLY_ARRAY && k < r->elements; k++) {
+			redisReply *e = r->element[k];
+			if (e->elements >= 3 && slot >= e->element[0]->integer && slot <= e->element[1]->integer) {
+				port = (int)e->element[2]->element[1]->integer;
+				if (id)
+					snprintf(id, 41, "%s", e->element[2]->element[2]->str);
+			}
+		}
+		if (r)
+			freeReplyObject(r);
+		redisFree(c);
+		return port;
+	}
+	return -1;
+}
+
+/* EXISTS key on one node: 1, 0, or -2 when the node redirects (MOVED). */
+static long long exists_at(int port, const char *key)
+{
+	redisContext *c = at(port);
+	redisReply *r = redisCommand(c, "EXISTS %s", key);
+	long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+	if (r && r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "MOVED ", 6))
+		v = -2;
+	if (r)
+		freeReplyObject(r);
+	redisFree(c);
+	return v;
+}
+
+static dlock_store *open_store(void)
+{
+	dlock_store *s = NULL;
+	if (dlock_store_open(&s, uri) != 0) {
+		fprintf(stderr, "open %s: %s\n", uri, dlock_error_last()->message);
+		exit(1);
+	}
+	return s;
+}
+
+static atomic_int lost;
+static void on_lost(dlock_lock *l, void *p)
+{
+	(void)l;
+	(void)p;
+	atomic_store(&lost, 1);
+}
+
+static dlock_lock *new_lock(dlock_store *s, const char *name, long ttl, bool watch_lost)
+{
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = ttl;
+	if (watch_lost)
+		o.on_lost = on_lost;
+	dlock_lock *l = NULL;
+	if (dlock_lock_new(&l, s, name, &o) != 0) {
+		fprintf(stderr, "lock_new: %s\n", dlock_error_last()->message);
+		exit(1);
+	}
+	return l;
+}
+
+static void case_spread(void)
+{
+	dlock_store *s = open_store();
+	enum { N = 30 };
+	dlock_lock *l[N];
+	int on[3] = { 0 }, masters[3] = { -1, -1, -1 };
+	for (int i = 0; i < N; i++) {
+		char name[32], key[64];
+		snprintf(name, sizeof(name), "spread-%d", i);
+		l[i] = new_lock(s, name, 10000, false);
+		CHECK_RC(dlock_acquire(l[i], 0), 0);
+		snprintf(key, sizeof(key), "{dlock:%s}", name);
+		int m = master_of(keyslot(key), NULL);
+		CHECK(m > 0);
+		CHECK(exists_at(m, key) == 1); /* on the slot's master */
+		for (int k = 0; k < 3; k++) {
+			if (masters[k] == m || masters[k] < 0) {
+				masters[k] = m;
+				on[k]++;
+				break;
+			}
+		}
+	}
+	printf("  %d locks: %d, %d and %d on the three masters\n", N, on[0], on[1], on[2]);
+	CHECK(on[0] > 0 && on[1] > 0 && on[2] > 0);
+	/* a second client is refused on every name; the holders release */
+	dlock_store *s2 = open_store();
+	for (int i = 0; i < N; i++) {
+		char name[32];
+		snprintf(name, sizeof(name), "spread-%d", i);
+		dlock_lock *b = new_lock(s2, name, 10000, false);
+		CHECK_RC(dlock_acquire(b, 0), DLOCK_ELOCKED);
+		CHECK_RC(dlock_release(l[i]), 0);
+		CHECK_RC(dlock_acquire(b, 0), 0);
+		CHECK(dlock_fence(b) > dlock_fence(l[i]));
+		CHECK_RC(dlock_release(b), 0);
+		dlock_lock_free(b);
+		dlock_lock_free(l[i]);
+	}
+	dlock_store_close(s2);
+	dlock_store_close(s);
+}
+
+/* A name whose slot is among the first 10 of its master (the ones
+ * `redis-cli --cluster reshard --cluster-slots 10` moves). */
+static void low_slot_name(char *name, size_t n, int *slot, int *src, char *src_id)
+{
+	/* the lowest slot of each master: from CLUSTER SLOTS */
+	int lows[3], nl = 0;
+	redisContext *c = at(ports[0]);
+	redisReply *r = redisCommand(c, "CLUSTER SLOTS");
+	for (size_t k = 0; r && k < r->elements && nl < 3; k++)
+		lows[nl++] = (int)r->element[k]->element[0]->integer;
+	freeReplyObject(r);
+	redisFree(c);
+	for (int i = 0; i < 200000; i++) {
+		char key[80];
+		snprintf(name, n, "moving-%d", i);
+		snprintf(key, sizeof(key), "{dlock:%s}", name);
+		int sl = keyslot(key);
+		for (int k = 0; k < nl; k++) {
+			if (sl >= lows[k] && sl < lows[k] + 10 && master_of(sl, NULL) == master_of(lows[k], NULL)) {
+				*slot = sl;
+				*src = master_of(sl, src_id);
+				return;
+			}
+		}
+	}
+	fprintf(stderr, "no name in a low slot found\n");
+	exit(1);
+}
+
+typedef struct waiter {
+	pthread_t t;
+	dlock_lock *l;
+	int rc, rrc;
+	uint64_t fence;
+	long long at;
+} waiter;
+
+static void *wait_main(void *p)
+{
+	waiter *w = p;
+	w->rc = dlock_acquire(w->l, 60000);
+	w->at = tu_now_ms();
+	w->fence = dlock_fence(w->l);
+	w->rrc = w->rc ? 0 : dlock_release(w->l); /* on the thread that holds it */
+	return NULL;
+}
+
+static void case_reshard(void)
+{
+	char name[64], key[80], src_id[41], dst_id[41] = "";
+	int slot, src;
+	low_slot_name(name, sizeof(name), &slot, &src, src_id);
+	snprintf(key, sizeof(key), "{dlock:%s}", name);
+	/* the destination: another master */
+	int dst = -1;
+	for (int sl = 0; sl < 16384 && dst < 0; sl += 100) {
+		char id[41];
+		int m = master_of(sl, id);
+		if (m > 0 && m != src) {
+			dst = m;
+			memcpy(dst_id, id, 41);
+		}
+	}
+	CHECK(dst > 0);
+	dlock_store *s = open_store(), *s2 = open_store(), *s3 = open_store();
+	atomic_store(&lost, 0);
+	dlock_lock *a = new_lock(s, name, 900, true); /* renewed every ~300 ms */
+	CHECK_RC(dlock_acquire(a, 0), 0);
+	uint64_t fa = dlock_fence(a);
+	CHECK(exists_at(src, key) == 1);
+	/* many other keys in the slot, so that the migration takes a while (it
+	 * moves 10 keys per MIGRATE): the lock's keys are split between the two
+	 * masters for part of it, while the holder renews */
+	{
+		redisContext *c = at(src);
+		enum { FILL = 20000 };
+		for (int i = 0; i < FILL; i++)
+			redisAppendCommand(c, "SET %s:fill:%d x", key, i);
+		for (int i = 0; i < FILL; i++) {
+			redisReply *r = NULL;
+			if (redisGetReply(c, (void **)&r) == REDIS_OK && r)
+				freeReplyObject(r);
+		}
+		redisFree(c);
+	}
+	/* a waiter subscribed on the old master before the move */
+	waiter w = { .l = new_lock(s3, name, 5000, false) };
+	pthread_create(&w.t, NULL, wait_main, &w);
+	/* move the slot (and 9 others) while the holder renews */
+	char cmd[4096];
+	snprintf(cmd, sizeof(cmd),
+		 "redis-cli --cluster reshard 127.0.0.1:%d --cluster-from %s --cluster-to %s --cluster-slots 10 "
+		 "--cluster-yes >%s/reshard.log 2>&1",
+		 src, src_id, dst_id, dir);
+	dlock_lock *b = new_lock(s2, name, 5000, false);
+	long long t0 = tu_now_ms();
+	FILE *p = popen(cmd, "r");
+	CHECK(p != NULL);
+	int tries = 0, granted = 0;
+	/* try while it runs (popen's child ends when the reshard does) */
+	while (p && tu_now_ms() - t0 < 60000) {
+		int rc = dlock_acquire(b, 0);
+		tries++;
+		if (rc == 0) {
+			granted++;
+			dlock_release(b);
+		}
+		if (master_of(slot, NULL) == dst)
+			break;
+		usleep(5000);
+	}
+	int st = p ? pclose(p) : -1;
+	CHECK(st == 0);
+	long long moved = tu_now_ms() - t0;
+	CHECK(master_of(slot, NULL) == dst);
+	/* held across the move and two more leases: renewals follow the slot */
+	usleep(2000 * 1000);
+	for (int i = 0; i < 10; i++) {
+		int rc = dlock_acquire(b, 0);
+		tries++;
+		if (rc == 0) {
+			granted++;
+			dlock_release(b);
+		}
+	}
+	printf("  slot %d moved %d -> %d in %lld ms; %d tries by another client, %d granted; on_lost %s\n", slot,
+	       src, dst, moved, tries, granted, atomic_load(&lost) ? "fired" : "did not fire");
+	CHECK(granted == 0);
+	CHECK(!atomic_load(&lost));
+	CHECK(dlock_held(a));
+	CHECK(exists_at(dst, key) == 1);
+	CHECK(exists_at(src, key) == -2); /* the old master sends us on */
+	/* the waiter, subscribed before the move, is woken by the release */
+	long long rel = tu_now_ms();
+	CHECK_RC(dlock_release(a), 0);
+	pthread_join(w.t, NULL);
+	CHECK_RC(w.rc, 0);
+	printf("  waiter granted %lld ms after the release\n", w.at - rel);
+	CHECK(w.fence > fa);
+	CHECK_RC(w.rrc, 0);
+	dlock_lock_free(w.l);
+	dlock_lock_free(b);
+	dlock_lock_free(a);
+	dlock_store_close(s3);
+	dlock_store_close(s2);
+	dlock_store_close(s);
+}
+
+static void case_failover(void)
+{
+	const char *name = "failover";
+	char key[64];
+	snprintf(key, sizeof(key), "{dlock:%s}", name);
+	int slot = keyslot(key);
+	dlock_store *s = open_store(), *s2 = open_store();
+	atomic_store(&lost, 0);
+	dlock_lock *a = new_lock(s, name, 15000, true);
+	CHECK_RC(dlock_acquire(a, 0), 0);
+	uint64_t fa = dlock_fence(a);
+	int old = master_of(slot, NULL);
+	CHECK(old > 0);
+	char cmd[4096];
+	snprintf(cmd, sizeof(cmd), "bash %s kill %s %d", script, dir, old);
+	long long t0 = tu_now_ms();
+	CHECK(system(cmd) == 0);
+	/* the cluster notices (node timeout 1 s), then the replica is promoted */
+	int now = old;
+	while ((now = master_of(slot, NULL)) == old && tu_now_ms() - t0 < 60000)
+		usleep(50000);
+	snprintf(cmd, sizeof(cmd), "bash %s wait-ok %s", script, dir);
+	CHECK(system(cmd) == 0);
+	printf("  master %d killed; replica %d serves the slot after %lld ms\n", old, now, tu_now_ms() - t0);
+	CHECK(now > 0 && now != old);
+	CHECK(exists_at(now, key) == 1); /* the grant had reached the replica */
+	/* the holder renews on the new master: extend goes there */
+	CHECK_RC(dlock_extend(a, 15000), 0);
+	dlock_lock *b = new_lock(s2, name, 5000, false);
+	CHECK_RC(dlock_acquire(b, 0), DLOCK_ELOCKED);
+	CHECK(!atomic_load(&lost));
+	CHECK_RC(dlock_release(a), 0);
+	/* the new master has no replica yet: a grant it cannot replicate is refused */
+	CHECK_RC(dlock_acquire(b, 0), DLOCK_EUNAVAILABLE);
+	/* the old master comes back, as the new one's replica: grants again */
+	snprintf(cmd, sizeof(cmd), "bash %s restart %s %d", script, dir, old);
+	CHECK(system(cmd) == 0);
+	CHECK_RC(dlock_acquire(b, 0), 0);
+	printf("  fences: %llu before the failover, %llu after\n", (unsigned long long)fa,
+	       (unsigned long long)dlock_fence(b));
+	CHECK(dlock_fence(b) > fa);
+	CHECK_RC(dlock_release(b), 0);
+	dlock_lock_free(b);
+	dlock_lock_free(a);
+	dlock_store_close(s2);
+	dlock_store_close(s);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 3) {
+		fprintf(stderr, "usage: redis_cluster SERVER_SCRIPT SERVER_DIR [case...]\n");
+		return 2;
+	}
+	snprintf(script, sizeof(script), "%s", argv[1]);
+	snprintf(dir, sizeof(dir), "%s", argv[2]);
+	char path[1100];
+	snprintf(path, sizeof(path), "%s/uri", dir);
+	if (tu_first_line(path, uri, sizeof(uri)) != 0) {
+		fprintf(stderr, "no cluster: %s unreadable\n", path);
+		return 1;
+	}
+	for (int i = 0; i < 6; i++) {
+		char p[1100], line[32];
+		snprintf(p, sizeof(p), "%s/%d/port", dir, i);
+		if (tu_first_line(p, line, sizeof(line)) != 0)
+			return 1;
+		ports[i] = atoi(line);
+	}
+	static const tu_case cases[] = {
+		{ "spread", case_spread },
+		{ "reshard", case_reshard },
+		{ "failover", case_failover },
+	};
+	tu_run_cases(cases, sizeof(cases) / sizeof(cases[0]), argc, argv, 3);
+	return tu_done("redis_cluster");
+}
