@@ -7,7 +7,7 @@
  * cannot beat without saving a round trip, so `dlock bench` prints ours as
  * a ratio of it.
  *
- *   redis     2 x PING (hiredis, one blocking connection)
+ *   redis     2 x PING (hiredis, one blocking connection); redis+cluster: to its first node
  *   etcd      Txn (create-if-absent with a lease + range of the oldest key)
  *             + DeleteRange (libcurl on the JSON gateway, one kept-alive
  *             connection)
@@ -228,10 +228,11 @@ static int floor_open(bench_floor **out, const char *uri, char *err, size_t errl
 	if (!f)
 		return fail(err, errlen, -1, "out of memory");
 	int rc = 1;
-	if (strcmp(p.scheme, "redis") == 0) {
+	if (strcmp(p.scheme, "redis") == 0 || strcmp(p.scheme, "redis+cluster") == 0) {
 #ifdef DLOCK_WITH_REDIS
 		f->kind = K_REDIS;
-		f->what = "2 x PING (hiredis)";
+		/* a cluster: the first node named (every node is one hop away) */
+		f->what = p.scheme[5] ? "2 x PING (hiredis, to one node)" : "2 x PING (hiredis)";
 		struct timeval tv = { 5, 0 };
 		f->redis = redisConnectWithTimeout(p.host, p.port ? p.port : 6379, tv);
 		if (!f->redis || f->redis->err) {

@@ -2,6 +2,8 @@
 #include "core/internal.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,4 +154,29 @@ void dlock__scrub(char *msg, size_t size, const char *secret)
 	}
 	out[o] = '\0';
 	snprintf(msg, size, "%s", out);
+}
+
+void dlock__nopipe_begin(dlock__nopipe *np)
+{
+	sigset_t pipe, pending;
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	sigemptyset(&pending);
+	sigpending(&pending);
+	np->was_pending = sigismember(&pending, SIGPIPE) == 1;
+	pthread_sigmask(SIG_BLOCK, &pipe, &np->old);
+}
+
+void dlock__nopipe_end(dlock__nopipe *np)
+{
+	sigset_t pipe, pending;
+	sigemptyset(&pending);
+	if (!np->was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
+		sigemptyset(&pipe);
+		sigaddset(&pipe, SIGPIPE);
+		struct timespec zero = { 0, 0 };
+		while (sigtimedwait(&pipe, NULL, &zero) < 0 && errno == EINTR)
+			;
+	}
+	pthread_sigmask(SIG_SETMASK, &np->old, NULL);
 }

@@ -44,6 +44,24 @@ typedef struct dlock__saved_error {
 void dlock__error_save(dlock__saved_error *e);
 void dlock__error_restore(const dlock__saved_error *e);
 
+/* ---- SIGPIPE ---- */
+/*
+ * A write to a socket the peer has closed raises SIGPIPE, which kills a
+ * program that did not ignore it. Client libraries that write with write(2)
+ * rather than send(MSG_NOSIGNAL) (hiredis, OpenSSL's socket BIO) are wrapped
+ * so: begin blocks SIGPIPE on this thread, end takes back a SIGPIPE the
+ * wrapped writes raised (never one that was pending before) and restores the
+ * mask. The write itself then fails with EPIPE, which the store handles.
+ */
+#include <signal.h>
+#include <stdbool.h>
+typedef struct dlock__nopipe {
+	sigset_t old;
+	bool was_pending;
+} dlock__nopipe;
+void dlock__nopipe_begin(dlock__nopipe *np);
+void dlock__nopipe_end(dlock__nopipe *np);
+
 /* ---- clock ---- */
 /* Sleep ms milliseconds (restarting after signals). */
 void dlock__sleep_ms(int64_t ms);

@@ -10,6 +10,10 @@
 #   redis-cluster.sh restart DIR PORT  start that node again (it rejoins as a
 #                                   replica of the master that replaced it)
 #   redis-cluster.sh wait-ok DIR    wait until every node says cluster_state:ok
+# REDIS_TLS=1: every node also listens with TLS (a CA of its own in DIR/tls,
+# lib.sh make_test_certs), the cluster bus and replication go over TLS, and
+# DIR/uri is rediss+cluster://127.0.0.1:TLS_PORT,...?cacert=DIR/tls/ca.pem
+# (DIR/<i>/port stays the plain port, for this script's and the tests' checks).
 source "$(dirname "$0")/lib.sh"
 
 cmd=${1:?usage: redis-cluster.sh start|stop|kill|wait-ok DIR [PORT]}
@@ -23,7 +27,7 @@ wait_ok() {
 	local p i ok
 	for i in $(seq 1 600); do
 		ok=1
-		for p in $(cat "$dir"/*/port); do
+		for p in $(cat "$dir"/[0-9]/port); do
 			[ -f "$dir/dead-$p" ] && continue
 			state_ok "$p" || { ok=0; break; }
 		done
@@ -39,7 +43,12 @@ start)
 	need redis-server redis-cli
 	rm -rf "$dir"
 	mkdir -p "$dir"
-	hosts=()
+	tls=${REDIS_TLS:-}
+	if [ -n "$tls" ]; then
+		need openssl faketime
+		make_test_certs "$dir/tls" || exit 1
+	fi
+	hosts=() thosts=()
 	for i in 0 1 2 3 4 5; do
 		d=$dir/$i
 		mkdir -p "$d"
@@ -64,6 +73,13 @@ start)
 				cluster-node-timeout 1000
 				cluster-replica-validity-factor 0
 			EOF
+			if [ -n "$tls" ]; then
+				tport=$(free_port)
+				echo "$tport" >"$d/tls_port"
+				printf '%s\n' "tls-port $tport" "tls-cert-file $dir/tls/server.pem" \
+					"tls-key-file $dir/tls/server.key" "tls-ca-cert-file $dir/tls/ca.pem" \
+					"tls-auth-clients no" "tls-cluster yes" "tls-replication yes" >>"$d/redis.conf"
+			fi
 			: >"$d/redis.log"
 			rm -f "$d/nodes.conf"
 			redis-server "$d/redis.conf"
@@ -82,29 +98,34 @@ start)
 			[ $attempt = 8 ] && { echo "redis-server $d did not start (see $d/redis.log)" >&2; exit 1; }
 		done
 		hosts+=("127.0.0.1:$port")
+		[ -n "$tls" ] && thosts+=("127.0.0.1:$(cat "$d/tls_port")")
 	done
 	redis-cli --cluster create "${hosts[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 ||
 		{ cat "$dir/create.log" >&2; exit 1; }
 	wait_ok
 	# every replica replicating before anyone locks (WAIT 1 needs one)
 	for i in $(seq 1 300); do
-		n=$(for p in $(cat "$dir"/*/port); do redis-cli -p "$p" info replication | tr -d '\r'; done |
+		n=$(for p in $(cat "$dir"/[0-9]/port); do redis-cli -p "$p" info replication | tr -d '\r'; done |
 			grep -c "^master_link_status:up" || true)
 		[ "$n" -ge 3 ] && break
 		[ "$i" = 300 ] && { echo "redis cluster replicas did not sync in $dir" >&2; exit 1; }
 		sleep 0.1
 	done
-	(IFS=,; echo "redis+cluster://${hosts[*]}") >"$dir/uri"
+	if [ -n "$tls" ]; then
+		(IFS=,; echo "rediss+cluster://${thosts[*]}?cacert=$dir/tls/ca.pem") >"$dir/uri"
+	else
+		(IFS=,; echo "redis+cluster://${hosts[*]}") >"$dir/uri"
+	fi
 	;;
 stop)
-	for d in "$dir"/*/; do
+	for d in "$dir"/[0-9]/; do
 		if [ -f "$d/redis.pid" ]; then stop_pidfile "$d/redis.pid" & fi
 	done
 	wait
 	;;
 kill)
 	port=${3:?usage: redis-cluster.sh kill DIR PORT}
-	for d in "$dir"/*/; do
+	for d in "$dir"/[0-9]/; do
 		[ "$(cat "$d/port")" = "$port" ] || continue
 		pid=$(cat "$d/redis.pid")
 		kill -KILL "$pid"
@@ -115,7 +136,7 @@ kill)
 	;;
 restart)
 	port=${3:?usage: redis-cluster.sh restart DIR PORT}
-	for d in "$dir"/*/; do
+	for d in "$dir"/[0-9]/; do
 		[ "$(cat "$d/port")" = "$port" ] || continue
 		redis-server "$d/redis.conf"
 		wait_port "$port" 30

@@ -184,3 +184,17 @@ add_test(NAME redis.cluster COMMAND redis_cluster
   ${PROJECT_SOURCE_DIR}/tests/servers/redis-cluster.sh ${DLOCK_REDIS_CLUSTER_OWN_DIR})
 set_tests_properties(redis.cluster PROPERTIES
   FIXTURES_REQUIRED server.redis-cluster-own RESOURCE_LOCK server.redis-cluster-own TIMEOUT 300)
+# The same cases over TLS (rediss+cluster://: clients, the cluster bus and
+# replication all on TLS ports; redis-cluster.sh with REDIS_TLS=1).
+set(DLOCK_REDIS_CLUSTER_TLS_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redis-cluster-tls)
+add_test(NAME server.redis-cluster-tls.start
+  COMMAND ${CMAKE_COMMAND} -E env REDIS_TLS=1
+          bash ${PROJECT_SOURCE_DIR}/tests/servers/redis-cluster.sh start ${DLOCK_REDIS_CLUSTER_TLS_DIR})
+add_test(NAME server.redis-cluster-tls.stop
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redis-cluster.sh stop ${DLOCK_REDIS_CLUSTER_TLS_DIR})
+set_tests_properties(server.redis-cluster-tls.start PROPERTIES FIXTURES_SETUP server.redis-cluster-tls TIMEOUT 180)
+set_tests_properties(server.redis-cluster-tls.stop PROPERTIES FIXTURES_CLEANUP server.redis-cluster-tls)
+add_test(NAME redis.cluster_tls COMMAND redis_cluster
+  ${PROJECT_SOURCE_DIR}/tests/servers/redis-cluster.sh ${DLOCK_REDIS_CLUSTER_TLS_DIR})
+set_tests_properties(redis.cluster_tls PROPERTIES
+  FIXTURES_REQUIRED server.redis-cluster-tls RESOURCE_LOCK server.redis-cluster-tls TIMEOUT 300)

@@ -252,10 +252,21 @@ static void case_reshard(void)
 	pthread_create(&w.t, NULL, wait_main, &w);
 	/* move the slot (and 9 others) while the holder renews */
 	char cmd[4096];
+	/* over TLS when the cluster speaks it (its MIGRATEs go node to node over TLS) */
+	char tls[1200] = "", tport[32];
+	int via = src;
+	for (int i = 0; i < 6; i++) {
+		char f[1100];
+		snprintf(f, sizeof(f), "%s/%d/tls_port", dir, i);
+		if (ports[i] == src && tu_first_line(f, tport, sizeof(tport)) == 0) {
+			via = atoi(tport);
+			snprintf(tls, sizeof(tls), "--tls --cacert %s/tls/ca.pem", dir);
+		}
+	}
 	snprintf(cmd, sizeof(cmd),
-		 "redis-cli --cluster reshard 127.0.0.1:%d --cluster-from %s --cluster-to %s --cluster-slots 10 "
+		 "redis-cli %s --cluster reshard 127.0.0.1:%d --cluster-from %s --cluster-to %s --cluster-slots 10 "
 		 "--cluster-yes >%s/reshard.log 2>&1",
-		 src, src_id, dst_id, dir);
+		 tls, via, src_id, dst_id, dir);
 	dlock_lock *b = new_lock(s2, name, 5000, false);
 	long long t0 = tu_now_ms();
 	FILE *p = popen(cmd, "r");

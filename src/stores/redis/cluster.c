@@ -347,8 +347,14 @@ static redisReply *exec(cstore *s, int script, int slot, int argc, const char **
 			return NULL;
 		}
 		if (with_sid) {
-			if ((*rc = node_server_id(s, i, deadline)) != 0)
-				return NULL;
+			if ((*rc = node_server_id(s, i, deadline)) != 0) {
+				/* a connection that broke since its last use (a node gone) */
+				if (!strcmp(dlock_error_last()->store_code, "ETIMEDOUT") || *rc != DLOCK_EUNAVAILABLE ||
+				    dlock__rms_left(deadline) <= 0 || ++hops > REDIRECTS_MAX)
+					return NULL;
+				map_refresh(s, deadline);
+				continue;
+			}
 			argv[argc - 1] = s->conn[i].server_id;
 			lens[argc - 1] = strlen(s->conn[i].server_id);
 		}

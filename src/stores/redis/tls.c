@@ -208,7 +208,10 @@ int dlock__rtls_connect(redisContext *c, const dlock__rserver *srv, const char *
 	int rc = 0;
 	for (;;) {
 		ERR_clear_error();
+		dlock__nopipe np;
+		dlock__nopipe_begin(&np);
 		int r = SSL_connect(ssl);
+		dlock__nopipe_end(&np);
 		if (r == 1)
 			break;
 		int e = SSL_get_error(ssl, r);
@@ -293,11 +296,8 @@ static int ssl_fail(redisContext *c, SSL *ssl, int r)
 	return io_fail(c, REDIS_ERR_IO, buf);
 }
 
-int dlock__rbuffer_write(redisContext *c, int *done)
+static int tls_write(redisContext *c, SSL *ssl, int *done)
 {
-	SSL *ssl = ssl_of(c);
-	if (!ssl)
-		return redisBufferWrite(c, done);
 	if (c->err)
 		return REDIS_ERR;
 	*done = 0;
@@ -319,6 +319,18 @@ int dlock__rbuffer_write(redisContext *c, int *done)
 	return REDIS_OK;
 }
 
+/* hiredis and OpenSSL write with write(2): a server gone raises SIGPIPE,
+ * which must fail the write (EPIPE), not kill the program. */
+int dlock__rbuffer_write(redisContext *c, int *done)
+{
+	SSL *ssl = ssl_of(c);
+	dlock__nopipe np;
+	dlock__nopipe_begin(&np);
+	int rc = ssl ? tls_write(c, ssl, done) : redisBufferWrite(c, done);
+	dlock__nopipe_end(&np);
+	return rc;
+}
+
 int dlock__rtls_read(redisContext *c, bool *tls)
 {
 	SSL *ssl = ssl_of(c);
@@ -331,7 +343,10 @@ int dlock__rtls_read(redisContext *c, bool *tls)
 	/* what OpenSSL already decrypted counts as read: poll would not see it */
 	do {
 		ERR_clear_error();
+		dlock__nopipe np; /* TLS 1.3 may answer a key update while reading */
+		dlock__nopipe_begin(&np);
 		int n = SSL_read(ssl, buf, sizeof(buf));
+		dlock__nopipe_end(&np);
 		if (n <= 0)
 			return ssl_fail(c, ssl, n);
 		if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK)
