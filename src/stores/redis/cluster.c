@@ -265,8 +265,10 @@ static int map_refresh(cstore *s, int64_t deadline)
 	return rc;
 }
 
-/* "MOVED 3999 127.0.0.1:6381" / "ASK ...": the slot and the node. @return the node; -1. */
-static int redirect_node(cstore *s, const char *err, int *slot)
+/* "MOVED 3999 127.0.0.1:6381" / "ASK ...": the slot and the node (an empty
+ * host: the node that answered, `from`, does not know its own). @return the
+ * node; -1. */
+static int redirect_node(cstore *s, const char *err, int *slot, int from)
 {
 	const char *p = strchr(err, ' ');
 	if (!p)
@@ -278,6 +280,8 @@ static int redirect_node(cstore *s, const char *err, int *slot)
 		return -1;
 	char host[256];
 	snprintf(host, sizeof(host), "%.*s", (int)(colon - addr - 1), addr + 1);
+	if (!host[0])
+		snprintf(host, sizeof(host), "%s", s->node[from].host);
 	return node_find(s, host, atoi(colon + 1));
 }
 
@@ -396,7 +400,7 @@ static redisReply *exec(cstore *s, int script, int slot, int argc, const char **
 		int to = -1, sl = slot;
 		if (is_err(r, "NOSCRIPT") && !eval) {
 			eval = true;
-		} else if (is_err(r, "MOVED") && (to = redirect_node(s, r->str, &sl)) >= 0 && ++hops <= REDIRECTS_MAX) {
+		} else if (is_err(r, "MOVED") && (to = redirect_node(s, r->str, &sl, i)) >= 0 && ++hops <= REDIRECTS_MAX) {
 			slot_set(s, sl, to);
 			/* a resharding or failover moves more than one slot: read the map
 			 * again (at most every 100 ms), then the notifier follows */
@@ -406,7 +410,7 @@ static redisReply *exec(cstore *s, int script, int slot, int argc, const char **
 				dlock__rnotify_rehome(s->nt);
 			if (slot_node(s, slot) < 0)
 				slot_set(s, slot, to);
-		} else if (is_err(r, "ASK") && (to = redirect_node(s, r->str, &sl)) >= 0 && ++hops <= REDIRECTS_MAX) {
+		} else if (is_err(r, "ASK") && (to = redirect_node(s, r->str, &sl, i)) >= 0 && ++hops <= REDIRECTS_MAX) {
 			ask = to;
 		} else if ((is_err(r, "TRYAGAIN") || is_err(r, "CLUSTERDOWN") || is_err(r, "LOADING") ||
 			    (is_err(r, "READONLY") && !asked)) && dlock__rms_left(deadline) > 10) {
