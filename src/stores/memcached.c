@@ -16,6 +16,7 @@
 #include <libmemcached/memcached.h>
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,7 @@
 typedef struct mc_backend {
 	dlock_backend base;
 	memcached_st *mc;
+	memcached_st *rmc;          /* renewal batches: a second connection, noreply + buffered */
 	char *ns;
 	char hostport[300];
 	int64_t deadline;           /* of the call in progress (calls hold the store mutex) */
@@ -751,28 +753,108 @@ static int mc_cancel(dlock_backend *base, dlock_request *req)
 }
 
 /*
- * Renew = replace of each hold's own lease key: one round trip, and replace
- * stores only if the key is still there (NOT_STORED once it expired), so a
- * lease that ended can never be revived; nothing but the owner ever writes
- * that key. One round trip matters: a renewal must come back well inside
- * the lease even on a slow link.
+ * Renew = replace of each hold's own lease key: replace stores only if the
+ * key is still there (NOT_STORED once it expired), so a lease that ended can
+ * never be revived; nothing but the owner ever writes that key. A batch is
+ * one round trip whatever its size, not one per lock: on a connection of
+ * its own whose stores ask for no reply and wait in a buffer (libmemcached
+ * reconnects when those behaviours change, so they are set once, on a
+ * handle kept for this), the replaces are buffered, then one multi-get of
+ * the same keys flushes them and asks — one write, the server answers a
+ * connection's commands in order — which exist with the value just
+ * written: those were renewed; a missing key had expired (its replace
+ * stored nothing). A single renewal (extend) is one confirmed replace.
  */
+static int renew_one(mc_backend *be, dlock_request *req, int *result)
+{
+	char k[MAX_ENCODED + 64], lk[320];
+	base_key(be, req->name, k, sizeof k);
+	lease_key(k, req->owner, lk, sizeof lk);
+	int gone = 0;
+	*result = refresh_lease(be, lk, req->ttl_ms, &gone);
+	if (*result == 0 && gone)
+		*result = DLOCK_ENOTHELD;
+	return 0;
+}
+
 static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
 {
 	mc_backend *be = (mc_backend *)base;
 	if (n == 0)
 		return 0;
 	be->deadline = reqs[0]->deadline_ms;
-	for (size_t i = 0; i < n; i++) {
-		char k[MAX_ENCODED + 64], lk[320];
-		base_key(be, reqs[i]->name, k, sizeof k);
-		lease_key(k, reqs[i]->owner, lk, sizeof lk);
-		int gone = 0;
-		results[i] = refresh_lease(be, lk, reqs[i]->ttl_ms, &gone);
-		if (results[i] == 0 && gone)
-			results[i] = DLOCK_ENOTHELD;
+	if (n == 1)
+		return renew_one(be, reqs[0], &results[0]);
+	if (!be->rmc) {
+		be->rmc = memcached_clone(NULL, be->mc);
+		if (!be->rmc)
+			return dlock__oom();
+		memcached_behavior_set(be->rmc, MEMCACHED_BEHAVIOR_NOREPLY, 1);
+		memcached_behavior_set(be->rmc, MEMCACHED_BEHAVIOR_BUFFER_REQUESTS, 1);
 	}
-	return 0;
+	/* the helpers (arm, fetch, mc_error) act on be->mc: the batch's handle for now */
+	memcached_st *main_mc = be->mc;
+	be->mc = be->rmc;
+	char (*keys)[320] = malloc(n * sizeof(*keys));
+	const char **kp = malloc(n * sizeof(*kp));
+	size_t *kl = malloc(n * sizeof(*kl));
+	char val[64];
+	int vn = snprintf(val, sizeof val, "%" PRId64 " %" PRId64, dlock_wall_ms(), reqs[0]->ttl_ms);
+	int rc = keys && kp && kl ? arm(be, "renew") : dlock__oom();
+	memcached_return_t mrc = MEMCACHED_SUCCESS;
+	if (!rc) {
+		for (size_t i = 0; i < n; i++) {
+			char k[MAX_ENCODED + 64];
+			base_key(be, reqs[i]->name, k, sizeof k);
+			lease_key(k, reqs[i]->owner, keys[i], sizeof keys[i]);
+			kp[i] = keys[i];
+			kl[i] = strlen(keys[i]);
+			results[i] = DLOCK_ENOTHELD; /* until the multi-get shows our value */
+			/* one ttl for the batch (the core batches holds of one ttl; a
+			 * different one is renewed on its own below) */
+			if (reqs[i]->ttl_ms != reqs[0]->ttl_ms)
+				continue;
+			mrc = memcached_replace(be->mc, keys[i], kl[i], val, (size_t)vn, lease_s(reqs[0]->ttl_ms), 0);
+			if (mrc != MEMCACHED_SUCCESS && mrc != MEMCACHED_BUFFERED)
+				break;
+		}
+		if (mrc != MEMCACHED_SUCCESS && mrc != MEMCACHED_BUFFERED)
+			rc = mc_error(be, mrc, "renew (replace)");
+	}
+	if (!rc && (rc = arm(be, "renew")) == 0) {
+		mrc = memcached_mget(be->mc, kp, kl, n);
+		if (mrc != MEMCACHED_SUCCESS)
+			rc = mc_error(be, mrc, "renew (get)");
+	}
+	size_t at = 0; /* hits come back in the order asked for (misses skipped) */
+	while (!rc) {
+		memcached_result_st *res = fetch(be, &mrc);
+		if (!res) {
+			if (mrc != MEMCACHED_END && mrc != MEMCACHED_NOTFOUND && mrc != MEMCACHED_SUCCESS)
+				rc = mc_error(be, mrc, "renew (get)");
+			break;
+		}
+		const char *key = memcached_result_key_value(res);
+		size_t klen = memcached_result_key_length(res);
+		bool ours = memcached_result_length(res) == (size_t)vn &&
+			    !memcmp(memcached_result_value(res), val, (size_t)vn);
+		for (size_t tried = 0; ours && tried < n; tried++, at = (at + 1) % n) {
+			if (kl[at] == klen && !memcmp(keys[at], key, klen)) {
+				if (reqs[at]->ttl_ms == reqs[0]->ttl_ms)
+					results[at] = 0;
+				break;
+			}
+		}
+		memcached_result_free(res);
+	}
+	be->mc = main_mc;
+	for (size_t i = 0; !rc && i < n; i++)
+		if (reqs[i]->ttl_ms != reqs[0]->ttl_ms)
+			renew_one(be, reqs[i], &results[i]);
+	free(keys);
+	free(kp);
+	free(kl);
+	return rc;
 }
 
 static int mc_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
@@ -872,6 +954,8 @@ static void mc_close(dlock_backend *base)
 		return;
 	if (be->mc)
 		memcached_free(be->mc);
+	if (be->rmc)
+		memcached_free(be->rmc);
 	free(be->ns);
 	free(be);
 }

@@ -12,13 +12,20 @@
  * 3. Long names and names with spaces map to distinct, valid keys.
  * 4. URIs memcached cannot serve safely are refused with DLOCK_EINVAL; an
  *    unreachable server is DLOCK_EUNAVAILABLE at open.
+ * 5. Renewal batches (one buffered round trip for many locks): of 20 locks
+ *    renewed together, the one whose lease key vanished (deleted here, as an
+ *    eviction would) is reported lost, and the 19 others stay held over
+ *    further rounds — the batch tells each lock's fate apart.
  */
 #include "testutil/netutil.h"
 #include "testutil/testutil.h"
 
 #include <libmemcached/memcached.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdatomic.h>
+#include <sys/socket.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -84,6 +91,91 @@ static void test_flush_all(memcached_st *mc)
 	dlock_store_close(s);
 }
 
+/* The lease keys of `name` ("dlock:<name>/o/<owner>"), from the server's
+ * own key dump (lru_crawler metadump), deleted. @return how many. */
+static int delete_leases(memcached_st *mc, const char *host, int port, const char *name)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0 || inet_pton(AF_INET, host, &a.sin_addr) != 1 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	const char *cmd = "lru_crawler metadump all\r\n";
+	if (write(fd, cmd, strlen(cmd)) != (ssize_t)strlen(cmd)) {
+		close(fd);
+		return -1;
+	}
+	static char buf[1 << 20];
+	size_t n = 0;
+	while (n < sizeof(buf) - 1) {
+		ssize_t r = read(fd, buf + n, sizeof(buf) - 1 - n);
+		if (r <= 0)
+			break;
+		n += (size_t)r;
+		buf[n] = 0;
+		if (strstr(buf, "END\r\n"))
+			break;
+	}
+	close(fd);
+	/* the dump writes keys URL-encoded: ':' %3A, '/' %2F */
+	char want[200];
+	snprintf(want, sizeof want, "key=dlock%%3A%s%%2Fo%%2F", name);
+	int deleted = 0;
+	for (char *p = buf; (p = strstr(p, want)) != NULL; p++) {
+		char key[300];
+		size_t len = strcspn(p + 4, " \r\n"), k = 0;
+		for (size_t i = 0; i < len && k < sizeof key - 1; i++) {
+			unsigned v;
+			if (p[4 + i] == '%' && i + 2 < len && sscanf(p + 5 + i, "%2x", &v) == 1) {
+				key[k++] = (char)v;
+				i += 2;
+			} else {
+				key[k++] = p[4 + i];
+			}
+		}
+		key[k] = 0;
+		if (memcached_delete(mc, key, strlen(key), 0) == MEMCACHED_SUCCESS)
+			deleted++;
+	}
+	return deleted;
+}
+
+static void test_batch_renewal(memcached_st *mc, const char *host, int port)
+{
+	enum { N = 20, VICTIM = 7 };
+	dlock_store *s = nu_open(uri);
+	dlock_lock *l[N];
+	char names[N][64];
+	for (int i = 0; i < N; i++) {
+		snprintf(names[i], sizeof names[i], "mcs-%d-batch-%d", (int)getpid(), i);
+		l[i] = nu_lock(s, names[i], 3000, NU_LOST);
+		CHECK_RC(dlock_acquire(l[i], 0), 0);
+	}
+	nu_lost_at = 0;
+	long long t0 = tu_now_ms();
+	CHECK(delete_leases(mc, host, port, names[VICTIM]) == 1);
+	while (!nu_lost_at && tu_now_ms() - t0 < 5000)
+		usleep(10000);
+	/* two more renewal rounds (every ttl/3) for the others */
+	usleep(2200 * 1000);
+	int held = 0;
+	for (int i = 0; i < N; i++)
+		held += i != VICTIM && dlock_held(l[i]);
+	printf("  batch of %d: the lease deleted was reported lost after %lld ms; %d of %d others held 2.2 s later\n",
+	       N, nu_lost_at ? nu_lost_at - t0 : -1, held, N - 1);
+	CHECK(nu_lost_at != 0);
+	CHECK(!dlock_held(l[VICTIM]));
+	CHECK(held == N - 1);
+	for (int i = 0; i < N; i++) {
+		if (i != VICTIM)
+			CHECK_RC(dlock_release(l[i]), 0);
+		dlock_lock_free(l[i]);
+	}
+	dlock_store_close(s);
+}
+
 static void test_names(void)
 {
 	char n1[520], n2[520];
@@ -142,6 +234,7 @@ int main(void)
 	test_bad_uris();
 	test_names();
 	test_lease_rounding();
+	test_batch_renewal(mc, host, port);
 	test_flush_all(mc);
 	memcached_free(mc);
 	return tu_done("memcached_store");
