@@ -14,6 +14,7 @@
  *   zk        create (ephemeral sequential) + delete (libzookeeper-mt, sync)
  *   postgres  2 x SELECT 1 (libpq)
  *   mysql     2 x DO 1 (libmariadb)
+ *   memcached 2 x get of one key (libmemcached, one connection)
  *   sqlite    2 x BEGIN IMMEDIATE / write one row / COMMIT (WAL,
  *             synchronous=NORMAL, as the store opens its file; prepared
  *             statements) on a sibling file in the same directory. An
@@ -55,8 +56,11 @@
 #ifdef DLOCK_WITH_SQLITE
 #include <sqlite3.h>
 #endif
+#ifdef DLOCK_WITH_MEMCACHED
+#include <libmemcached/memcached.h>
+#endif
 
-enum kind { K_REDIS, K_ETCD, K_ZK, K_PG, K_MYSQL, K_SQLITE };
+enum kind { K_REDIS, K_ETCD, K_ZK, K_PG, K_MYSQL, K_SQLITE, K_MEMCACHED };
 
 struct bench_floor {
 	enum kind kind;
@@ -85,6 +89,9 @@ struct bench_floor {
 	sqlite3 *db;
 	sqlite3_stmt *st[4];
 	char file[4096];
+#endif
+#ifdef DLOCK_WITH_MEMCACHED
+	memcached_st *mc;
 #endif
 };
 
@@ -401,11 +408,31 @@ static int floor_open(bench_floor **out, const char *uri, char *err, size_t errl
 #else
 		rc = fail(err, errlen, 1, "built without sqlite3");
 #endif
+	} else if (strcmp(p.scheme, "memcached") == 0) {
+#ifdef DLOCK_WITH_MEMCACHED
+		f->kind = K_MEMCACHED;
+		f->what = "2 x get (libmemcached)";
+		f->mc = memcached_create(NULL);
+		memcached_return_t m = f->mc ? memcached_server_add(f->mc, p.host, (in_port_t)(p.port ? p.port : 11211))
+					     : MEMCACHED_MEMORY_ALLOCATION_FAILURE;
+		if (m == MEMCACHED_SUCCESS)
+			memcached_behavior_set(f->mc, MEMCACHED_BEHAVIOR_TCP_NODELAY, 1);
+		if (m != MEMCACHED_SUCCESS) {
+			rc = fail(err, errlen, -1, "memcached %s:%d: %s", p.host, p.port,
+				  f->mc ? memcached_strerror(f->mc, m) : "out of memory");
+			goto bad;
+		}
+		*out = f;
+		return 0;
+#else
+		rc = fail(err, errlen, 1, "built without libmemcached");
+#endif
 	} else {
 		rc = fail(err, errlen, 1, "no floor for %s:// stores", p.scheme);
 	}
 #if defined(DLOCK_WITH_REDIS) || defined(DLOCK_WITH_ETCD) || defined(DLOCK_WITH_ZOOKEEPER) || \
-	defined(DLOCK_WITH_POSTGRES) || defined(DLOCK_WITH_MYSQL) || defined(DLOCK_WITH_SQLITE)
+	defined(DLOCK_WITH_POSTGRES) || defined(DLOCK_WITH_MYSQL) || defined(DLOCK_WITH_SQLITE) || \
+	defined(DLOCK_WITH_MEMCACHED)
 bad:
 #endif
 	floor_close(f);
@@ -465,6 +492,19 @@ static int floor_step(bench_floor *f, char *err, size_t errlen)
 		for (int i = 0; i < 2; i++)
 			if (mysql_query(f->my, "DO 1") != 0)
 				return fail(err, errlen, -1, "mysql: %s", mysql_error(f->my));
+		return 0;
+#endif
+#ifdef DLOCK_WITH_MEMCACHED
+	case K_MEMCACHED:
+		for (int i = 0; i < 2; i++) {
+			size_t len = 0;
+			uint32_t fl = 0;
+			memcached_return_t m;
+			char *v = memcached_get(f->mc, "dlock-bench-floor", 17, &len, &fl, &m);
+			free(v);
+			if (m != MEMCACHED_SUCCESS && m != MEMCACHED_NOTFOUND)
+				return fail(err, errlen, -1, "memcached get: %s", memcached_strerror(f->mc, m));
+		}
 		return 0;
 #endif
 #ifdef DLOCK_WITH_SQLITE
@@ -537,6 +577,10 @@ static void floor_close(bench_floor *f)
 {
 	if (!f)
 		return;
+#ifdef DLOCK_WITH_MEMCACHED
+	if (f->mc)
+		memcached_free(f->mc);
+#endif
 #ifdef DLOCK_WITH_REDIS
 	if (f->redis)
 		redisFree(f->redis);
