@@ -213,7 +213,9 @@ struct dlock_backend_methods {
 	 * Required. Try once to take the lock for req->owner.
 	 * @return 0 and *fence (strictly greater than every earlier grant of the
 	 *         name); DLOCK_ELOCKED when someone else holds it (and, if known,
-	 *         *retry_ms = how long until the blocking lease ends; else leave
+	 *         *retry_ms = how long until the blocking lease ends, or, for a
+	 *         store without a wake-up channel, how soon to look again — the
+	 *         core's next try of a polled wait comes by then; else leave
 	 *         it); another code on failure.
 	 * When req->waiting and refused, register req->owner as a waiter for
 	 * req->queue_ttl_ms (fair order, writer preference, waiter counts).
