@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <inttypes.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,7 +24,7 @@ enum {
 	Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
 	Q_PURGE_HOLDERS, Q_PURGE_WAITERS, Q_HOLDERS, Q_ANY_WAITERS, Q_MYSEQ, Q_AHEAD, Q_WRITER_WAITING,
 	Q_ENQUEUE, Q_FENCE_SET, Q_FENCE_NEW, Q_INSERT_HOLDER, Q_DEQUEUE, Q_RELEASE, Q_EXTEND,
-	Q_STATUS_HOLDERS, Q_STATUS_FENCE, Q_STATUS_WAITERS, Q_STATUS_NAMES,
+	Q_STATUS_HOLDERS, Q_STATUS_FENCE, Q_STATUS_WAITERS, Q_STATUS_NAMES, Q_HEAD,
 	Q_COUNT
 };
 
@@ -78,6 +79,8 @@ static const char *const sql[Q_COUNT] = {
 	[Q_STATUS_WAITERS] = "SELECT count(*) FROM dlock_queue WHERE ns=?1 AND name=?2 AND expires>?3",
 	[Q_STATUS_NAMES] = "SELECT name FROM dlock_holds WHERE ns=?1 AND owner>'' AND expires>?2 UNION "
 			   "SELECT name FROM dlock_queue WHERE ns=?1 AND expires>?2 ORDER BY 1",
+	/* the first in line (its own bell is rung when it moves to the front) */
+	[Q_HEAD] = "SELECT owner FROM dlock_queue WHERE ns=?1 AND name=?2 ORDER BY seq LIMIT 1",
 };
 
 /*
@@ -142,6 +145,8 @@ typedef struct sqlite_backend {
 	int64_t checked_at;  /* dlock_clock_ms of the last look at the files */
 	sqlite3_stmt *st[Q_COUNT];
 	struct bells *bells; /* wake-ups of waiters (watch), NULL until the first */
+	char front[DLOCK__OWNER_MAX]; /* a waiter that came to the front of its queue in the
+					 transaction under way: its bell rings after the commit */
 	bool make_dirs;      /* the default store's file: create its directories */
 } sqlite_backend;
 
@@ -402,6 +407,29 @@ static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64
 	return rc;
 }
 
+static void bell_behind(sqlite_backend *b, const char *owner, bool behind);
+static int note_front(sqlite_backend *b, const char *name);
+
+/* A refused fair waiter: has it others ahead (exclusive ones, for a reader)?
+ * Then only its own bell need wake it (see "doorbells"). */
+static int mark_behind(sqlite_backend *b, const dlock_request *req)
+{
+	int rc = 0;
+	sqlite3_stmt *s = prep(b, Q_MYSEQ, req->name, req->owner);
+	int64_t myseq = step_int(b, s, 0, -1, &rc);
+	if (rc || myseq < 0)
+		return rc;
+	s = prep(b, Q_AHEAD, req->name, NULL);
+	sqlite3_bind_int64(s, 3, myseq);
+	int r = sqlite3_step(s);
+	int64_t ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, req->mode == DLOCK_SHARED ? 1 : 0) : 0;
+	sqlite3_reset(s);
+	if (r != SQLITE_ROW)
+		return fail(b, r, "read waiters");
+	bell_behind(b, req->owner, ahead > 0);
+	return 0;
+}
+
 static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *fence,
 		  int64_t *retry_ms)
 {
@@ -439,6 +467,8 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 			sqlite3_bind_int64(s, 8, req->queue_ttl_ms / 2);
 			if ((rc = run(b, s, "enqueue waiter")))
 				return rc;
+			if (req->fair && b->bells && (rc = mark_behind(b, req)) != 0)
+				return rc;
 		}
 		if (first_expiry >= 0)
 			*retry_ms = first_expiry > now ? first_expiry - now : 0;
@@ -470,6 +500,8 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 		return rc;
 	if (queued && (rc = run(b, prep(b, Q_DEQUEUE, n, req->owner), "dequeue waiter")))
 		return rc;
+	if (queued && (rc = note_front(b, n)) != 0)
+		return rc;
 	*fence = (uint64_t)f;
 	return 0;
 }
@@ -486,7 +518,16 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
  * skipped while no waiter has made the directory. A dead holder rings
  * nothing: its waiters come back when its lease ends (the acquire's
  * retry time). A ring that is missed or spurious costs one try, never
- * safety: every decision is still the database's. */
+ * safety: every decision is still the database's.
+ *
+ * A fair waiter behind others cannot be granted before they are, so it does
+ * not listen to its bucket (every release would wake it for nothing, and a
+ * herd of refused write transactions is what slowed fair mode): it listens
+ * only to a bell of its own, "o<hash of its owner>", which is rung when it
+ * comes to the front — by the grant that took the waiter before it out of
+ * the queue, or by that waiter's leaving. A waiter learns where it stands
+ * from each refused try. If the one before it crashed, it comes back at its
+ * registration refresh or when the holder's lease ends, as without bells. */
 #define NBELLS 64
 
 typedef struct bell_watch {
@@ -494,6 +535,8 @@ typedef struct bell_watch {
 	char *name;
 	char owner[DLOCK__OWNER_MAX];
 	unsigned bucket;
+	uint64_t own;  /* the hash of its own bell */
+	bool behind;   /* a fair waiter with others ahead: only its own bell wakes it */
 } bell_watch;
 
 typedef struct bells {
@@ -516,11 +559,17 @@ static unsigned bell_bucket(const sqlite_backend *b, const char *name)
 	return (unsigned)(dlock__fnv1a64(h, name, strlen(name)) % NBELLS);
 }
 
-/* Ring the bucket of `name` (best effort; nothing when no waiter made the directory). */
-static void ring(const sqlite_backend *b, const char *name)
+static uint64_t owner_bell(const sqlite_backend *b, const char *owner)
+{
+	uint64_t h = dlock__fnv1a64(DLOCK__FNV64_OFFSET, b->ns, strlen(b->ns) + 1);
+	return dlock__fnv1a64(h, owner, strlen(owner));
+}
+
+/* Ring a bell file (best effort; nothing when no waiter made the directory). */
+static void ring_file(const sqlite_backend *b, const char *file)
 {
 	char *dir = bells_dir(b);
-	char *f = dir ? dlock__sprintf("%s/%02x", dir, bell_bucket(b, name)) : NULL;
+	char *f = dir ? dlock__sprintf("%s/%s", dir, file) : NULL;
 	if (f) {
 		int fd = open(f, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
 		if (fd >= 0)
@@ -529,6 +578,22 @@ static void ring(const sqlite_backend *b, const char *name)
 	free(f);
 	free(dir);
 	dlock_error_clear(); /* an allocation that failed above is not the caller's error */
+}
+
+/* Ring the bucket of `name`: its waiters at the front (and unfair ones) look. */
+static void ring(const sqlite_backend *b, const char *name)
+{
+	char f[8];
+	snprintf(f, sizeof f, "%02x", bell_bucket(b, name));
+	ring_file(b, f);
+}
+
+/* Ring the bell of one waiter, which has come to the front of its queue. */
+static void ring_owner(const sqlite_backend *b, const char *owner)
+{
+	char f[24];
+	snprintf(f, sizeof f, "o%016" PRIx64, owner_bell(b, owner));
+	ring_file(b, f);
 }
 
 static void *bells_main(void *arg)
@@ -548,19 +613,30 @@ static void *bells_main(void *arg)
 		if (n <= 0)
 			continue;
 		bool rung[NBELLS] = { false }, all = false;
+		uint64_t own[64];
+		size_t nown = 0;
 		for (char *q = buf; q < buf + n;) {
 			struct inotify_event *ev = (struct inotify_event *)q;
 			unsigned v;
+			uint64_t o;
 			if (ev->mask & IN_Q_OVERFLOW)
 				all = true;
+			else if (ev->len && ev->name[0] == 'o' && sscanf(ev->name + 1, "%16" SCNx64, &o) == 1)
+				nown < 64 ? (void)(own[nown++] = o) : (void)(all = true);
 			else if (ev->len && sscanf(ev->name, "%2x", &v) == 1 && v < NBELLS)
 				rung[v] = true;
 			q += sizeof(*ev) + ev->len;
 		}
 		pthread_mutex_lock(&bl->mu);
-		for (bell_watch *w = bl->watches; w; w = w->next)
-			if (all || rung[w->bucket])
+		for (bell_watch *w = bl->watches; w; w = w->next) {
+			bool mine = false;
+			for (size_t i = 0; i < nown && !mine; i++)
+				mine = own[i] == w->own;
+			if (mine)
+				dlock_backend_wake_owner(&b->base, w->owner);
+			else if (all || (rung[w->bucket] && !w->behind))
 				dlock_backend_wake(&b->base, w->name);
+		}
 		pthread_mutex_unlock(&bl->mu);
 	}
 	return NULL;
@@ -647,6 +723,7 @@ static int sq_watch(dlock_backend *be, const dlock_request *req)
 		if ((w->name = dlock__strdup(req->name)) != NULL) {
 			snprintf(w->owner, sizeof(w->owner), "%s", req->owner);
 			w->bucket = bell_bucket(b, req->name);
+			w->own = owner_bell(b, req->owner);
 			w->next = bl->watches;
 			bl->watches = w;
 		} else {
@@ -677,6 +754,35 @@ static void sq_unwatch(dlock_backend *be, const dlock_request *req)
 	pthread_mutex_unlock(&bl->mu);
 }
 
+/* After a refused try of a watched waiter: whether it has others ahead. */
+static void bell_behind(sqlite_backend *b, const char *owner, bool behind)
+{
+	bells *bl = b->bells;
+	if (!bl)
+		return;
+	pthread_mutex_lock(&bl->mu);
+	for (bell_watch *w = bl->watches; w; w = w->next)
+		if (strcmp(w->owner, owner) == 0)
+			w->behind = behind;
+	pthread_mutex_unlock(&bl->mu);
+}
+
+/* The first in line of `name` into b->front (inside the transaction), to ring after it. */
+static int note_front(sqlite_backend *b, const char *name)
+{
+	int rc = 0;
+	sqlite3_stmt *s = prep(b, Q_HEAD, name, NULL);
+	int r = sqlite3_step(s);
+	if (r == SQLITE_ROW) {
+		const unsigned char *o = sqlite3_column_text(s, 0);
+		snprintf(b->front, sizeof b->front, "%s", o ? (const char *)o : "");
+	} else if (r != SQLITE_DONE) {
+		rc = fail(b, r, "read the queue's head");
+	}
+	sqlite3_reset(s);
+	return rc;
+}
+
 static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
@@ -694,7 +800,11 @@ static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 					     "write lock until the deadline", req->name);
 		return rc;
 	}
-	return finish(b, decide(b, req, dlock_wall_ms(), fence, retry_ms));
+	b->front[0] = 0;
+	rc = finish(b, decide(b, req, dlock_wall_ms(), fence, retry_ms));
+	if (rc == 0 && b->front[0])
+		ring_owner(b, b->front); /* committed: the next in line is at the front now */
+	return rc;
 }
 
 static int sq_release(dlock_backend *be, dlock_request *req)
@@ -767,8 +877,12 @@ static int sq_cancel(dlock_backend *be, dlock_request *req)
 	if (check_files(b, false))
 		return 0; /* the queue we were in went with the old file */
 	int rc = run(b, prep(b, Q_DEQUEUE, req->name, req->owner), "cancel waiter");
-	if (rc == 0 && sqlite3_changes(b->db) > 0)
+	if (rc == 0 && sqlite3_changes(b->db) > 0) {
 		ring(b, req->name); /* the queue moved: the next in line may go now */
+		b->front[0] = 0;
+		if (note_front(b, req->name) == 0 && b->front[0])
+			ring_owner(b, b->front);
+	}
 	return rc;
 }
 

@@ -4,7 +4,14 @@
  * refreshed every queue TTL / 3 (1 s), so a waiter that only polled would be
  * granted up to 1 s after the release; a rung one within milliseconds. Three
  * handoffs, each woken well before its 1 s nap would have ended; and the
- * bell directory is made only once someone waits. */
+ * bell directory is made only once someone waits.
+ *
+ * Fair queues: a fair waiter behind another listens only to its own bell,
+ * rung when it comes to the front. Two fair waiters (processes) queue behind
+ * a holder; the holder lets go, the first is granted — which must ring the
+ * second's bell — and when the first lets go the second is granted at once:
+ * had its own bell not rung, it would still be listening for it alone and
+ * come back only when its 1 s nap ends. */
 #include "testutil/testutil.h"
 
 #include <poll.h>
@@ -65,6 +72,51 @@ static int holder(const char *uri, int in, int out, int rounds)
 	dlock_lock_free(l);
 	dlock_store_close(s);
 	return 0;
+}
+
+/* A fair waiter: when told, wait for `chain`; say when granted; when told
+ * again, release and say when. */
+static int fair_waiter(const char *uri, int in, int out)
+{
+	char c;
+	if (read(in, &c, 1) != 1)
+		return 1;
+	dlock_store *s;
+	if (dlock_store_open(&s, uri) != 0)
+		return 1;
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 30000;
+	o.fair = true;
+	dlock_lock *l;
+	if (dlock_lock_new(&l, s, "chain", &o) != 0 || dlock_acquire(l, 20000) != 0)
+		return 1;
+	long long t = mono_ms();
+	if (write(out, &t, sizeof t) != (ssize_t)sizeof t || read(in, &c, 1) != 1)
+		return 1;
+	t = mono_ms();
+	if (dlock_release(l) != 0 || write(out, &t, sizeof t) != (ssize_t)sizeof t)
+		return 1;
+	dlock_lock_free(l);
+	dlock_store_close(s);
+	return 0;
+}
+
+/* Wait (bounded) until `name` has `want` waiters. */
+static bool waiters_reach(dlock_store *s, const char *name, size_t want)
+{
+	const char *names[] = { name };
+	for (long long until = mono_ms() + 10000; mono_ms() < until;) {
+		dlock_lock_status *ls;
+		size_t n;
+		if (dlock_store_status(s, names, 1, &ls, &n) == 0) {
+			size_t waiting = n ? ls[0].waiters : 0;
+			dlock_status_free(ls, n);
+			if (waiting >= want)
+				return true;
+		}
+		usleep(2000);
+	}
+	return false;
 }
 
 int main(int argc, char **argv)
@@ -128,6 +180,19 @@ int main(int argc, char **argv)
 		dlock_store_close(p2);
 		_exit(0);
 	}
+	int to_w[2][2], from_w[2][2];
+	pid_t wp[2];
+	for (int k = 0; k < 2; k++) {
+		if (pipe(to_w[k]) || pipe(from_w[k]))
+			return 2;
+		if ((wp[k] = fork()) == 0) {
+			close(to_w[k][1]);
+			close(from_w[k][0]);
+			_exit(fair_waiter(uri, to_w[k][0], from_w[k][1]));
+		}
+		close(to_w[k][0]);
+		close(from_w[k][1]);
+	}
 	close(to_holder[0]);
 	close(from_holder[1]);
 	close(to_rel[0]);
@@ -164,6 +229,42 @@ int main(int argc, char **argv)
 		CHECK_RC(dlock_release(w), 0);
 	}
 	CHECK(stat(bells, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700);
+
+	/* the fair chain: we hold, two fair waiters queue in order */
+	dlock_lock *h = NULL;
+	if (s)
+		CHECK_RC(dlock_lock_new(&h, s, "chain", NULL), 0);
+	if (h)
+		CHECK_RC(dlock_acquire(h, 0), 0);
+	CHECK(write(to_w[0][1], "g", 1) == 1);
+	CHECK(s && waiters_reach(s, "chain", 1));
+	CHECK(write(to_w[1][1], "g", 1) == 1);
+	CHECK(s && waiters_reach(s, "chain", 2));
+	long long g1 = 0, r1 = 0, g2 = 0, rel0 = mono_ms();
+	if (h)
+		CHECK_RC(dlock_release(h), 0);
+	CHECK(read_by(from_w[0][0], &g1, sizeof g1, 30000));
+	CHECK(write(to_w[0][1], "r", 1) == 1);
+	CHECK(read_by(from_w[0][0], &r1, sizeof r1, 30000));
+	CHECK(read_by(from_w[1][0], &g2, sizeof g2, 30000));
+	printf("fair chain: first granted %lld ms after our release, second %lld ms after the first's\n",
+	       g1 - rel0, g2 - r1);
+	CHECK(g1 && g1 - rel0 < 400 + TU_SCHED_GRACE_MS);
+	CHECK(g2 && r1 && g2 >= r1 && g2 - r1 < 400 + TU_SCHED_GRACE_MS); /* its own bell rang */
+	CHECK(write(to_w[1][1], "r", 1) == 1);
+	long long r2 = 0;
+	CHECK(read_by(from_w[1][0], &r2, sizeof r2, 30000));
+	for (int k = 0; k < 2; k++) {
+		int wst = -1;
+		for (long long until = mono_ms() + 30000; mono_ms() < until && waitpid(wp[k], &wst, WNOHANG) == 0;)
+			usleep(10000);
+		if (wst == -1)
+			kill(wp[k], SIGKILL);
+		CHECK(wst != -1 && WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+		close(to_w[k][1]);
+		close(from_w[k][0]);
+	}
+	dlock_lock_free(h);
 	close(to_holder[1]);
 	close(to_rel[1]);
 	int cst = -1, rst = -1;
