@@ -180,3 +180,8 @@ void dlock__nopipe_end(dlock__nopipe *np)
 	}
 	pthread_sigmask(SIG_SETMASK, &np->old, NULL);
 }
+
+int64_t dlock__poll_hint(int64_t ahead)
+{
+	return ahead <= 0 ? 1 : ahead == 1 ? 2 : 4; /* the next in line is the next head */
+}

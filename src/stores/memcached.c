@@ -560,25 +560,15 @@ static int may_grant(list *l, const dlock_request *req)
 	return n < permits && fair_ahead < permits - n;
 }
 
-/*
- * How soon a refused fair waiter should look again (memcached has no way to
- * tell it of a release): the queue's head, which takes the lock at its first
- * look after the release, every millisecond or so; the others, which can
- * only move up when the head is granted, every POLL_BEHIND_MS — soon enough
- * to be polling fast by the time the new holder lets go, few enough looks
- * (each is three round trips) not to load the server with 8 waiters.
- * q: our queue entry (NULL on the first try: then we are last).
- */
-#define POLL_HEAD_MS 1
-#define POLL_BEHIND_MS 4
-static int64_t poll_hint(const list *l, const entry *q)
+/* Waiters ahead of q in the queue (all, when q is NULL: a first try). */
+static int64_t waiters_ahead(const list *l, const entry *q)
 {
+	int64_t n = 0;
 	for (size_t i = 0; i < l->n; i++) {
 		const entry *e = &l->e[i];
-		if (e->live && e->kind == 'Q' && e != q && (!q || e->seq < q->seq))
-			return POLL_BEHIND_MS;
+		n += e->live && e->kind == 'Q' && e != q && (!q || e->seq < q->seq);
 	}
-	return POLL_HEAD_MS;
+	return n;
 }
 
 /* ---------------------------------------------------------------- methods */
@@ -670,8 +660,8 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 			return rc;
 		}
 		entry *q = find(&l, req->owner, 'Q');
-		if (req->fair)
-			*retry_ms = poll_hint(&l, q);
+		if (req->fair) /* memcached tells no one of a release: look again by our place */
+			*retry_ms = dlock__poll_hint(waiters_ahead(&l, q));
 		if (q && q->mode == (req->mode == DLOCK_SHARED) && q->fair == (req->fair != 0)) {
 			list_free(&l);
 			return DLOCK_ELOCKED;

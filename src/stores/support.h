@@ -62,6 +62,18 @@ typedef struct dlock__nopipe {
 void dlock__nopipe_begin(dlock__nopipe *np);
 void dlock__nopipe_end(dlock__nopipe *np);
 
+/* ---- waiting without a wake-up channel ---- */
+/*
+ * How soon a refused fair waiter of a store that cannot tell it of a release
+ * (a polled store) should look again, from how many waiters are ahead of it:
+ * the head, which takes the lock at its first look after the release, every
+ * millisecond or so; the others, which can only move up when the head is
+ * granted, every few — soon enough to be looking fast by the time the new
+ * holder lets go, few enough looks not to load the server. For the acquire's
+ * *retry_ms (sys/backend.h).
+ */
+int64_t dlock__poll_hint(int64_t ahead);
+
 /* ---- clock ---- */
 /* Sleep ms milliseconds (restarting after signals). */
 void dlock__sleep_ms(int64_t ms);

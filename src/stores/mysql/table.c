@@ -93,15 +93,31 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 		dlock__my_sb_hex(&s, req->name);
 		sb_add(&s, ", ");
 		dlock__my_sb_hex(&s, req->owner);
+		/* a refresh only once half the registration has passed: most
+		 * refused tries then change no row (and commit nothing to the log) */
 		sb_add(&s, ", %d, @dl_now + INTERVAL %lld MICROSECOND FROM DUAL WHERE NOT @dl_ok "
-			   "ON DUPLICATE KEY UPDATE expires = VALUES(expires);",
-		       mode, dlock__my_us(req->queue_ttl_ms));
+			   "ON DUPLICATE KEY UPDATE expires = IF(expires < VALUES(expires) - INTERVAL %lld MICROSECOND, "
+			   "VALUES(expires), expires);",
+		       mode, dlock__my_us(req->queue_ttl_ms), dlock__my_us(req->queue_ttl_ms / 2));
+	}
+	/* a fair waiter: how many are ahead of it (how soon it should look again) */
+	sb_add(&s, "SET @dl_ahead = ");
+	if (req->fair && req->waiting) {
+		sb_add(&s, "(SELECT COUNT(*) FROM dlock_waiter w WHERE w.ns = %s AND w.name = ", b->ns_hex);
+		dlock__my_sb_hex(&s, req->name);
+		sb_add(&s, " AND w.seq < COALESCE((SELECT seq FROM dlock_waiter WHERE ");
+		dlock__my_where_name(&s, b, req->name);
+		sb_add(&s, " AND owner = ");
+		dlock__my_sb_hex(&s, req->owner);
+		sb_add(&s, "), 0));");
+	} else {
+		sb_add(&s, "-1;");
 	}
 	sb_add(&s, "SET @dl_left = (SELECT TIMESTAMPDIFF(MICROSECOND, @dl_now, MIN(expires)) FROM dlock_holder WHERE ");
 	dlock__my_where_name(&s, b, req->name);
 	/* The answer before COMMIT: once the grant or the waiter row is visible to
 	 * others, only the COMMIT's OK is still on its way to dlock__my_us. */
-	sb_add(&s, ");SELECT @dl_ok, @dl_f, @dl_left;COMMIT");
+	sb_add(&s, ");SELECT @dl_ok, @dl_f, @dl_left, @dl_ahead;COMMIT");
 
 	MYSQL_RES *res;
 	int64_t deadline = req->deadline_ms;
@@ -128,6 +144,7 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	int ok = dlock__my_row_i64(row, 0, 0) != 0;
 	uint64_t f = dlock__my_row_u64(row, 1);
 	int64_t left = dlock__my_row_i64(row, 2, -1);
+	int64_t ahead = dlock__my_row_i64(row, 3, -1);
 	mysql_free_result(res);
 	if (ok) {
 		*fence = f;
@@ -135,6 +152,13 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	}
 	if (left >= 0 && retry_ms)
 		*retry_ms = left / 1000;
+	/* Nothing tells a waiter of a release in this mode: a fair one looks again
+	 * by its place — the head soon, the others when it may have moved up
+	 * (dlock__poll_hint). */
+	if (ahead >= 0 && retry_ms) {
+		int64_t hint = dlock__poll_hint(ahead);
+		*retry_ms = left >= 0 && left / 1000 < hint ? left / 1000 : hint;
+	}
 	return DLOCK_ELOCKED;
 }
 
