@@ -871,16 +871,6 @@ static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, i
 	return rc;
 }
 
-static int mc_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
-{
-	dlock_request r = *req;
-	r.ttl_ms = ttl_ms;
-	dlock_request *rp = &r;
-	int result = 0;
-	int rc = mc_renew(base, &rp, 1, &result);
-	return rc ? rc : result;
-}
-
 static int mc_status(dlock_backend *base, const char *const *names, size_t nnames,
 		     dlock_lock_status **out, size_t *count)
 {
@@ -980,7 +970,6 @@ static const dlock_backend_methods mc_methods = {
 	.acquire = mc_acquire,
 	.release = mc_release,
 	.renew = mc_renew,
-	.extend = mc_extend,
 	.cancel = mc_cancel,
 	.status = mc_status,
 	.close = mc_close,

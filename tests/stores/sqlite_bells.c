@@ -160,20 +160,9 @@ int main(int argc, char **argv)
 		dlock_store *p2;
 		if (dlock_store_open(&p2, uri) != 0)
 			_exit(1);
-		const char *names[] = { "job" };
 		char c;
 		while (read(to_rel[0], &c, 1) == 1) {
-			for (long long until = mono_ms() + 10000; mono_ms() < until;) {
-				dlock_lock_status *ls;
-				size_t n;
-				if (dlock_store_status(p2, names, 1, &ls, &n) == 0) {
-					size_t waiting = n ? ls[0].waiters : 0;
-					dlock_status_free(ls, n);
-					if (waiting > 0)
-						break;
-				}
-				usleep(2000);
-			}
+			waiters_reach(p2, "job", 1); /* bounded: the holder lets go either way */
 			if (write(to_holder[1], "r", 1) != 1)
 				_exit(1);
 		}

@@ -717,16 +717,6 @@ static int c_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int 
 	return rc;
 }
 
-static int c_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
-{
-	dlock_request copy = *req;
-	copy.ttl_ms = ttl_ms;
-	dlock_request *one = &copy;
-	int result = 0;
-	int rc = c_renew(be, &one, 1, &result);
-	return rc ? rc : result ? DLOCK_ENOTHELD : 0;
-}
-
 static int c_watch(dlock_backend *be, const dlock_request *req)
 {
 	cstore *s = CS(be);
@@ -878,7 +868,6 @@ static const dlock_backend_methods cluster_methods = {
 	.acquire = c_acquire,
 	.release = c_release,
 	.renew = c_renew,
-	.extend = c_extend,
 	.watch = c_watch,
 	.unwatch = c_unwatch,
 	.cancel = c_cancel,

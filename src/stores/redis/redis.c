@@ -490,21 +490,6 @@ static int r_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int 
 	return rc;
 }
 
-static int r_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
-{
-	dlock_request copy = *req;
-	copy.ttl_ms = ttl_ms;
-	dlock_request *one = &copy;
-	int result = 0;
-	int rc = r_renew(be, &one, 1, &result);
-	if (rc)
-		return rc;
-	if (result)
-		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s' is not held by %s", req->name,
-				       req->owner);
-	return 0;
-}
-
 static int r_watch(dlock_backend *be, const dlock_request *req)
 {
 	rstore *s = RS(be);
@@ -722,7 +707,6 @@ static const dlock_backend_methods redis_methods = {
 	.acquire = r_acquire,
 	.release = r_release,
 	.renew = r_renew,
-	.extend = r_extend,
 	.watch = r_watch,
 	.unwatch = r_unwatch,
 	.cancel = r_cancel,
