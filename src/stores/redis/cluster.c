@@ -719,10 +719,7 @@ static int c_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int 
 
 static int c_watch(dlock_backend *be, const dlock_request *req)
 {
-	cstore *s = CS(be);
-	dlock__rkeys k;
-	dlock__rkeys_make(&k, s->prefix, req->name);
-	return dlock__rnotify_watch(s->nt, req, k.k[DLOCK__RK_C]);
+	return dlock__rnotify_watch(CS(be)->nt, req, CS(be)->prefix);
 }
 
 static void c_unwatch(dlock_backend *be, const dlock_request *req)

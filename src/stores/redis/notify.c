@@ -553,8 +553,11 @@ static rn_chan *chan_get(dlock__rnotify *nt, const char *lock, const char *name,
 	return ch;
 }
 
-int dlock__rnotify_watch(dlock__rnotify *nt, const dlock_request *req, const char *channel)
+int dlock__rnotify_watch(dlock__rnotify *nt, const dlock_request *req, const char *prefix)
 {
+	dlock__rkeys k;
+	dlock__rkeys_make(&k, prefix, req->name);
+	const char *channel = k.k[DLOCK__RK_C];
 	pthread_mutex_lock(&nt->mu);
 	if (!nt->started) {
 		if (pthread_create(&nt->th, NULL, notify_main, nt) != 0) {

@@ -492,10 +492,7 @@ static int r_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int 
 
 static int r_watch(dlock_backend *be, const dlock_request *req)
 {
-	rstore *s = RS(be);
-	dlock__rkeys k;
-	dlock__rkeys_make(&k, s->prefix, req->name);
-	return dlock__rnotify_watch(s->nt, req, k.k[DLOCK__RK_C]);
+	return dlock__rnotify_watch(RS(be)->nt, req, RS(be)->prefix);
 }
 
 static void r_unwatch(dlock_backend *be, const dlock_request *req)

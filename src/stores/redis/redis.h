@@ -259,10 +259,10 @@ void dlock__rnotify_free(dlock__rnotify *nt);
 void dlock__rnotify_sharded(dlock__rnotify *nt, int (*home)(void *arg, const char *channel), void *arg);
 /* The slot map changed: ask home again for every channel and move the subscriptions. */
 void dlock__rnotify_rehome(dlock__rnotify *nt);
-/* be->watch: before each waiting try, make the releases published on `channel`
- * (the lock's, and our direct one) reach the board. Never waits for the
- * network. Any thread. */
-int dlock__rnotify_watch(dlock__rnotify *nt, const dlock_request *req, const char *channel);
+/* be->watch: before each waiting try, make the releases published on the
+ * channels of req's lock under `prefix` (the lock's, and our direct one)
+ * reach the board. Never waits for the network. Any thread. */
+int dlock__rnotify_watch(dlock__rnotify *nt, const dlock_request *req, const char *prefix);
 /* be->unwatch: the wait is over (granted or given up): drop its subscription. Any thread. */
 void dlock__rnotify_forget(dlock__rnotify *nt, const dlock_request *req);
 

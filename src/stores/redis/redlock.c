@@ -957,10 +957,7 @@ static int rl_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 
 static int rl_watch(dlock_backend *be, const dlock_request *req)
 {
-	rlock *s = RL(be);
-	dlock__rkeys k;
-	dlock__rkeys_make(&k, s->prefix, req->name);
-	return dlock__rnotify_watch(s->nt, req, k.k[DLOCK__RK_C]);
+	return dlock__rnotify_watch(RL(be)->nt, req, RL(be)->prefix);
 }
 
 static void rl_unwatch(dlock_backend *be, const dlock_request *req)
