@@ -181,7 +181,11 @@ void dlock__nopipe_end(dlock__nopipe *np)
 	pthread_sigmask(SIG_SETMASK, &np->old, NULL);
 }
 
-int64_t dlock__poll_hint(int64_t ahead)
+int64_t dlock__poll_hint(int64_t ahead, int64_t per_place_ms)
 {
-	return ahead <= 0 ? 1 : ahead == 1 ? 2 : 4; /* the next in line is the next head */
+	/* the next in line is the next head; further back, a waiter needs about
+	 * `ahead` handoffs to reach the front: it looks less often */
+	if (ahead <= 1)
+		return ahead <= 0 ? 1 : 2;
+	return per_place_ms * ahead < 16 ? per_place_ms * ahead : 16;
 }

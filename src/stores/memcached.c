@@ -661,7 +661,7 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 		}
 		entry *q = find(&l, req->owner, 'Q');
 		if (req->fair) /* memcached tells no one of a release: look again by our place */
-			*retry_ms = dlock__poll_hint(waiters_ahead(&l, q));
+			*retry_ms = dlock__poll_hint(waiters_ahead(&l, q), 2);
 		if (q && q->mode == (req->mode == DLOCK_SHARED) && q->fair == (req->fair != 0)) {
 			list_free(&l);
 			return DLOCK_ELOCKED;

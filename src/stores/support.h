@@ -67,12 +67,14 @@ void dlock__nopipe_end(dlock__nopipe *np);
  * How soon a refused fair waiter of a store that cannot tell it of a release
  * (a polled store) should look again, from how many waiters are ahead of it:
  * the head, which takes the lock at its first look after the release, every
- * millisecond or so; the others, which can only move up when the head is
- * granted, every few — soon enough to be looking fast by the time the new
- * holder lets go, few enough looks not to load the server. For the acquire's
- * *retry_ms (sys/backend.h).
+ * millisecond; the next in line every 2 ms; the others, which need about
+ * `ahead` handoffs to reach the front, every per_place_ms × ahead (at most
+ * 16 ms) — soon enough to be looking fast by the time they are next, few
+ * enough looks not to load the server (a store whose look is costly, or
+ * contends with the release, asks for a larger per_place_ms). For the
+ * acquire's *retry_ms (sys/backend.h).
  */
-int64_t dlock__poll_hint(int64_t ahead);
+int64_t dlock__poll_hint(int64_t ahead, int64_t per_place_ms);
 
 /* ---- clock ---- */
 /* Sleep ms milliseconds (restarting after signals). */

@@ -156,7 +156,7 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	 * by its place — the head soon, the others when it may have moved up
 	 * (dlock__poll_hint). */
 	if (ahead >= 0 && retry_ms) {
-		int64_t hint = dlock__poll_hint(ahead);
+		int64_t hint = dlock__poll_hint(ahead, 4); /* a look takes the name's row lock */
 		*retry_ms = left >= 0 && left / 1000 < hint ? left / 1000 : hint;
 	}
 	return DLOCK_ELOCKED;
