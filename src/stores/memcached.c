@@ -808,6 +808,7 @@ static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, i
 	}
 	/* the helpers (arm, fetch, mc_error) act on be->mc: the batch's handle for now */
 	memcached_st *main_mc = be->mc;
+	int main_dropped = be->dropped; /* about the main connection: kept */
 	be->mc = be->rmc;
 	char (*keys)[320] = malloc(n * sizeof(*keys));
 	const char **kp = malloc(n * sizeof(*kp));
@@ -862,6 +863,7 @@ static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, i
 		memcached_result_free(res);
 	}
 	be->mc = main_mc;
+	be->dropped = main_dropped;
 	for (size_t i = 0; !rc && i < n; i++)
 		if (reqs[i]->ttl_ms != reqs[0]->ttl_ms)
 			renew_one(be, reqs[i], &results[i]);

@@ -512,10 +512,11 @@ static int c_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 		want = s->fence_replicas;
 	if (rc == 0 && want > 0) {
 		long long acked = -1;
+		bool broken = false;
 		if (s->conn[node].c)
 			acked = dlock__rwait_replicas(s->conn[node].c, &s->node[node], KIND, want, reserve, &k,
-						      s->conn[node].server_id, deadline);
-		if (acked == -2)
+						      s->conn[node].server_id, deadline, &broken);
+		if (broken)
 			node_drop(s, node);
 		if (acked < want) {
 			/* a grant a failover can lose is not handed out (the core

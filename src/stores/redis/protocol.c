@@ -674,8 +674,10 @@ int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char 
 static const char confirm_lua[] = DLOCK__LUA_CONFIRM;
 
 long long dlock__rwait_replicas(redisContext *c, const dlock__rserver *srv, const char *kind, int n,
-				long long reserve, const dlock__rkeys *k, const char *server_id, int64_t deadline)
+				long long reserve, const dlock__rkeys *k, const char *server_id, int64_t deadline,
+				bool *drop)
 {
+	*drop = false;
 	int64_t left = dlock__rms_left(deadline);
 	int64_t margin = left / 5 > 10 ? left / 5 : 10; /* for the reply to come back in time */
 	if (left - margin < 1)
@@ -686,8 +688,10 @@ long long dlock__rwait_replicas(redisContext *c, const dlock__rserver *srv, cons
 	const char *argv[3] = { "WAIT", num, ms };
 	redisReply *r = NULL;
 	redisAppendCommandArgv(c, 3, argv, NULL);
-	if (dlock__rread_by(c, srv, kind, deadline, &r) != 0)
+	if (dlock__rread_by(c, srv, kind, deadline, &r) != 0) {
+		*drop = true;
 		return -2;
+	}
 	long long acked = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
 	freeReplyObject(r);
 	if (acked >= n && reserve > 0) { /* best effort: unconfirmed, the next grant waits again */
@@ -697,8 +701,9 @@ long long dlock__rwait_replicas(redisContext *c, const dlock__rserver *srv, cons
 		size_t lens[6] = { 4, sizeof(confirm_lua) - 1, 1, k->len[DLOCK__RK_H], strlen(rv), strlen(server_id) };
 		redisAppendCommandArgv(c, 6, cv, lens);
 		if (dlock__rread_by(c, srv, kind, deadline, &r) != 0)
-			return -2;
-		freeReplyObject(r);
+			*drop = true; /* the grant stands; the next one confirms again */
+		else
+			freeReplyObject(r);
 	}
 	return acked;
 }

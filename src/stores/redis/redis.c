@@ -367,11 +367,13 @@ static int replicate_grant(rstore *s, dlock_request *req, const dlock__rkeys *k,
 		n = s->fence_replicas;
 	if (n <= 0)
 		return 0;
-	long long acked = dlock__rwait_replicas(s->c, &s->srv[0], KIND, n, reserve, k, s->server_id, deadline);
-	if (acked == -2) {
+	bool broken;
+	long long acked = dlock__rwait_replicas(s->c, &s->srv[0], KIND, n, reserve, k, s->server_id, deadline,
+						&broken);
+	if (broken)
 		drop(s);
+	if (acked == -2)
 		return timed_out_error(DLOCK_EUNAVAILABLE, "timed out waiting for the replicas: ");
-	}
 	if (acked >= n)
 		return 0;
 	/* give it back (the core undoes it again if this does not arrive) */

@@ -223,10 +223,12 @@ int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char 
  * After a grant on c: WAIT until n replicas have it; then, with reserve > 0,
  * confirm the fence guard's reservation on k (best effort). @return the
  * replicas that acknowledged (below n: too few in time; -1: no time left to
- * ask); -2: the connection broke or timed out (the caller drops c).
+ * ask; -2: the WAIT got no answer). *drop: the connection broke or timed
+ * out (the caller drops c; with an answer >= n the grant still stands).
  */
 long long dlock__rwait_replicas(redisContext *c, const dlock__rserver *srv, const char *kind, int n,
-				long long reserve, const dlock__rkeys *k, const char *server_id, int64_t deadline);
+				long long reserve, const dlock__rkeys *k, const char *server_id, int64_t deadline,
+				bool *drop);
 /* Options wait_replicas and fence_replicas (0-100) into *wait, *fence; unchanged when absent. */
 int dlock__rreplicas_option(dlock_uri *uri, const char *kind, int *wait, int *fence);
 
