@@ -107,14 +107,15 @@ static void case_wakeups(redisContext *raw)
 	memset(&req, 0, sizeof(req));
 	req.name = "star";
 	req.owner = "00ff00ff-1";
-	const char *ch = "{keys-test:star}:c", *direct = "{keys-test:star}:c:00ff00ff";
+	/* the channels the notifier makes of prefix "keys-test" and name "star" */
+	const char *prefix = "keys-test", *ch = "{keys-test:star}:c", *direct = "{keys-test:star}:c:00ff00ff";
 	/* the subscription, once Redis confirmed it, wakes the name */
 	uint64_t armed = dlock__board_arm(board, req.name, req.owner);
-	CHECK_RC(dlock__rnotify_watch(nt, &req, ch), 0);
+	CHECK_RC(dlock__rnotify_watch(nt, &req, prefix), 0);
 	CHECK(dlock__board_wait(board, req.name, req.owner, armed, 3000));
 	for (int round = 0; round < 3; round++) {
 		armed = dlock__board_arm(board, req.name, req.owner);
-		CHECK_RC(dlock__rnotify_watch(nt, &req, ch), 0);
+		CHECK_RC(dlock__rnotify_watch(nt, &req, prefix), 0);
 		publish(raw, ch, "*");
 		long long t0 = tu_now_ms();
 		CHECK(dlock__board_wait(board, req.name, req.owner, armed, 2000));
