@@ -36,8 +36,7 @@ typedef struct cstore {
 				  notifier reads them under its lock). */
 	cnode conn[NODE_MAX];
 	size_t nnodes;
-	uint8_t slot_known[SLOTS / 8];
-	uint16_t slot[SLOTS];  /* master of each slot: an index into node */
+	uint16_t slot[SLOTS];  /* master of each slot: an index into node; NO_NODE: unknown */
 	int64_t map_at;        /* when the map was last read */
 	struct {
 		char from[ADDR_MAX], to[ADDR_MAX];
@@ -83,15 +82,16 @@ static int key_slot(const char *k, size_t n)
 	return crc16(k, n) & (SLOTS - 1);
 }
 
+#define NO_NODE UINT16_MAX /* above NODE_MAX */
+
 static int slot_node(const cstore *s, int slot)
 {
-	return s->slot_known[slot / 8] & (1u << (slot % 8)) ? s->slot[slot] : -1;
+	return s->slot[slot] == NO_NODE ? -1 : s->slot[slot];
 }
 
 static void slot_set(cstore *s, int slot, int node)
 {
 	s->slot[slot] = (uint16_t)node;
-	s->slot_known[slot / 8] |= (uint8_t)(1u << (slot % 8));
 }
 
 /* The notifier's home of a channel: the master of its slot (-2: unknown). */
@@ -157,24 +157,11 @@ static int node_server_id(cstore *s, int i, int64_t deadline)
 {
 	if (s->conn[i].server_id[0])
 		return 0;
-	redisReply *r = NULL;
-	redisAppendCommand(s->conn[i].c, "INFO server");
-	int rc = dlock__rread_by(s->conn[i].c, &s->node[i], KIND, deadline, &r);
-	if (rc) {
+	int rc = dlock__rrun_id(s->conn[i].c, &s->node[i], KIND, deadline, s->conn[i].server_id,
+				sizeof(s->conn[i].server_id));
+	if (rc)
 		node_drop(s, i);
-		return rc;
-	}
-	const char *p = r->type == REDIS_REPLY_STRING ? strstr(r->str, "run_id:") : NULL;
-	if (p)
-		snprintf(s->conn[i].server_id, sizeof(s->conn[i].server_id), "%.*s", (int)strcspn(p + 7, "\r\n"),
-			 p + 7);
-	freeReplyObject(r);
-	if (!s->conn[i].server_id[0]) {
-		node_drop(s, i);
-		return dlock_error_set(DLOCK_ESTORE, KIND, NULL, "%s:%d: INFO server has no run_id (fence guard)",
-				       s->node[i].host, s->node[i].port);
-	}
-	return 0;
+	return rc;
 }
 
 /* ---- the slot map ---- */
@@ -203,7 +190,7 @@ static int map_from(cstore *s, int i, int64_t deadline)
 	}
 	char asked[256];
 	snprintf(asked, sizeof(asked), "%s", s->node[i].host);
-	memset(s->slot_known, 0, sizeof(s->slot_known));
+	memset(s->slot, 0xff, sizeof(s->slot)); /* NO_NODE */
 	for (size_t k = 0; k < r->elements; k++) {
 		const redisReply *e = r->element[k];
 		long long lo, hi, port;
@@ -819,23 +806,11 @@ static int load_scripts(cstore *s, int i, int64_t deadline)
 	int rc = node_connect(s, i, deadline);
 	if (rc)
 		return rc;
-	for (int k = 0; k < DLOCK__RS_COUNT; k++) {
-		const char *argv[3] = { "SCRIPT", "LOAD", s->text[k] };
-		redisAppendCommandArgv(s->conn[i].c, 3, argv, NULL);
-	}
-	for (int k = 0; k < DLOCK__RS_COUNT; k++) {
-		redisReply *r = NULL;
-		int e = dlock__rread_by(s->conn[i].c, &s->node[i], KIND, deadline, &r);
-		if (e) {
-			node_drop(s, i);
-			return e;
-		}
-		if (r->type == REDIS_REPLY_STRING && r->len == 40)
-			memcpy(s->sha[k], r->str, 41);
-		else if (r->type == REDIS_REPLY_ERROR && !rc)
-			rc = dlock__rreply_error(r, &s->node[i], KIND);
-		freeReplyObject(r);
-	}
+	bool broken;
+	rc = dlock__rload_scripts(s->conn[i].c, &s->node[i], KIND, (const char *const *)s->text, s->sha, deadline,
+				  &broken);
+	if (broken)
+		node_drop(s, i);
 	return rc;
 }
 
@@ -890,6 +865,7 @@ int dlock__redis_cluster_open(dlock_backend **out, dlock_uri *uri)
 		return rc;
 	}
 	dlock_backend_init(&s->base, &cluster_methods);
+	memset(s->slot, 0xff, sizeof(s->slot)); /* NO_NODE: no map yet */
 	if (uri->user && *uri->user && !(s->user = dlock__strdup(uri->user)))
 		goto oom;
 	if (uri->password && !(s->password = dlock__strdup(uri->password)))

@@ -726,3 +726,47 @@ int dlock__rreplicas_option(dlock_uri *uri, const char *kind, int *wait, int *fe
 	}
 	return 0;
 }
+
+int dlock__rrun_id(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline, char *out,
+		   size_t cap)
+{
+	out[0] = 0;
+	redisReply *r = NULL;
+	redisAppendCommand(c, "INFO server");
+	int rc = dlock__rread_by(c, srv, kind, deadline, &r);
+	if (rc)
+		return rc;
+	const char *p = r->type == REDIS_REPLY_STRING ? strstr(r->str, "run_id:") : NULL;
+	if (p)
+		snprintf(out, cap, "%.*s", (int)strcspn(p + 7, "\r\n"), p + 7);
+	freeReplyObject(r);
+	if (!out[0])
+		return dlock_error_set(DLOCK_ESTORE, kind, NULL, "%s:%d: INFO server has no run_id (fence guard)",
+				       srv->host, srv->port);
+	return 0;
+}
+
+int dlock__rload_scripts(redisContext *c, const dlock__rserver *srv, const char *kind, const char *const *text,
+			 char (*sha)[41], int64_t deadline, bool *broken)
+{
+	*broken = false;
+	for (int i = 0; i < DLOCK__RS_COUNT; i++) {
+		const char *argv[3] = { "SCRIPT", "LOAD", text[i] };
+		redisAppendCommandArgv(c, 3, argv, NULL);
+	}
+	int rc = 0;
+	for (int i = 0; i < DLOCK__RS_COUNT; i++) {
+		redisReply *r = NULL;
+		int e = dlock__rread_by(c, srv, kind, deadline, &r);
+		if (e) {
+			*broken = true;
+			return e;
+		}
+		if (r->type == REDIS_REPLY_STRING && r->len == 40)
+			memcpy(sha[i], r->str, 41);
+		else if (r->type == REDIS_REPLY_ERROR && !rc)
+			rc = dlock__rreply_error(r, srv, kind);
+		freeReplyObject(r);
+	}
+	return rc;
+}

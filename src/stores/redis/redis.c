@@ -157,23 +157,10 @@ static int fetch_server_id(rstore *s, int64_t deadline)
 	s->server_id[0] = 0;
 	if (!s->fence_replicas)
 		return 0;
-	redisReply *r = NULL;
-	redisAppendCommand(s->c, "INFO server");
-	int rc = dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r);
-	if (rc) {
+	int rc = dlock__rrun_id(s->c, &s->srv[0], KIND, deadline, s->server_id, sizeof(s->server_id));
+	if (rc)
 		drop(s);
-		return rc;
-	}
-	const char *p = r->type == REDIS_REPLY_STRING ? strstr(r->str, "run_id:") : NULL;
-	if (p)
-		snprintf(s->server_id, sizeof(s->server_id), "%.*s", (int)strcspn(p + 7, "\r\n"), p + 7);
-	freeReplyObject(r);
-	if (!s->server_id[0]) {
-		drop(s);
-		return dlock_error_set(DLOCK_ESTORE, KIND, NULL, "%s:%d: INFO server has no run_id (fence guard)",
-				       s->srv[0].host, s->srv[0].port);
-	}
-	return 0;
+	return rc;
 }
 
 static int connect_cmd(rstore *s, int64_t deadline)
@@ -677,23 +664,11 @@ static void r_close(dlock_backend *be)
 /* SCRIPT LOAD everything in one pipelined round trip; EVALSHA from then on. */
 static int load_scripts(rstore *s, int64_t deadline)
 {
-	for (int i = 0; i < DLOCK__RS_COUNT; i++) {
-		const char *argv[3] = { "SCRIPT", "LOAD", dlock__rscript_text[i] };
-		redisAppendCommandArgv(s->c, 3, argv, NULL);
-	}
-	int rc = 0;
-	for (int i = 0; i < DLOCK__RS_COUNT; i++) {
-		redisReply *r = NULL;
-		int e = dlock__rread_by(s->c, &s->srv[0], KIND, deadline, &r);
-		if (e) {
-			drop(s);
-			return timed_out_error(e, "timed out: ");
-		}
-		if (r->type == REDIS_REPLY_STRING && r->len == 40)
-			memcpy(s->sha[i], r->str, 41);
-		else if (r->type == REDIS_REPLY_ERROR && !rc)
-			rc = dlock__rreply_error(r, &s->srv[0], KIND);
-		freeReplyObject(r);
+	bool broken;
+	int rc = dlock__rload_scripts(s->c, &s->srv[0], KIND, dlock__rscript_text, s->sha, deadline, &broken);
+	if (broken) {
+		drop(s);
+		return timed_out_error(rc, "timed out: ");
 	}
 	return rc;
 }

@@ -229,6 +229,20 @@ int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char 
 long long dlock__rwait_replicas(redisContext *c, const dlock__rserver *srv, const char *kind, int n,
 				long long reserve, const dlock__rkeys *k, const char *server_id, int64_t deadline,
 				bool *drop);
+/* The run_id of the server on c (INFO server) into out: new for every
+ * server process, so a promoted replica or a restarted server differs (the
+ * fence guard). @return 0; the read's error (the caller drops c); ESTORE
+ * when the answer has none. */
+int dlock__rrun_id(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline, char *out,
+		   size_t cap);
+
+/* SCRIPT LOAD every text[DLOCK__RS_COUNT] on c in one pipelined round trip,
+ * sha[i] getting each SHA1 (EVALSHA from then on; the same on every server).
+ * @return 0; the first error reply's error; the read's error with *broken
+ * (the caller drops c). */
+int dlock__rload_scripts(redisContext *c, const dlock__rserver *srv, const char *kind, const char *const *text,
+			 char (*sha)[41], int64_t deadline, bool *broken);
+
 /* Options wait_replicas and fence_replicas (0-100) into *wait, *fence; unchanged when absent. */
 int dlock__rreplicas_option(dlock_uri *uri, const char *kind, int *wait, int *fence);
 
