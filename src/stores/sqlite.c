@@ -371,6 +371,28 @@ static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *
 	return run(b, s, "expire holders");
 }
 
+/* Where req->owner stands in its name's queue: the waiters ahead of it and
+ * how many of them want it exclusive (every waiter, when it has no row:
+ * *queued false). */
+static int queue_place(sqlite_backend *b, const dlock_request *req, int64_t *ahead, int64_t *excl_ahead,
+		       bool *queued)
+{
+	int rc = 0;
+	sqlite3_stmt *s = prep(b, Q_MYSEQ, req->name, req->owner);
+	int64_t myseq = step_int(b, s, 0, -1, &rc);
+	if (rc)
+		return rc;
+	*queued = myseq >= 0;
+	s = prep(b, Q_AHEAD, req->name, NULL);
+	if (myseq >= 0)
+		sqlite3_bind_int64(s, 3, myseq);
+	int r = sqlite3_step(s);
+	*ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
+	*excl_ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, 1) : 0;
+	sqlite3_reset(s);
+	return r == SQLITE_ROW ? 0 : fail(b, r, "read waiters");
+}
+
 /* The queue rules, only when the name has waiter rows at all. */
 static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64_t nexcl, int64_t limit,
 		       bool *conflict)
@@ -382,19 +404,10 @@ static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64
 	if ((rc = run(b, s, "expire waiters")))
 		return rc;
 	/* Fair order, and readers yield to waiting writers. */
-	s = prep(b, Q_MYSEQ, n, req->owner);
-	int64_t myseq = step_int(b, s, 0, -1, &rc);
-	if (rc)
+	int64_t ahead, excl_ahead;
+	bool queued;
+	if ((rc = queue_place(b, req, &ahead, &excl_ahead, &queued)))
 		return rc;
-	s = prep(b, Q_AHEAD, n, NULL);
-	if (myseq >= 0)
-		sqlite3_bind_int64(s, 3, myseq);
-	int r = sqlite3_step(s);
-	int64_t ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
-	int64_t excl_ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, 1) : 0;
-	sqlite3_reset(s);
-	if (r != SQLITE_ROW)
-		return fail(b, r, "read waiters");
 	if (req->fair) {
 		if (req->mode == DLOCK_SHARED)
 			*conflict = excl_ahead > 0;
@@ -414,20 +427,12 @@ static int note_front(sqlite_backend *b, const char *name);
  * Then only its own bell need wake it (see "doorbells"). */
 static int mark_behind(sqlite_backend *b, const dlock_request *req)
 {
-	int rc = 0;
-	sqlite3_stmt *s = prep(b, Q_MYSEQ, req->name, req->owner);
-	int64_t myseq = step_int(b, s, 0, -1, &rc);
-	if (rc || myseq < 0)
-		return rc;
-	s = prep(b, Q_AHEAD, req->name, NULL);
-	sqlite3_bind_int64(s, 3, myseq);
-	int r = sqlite3_step(s);
-	int64_t ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, req->mode == DLOCK_SHARED ? 1 : 0) : 0;
-	sqlite3_reset(s);
-	if (r != SQLITE_ROW)
-		return fail(b, r, "read waiters");
-	bell_behind(b, req->owner, ahead > 0);
-	return 0;
+	int64_t ahead, excl_ahead;
+	bool queued;
+	int rc = queue_place(b, req, &ahead, &excl_ahead, &queued);
+	if (!rc && queued)
+		bell_behind(b, req->owner, (req->mode == DLOCK_SHARED ? excl_ahead : ahead) > 0);
+	return rc;
 }
 
 static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *fence,
@@ -566,7 +571,7 @@ static uint64_t owner_bell(const sqlite_backend *b, const char *owner)
 }
 
 /* Ring a bell file (best effort; nothing when no waiter made the directory). */
-static void ring_file(const sqlite_backend *b, const char *file)
+static void ring_file(const sqlite_backend *b, const char *file, bool once)
 {
 	char *dir = bells_dir(b);
 	char *f = dir ? dlock__sprintf("%s/%s", dir, file) : NULL;
@@ -574,6 +579,10 @@ static void ring_file(const sqlite_backend *b, const char *file)
 		int fd = open(f, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
 		if (fd >= 0)
 			close(fd);
+		/* the close's event is queued already: a bell of one waiter goes
+		 * with its ring, so the directory keeps only the 64 buckets */
+		if (fd >= 0 && once)
+			unlink(f);
 	}
 	free(f);
 	free(dir);
@@ -585,7 +594,7 @@ static void ring(const sqlite_backend *b, const char *name)
 {
 	char f[8];
 	snprintf(f, sizeof f, "%02x", bell_bucket(b, name));
-	ring_file(b, f);
+	ring_file(b, f, false);
 }
 
 /* Ring the bell of one waiter, which has come to the front of its queue. */
@@ -593,7 +602,7 @@ static void ring_owner(const sqlite_backend *b, const char *owner)
 {
 	char f[24];
 	snprintf(f, sizeof f, "o%016" PRIx64, owner_bell(b, owner));
-	ring_file(b, f);
+	ring_file(b, f, true);
 }
 
 static void *bells_main(void *arg)
