@@ -19,8 +19,7 @@ serving() { # serving PORT PIDFILE: that server, ours, answers
 	[ -s "$2" ] && redis-cli -p "$1" info server 2>/dev/null | tr -d '\r' | grep -qx "process_id:$(cat "$2")"
 }
 
-case $cmd in
-start)
+start_once() { # 0: up; 2: a port was taken; 1: failed
 	need redis-server redis-cli
 	rm -rf "$dir"
 	mkdir -p "$dir"/m "$dir"/r "$dir"/s
@@ -32,7 +31,7 @@ start)
 	mk=$mp rk=$rp sk=$sp
 	if [ -n "$tls" ]; then
 		need openssl faketime
-		make_test_certs "$dir/tls" || exit 1
+		make_test_certs "$dir/tls" || return 1
 		mk=$(free_port) rk=$(free_port) sk=$(free_port)
 	fi
 	tls_conf() { # tls_conf PORT: the TLS lines of a server listening with TLS on PORT
@@ -80,7 +79,10 @@ start)
 			redis-cli -p "$sp" sentinel replicas dlockmaster 2>/dev/null | grep -qx "$rk"; then
 			break
 		fi
-		[ "$i" = 900 ] && { echo "redis master/replica/sentinel did not come up in $dir" >&2; exit 1; }
+		# a port taken between free_port and the bind (by another fixture's
+		# server or cluster bus): the caller tries again with other ports
+		grep -qs "Address already in use" "$dir"/m/redis.log "$dir"/r/redis.log "$dir"/s/redis.log && return 2
+		[ "$i" = 900 ] && { echo "redis master/replica/sentinel did not come up in $dir" >&2; return 1; }
 		sleep 0.1
 	done
 	echo "$mp" >"$dir/master"
@@ -90,12 +92,29 @@ start)
 	else
 		echo "redis+sentinel://127.0.0.1:$sp/dlockmaster" >"$dir/uri"
 	fi
-	;;
-stop)
+}
+
+stop_all() {
 	for d in m r s; do
 		if [ -f "$dir/$d/redis.pid" ]; then stop_pidfile "$dir/$d/redis.pid" & fi
 	done
 	wait
+}
+
+case $cmd in
+start)
+	for attempt in 1 2 3 4 5; do
+		rc=0
+		start_once || rc=$?
+		[ $rc -eq 0 ] && break
+		stop_all
+		[ $rc -eq 2 ] && [ $attempt -lt 5 ] && continue
+		echo "redis master/replica/sentinel did not come up in $dir (see $dir/*/redis.log)" >&2
+		exit 1
+	done
+	;;
+stop)
+	stop_all
 	;;
 kill-master)
 	pid=$(cat "$dir/m/redis.pid")
