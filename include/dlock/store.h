@@ -112,6 +112,27 @@ DLOCK_EXTERN int dlock_store_session_bound(const dlock_store *store);
 DLOCK_EXTERN const char *dlock_store_client_id(const dlock_store *store);
 
 /**
+ * How many requests this handle's core has sent the store since it was
+ * opened: acquire tries, releases, cancels, extends, renewal batches (one per
+ * batch), status and break calls, blocking waits (stores that wait inside
+ * the server). Not counted: what a store does by itself to keep a session or
+ * a subscription alive (ZooKeeper pings, etcd lease keep-alives, a Redis
+ * subscription). For monitoring, and to see what waiting costs: a waiter of
+ * a store that wakes waiters (dlock_store_wakes_waiters) makes one try when
+ * woken and one per refresh of its waiter registration (every second), not
+ * one per back-off step. Safe from any thread; 0 for NULL.
+ */
+DLOCK_EXTERN uint64_t dlock_store_requests(const dlock_store *store);
+
+/**
+ * Non-zero when the store tells waiters of a release (SQLite doorbells,
+ * Redis pub/sub, etcd and ZooKeeper watches, PostgreSQL LISTEN, MySQL
+ * get_lock mode's blocking wait); zero when waiters poll with back-off
+ * (Memcached, MySQL table mode: see their pages in docs/stores/).
+ */
+DLOCK_EXTERN int dlock_store_wakes_waiters(const dlock_store *store);
+
+/**
  * What this store handle's connection does not protect, or NULL: the store
  * sends its password or its lock traffic to a host that is not this machine
  * (as written: not localhost, 127.x.x.x, ::1 or a Unix socket) over a

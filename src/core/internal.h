@@ -13,6 +13,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #define DLOCK__DEFAULT_TTL_MS 30000
@@ -103,7 +104,14 @@ struct dlock_store {
 	int64_t watchdog_wake;  /* when the sleeping watchdog wakes up by itself */
 	unsigned long fork_gen; /* dlock__fork_gen() at open: the handle is that process's */
 	int opener_pid;
+	_Atomic uint64_t requests; /* dlock_store_requests */
 };
+
+/* One request of the core to the store (dlock_store_requests). */
+static inline void dlock__counted(dlock_store *s)
+{
+	atomic_fetch_add_explicit(&s->requests, 1, memory_order_relaxed);
+}
 
 /* A held lock as the renewal thread sees it; owned by the lock, linked while held. */
 struct dlock__reg {

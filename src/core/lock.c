@@ -157,6 +157,7 @@ static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t 
 		dlock__error_restore(&saved);
 	}
 	l->req.deadline_ms = request_deadline(s, until);
+	dlock__counted(s);
 	int rc = s->m->acquire(s->be, &l->req, fence, retry);
 	pthread_mutex_unlock(&s->be_mu);
 	return rc;
@@ -171,6 +172,7 @@ static void call_cancel(dlock_lock *l, int64_t deadline)
 	dlock__error_save(&saved);
 	if (lock_be_by(l->store, deadline)) {
 		l->req.deadline_ms = deadline;
+		dlock__counted(l->store);
 		be->methods->cancel(be, &l->req);
 		pthread_mutex_unlock(&l->store->be_mu);
 	} else {
@@ -205,6 +207,7 @@ static bool undo(dlock_lock *l, int64_t deadline)
 	l->req.confirm = 1;
 	if (lock_be_by(s, deadline)) {
 		l->req.deadline_ms = deadline;
+		dlock__counted(s);
 		rc = s->m->release(s->be, &l->req);
 		pthread_mutex_unlock(&s->be_mu);
 	}
@@ -321,6 +324,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	int rc = DLOCK_EUNAVAILABLE;
 	bool watched = false;    /* the store feeds the board for this wait */
 	uint64_t armed = 0;
+	int64_t hint_since = -1, last_hint = 0; /* a polling store's early-look hints */
 	for (int attempt = 0;; attempt++) {
 		uint64_t fence = 0;
 		int64_t retry = -1;
@@ -379,15 +383,28 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			goto give_up;
 		/* Come back before our waiter registration expires, and by the deadline. */
 		int64_t nap = min64(until - now, l->req.queue_ttl_ms / 3);
-		if (retry >= 0)
-			nap = min64(nap, retry + 1);
+		int64_t by_retry = retry >= 0 ? min64(nap, retry + 1) : nap;
 		if (watched && rc == DLOCK_ELOCKED) {
-			dlock__board_wait(l->store->board, l->name, l->req.owner, armed, nap);
+			dlock__board_wait(l->store->board, l->name, l->req.owner, armed, by_retry);
 		} else if (be->methods->wait && rc == DLOCK_ELOCKED) {
-			be->methods->wait(l->store->be, &l->req, nap);
+			dlock__counted(l->store);
+			be->methods->wait(l->store->be, &l->req, by_retry);
 		} else {
-			dlock__sleep_ms(min64(nap, dlock__rand_between(backoff / 2 + 1, backoff)));
+			int64_t step = min64(by_retry, dlock__rand_between(backoff / 2 + 1, backoff));
 			backoff = min64(backoff * 2, rc == DLOCK_ELOCKED ? BACKOFF_MAX_MS : 1000);
+			if (rc == DLOCK_ELOCKED && retry >= 0 && retry < BACKOFF_MAX_MS) {
+				/* A polling store's early-look hint (its queue place,
+				 * dlock__poll_hint): as asked while the place is new, then
+				 * every eighth of the time spent at it, up to the back-off's
+				 * cap — a long hold is not polled every millisecond. */
+				if (hint_since < 0 || retry < last_hint)
+					hint_since = now;
+				last_hint = retry;
+				step = min64(nap, retry + 1 > (now - hint_since) / 8
+							  ? retry + 1
+							  : min64((now - hint_since) / 8, BACKOFF_MAX_MS));
+			}
+			dlock__sleep_ms(step);
 		}
 	}
 
@@ -423,6 +440,7 @@ static int release_in_store(dlock_lock *l)
 	lock_be_by(l->store, INT64_MAX);
 	l->req.confirm = l->attached;
 	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
+	dlock__counted(l->store);
 	int rc = be->methods->release(be, &l->req);
 	pthread_mutex_unlock(&l->store->be_mu);
 	l->req.slot = NULL;
@@ -453,6 +471,7 @@ static int release_again(dlock_lock *l)
 	dlock_request req = *dlock__orphan_request(o);
 	lock_be_by(s, INT64_MAX);
 	req.deadline_ms = request_deadline(s, INT64_MAX);
+	dlock__counted(s);
 	int rc = s->m->release(s->be, &req);
 	pthread_mutex_unlock(&s->be_mu);
 	if (rc == 0 || rc == DLOCK_ENOTHELD) {
@@ -544,6 +563,7 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 	pthread_mutex_unlock(&l->mu);
 	lock_be_by(s, INT64_MAX);
 	req.deadline_ms = request_deadline(s, INT64_MAX);
+	dlock__counted(s);
 	int rc;
 	if (s->m->extend) {
 		rc = s->m->extend(be, &req, ttl_ms);

@@ -313,6 +313,7 @@ static void renew_batch(dlock_store *s, int64_t now)
 	size_t step = s->m->renew_max ? s->m->renew_max : n;
 	for (i = 0; i < n; i += step) {
 		size_t k = n - i < step ? n - i : step;
+		dlock__counted(s);
 		int all = s->m->renew(be, reqs + i, k, results + i);
 		for (size_t j = 0; all && j < k; j++)
 			results[i + j] = all;
@@ -372,6 +373,7 @@ static int orphan_call(dlock_store *s, dlock__orphan *o)
 	int rc = 0;
 	pthread_mutex_lock(&s->be_mu);
 	o->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
+	dlock__counted(s);
 	if (o->kind == DLOCK__ORPHAN_CANCEL) {
 		s->m->cancel(s->be, &o->req);
 	} else {
@@ -644,6 +646,7 @@ void dlock__renewer_stop(dlock_store *s)
 		unlink_reg(s, r);
 		pthread_mutex_lock(&s->be_mu);
 		r->lock->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
+		dlock__counted(s);
 		s->m->release(s->be, &r->lock->req);
 		pthread_mutex_unlock(&s->be_mu);
 		pthread_mutex_lock(&r->lock->mu);

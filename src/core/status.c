@@ -205,6 +205,7 @@ int dlock_store_status(dlock_store *s, const char *const *names, size_t nnames,
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->m->kind, NULL,
 				       "the %s store cannot list its locks: name them", s->m->kind);
 	pthread_mutex_lock(&s->be_mu);
+	dlock__counted(s);
 	int rc = !nnames ? status_listed(s->be, out, count) : s->m->status(s->be, names, nnames, out, count);
 	pthread_mutex_unlock(&s->be_mu);
 	if (rc) {
@@ -320,6 +321,7 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 	req.confirm = 1;
 	pthread_mutex_lock(&s->be_mu);
 	req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
+	dlock__counted(s);
 	rc = s->m->release(s->be, &req);
 	pthread_mutex_unlock(&s->be_mu);
 	bool held = false;

@@ -280,6 +280,16 @@ const char *dlock_store_client_id(const dlock_store *s)
 	return s ? s->client_id : "";
 }
 
+uint64_t dlock_store_requests(const dlock_store *s)
+{
+	return s ? atomic_load_explicit(&((dlock_store *)s)->requests, memory_order_relaxed) : 0;
+}
+
+int dlock_store_wakes_waiters(const dlock_store *s)
+{
+	return s && (s->m->watch || s->m->wait) ? 1 : 0;
+}
+
 /* "sqlite://" + an absolute path, or "sqlite:" + a relative one, escaping what a URI would misread. */
 static char *sqlite_uri(const char *dir, const char *rest)
 {

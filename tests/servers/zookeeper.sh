@@ -24,6 +24,10 @@ stop_all() {
 	for f in "$dir"/m*.pid; do
 		[ -e "$f" ] && stop_pidfile "$f"
 	done
+	# A member whose pid file was lost would keep writing into the data dir
+	# the next start makes at the same path (seen once: a member of an earlier
+	# run joined the next run's ensemble with its old state).
+	pkill -KILL -f "QuorumPeerMain $dir/m[0-9]+\.cfg" 2>/dev/null || true
 	rm -rf "$dir"/m*.data
 }
 
@@ -38,6 +42,7 @@ run_member() {
 		-Dzookeeper.admin.enableServer=false \
 		-Dznode.container.checkIntervalMs=500 \
 		-Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+		-Dorg.slf4j.simpleLogger.showDateTime=true -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS \
 		-cp "$classpath" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/m$i.cfg" \
 		</dev/null >>"$dir/m$i.log" 2>&1 &
 	echo $! >"$dir/m$i.pid"

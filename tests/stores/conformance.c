@@ -484,6 +484,52 @@ static void case_try_and_timeout(void)
 	dlock_store_close(s);
 }
 
+/* Waiting costs nothing while nothing changes: a waiter on a held lock makes
+ * one try per refresh of its registration (every second), counted with
+ * dlock_store_requests, on every store that wakes waiters; a store that
+ * polls says so and is only measured. Unfair and fair waiters both. */
+static void case_quiet_wait(void)
+{
+	char name[128];
+	lock_name(name, sizeof(name), "quiet");
+	dlock_store *s = open_store();
+	dlock_store *w = open_store();
+	CHECK(dlock_store_requests(NULL) == 0);
+	dlock_lock *h = new_lock(s, name, DLOCK_EXCLUSIVE, 1, 0, 30000);
+	CHECK_RC(dlock_acquire(h, 0), 0);
+	const int64_t wait_ms = 2500;
+	for (int fair = 0; fair <= 1; fair++) {
+		dlock_lock *b = new_lock(w, name, DLOCK_EXCLUSIVE, 1, fair, 30000);
+		uint64_t before = dlock_store_requests(w);
+		uint64_t holder_before = dlock_store_requests(s);
+		int rc = dlock_acquire(b, wait_ms);
+		uint64_t made = dlock_store_requests(w) - before;
+		dlock_lock_free(b);
+		if (fair && is_unsupported(rc, "fair"))
+			break;
+		CHECK_RC(rc, DLOCK_ETIMEOUT);
+		/* the holder's handle made no request either (its renewal is due at 10 s) */
+		CHECK(dlock_store_requests(s) == holder_before);
+		printf("  %s waiter, %lld ms on a held lock: %llu requests (%s)\n", fair ? "fair" : "unfair",
+		       (long long)wait_ms, (unsigned long long)made,
+		       dlock_store_wakes_waiters(w) ? "the store wakes waiters" : "the store polls");
+		CHECK(made >= 2); /* a first try and the cancel of its registration at least */
+		/* One cycle a second (a try, and a blocking wait where the store has
+		 * one: MySQL's GET_LOCK ends a little early, so the wait's last
+		 * fraction of a second may take up to three short cycles), plus the
+		 * cancel. Polling stores back off to a look every 25-50 ms: at most
+		 * one per 10 ms on average (a fair head's early looks included). */
+		if (dlock_store_wakes_waiters(w))
+			CHECK(made <= 2 * (uint64_t)(wait_ms / 1000 + 1) + 6 + 1);
+		else
+			CHECK(made <= (uint64_t)wait_ms / 10);
+	}
+	CHECK_RC(dlock_release(h), 0);
+	dlock_lock_free(h);
+	dlock_store_close(w);
+	dlock_store_close(s);
+}
+
 /* Fair mode: waiters queued one after another are granted in that order. */
 #define FAIR_WAITERS 5
 
@@ -2000,6 +2046,7 @@ static const tu_case cases[] = {
 	{ "owner_only", case_owner_only },
 	{ "reentrancy_and_fences", case_reentrancy_and_fences },
 	{ "try_and_timeout", case_try_and_timeout },
+	{ "quiet_wait", case_quiet_wait },
 	{ "status", case_status },
 	{ "mutual_exclusion", case_mutual_exclusion },
 	{ "killed_holder", case_killed_holder },
