@@ -157,6 +157,7 @@ static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t 
 		dlock__error_restore(&saved);
 	}
 	l->req.deadline_ms = request_deadline(s, until);
+	l->req.lease_from_ms = 0;
 	dlock__counted(s);
 	int rc = s->m->acquire(s->be, &l->req, fence, retry);
 	pthread_mutex_unlock(&s->be_mu);
@@ -345,6 +346,8 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			goto give_up;
 		}
 		int64_t t_lease = unknown_t0 >= 0 ? unknown_t0 : t0;
+		if (rc == 0 && l->req.lease_from_ms > 0 && l->req.lease_from_ms < t_lease)
+			t_lease = l->req.lease_from_ms; /* the store's lease began before this try */
 		if (rc == 0) {
 			int64_t now = dlock_clock_ms();
 			if (now < t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms)) {

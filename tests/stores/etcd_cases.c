@@ -360,6 +360,49 @@ static void case_mixed_ttls(void)
 	dlock_store_close(s);
 }
 
+/* A hold granted on the shared lease as it was last kept alive (the acquire
+ * sends no keep-alive of its own when two thirds of a TTL are left): its
+ * lease counts from that keep-alive, not from the acquire, it never ends
+ * later by our count than by the server's, and renewal keeps it past its TTL. */
+static void case_lease_age(void)
+{
+	char n1[128], n2[128];
+	lock_name(n1, sizeof(n1), "age1");
+	lock_name(n2, sizeof(n2), "age2");
+	dlock_store *s = open_uri(uri);
+	dlock_lock *a = new_lock(s, n1, 3000), *b = new_lock(s, n2, 3000);
+	CHECK_RC(dlock_acquire(a, 0), 0);
+	nap_ms(600); /* the shared lease is 600 ms old: 2.4 s of 3 left, no keep-alive for b */
+	CHECK_RC(dlock_acquire(b, 0), 0);
+	int64_t left_a = dlock_ttl_left(a), left_b = dlock_ttl_left(b);
+	printf("  a (first on the lease) has %lld ms left, b (600 ms later) %lld ms\n", (long long)left_a,
+	       (long long)left_b);
+	CHECK(left_b <= left_a + 50); /* b's lease is a's keep-alive, not a fresh 3 s */
+	CHECK(left_b < 3000 - 400);
+	dlock_lock_status *st = NULL;
+	size_t n = 0;
+	const char *names[1] = { n2 };
+	CHECK_RC(dlock_store_status(s, names, 1, &st, &n), 0);
+	/* etcd reports whole seconds left, rounded down: up to 1 s more */
+	CHECK(n == 1 && st[0].nholders == 1 && st[0].holders[0].ttl_left_ms >= 0 &&
+	      dlock_ttl_left(b) <= st[0].holders[0].ttl_left_ms + 1000);
+	dlock_status_free(st, n);
+	nap_ms(4000); /* past the TTL: only renewal keeps them */
+	CHECK(dlock_held(a) && dlock_held(b));
+	dlock_store *o = open_uri(uri);
+	dlock_lock *x = new_lock(o, n2, 3000);
+	CHECK_RC(dlock_acquire(x, 0), DLOCK_ELOCKED);
+	CHECK_RC(dlock_release(b), 0);
+	CHECK_RC(dlock_acquire(x, 0), 0);
+	CHECK_RC(dlock_release(x), 0);
+	CHECK_RC(dlock_release(a), 0);
+	dlock_lock_free(x);
+	dlock_lock_free(a);
+	dlock_lock_free(b);
+	dlock_store_close(o);
+	dlock_store_close(s);
+}
+
 /* `dlock acquire` then `dlock release HANDLE` from another process: a hold
  * handed over survives the store's close (its lease is not revoked) and the
  * handle releases it from a new store. */
@@ -626,6 +669,7 @@ int main(int argc, char **argv)
 			{ "middle_leaves", case_middle_leaves },
 			{ "names_apart", case_names_apart },
 			{ "mixed_ttls", case_mixed_ttls },
+			{ "lease_age", case_lease_age },
 			{ "handover", case_handover },
 		};
 		tu_run_cases(cases, sizeof cases / sizeof cases[0], argc, argv, 2);

@@ -188,6 +188,14 @@ typedef struct dlock_request {
 	int64_t deadline_ms;   /**< CLOCK_MONOTONIC ms (dlock_clock_ms) by which this
 				    call must return; set by the core before every call
 				    (see "Time" above). For renew, the same for the batch */
+	int64_t lease_from_ms; /**< out, acquire: 0 (the core clears it before each try)
+				    when the hold's lease counts from the try's start; a
+				    store whose grant rides on a lease it last confirmed
+				    before that (a shared lease kept alive recently, and
+				    not kept alive again for this try) sets the
+				    dlock_clock_ms time the lease counts from: the core
+				    ends the hold's lease, and renews it, that much
+				    earlier. Never later than the server's own count */
 } dlock_request;
 
 typedef struct dlock_backend dlock_backend;
@@ -215,8 +223,10 @@ struct dlock_backend_methods {
 	 *         name); DLOCK_ELOCKED when someone else holds it (and, if known,
 	 *         *retry_ms = how long until the blocking lease ends, or, for a
 	 *         store without a wake-up channel, how soon to look again — the
-	 *         core's next try of a polled wait comes by then; else leave
-	 *         it); another code on failure.
+	 *         core's next try of a polled wait comes by then while the
+	 *         hint is new, then every eighth of the time the same hint
+	 *         lasted, up to its back-off cap; else leave it); another code
+	 *         on failure.
 	 * When req->waiting and refused, register req->owner as a waiter for
 	 * req->queue_ttl_ms (fair order, writer preference, waiter counts).
 	 */

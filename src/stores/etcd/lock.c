@@ -445,10 +445,13 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		json_object_object_add(body, "compare", cmp);
 		json_object_object_add(body, "success", ok);
 		json_object_object_add(body, "failure", ko);
-		/* The core counts the lease from t0. A shared lease last kept alive
-		 * before t0 would end earlier than it thinks, so keep it alive now, in
-		 * parallel with the Txn (a second connection): no extra round trip. */
-		int need_ka = l->alive_until < t0 + req->ttl_ms;
+		/* The core counts the lease from t0 unless told otherwise. A shared
+		 * lease confirmed alive for two thirds of a TTL from t0 or more is
+		 * used as it is: the grant says when it was confirmed
+		 * (req->lease_from_ms) and the renewer keeps it alive from a third of
+		 * it. Else keep it alive now, in parallel with the Txn (a second
+		 * connection): no extra round trip, but work for the server. */
+		int need_ka = l->alive_until < t0 + req->ttl_ms * 2 / 3;
 		int64_t ka_left = -1, ka_sent = dlock_clock_ms();
 		if (need_ka) {
 			int ka_rc;
@@ -539,8 +542,10 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 			int64_t left;
 			if (key_lease == lease_id && ka_left >= 0) {
 				left = ka_left; /* the parallel dlock__et_keepalive covered it */
-			} else if (kl && kl->alive_until >= t0 + req->ttl_ms) {
-				left = kl->granted_s; /* granted or kept alive after t0 */
+			} else if (kl && kl->alive_until >= t0 + req->ttl_ms * 2 / 3) {
+				left = kl->granted_s; /* granted or kept alive lately */
+				if (kl->alive_until < t0 + req->ttl_ms)
+					req->lease_from_ms = kl->alive_until - req->ttl_ms;
 			} else if ((rc = dlock__et_keepalive(e, key_lease, &left)) != 0) {
 				/* Unsure whether the lease lives: do not claim the lock. */
 				dlock__saved_error saved;
