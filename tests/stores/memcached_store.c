@@ -16,7 +16,11 @@
  *    renewed together, the one whose lease key vanished (deleted here, as an
  *    eviction would) is reported lost, and the 19 others stay held over
  *    further rounds — the batch tells each lock's fate apart.
+ * 6. The batch through the fault proxy: its replies lost for 1.2 s (the
+ *    requests applied) cost no lock; the link dead past the TTL reports all
+ *    20 locks lost before another client can take any of them.
  */
+#include "testutil/faultproxy.h"
 #include "testutil/netutil.h"
 #include "testutil/testutil.h"
 
@@ -176,6 +180,80 @@ static void test_batch_renewal(memcached_st *mc, const char *host, int port)
 	dlock_store_close(s);
 }
 
+static atomic_int batch_lost;
+static atomic_llong batch_last_lost;
+
+static void batch_on_lost(dlock_lock *l, void *payload)
+{
+	(void)l;
+	(void)payload;
+	batch_last_lost = tu_now_ms();
+	batch_lost++;
+}
+
+static void test_batch_faults(void)
+{
+	enum { N = 20 };
+	char *proxied = NULL;
+	tu_proxy *p = tu_proxy_start(uri, &proxied);
+	CHECK(p != NULL);
+	if (!p)
+		return;
+	dlock_store *s = nu_open(proxied), *o = nu_open(uri);
+	dlock_lock *l[N], *x[N];
+	char names[N][64];
+	for (int i = 0; i < N; i++) {
+		snprintf(names[i], sizeof names[i], "mcs-%d-fault-%d", (int)getpid(), i);
+		l[i] = nu_lock_cb(s, names[i], 3000, batch_on_lost);
+		x[i] = nu_lock(o, names[i], 3000, 0);
+		CHECK_RC(dlock_acquire(l[i], 0), 0);
+	}
+	/* replies lost, requests applied, for 1.2 s: the batches in it time out */
+	CHECK(tu_proxy_set(p, 0, "drop") == 0);
+	usleep(1200 * 1000);
+	long long dropped = 0;
+	CHECK(tu_proxy_stats(p, 0, NULL, NULL, NULL, NULL, &dropped) == 0 && dropped > 0);
+	CHECK(tu_proxy_set(p, 0, "pass") == 0);
+	usleep(3000 * 1000); /* a TTL later: only renewals that got through hold them */
+	int held = 0, refused = 0;
+	for (int i = 0; i < N; i++) {
+		held += dlock_held(l[i]) != 0;
+		refused += dlock_acquire(x[i], 0) == DLOCK_ELOCKED;
+	}
+	printf("  renewal replies lost for 1.2 s (%lld bytes dropped): %d of %d held a TTL later, %d refused to "
+	       "another client, %d lost\n", dropped, held, N, refused, (int)batch_lost);
+	CHECK(held == N && refused == N && batch_lost == 0);
+	/* the link dead: every lease ends, each lock's on_lost before anyone gets one */
+	CHECK(tu_proxy_set(p, 0, "blackhole") == 0);
+	long long t0 = tu_now_ms(), first_free = 0;
+	int got = -1;
+	while (got < 0 && tu_now_ms() - t0 < 10000) {
+		for (int i = 0; i < N && got < 0; i++)
+			if (dlock_acquire(x[i], 0) == 0)
+				got = i, first_free = tu_now_ms();
+		if (got < 0)
+			usleep(20000);
+	}
+	int lost_then = batch_lost;
+	printf("  link dead: %d of %d lost by %lld ms (the last at %lld ms), the first taken by another client "
+	       "at %lld ms\n", lost_then, N, first_free ? first_free - t0 : -1,
+	       (long long)(batch_last_lost ? batch_last_lost - t0 : -1), first_free ? first_free - t0 : -1);
+	CHECK(got >= 0);
+	CHECK(lost_then == N);
+	CHECK(batch_last_lost <= first_free);
+	if (got >= 0)
+		CHECK_RC(dlock_release(x[got]), 0);
+	CHECK(tu_proxy_set(p, 0, "pass") == 0);
+	for (int i = 0; i < N; i++) {
+		dlock_lock_free(l[i]);
+		dlock_lock_free(x[i]);
+	}
+	dlock_store_close(s);
+	dlock_store_close(o);
+	tu_proxy_stop(p);
+	free(proxied);
+}
+
 static void test_names(void)
 {
 	char n1[520], n2[520];
@@ -235,6 +313,7 @@ int main(void)
 	test_names();
 	test_lease_rounding();
 	test_batch_renewal(mc, host, port);
+	test_batch_faults();
 	test_flush_all(mc);
 	memcached_free(mc);
 	return tu_done("memcached_store");
