@@ -19,6 +19,11 @@ int main(int argc, char **argv)
 		char uri[600], base[520];
 		snprintf(base, sizeof(base), "%s/fresh-%d.db", argv[1], round);
 		unlink(base);
+		for (int k = 0; k < 2; k++) { /* an earlier run's WAL files would make it not fresh */
+			char side[600];
+			snprintf(side, sizeof(side), "%s%s", base, k ? "-shm" : "-wal");
+			unlink(side);
+		}
 		snprintf(uri, sizeof(uri), "sqlite://%s", base);
 		int go[2];
 		if (pipe(go) != 0)
