@@ -546,13 +546,15 @@ typedef struct bell_watch {
 	char owner[DLOCK__OWNER_MAX];
 	unsigned bucket;
 	uint64_t own;  /* the hash of its own bell */
+	int own_wd;    /* inotify watch of its own bell file, -1: none (yet, or rung and gone) */
 	bool behind;   /* a fair waiter with others ahead: only its own bell wakes it */
 } bell_watch;
 
 typedef struct bells {
 	pthread_mutex_t mu;
 	bell_watch *watches;  /* under mu */
-	int ifd;              /* inotify */
+	int ifd;              /* inotify: one watch per bell file a waiter here listens to */
+	int bucket_wd[NBELLS]; /* the bucket files' watches, -1: not watched */
 	int stop[2];          /* a pipe: close asks the thread to end */
 	pthread_t thread;
 	bool started;
@@ -573,6 +575,12 @@ static uint64_t owner_bell(const sqlite_backend *b, const char *owner)
 {
 	uint64_t h = dlock__fnv1a64(DLOCK__FNV64_OFFSET, b->ns, strlen(b->ns) + 1);
 	return dlock__fnv1a64(h, owner, strlen(owner));
+}
+
+/* The file name of an owner's own bell. */
+static void bell_name(const sqlite_backend *b, const char *owner, char *f, size_t n)
+{
+	snprintf(f, n, "o%016" PRIx64, owner_bell(b, owner));
 }
 
 /* Ring a bell file (best effort; nothing when no waiter made the directory). */
@@ -606,7 +614,7 @@ static void ring(const sqlite_backend *b, const char *name)
 static void ring_owner(const sqlite_backend *b, const char *owner)
 {
 	char f[24];
-	snprintf(f, sizeof f, "o%016" PRIx64, owner_bell(b, owner));
+	bell_name(b, owner, f, sizeof f);
 	ring_file(b, f, true);
 }
 
@@ -627,25 +635,39 @@ static void *bells_main(void *arg)
 		if (n <= 0)
 			continue;
 		bool rung[NBELLS] = { false }, all = false;
-		uint64_t own[64];
-		size_t nown = 0;
+		int own[64], gone[64];
+		size_t nown = 0, ngone = 0;
+		pthread_mutex_lock(&bl->mu);
 		for (char *q = buf; q < buf + n;) {
 			struct inotify_event *ev = (struct inotify_event *)q;
-			unsigned v;
-			uint64_t o;
-			if (ev->mask & IN_Q_OVERFLOW)
-				all = true;
-			else if (ev->len && ev->name[0] == 'o' && sscanf(ev->name + 1, "%16" SCNx64, &o) == 1)
-				nown < 64 ? (void)(own[nown++] = o) : (void)(all = true);
-			else if (ev->len && sscanf(ev->name, "%2x", &v) == 1 && v < NBELLS)
-				rung[v] = true;
 			q += sizeof(*ev) + ev->len;
+			if (ev->mask & IN_Q_OVERFLOW) {
+				all = true;
+				continue;
+			}
+			bool bucket = false;
+			for (unsigned v = 0; v < NBELLS && !bucket; v++)
+				if (bl->bucket_wd[v] == ev->wd) {
+					bucket = true;
+					if (ev->mask & IN_IGNORED)
+						bl->bucket_wd[v] = -1; /* the file went: watched again at the next watch */
+					else
+						rung[v] = true;
+				}
+			if (bucket)
+				continue;
+			if (ev->mask & IN_IGNORED) /* an own bell rung and removed */
+				ngone < 64 ? (void)(gone[ngone++] = ev->wd) : (void)0;
+			else if (ev->mask & IN_CLOSE_WRITE)
+				nown < 64 ? (void)(own[nown++] = ev->wd) : (void)(all = true);
 		}
-		pthread_mutex_lock(&bl->mu);
 		for (bell_watch *w = bl->watches; w; w = w->next) {
 			bool mine = false;
 			for (size_t i = 0; i < nown && !mine; i++)
-				mine = own[i] == w->own;
+				mine = w->own_wd >= 0 && own[i] == w->own_wd;
+			for (size_t i = 0; i < ngone; i++)
+				if (w->own_wd >= 0 && gone[i] == w->own_wd)
+					w->own_wd = -1;
 			if (mine)
 				dlock_backend_wake_owner(&b->base, w->owner);
 			else if (all || (rung[w->bucket] && !w->behind))
@@ -666,6 +688,8 @@ static int bells_start(sqlite_backend *b)
 		return DLOCK_ENOMEM;
 	pthread_mutex_init(&bl->mu, NULL);
 	bl->ifd = bl->stop[0] = bl->stop[1] = -1;
+	for (unsigned v = 0; v < NBELLS; v++)
+		bl->bucket_wd[v] = -1;
 	b->bells = bl;
 	char *dir = bells_dir(b);
 	struct stat dbst;
@@ -676,7 +700,6 @@ static int bells_start(sqlite_backend *b)
 		mode |= (dbst.st_mode & 0020 ? 0070 : 0) | (dbst.st_mode & 0002 ? 0007 : 0);
 	if (!dir || (mkdir(dir, mode) != 0 && errno != EEXIST) ||
 	    (bl->ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0 ||
-	    inotify_add_watch(bl->ifd, dir, IN_CLOSE_WRITE | IN_ONLYDIR | IN_DONT_FOLLOW) < 0 ||
 	    pipe2(bl->stop, O_CLOEXEC) != 0 || pthread_create(&bl->thread, NULL, bells_main, b) != 0) {
 		free(dir);
 		return dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: cannot watch for wake-ups: %s",
@@ -714,6 +737,26 @@ static void bells_free(sqlite_backend *b, bool stop_thread)
 	b->bells = NULL;
 }
 
+/* Watch one bell file for rings (created empty if missing, which rings
+ * nothing: opened for reading). A watch of the file, not of the directory:
+ * a ring wakes only the processes listening to that bell. -1 on failure. */
+static int watch_file(const sqlite_backend *b, const char *file)
+{
+	char *dir = bells_dir(b);
+	char *f = dir ? dlock__sprintf("%s/%s", dir, file) : NULL;
+	int wd = -1;
+	if (f) {
+		int fd = open(f, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+		if (fd >= 0) {
+			close(fd);
+			wd = inotify_add_watch(b->bells->ifd, f, IN_CLOSE_WRITE | IN_DONT_FOLLOW);
+		}
+	}
+	free(f);
+	free(dir);
+	return wd;
+}
+
 static int sq_watch(dlock_backend *be, const dlock_request *req)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
@@ -738,6 +781,7 @@ static int sq_watch(dlock_backend *be, const dlock_request *req)
 			snprintf(w->owner, sizeof(w->owner), "%s", req->owner);
 			w->bucket = bell_bucket(b, req->name);
 			w->own = owner_bell(b, req->owner);
+			w->own_wd = -1;
 			w->next = bl->watches;
 			bl->watches = w;
 		} else {
@@ -745,8 +789,23 @@ static int sq_watch(dlock_backend *be, const dlock_request *req)
 			w = NULL;
 		}
 	}
+	rc = w ? 0 : DLOCK_ENOMEM;
+	if (w && bl->bucket_wd[w->bucket] < 0) {
+		char f[8];
+		snprintf(f, sizeof f, "%02x", w->bucket);
+		if ((bl->bucket_wd[w->bucket] = watch_file(b, f)) < 0)
+			rc = dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: cannot watch a doorbell: %s",
+					     strerror(errno));
+	}
+	if (w && !rc && w->own_wd < 0) {
+		char f[24];
+		bell_name(b, w->owner, f, sizeof f);
+		if ((w->own_wd = watch_file(b, f)) < 0)
+			rc = dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: cannot watch a doorbell: %s",
+					     strerror(errno));
+	}
 	pthread_mutex_unlock(&bl->mu);
-	return w ? 0 : DLOCK_ENOMEM;
+	return rc;
 }
 
 static void sq_unwatch(dlock_backend *be, const dlock_request *req)
@@ -760,6 +819,17 @@ static void sq_unwatch(dlock_backend *be, const dlock_request *req)
 		if (strcmp((*p)->owner, req->owner) == 0) {
 			bell_watch *w = *p;
 			*p = w->next;
+			if (w->own_wd >= 0) { /* its bell was not rung: take it away */
+				char f[24];
+				bell_name(b, w->owner, f, sizeof f);
+				char *dir = bells_dir(b);
+				char *path = dir ? dlock__sprintf("%s/%s", dir, f) : NULL;
+				inotify_rm_watch(bl->ifd, w->own_wd);
+				if (path)
+					unlink(path);
+				free(path);
+				free(dir);
+			}
 			free(w->name);
 			free(w);
 			break;
