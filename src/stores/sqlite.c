@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <inttypes.h>
+#include <time.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -545,7 +547,6 @@ typedef struct bell_watch {
 	char *name;
 	char owner[DLOCK__OWNER_MAX];
 	unsigned bucket;
-	uint64_t own;  /* the hash of its own bell */
 	int own_wd;    /* inotify watch of its own bell file, -1: none (yet, or rung and gone) */
 	bool behind;   /* a fair waiter with others ahead: only its own bell wakes it */
 } bell_watch;
@@ -678,7 +679,29 @@ static void *bells_main(void *arg)
 	return NULL;
 }
 
-/* Start watching the directory (once per handle). 0 or an error (the core then polls). */
+/* A waiter makes its own bell file and removes it when it stops waiting
+ * (or the ringer does, after ringing it); one that died waiting leaves it.
+ * Such files untouched for an hour are removed when a handle starts its
+ * bells: a live waiter whose file goes makes a new one at its next try. */
+#define STALE_BELL_S 3600
+
+static void sweep_stale_bells(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return;
+	time_t now = time(NULL);
+	for (struct dirent *e; (e = readdir(d)) != NULL;) {
+		struct stat st;
+		if (e->d_name[0] == 'o' && strlen(e->d_name) == 17 &&
+		    fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+		    now - st.st_mtime > STALE_BELL_S)
+			unlinkat(dirfd(d), e->d_name, 0);
+	}
+	closedir(d);
+}
+
+/* Start the bells (once per handle). 0 or an error (the core then polls). */
 static int bells_start(sqlite_backend *b)
 {
 	if (b->bells)
@@ -705,6 +728,7 @@ static int bells_start(sqlite_backend *b)
 		return dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: cannot watch for wake-ups: %s",
 				       strerror(errno));
 	}
+	sweep_stale_bells(dir);
 	free(dir);
 	bl->started = true;
 	return 0;
@@ -780,7 +804,6 @@ static int sq_watch(dlock_backend *be, const dlock_request *req)
 		if ((w->name = dlock__strdup(req->name)) != NULL) {
 			snprintf(w->owner, sizeof(w->owner), "%s", req->owner);
 			w->bucket = bell_bucket(b, req->name);
-			w->own = owner_bell(b, req->owner);
 			w->own_wd = -1;
 			w->next = bl->watches;
 			bl->watches = w;

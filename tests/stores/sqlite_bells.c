@@ -15,6 +15,7 @@
 #include "testutil/testutil.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <string.h>
 #include <signal.h>
@@ -256,7 +257,39 @@ int main(int argc, char **argv)
 		close(from_w[k][0]);
 	}
 	dlock_lock_free(h);
-	/* a waiter's own bell goes with its ring: only bucket bells stay */
+	/* A waiter that died waiting leaves its own bell file: one untouched for
+	 * an hour is removed when a handle starts its bells; a recent one stays. */
+	char stale[760], recent[760];
+	snprintf(stale, sizeof stale, "%s/o%016llx", bells, 0x5ea1edULL);
+	snprintf(recent, sizeof recent, "%s/o%016llx", bells, 0x7ece17ULL);
+	for (int k = 0; k < 2; k++) {
+		int fd = open(k ? recent : stale, O_WRONLY | O_CREAT, 0600);
+		CHECK(fd >= 0);
+		if (fd >= 0)
+			close(fd);
+	}
+	struct timespec old[2] = { { time(NULL) - 7200, 0 }, { time(NULL) - 7200, 0 } };
+	CHECK(utimensat(AT_FDCWD, stale, old, 0) == 0);
+	{
+		dlock_store *s1 = NULL, *s2 = NULL;
+		CHECK_RC(dlock_store_open(&s1, uri), 0);
+		CHECK_RC(dlock_store_open(&s2, uri), 0);
+		dlock_lock *a = NULL, *b = NULL;
+		dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+		CHECK_RC(dlock_lock_new(&a, s1, "sweep", &o), 0);
+		CHECK_RC(dlock_lock_new(&b, s2, "sweep", &o), 0);
+		CHECK_RC(dlock_acquire(a, 0), 0);
+		CHECK_RC(dlock_acquire(b, 50), DLOCK_ETIMEOUT); /* s2 starts its bells */
+		CHECK_RC(dlock_release(a), 0);
+		dlock_lock_free(a);
+		dlock_lock_free(b);
+		dlock_store_close(s1);
+		dlock_store_close(s2);
+	}
+	CHECK(access(stale, F_OK) != 0);
+	CHECK(access(recent, F_OK) == 0);
+	unlink(recent);
+	/* a waiter's own bell goes with its ring or its wait: only bucket bells stay */
 	DIR *dir = opendir(bells);
 	int others = 0;
 	for (struct dirent *e; dir && (e = readdir(dir)) != NULL;)
