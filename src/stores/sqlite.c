@@ -584,11 +584,19 @@ static void bell_name(const sqlite_backend *b, const char *owner, char *f, size_
 	snprintf(f, n, "o%016" PRIx64, owner_bell(b, owner));
 }
 
-/* Ring a bell file (best effort; nothing when no waiter made the directory). */
-static void ring_file(const sqlite_backend *b, const char *file, bool once)
+/* "<db>.bells/<file>", malloc'd, or NULL. */
+static char *bell_path(const sqlite_backend *b, const char *file)
 {
 	char *dir = bells_dir(b);
 	char *f = dir ? dlock__sprintf("%s/%s", dir, file) : NULL;
+	free(dir);
+	return f;
+}
+
+/* Ring a bell file (best effort; nothing when no waiter made the directory). */
+static void ring_file(const sqlite_backend *b, const char *file, bool once)
+{
+	char *f = bell_path(b, file);
 	if (f) {
 		int fd = open(f, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
 		if (fd >= 0)
@@ -599,7 +607,6 @@ static void ring_file(const sqlite_backend *b, const char *file, bool once)
 			unlink(f);
 	}
 	free(f);
-	free(dir);
 	dlock_error_clear(); /* an allocation that failed above is not the caller's error */
 }
 
@@ -766,8 +773,7 @@ static void bells_free(sqlite_backend *b, bool stop_thread)
  * a ring wakes only the processes listening to that bell. -1 on failure. */
 static int watch_file(const sqlite_backend *b, const char *file)
 {
-	char *dir = bells_dir(b);
-	char *f = dir ? dlock__sprintf("%s/%s", dir, file) : NULL;
+	char *f = bell_path(b, file);
 	int wd = -1;
 	if (f) {
 		int fd = open(f, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
@@ -777,7 +783,6 @@ static int watch_file(const sqlite_backend *b, const char *file)
 		}
 	}
 	free(f);
-	free(dir);
 	return wd;
 }
 
@@ -845,13 +850,11 @@ static void sq_unwatch(dlock_backend *be, const dlock_request *req)
 			if (w->own_wd >= 0) { /* its bell was not rung: take it away */
 				char f[24];
 				bell_name(b, w->owner, f, sizeof f);
-				char *dir = bells_dir(b);
-				char *path = dir ? dlock__sprintf("%s/%s", dir, f) : NULL;
+				char *path = bell_path(b, f);
 				inotify_rm_watch(bl->ifd, w->own_wd);
 				if (path)
 					unlink(path);
 				free(path);
-				free(dir);
 			}
 			free(w->name);
 			free(w);

@@ -131,12 +131,13 @@ int main(int argc, char **argv)
 	snprintf(path, sizeof(path), "%s/bells.db", argv[1]);
 	snprintf(bells, sizeof(bells), "%s.bells", path);
 	unlink(path);
-	for (int i = 0; i < 64; i++) { /* a directory left by an earlier run */
-		char f[720];
-		snprintf(f, sizeof(f), "%s/%02x", bells, i);
-		unlink(f);
-	}
-	rmdir(bells); /* fails if anything else was left in it: then the check below does */
+	DIR *left = opendir(bells); /* a directory left by an earlier run */
+	for (struct dirent *e; left && (e = readdir(left)) != NULL;)
+		if (e->d_name[0] != '.')
+			unlinkat(dirfd(left), e->d_name, 0);
+	if (left)
+		closedir(left);
+	rmdir(bells);
 	snprintf(uri, sizeof(uri), "sqlite://%s", path);
 	const int rounds = 3;
 	/* The other processes are forked before this one opens anything (no
@@ -279,7 +280,7 @@ int main(int argc, char **argv)
 		CHECK_RC(dlock_lock_new(&a, s1, "sweep", &o), 0);
 		CHECK_RC(dlock_lock_new(&b, s2, "sweep", &o), 0);
 		CHECK_RC(dlock_acquire(a, 0), 0);
-		CHECK_RC(dlock_acquire(b, 50), DLOCK_ETIMEOUT); /* s2 starts its bells */
+		CHECK_RC(dlock_acquire(b, 500), DLOCK_ETIMEOUT); /* s2 starts its bells */
 		CHECK_RC(dlock_release(a), 0);
 		dlock_lock_free(a);
 		dlock_lock_free(b);
