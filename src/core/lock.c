@@ -403,9 +403,8 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 				if (hint_since < 0 || retry < last_hint)
 					hint_since = now;
 				last_hint = retry;
-				step = min64(nap, retry + 1 > (now - hint_since) / 8
-							  ? retry + 1
-							  : min64((now - hint_since) / 8, BACKOFF_MAX_MS));
+				int64_t spaced = min64((now - hint_since) / 8, BACKOFF_MAX_MS);
+				step = min64(nap, spaced > retry + 1 ? spaced : retry + 1);
 			}
 			dlock__sleep_ms(step);
 		}

@@ -525,8 +525,9 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
  * directory "<db>.bells" beside the database holds one file per bucket of
  * names (64); a release, or a waiter leaving the queue, opens and closes
  * its bucket's file for writing ("rings"), and each waiting store handle
- * watches the directory with inotify and wakes the core's board for the
- * names it waits on in that bucket. A ring costs two system calls and is
+ * watches the bell files it listens to with inotify (not the directory: a
+ * ring wakes only its listeners) and wakes the core's board for the names
+ * it waits on in that bucket. A ring costs two system calls and is
  * skipped while no waiter has made the directory. A dead holder rings
  * nothing: its waiters come back when its lease ends (the acquire's
  * retry time). A ring that is missed or spurious costs one try, never
@@ -768,22 +769,26 @@ static void bells_free(sqlite_backend *b, bool stop_thread)
 	b->bells = NULL;
 }
 
-/* Watch one bell file for rings (created empty if missing, which rings
- * nothing: opened for reading). A watch of the file, not of the directory:
- * a ring wakes only the processes listening to that bell. -1 on failure. */
-static int watch_file(const sqlite_backend *b, const char *file)
+/* Watch bell `file` for rings into *wd, unless *wd is a watch already
+ * (the file is created empty if missing, which rings nothing: opened for
+ * reading). A watch of the file, not of the directory: a ring wakes only
+ * the processes listening to that bell. */
+static int watch_bell(const sqlite_backend *b, const char *file, int *wd)
 {
+	if (*wd >= 0)
+		return 0;
 	char *f = bell_path(b, file);
-	int wd = -1;
 	if (f) {
 		int fd = open(f, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
 		if (fd >= 0) {
 			close(fd);
-			wd = inotify_add_watch(b->bells->ifd, f, IN_CLOSE_WRITE | IN_DONT_FOLLOW);
+			*wd = inotify_add_watch(b->bells->ifd, f, IN_CLOSE_WRITE | IN_DONT_FOLLOW);
 		}
 	}
 	free(f);
-	return wd;
+	return *wd >= 0 ? 0
+			: dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: cannot watch a doorbell: %s",
+					  strerror(errno));
 }
 
 static int sq_watch(dlock_backend *be, const dlock_request *req)
@@ -818,19 +823,12 @@ static int sq_watch(dlock_backend *be, const dlock_request *req)
 		}
 	}
 	rc = w ? 0 : DLOCK_ENOMEM;
-	if (w && bl->bucket_wd[w->bucket] < 0) {
-		char f[8];
-		snprintf(f, sizeof f, "%02x", w->bucket);
-		if ((bl->bucket_wd[w->bucket] = watch_file(b, f)) < 0)
-			rc = dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: cannot watch a doorbell: %s",
-					     strerror(errno));
-	}
-	if (w && !rc && w->own_wd < 0) {
-		char f[24];
-		bell_name(b, w->owner, f, sizeof f);
-		if ((w->own_wd = watch_file(b, f)) < 0)
-			rc = dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: cannot watch a doorbell: %s",
-					     strerror(errno));
+	if (w) {
+		char bucket[8], own[24];
+		snprintf(bucket, sizeof bucket, "%02x", w->bucket);
+		bell_name(b, w->owner, own, sizeof own);
+		if (!(rc = watch_bell(b, bucket, &bl->bucket_wd[w->bucket])))
+			rc = watch_bell(b, own, &w->own_wd);
 	}
 	pthread_mutex_unlock(&bl->mu);
 	return rc;

@@ -384,6 +384,8 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 {
 	etcd *e = (etcd *)be;
 	int64_t t0 = dlock_clock_ms();
+	/* a shared lease confirmed alive until then needs no keep-alive for a grant */
+	const int64_t alive_enough = t0 + req->ttl_ms * 2 / 3;
 	unsigned permits = req->permits;
 	int shared = req->mode == DLOCK_SHARED;
 	/* Readers need every older key to see writers; a semaphore needs its N oldest. */
@@ -451,7 +453,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		 * (req->lease_from_ms) and the renewer keeps it alive from a third of
 		 * it. Else keep it alive now, in parallel with the Txn (a second
 		 * connection): no extra round trip, but work for the server. */
-		int need_ka = l->alive_until < t0 + req->ttl_ms * 2 / 3;
+		int need_ka = l->alive_until < alive_enough;
 		int64_t ka_left = -1, ka_sent = dlock_clock_ms();
 		if (need_ka) {
 			int ka_rc;
@@ -542,7 +544,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 			int64_t left;
 			if (key_lease == lease_id && ka_left >= 0) {
 				left = ka_left; /* the parallel dlock__et_keepalive covered it */
-			} else if (kl && kl->alive_until >= t0 + req->ttl_ms * 2 / 3) {
+			} else if (kl && kl->alive_until >= alive_enough) {
 				left = kl->granted_s; /* granted or kept alive lately */
 				if (kl->alive_until < t0 + req->ttl_ms)
 					req->lease_from_ms = kl->alive_until - req->ttl_ms;
