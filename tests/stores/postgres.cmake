@@ -16,7 +16,9 @@ set_tests_properties(conformance.postgres_advisory PROPERTIES
 # clock is 10 days ahead or behind (libfaketime; missing faketime = failure,
 # not a skip) cannot change when a table-mode lease ends. postgres.errors: wrong
 # password, no server, bad options give EAUTH, EUNAVAILABLE, EINVAL. postgres.wake:
-# NOTIFY hands a lock down a chain of waiting threads without polling.
+# NOTIFY hands a lock down a chain of waiting threads without polling; a
+# release notifies only when a waiter queued behind it, and a release that
+# commits while a waiter marks it grants that waiter in the same request.
 # postgres.tls: sslmode require / verify-ca / verify-full against the test
 # server's own CA, a wrong CA refused, plain connections of a TLS-only role refused.
 find_program(FAKETIME faketime)

@@ -7,7 +7,8 @@
  * unknown mode / sslmode / option, two hosts -> DLOCK_EINVAL; sslmode=disable
  * is passed through and works; the password never appears in messages.
  * Six processes opening a store on a fresh database at the same moment all
- * succeed (schema creation is serialised) and the schema version is recorded.
+ * succeed (schema creation is serialised) and the schema version is recorded;
+ * a version 2 database is brought to version 3 by the next open.
  */
 #include "testutil/testutil.h"
 
@@ -102,8 +103,36 @@ int main(void)
 	PGconn *fc = PQconnectdb(u);
 	PGresult *r = PQexec(fc, "SELECT version FROM dlock_schema WHERE component = 'dlock'");
 	CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
-	      strcmp(PQgetvalue(r, 0, 0), "2") == 0);
+	      strcmp(PQgetvalue(r, 0, 0), "3") == 0);
 	PQclear(r);
+	/* A version 2 database (no `waited` column) is brought to 3 by the next
+	 * open, and a lock with a waiter works in it. */
+	PQclear(PQexec(fc, "ALTER TABLE dlock_holders DROP COLUMN waited;"
+			   " UPDATE dlock_schema SET version = 2"));
+	dlock_store *up = NULL;
+	CHECK_RC(dlock_store_open(&up, u), 0);
+	r = PQexec(fc, "SELECT (SELECT version FROM dlock_schema WHERE component = 'dlock'),"
+		   " (SELECT count(*) FROM information_schema.columns"
+		   "  WHERE table_name = 'dlock_holders' AND column_name = 'waited')");
+	CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+	      strcmp(PQgetvalue(r, 0, 0), "3") == 0 && strcmp(PQgetvalue(r, 0, 1), "1") == 0);
+	PQclear(r);
+	if (up) {
+		dlock_lock *a = NULL, *b = NULL;
+		CHECK_RC(dlock_lock_new(&a, up, "upgraded", NULL), 0);
+		CHECK_RC(dlock_lock_new(&b, up, "upgraded", NULL), 0);
+		CHECK_RC(dlock_acquire(a, 0), 0);
+		CHECK_RC(dlock_acquire(b, 200), DLOCK_ETIMEOUT); /* queued: marks a's hold */
+		r = PQexec(fc, "SELECT count(*) FROM dlock_holders WHERE name = 'upgraded' AND waited");
+		CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && strcmp(PQgetvalue(r, 0, 0), "1") == 0);
+		PQclear(r);
+		CHECK_RC(dlock_release(a), 0);
+		CHECK_RC(dlock_acquire(b, 0), 0);
+		CHECK_RC(dlock_release(b), 0);
+		dlock_lock_free(a);
+		dlock_lock_free(b);
+		dlock_store_close(up);
+	}
 	PQfinish(fc);
 	snprintf(sql, sizeof sql, "DROP DATABASE %s WITH (FORCE)", fresh);
 	PQclear(PQexec(admin, sql));

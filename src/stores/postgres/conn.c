@@ -373,11 +373,13 @@ static const struct {
 			"SELECT o_fence, o_retry_ms FROM dlock_acquire_v1($1, $2, $3, $4::int, $5::int,"
 			" $6::bigint, $7::boolean, $8::boolean, $9::bigint, $10, $11::int)", 11 },
 	/* Delete our row even if it expired (tidy), but only a live one counts.
-	 * The NOTIFY is sent at commit, after the row is gone. */
+	 * Only a hold that a waiter marked notifies (schema.sql); the NOTIFY is
+	 * sent at commit, after the row is gone. */
 	[S_RELEASE] = { "dlock_release",
 			"WITH d AS (DELETE FROM dlock_holders WHERE ns = $1 AND name = $2 AND owner = $3"
-			" RETURNING expires > clock_timestamp() AS live)"
-			" SELECT d.live, pg_notify('" CHANNEL "', $1 || chr(31) || $2) FROM d", 3 },
+			" RETURNING expires > clock_timestamp() AS live, waited)"
+			" SELECT d.live, CASE WHEN d.waited THEN pg_notify('" CHANNEL "', $1 || chr(31) || $2) END"
+			" FROM d", 3 },
 };
 
 /* Run stmts[which] on the main connection by `deadline`, preparing it there first if needed. */
@@ -406,8 +408,9 @@ static int run_script(PGconn **cp, int64_t deadline, const char *what, const cha
 
 /* ----------------------------------------------------------------- schema */
 
-/* The tables and the acquire function: schema.sql, embedded at build time. */
-static const char schema_sql[] = DLOCK__SQL_SCHEMA
+/* The tables and the acquire function: schema.sql, embedded at build time
+ * (its notices, such as "already exists, skipping", are not printed). */
+static const char schema_sql[] = "SET LOCAL client_min_messages = warning;" DLOCK__SQL_SCHEMA
 	"INSERT INTO dlock_schema VALUES ('dlock', " STR(SCHEMA_VERSION) ")"
 	" ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version;";
 

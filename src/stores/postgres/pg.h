@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #define KIND "postgres"
-#define SCHEMA_VERSION 2 /* 2: dlock_acquire_v1 applies the permits rule */
+#define SCHEMA_VERSION 3 /* 2: the permits rule; 3: fast path, marked holds (only their release notifies) */
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define CHANNEL "dlock_wake"
