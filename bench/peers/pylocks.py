@@ -5,7 +5,10 @@
 
 PEER: redis-py (python3-redis Lock; ADDRESS host:port), etcd3 (python3-etcd3
 Lock; host:port), etcdctl (`etcdctl lock NAME true`, a process per pair;
-uncontended only), kazoo (python3-kazoo Lock; host:port[,...]).
+uncontended only), kazoo (python3-kazoo Lock; host:port[,...]), psycopg2
+(python3-psycopg2: the usual advisory-lock recipe, `SELECT pg_advisory_lock(key)`
+and `SELECT pg_advisory_unlock(key)` on an autocommit connection, the key a
+CRC-32 of the name; ADDRESS a libpq URI).
 WORKLOAD: uncontended (1 client, its own name) or contended (CLIENTS
 processes, default 8, on one name: acquire, hold 1 ms, release, think 1 ms).
 Each lock is used with its defaults, as its documentation shows it; only
@@ -45,6 +48,25 @@ def make_lock(peer, address, name):
         zk.start()
         lk = zk.Lock("/" + name, "bench")
         return (lambda: lk.acquire(timeout=WAIT)), lk.release
+    if peer == "psycopg2":
+        import zlib
+        import psycopg2
+        conn = psycopg2.connect(address)
+        conn.autocommit = True
+        cur = conn.cursor()
+        cur.execute("SET lock_timeout = %s", ("%ds" % WAIT,))
+        key = zlib.crc32(name.encode())
+
+        def acquire():
+            try:
+                cur.execute("SELECT pg_advisory_lock(%s)", (key,))
+                return True
+            except psycopg2.errors.LockNotAvailable:
+                return False
+
+        def release():
+            cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        return acquire, release
     if peer == "etcdctl":
         # A process per lock, as a shell script uses it: `etcdctl lock NAME true`
         # takes the lock, runs `true` while holding it, and releases. The pair
