@@ -134,11 +134,17 @@ def main():
         own = name if contended else "%s-%d" % (name, i)
         ps.append(ctx.Process(target=client, args=(peer, address, own, contended, start, end, logdir, i, ready)))
         ps[-1].start()
+    deadline = time.monotonic() + 120
     for _ in ps:
-        try:
-            ready.get(timeout=120)
-        except Exception:
-            sys.exit("%s: a client did not get ready (see its error above)" % peer)
+        while True:  # a client that died (an import error, a refused connect) ends the run at once
+            try:
+                ready.get(timeout=0.5)
+                break
+            except Exception:
+                if time.monotonic() > deadline or any(p.exitcode is not None for p in ps):
+                    for p in ps:
+                        p.kill()
+                    sys.exit("%s: a client did not get ready (see its error above)" % peer)
     t0 = time.monotonic_ns() + 20_000_000
     end.value = t0 + int(float(seconds) * 1e9)
     start.value = t0

@@ -9,7 +9,11 @@
  *  - 3 of 5 masters dark under a held, renewed lock: on_lost no later than
  *    the lease deadline + TU_SCHED_GRACE_MS, and before the other client is granted;
  *  - one master slow (delay 150 ms each way): grants and renewals go on
- *    without waiting for it.
+ *    without waiting for it;
+ *  - that slow master also behind (its fence counter at 0, the others' at
+ *    1000): the grant does not wait for it (fence 1001), and its late reply
+ *    — a grant below 1001 — raises it to the fence before its next request,
+ *    so that masters left behind cannot add up to a quorum.
  * Usage: redlock_net (DLOCK_TEST_URI_FILE names the masters' URI)
  */
 #include "stores/redis_common_test.h"
@@ -168,6 +172,77 @@ static void case_slow_master(dlock_store *faulty, dlock_store *direct)
 	dlock_lock_free(b);
 }
 
+/* A direct connection to master i of the redlock:// URI (not through the proxy). */
+static redisContext *master(int i)
+{
+	const char *p = strstr(uri, "://");
+	p = p ? p + 3 : uri;
+	for (int k = 0; k < i && p; k++)
+		if ((p = strchr(p, ',')))
+			p++;
+	char hp[300];
+	snprintf(hp, sizeof(hp), "redis://%.*s", p ? (int)strcspn(p, ",/?") : 0, p ? p : "");
+	return rt_raw(hp);
+}
+
+/* The fence counter of `name` on master i (GET of "{prefix:name}:f"), or -1. */
+static long long counter(int i, const char *name, const char *set)
+{
+	redisContext *c = master(i);
+	char pattern[200];
+	snprintf(pattern, sizeof(pattern), "{*:%s}:f", name);
+	redisReply *k = redisCommand(c, "KEYS %s", pattern);
+	long long v = -1;
+	if (k && k->type == REDIS_REPLY_ARRAY && k->elements == 1) {
+		redisReply *r = set ? redisCommand(c, "SET %s %s", k->element[0]->str, set)
+				    : redisCommand(c, "GET %s", k->element[0]->str);
+		if (r && r->type == REDIS_REPLY_STRING)
+			v = strtoll(r->str, NULL, 10);
+		else if (r && r->type == REDIS_REPLY_STATUS)
+			v = strtoll(set, NULL, 10);
+		if (r)
+			freeReplyObject(r);
+	}
+	if (k)
+		freeReplyObject(k);
+	redisFree(c);
+	return v;
+}
+
+static void case_far_behind(dlock_store *faulty, dlock_store *direct)
+{
+	(void)direct;
+	dlock_lock *a = nu_lock(faulty, "net-far", 10000, 0);
+	CHECK_RC(dlock_acquire(a, 0), 0); /* not a new name: a grant need not wait for all */
+	CHECK_RC(dlock_release(a), 0);
+	for (int i = 0; i < 5; i++)
+		CHECK(counter(i, "net-far", i < 4 ? "1000" : "0") == (i < 4 ? 1000 : 0));
+	set_routes(4, 5, "delay 150");
+	long long t = tu_now_ms();
+	CHECK_RC(dlock_acquire(a, 0), 0);
+	long long took = tu_now_ms() - t;
+	uint64_t f = dlock_fence(a);
+	CHECK_RC(dlock_release(a), 0);
+	/* the late grant (fence 1) comes ~300 ms later; the next rounds read it
+	 * and raise master 4 first (polled: nothing signals its arrival) */
+	long long c4 = counter(4, "net-far", NULL);
+	int cycles = 0;
+	for (long long end = tu_now_ms() + 5000; tu_now_ms() < end && c4 < (long long)f; cycles++) {
+		CHECK_RC(dlock_acquire(a, 0), 0);
+		CHECK_RC(dlock_release(a), 0);
+		nap(20);
+		c4 = counter(4, "net-far", NULL);
+	}
+	printf("one master 300 ms away and behind (0 vs 1000): granted fence %llu in %lld ms; its counter %lld "
+	       "after %d more pairs\n",
+	       (unsigned long long)f, took, c4, cycles);
+	CHECK(f == 1001);
+	CHECK(took < 150);
+	CHECK(c4 >= (long long)f);
+	set_routes(4, 5, "pass");
+	dlock_lock_free(a);
+}
+
 int main(void)
 {
 	rt_read_uri(uri, sizeof(uri));
@@ -185,7 +260,7 @@ int main(void)
 	/* a proxied store per case: the core's background retries of one case's
 	 * unconfirmed releases would hold the store up in the next (see the report) */
 	void (*cases[])(dlock_store *, dlock_store *) = { case_lost_replies, case_dark_wait, case_dark_holder,
-							  case_slow_master };
+							  case_slow_master, case_far_behind };
 	for (size_t i = 0; direct && i < sizeof(cases) / sizeof(cases[0]); i++) {
 		dlock_store *faulty = NULL;
 		CHECK_RC(dlock_store_open(&faulty, puri), 0);

@@ -59,7 +59,7 @@ typedef struct rlock {
 	int64_t request_timeout_ms; /* status and list, from their start */
 	redisContext **c;
 	int64_t *quiet_until; /* a master whose connect just failed is left alone until then */
-	int *owed;            /* replies still to come on a master's connection, to be skipped */
+	struct rl_owed *owed; /* per master: replies still to come from rounds that did not wait */
 	char sha[RL_NSCRIPTS][41];
 	dlock__rnotify *nt;
 } rlock;
@@ -101,6 +101,34 @@ static int64_t master_timeout(const rlock *s)
 /* Replies owed on one connection before it may carry a new request's answer:
  * beyond this the master is treated as gone (its connection dropped). */
 #define OWED_MAX 64
+/* Raises of a master found behind, kept for its next round; beyond this the
+ * oldest is forgotten (the master stays behind, as a silent one does). */
+#define RAISE_MAX 8
+
+/*
+ * An acquire whose round did not wait for every master (a far zone answers
+ * after the quorum). Its late replies are still read: a master that granted
+ * it below the fence handed out is behind, and is raised to that fence before
+ * its next request, so that masters left behind do not add up to a quorum.
+ */
+typedef struct rl_grant {
+	int refs;
+	uint64_t top; /* the fence of the grant; 0 while unknown */
+	char key[DLOCK__REDIS_KEY_MAX];
+} rl_grant;
+
+typedef struct rl_owed {
+	rl_grant *late[OWED_MAX]; /* per owed reply, oldest first: its acquire, or NULL (skip it) */
+	unsigned head, n;
+	rl_grant *raise[RAISE_MAX]; /* raises to send before the master's next request */
+	unsigned nraise;
+} rl_owed;
+
+static void grant_put(rl_grant *g)
+{
+	if (g && --g->refs == 0)
+		free(g);
+}
 
 static int64_t min64(int64_t a, int64_t b)
 {
@@ -112,7 +140,74 @@ static void drop(rlock *s, size_t i)
 	if (s->c[i])
 		dlock__rfree(s->c[i]);
 	s->c[i] = NULL;
-	s->owed[i] = 0;
+	if (!s->owed)
+		return;
+	rl_owed *o = &s->owed[i];
+	for (; o->n; o->n--, o->head = (o->head + 1) % OWED_MAX)
+		grant_put(o->late[o->head]);
+	o->head = 0;
+	while (o->nraise)
+		grant_put(o->raise[--o->nraise]);
+}
+
+/* One more reply owed by master i: that of acquire g's request, or (NULL) one
+ * to skip. false: too many were owed, and the connection was dropped. */
+static bool owe(rlock *s, size_t i, rl_grant *g)
+{
+	rl_owed *o = &s->owed[i];
+	if (o->n == OWED_MAX) {
+		drop(s, i);
+		return false;
+	}
+	o->late[(o->head + o->n++) % OWED_MAX] = g;
+	if (g)
+		g->refs++;
+	return true;
+}
+
+/* A late reply r of master i (owned): if it is a grant below its acquire's
+ * fence, the master is raised before its next request. */
+static void late_reply(rlock *s, size_t i, redisReply *r)
+{
+	rl_owed *o = &s->owed[i];
+	rl_grant *g = o->late[o->head];
+	o->head = (o->head + 1) % OWED_MAX;
+	o->n--;
+	uint64_t f = 0;
+	int64_t retry;
+	dlock__saved_error saved;
+	dlock__error_save(&saved);
+	if (g && g->top && dlock__racquire_reply(r, &f, &retry, KIND) == 0 && f < g->top) {
+		if (o->nraise == RAISE_MAX) {
+			grant_put(o->raise[0]);
+			memmove(o->raise, o->raise + 1, (RAISE_MAX - 1) * sizeof(*o->raise));
+			o->nraise--;
+		}
+		o->raise[o->nraise++] = g;
+		g = NULL; /* the raise list has its reference now */
+	}
+	dlock__error_restore(&saved);
+	freeReplyObject(r);
+	grant_put(g);
+}
+
+/* Append master i's pending raises ahead of a request (their replies owed). */
+static void append_raises(rlock *s, size_t i)
+{
+	rl_owed *o = &s->owed[i];
+	unsigned n = o->nraise;
+	o->nraise = 0;
+	for (unsigned k = 0; k < n; k++) {
+		rl_grant *g = o->raise[k];
+		char tok[24];
+		/* EVAL, not EVALSHA: a master behind may be one that restarted empty */
+		const char *argv[5] = { "EVAL", script_text(DLOCK__RS_RAISE), "1", g->key, tok };
+		size_t lens[5] = { 4, strlen(argv[1]), 1, strlen(g->key), 0 };
+		lens[4] = (size_t)snprintf(tok, sizeof(tok), "%llu", (unsigned long long)g->top);
+		if (s->c[i] && owe(s, i, NULL))
+			redisAppendCommandArgv(s->c[i], 5, argv, lens);
+		grant_put(g);
+	}
 }
 
 /* A request that got no answer; `keep` when nothing was sent on the
@@ -180,14 +275,27 @@ static bool flush(redisContext *c)
 /* Whether the answers so far decide a round (the rest may be left owed). */
 typedef bool (*rl_enough)(const rlock *s, const rl_op *ops, void *arg);
 
+/* What a decided round does about the masters still silent. */
+typedef struct rl_after {
+	bool prompt;     /* do not wait for them (else: as long again as the round took) */
+	rl_grant *grant; /* an acquire's round: their late replies are read for it */
+} rl_after;
+
+/* Acquire, raise, release and cancel answer the caller as soon as a quorum
+ * decides; renewals wait for slow masters a little (their repair needs the
+ * answers). */
+static const rl_after PROMPT = { true, NULL };
+
 /*
  * Send one command to every master (ops[i].want) at once and collect the
  * answers until each has answered, `tmo` ms passed, or `deadline` (absolute,
  * dlock_clock_ms) came, whichever is first. When `enough` says the answers
  * so far decide the request, the round waits only as long again as it took
- * for the others (slow but alive masters still count when in step); a master
- * still silent then keeps its connection and its reply is skipped when it
- * comes (owed): its outcome is unknown to the caller (ops[i].sent, no
+ * for the others (slow but alive masters still count when in step) — or,
+ * with after->prompt, takes only the answers already there; a master
+ * still silent then keeps its connection and its reply is read when it
+ * comes (owed; an acquire's, after->grant, may show that master behind, see
+ * rl_grant): its outcome is unknown to the caller (ops[i].sent, no
  * answer), like a timeout's, but the master is not treated as hung. script >= 0: EVALSHA of that
  * script (argv[0..1] are filled in here); script < 0: argv as it is. A
  * master that times out loses its connection (a late reply would answer the
@@ -197,11 +305,11 @@ typedef bool (*rl_enough)(const rlock *s, const rl_op *ops, void *arg);
  * reconnect costs no extra round trip.
  */
 static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **argv, size_t *lens, int64_t tmo,
-		     int64_t deadline, rl_enough enough, void *arg)
+		     int64_t deadline, rl_enough enough, void *arg, const rl_after *after)
 {
 	int64_t now = dlock_clock_ms();
 	int64_t end = min64(now + tmo, deadline);
-	bool decided = false;
+	bool decided = false, drained = false;
 	/* hiredis would resolve with a blocking getaddrinfo: the names of the
 	 * masters to connect are resolved here, all at once, by the deadline */
 	size_t need = 0;
@@ -315,6 +423,11 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 				op->skip++;
 			}
 		}
+		append_raises(s, i);
+		if (!s->c[i]) {
+			op_fail_keep(s, op, i, "too many replies owed", true);
+			continue;
+		}
 		append_cmd(s, i, op, script, argc, argv, lens);
 		op->sent = true;
 		if (!flush(s->c[i]))
@@ -348,24 +461,29 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 		int64_t t = dlock_clock_ms();
 		if (enough && !decided && enough(s, ops, arg)) {
 			decided = true;
-			end = min64(end, t + (t - now) + 2);
+			end = min64(end, after && after->prompt ? t : t + (t - now) + 2);
 		}
 		int64_t left = end - t;
-		if (left <= 0 && decided) {
+		if (left <= 0 && decided && !drained) {
+			drained = true; /* read the answers already there, without waiting */
+			left = 0;
+		} else if (left <= 0 && decided) {
 			for (size_t k = 0; k < np; k++) {
 				size_t i = idx[k];
 				ops[i].rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "EIO",
 							    "redlock master %s:%d: slower than the others", s->srv[i].host,
 							    s->srv[i].port);
 				ops[i].done = true;
-				/* its reply, and those of a fresh connection's AUTH/SELECT */
-				s->owed[i] += 1 + ops[i].skip;
-				if (s->owed[i] > OWED_MAX)
-					drop(s, i);
+				/* those of a fresh connection's AUTH/SELECT, then its reply */
+				bool kept = true;
+				for (int h = 0; kept && h < ops[i].skip; h++)
+					kept = owe(s, i, NULL);
+				if (kept)
+					owe(s, i, after ? after->grant : NULL);
 			}
 			break;
 		}
-		if (left <= 0) {
+		if (left <= 0 && !decided) {
 			for (size_t k = 0; k < np; k++) {
 				char what[80];
 				snprintf(what, sizeof(what), "timed out (no answer within %lld ms)",
@@ -393,9 +511,8 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 			while (!op->done && dlock__rget_reply(s->c[i], &v) == REDIS_OK && v) {
 				redisReply *r = v;
 				v = NULL;
-				if (s->owed[i] > 0) { /* the answer to an earlier round that did not wait for it */
-					s->owed[i]--;
-					freeReplyObject(r);
+				if (s->owed[i].n > 0) { /* the answer to an earlier round that did not wait for it */
+					late_reply(s, i, r);
 					continue;
 				}
 				if (op->skip > 0) {
@@ -565,7 +682,7 @@ static size_t undo(rlock *s, rl_op *ops, const dlock__rkeys *k, const dlock_requ
 	}
 	if (!want)
 		return 0;
-	rl_round(s, ops, DLOCK__RS_RELEASE, r.argc, r.argv, r.lens, tmo, deadline, NULL, NULL);
+	rl_round(s, ops, DLOCK__RS_RELEASE, r.argc, r.argv, r.lens, tmo, deadline, NULL, NULL, NULL);
 	size_t left = 0;
 	for (size_t i = 0; i < s->n; i++)
 		left += maybe[i] && !ops[i].answered;
@@ -608,8 +725,17 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	/* the try itself may use the time up to the deadline less what an undo
 	 * needs (a third of the time left, at most one per-master timeout) */
 	int64_t try_end = deadline - min64((deadline - t0) / 3, tmo);
+	rl_grant *g = calloc(1, sizeof(*g));
+	if (!g) {
+		free(ops);
+		free(maybe);
+		return dlock__oom();
+	}
+	g->refs = 1;
+	snprintf(g->key, sizeof(g->key), "%s", k.k[DLOCK__RK_H]);
+	const rl_after after = { true, g };
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens, tmo, try_end, acquire_decided, NULL);
+	rl_round(s, ops, DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens, tmo, try_end, acquire_decided, NULL, &after);
 	size_t grants = 0, refused = 0, at_top = 0, unknown = 0;
 	uint64_t top = 0;
 	int64_t soonest = -1;
@@ -647,6 +773,9 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	}
 	ops_clear(s, ops);
 	bool ok = grants >= s->quorum && dlock_clock_ms() - t0 < req->ttl_ms - drift;
+	if (grants >= s->quorum)
+		g->top = top; /* a late grant below it raises its master (even if this try fails: harmless) */
+	grant_put(g);
 	/* When every granting master counted up to the token (masters in step: the
 	 * usual case), a quorum already holds it: no second round. A master behind
 	 * (it missed grants, or came back without its data) is raised now, so that
@@ -663,7 +792,7 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		lens[4] = (size_t)snprintf(tok, sizeof(tok), "%llu", (unsigned long long)top);
 		argv[4] = tok;
 		ops_all(s, ops);
-		rl_round(s, ops, DLOCK__RS_RAISE, 5, argv, lens, tmo, try_end, raise_decided, &top);
+		rl_round(s, ops, DLOCK__RS_RAISE, 5, argv, lens, tmo, try_end, raise_decided, &top, &PROMPT);
 		size_t raised = 0;
 		for (size_t i = 0; i < s->n; i++) {
 			long long v;
@@ -720,7 +849,7 @@ static int rl_release(dlock_backend *be, dlock_request *req)
 	dlock__rargs_owner(&a, &k, req);
 	ops_all(s, ops);
 	rl_round(s, ops, DLOCK__RS_RELEASE, a.argc, a.argv, a.lens, master_timeout(s), req->deadline_ms,
-		 release_decided, NULL);
+		 release_decided, NULL, &PROMPT);
 	size_t released = 0, answered = 0;
 	char errmsg[256] = "";
 	for (size_t i = 0; i < s->n; i++) {
@@ -822,7 +951,7 @@ static void repair(rlock *s, dlock_request *const *reqs, size_t n, unsigned char
 	}
 	if (!any)
 		goto out;
-	rl_round(s, ops, RL_REPAIR, 0, NULL, NULL, tmo, deadline, NULL, NULL);
+	rl_round(s, ops, RL_REPAIR, 0, NULL, NULL, tmo, deadline, NULL, NULL, NULL);
 	for (size_t i = 0; i < s->n; i++) {
 		redisReply *r = ops[i].reply;
 		if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != cnt[i])
@@ -883,7 +1012,7 @@ static int rl_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 	int64_t tmo = min64(master_timeout(s), ttl - drift_ms(s, ttl)), deadline = reqs[0]->deadline_ms;
 	ops_all(s, ops);
 	size_t nn = n;
-	rl_round(s, ops, DLOCK__RS_RENEW, b.argc, b.argv, b.lens, tmo, deadline, renew_decided, &nn);
+	rl_round(s, ops, DLOCK__RS_RENEW, b.argc, b.argv, b.lens, tmo, deadline, renew_decided, &nn, NULL);
 	size_t answered = 0;
 	bool missing = false;
 	for (size_t i = 0; i < s->n; i++) {
@@ -978,7 +1107,7 @@ static int rl_cancel(dlock_backend *be, dlock_request *req)
 	req->slot = NULL;
 	ops_all(s, ops);
 	rl_round(s, ops, DLOCK__RS_CANCEL, a.argc, a.argv, a.lens, master_timeout(s), req->deadline_ms, release_decided,
-		 NULL);
+		 NULL, &PROMPT);
 	ops_clear(s, ops);
 	free(ops);
 	return 0;
@@ -995,7 +1124,7 @@ static int status_one(rlock *s, const char *name, dlock_lock_status **out, size_
 	dlock__rkeys_make(&k, s->prefix, name);
 	dlock__rargs_status(&a, &k);
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_STATUS, a.argc, a.argv, a.lens, master_timeout(s), deadline, NULL, NULL);
+	rl_round(s, ops, DLOCK__RS_STATUS, a.argc, a.argv, a.lens, master_timeout(s), deadline, NULL, NULL, NULL);
 	dlock_lock_status *per = NULL;
 	size_t nper = 0;
 	int rc = 0;
@@ -1079,7 +1208,7 @@ static int rl_list(dlock_backend *be, char ***names, size_t *n)
 			break;
 		if (!s->c[i] && dlock_clock_ms() < s->quiet_until[i])
 			continue;
-		if (s->owed[i])
+		if (s->owed[i].n)
 			drop(s, i); /* SCAN below reads the next reply as its own */
 		dlock__rserver cut = s->srv[i];
 		cut.connect_timeout_ms = min64(cut.connect_timeout_ms, left);
@@ -1142,7 +1271,7 @@ static size_t load_scripts(rlock *s, int64_t deadline, int *err, char *msg, size
 			any |= ops[i].want = j == 0 || up[i];
 		if (!any)
 			break;
-		rl_round(s, ops, -1, 3, argv, lens, deadline - dlock_clock_ms(), deadline, NULL, NULL);
+		rl_round(s, ops, -1, 3, argv, lens, deadline - dlock_clock_ms(), deadline, NULL, NULL, NULL);
 		for (size_t i = 0; i < s->n; i++) {
 			redisReply *r = ops[i].reply;
 			if (j == 0 && r) {
@@ -1223,7 +1352,7 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 	s->request_timeout_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : 2000;
 	dlock_backend_init(&s->base, &rl_methods);
 	if (!(s->c = calloc(n, sizeof(*s->c))) || !(s->quiet_until = calloc(n, sizeof(int64_t))) ||
-	    !(s->owed = calloc(n, sizeof(int))) || (uri->user && !(s->user = dlock__strdup(uri->user))) ||
+	    !(s->owed = calloc(n, sizeof(*s->owed))) || (uri->user && !(s->user = dlock__strdup(uri->user))) ||
 	    (uri->password && !(s->password = dlock__strdup(uri->password))) ||
 	    !(s->prefix = dlock__strdup(uri->prefix))) {
 		rl_close(&s->base);
