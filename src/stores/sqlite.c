@@ -558,6 +558,7 @@ typedef struct bells {
 	int ifd;              /* inotify: one watch per bell file a waiter here listens to */
 	int bucket_wd[NBELLS]; /* the bucket files' watches, -1: not watched */
 	int stop[2];          /* a pipe: close asks the thread to end */
+	mode_t mode;          /* of the directory, made again if it vanished */
 	pthread_t thread;
 	bool started;
 } bells;
@@ -643,7 +644,7 @@ static void *bells_main(void *arg)
 		ssize_t n = read(bl->ifd, buf, sizeof buf);
 		if (n <= 0)
 			continue;
-		bool rung[NBELLS] = { false }, all = false;
+		bool rung[NBELLS] = { false }, lost[NBELLS] = { false }, all = false;
 		int own[64], gone[64];
 		size_t nown = 0, ngone = 0;
 		pthread_mutex_lock(&bl->mu);
@@ -658,15 +659,19 @@ static void *bells_main(void *arg)
 			for (unsigned v = 0; v < NBELLS && !bucket; v++)
 				if (bl->bucket_wd[v] == ev->wd) {
 					bucket = true;
-					if (ev->mask & IN_IGNORED)
-						bl->bucket_wd[v] = -1; /* the file went: watched again at the next watch */
-					else
+					if (ev->mask & IN_IGNORED) {
+						/* the file went (deleted): its listeners look now,
+						 * and their next try makes and watches it again */
+						bl->bucket_wd[v] = -1;
+						lost[v] = true;
+					} else {
 						rung[v] = true;
+					}
 				}
 			if (bucket)
 				continue;
-			if (ev->mask & IN_IGNORED) /* an own bell rung and removed */
-				ngone < 64 ? (void)(gone[ngone++] = ev->wd) : (void)0;
+			if (ev->mask & IN_IGNORED) /* an own bell removed: rung, or deleted by someone */
+				ngone < 64 ? (void)(gone[ngone++] = ev->wd) : (void)(all = true);
 			else if (ev->mask & IN_CLOSE_WRITE)
 				nown < 64 ? (void)(own[nown++] = ev->wd) : (void)(all = true);
 		}
@@ -675,11 +680,13 @@ static void *bells_main(void *arg)
 			for (size_t i = 0; i < nown && !mine; i++)
 				mine = w->own_wd >= 0 && own[i] == w->own_wd;
 			for (size_t i = 0; i < ngone; i++)
-				if (w->own_wd >= 0 && gone[i] == w->own_wd)
+				if (w->own_wd >= 0 && gone[i] == w->own_wd) {
 					w->own_wd = -1;
+					mine = true; /* to watch a new one (after a ring: a second wake, harmless) */
+				}
 			if (mine)
 				dlock_backend_wake_owner(&b->base, w->owner);
-			else if (all || (rung[w->bucket] && !w->behind))
+			else if (all || lost[w->bucket] || (rung[w->bucket] && !w->behind))
 				dlock_backend_wake(&b->base, w->name);
 		}
 		pthread_mutex_unlock(&bl->mu);
@@ -729,6 +736,7 @@ static int bells_start(sqlite_backend *b)
 	mode_t mode = 0700;
 	if (dir && stat(b->paths[0], &dbst) == 0)
 		mode |= (dbst.st_mode & 0020 ? 0070 : 0) | (dbst.st_mode & 0002 ? 0007 : 0);
+	bl->mode = mode;
 	if (!dir || (mkdir(dir, mode) != 0 && errno != EEXIST) ||
 	    (bl->ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0 ||
 	    pipe2(bl->stop, O_CLOEXEC) != 0 || pthread_create(&bl->thread, NULL, bells_main, b) != 0) {
@@ -780,6 +788,12 @@ static int watch_bell(const sqlite_backend *b, const char *file, int *wd)
 	char *f = bell_path(b, file);
 	if (f) {
 		int fd = open(f, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+		if (fd < 0 && errno == ENOENT) { /* the directory vanished: make it again */
+			char *dir = bells_dir(b);
+			if (dir && (mkdir(dir, b->bells->mode) == 0 || errno == EEXIST))
+				fd = open(f, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+			free(dir);
+		}
 		if (fd >= 0) {
 			close(fd);
 			*wd = inotify_add_watch(b->bells->ifd, f, IN_CLOSE_WRITE | IN_DONT_FOLLOW);

@@ -11,12 +11,18 @@
  * a holder; the holder lets go, the first is granted — which must ring the
  * second's bell — and when the first lets go the second is granted at once:
  * had its own bell not rung, it would still be listening for it alone and
- * come back only when its 1 s nap ends. */
+ * come back only when its 1 s nap ends.
+ *
+ * Every file can vanish: a waiter's bell files deleted while it waits, then
+ * the whole bell directory: the waiter looks at once, watches new ones (the
+ * directory made again), and the next release still wakes it within
+ * milliseconds — not at its nap. */
 #include "testutil/testutil.h"
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <string.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -120,6 +126,73 @@ static bool waiters_reach(dlock_store *s, const char *name, size_t want)
 		usleep(2000);
 	}
 	return false;
+}
+
+typedef struct vanish_waiter {
+	dlock_lock *l;
+	int rc;
+	long long granted;
+} vanish_waiter;
+
+static void *vanish_wait(void *arg)
+{
+	vanish_waiter *v = arg;
+	v->rc = dlock_acquire(v->l, 15000);
+	v->granted = mono_ms();
+	if (v->rc == 0)
+		v->rc = dlock_release(v->l);
+	return NULL;
+}
+
+/* Remove every file of the bell directory (and, if `dir_too`, the directory). */
+static int clear_bells(const char *bells, bool dir_too)
+{
+	int n = 0;
+	DIR *d = opendir(bells);
+	for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+		if (e->d_name[0] != '.' && unlinkat(dirfd(d), e->d_name, 0) == 0)
+			n++;
+	if (d)
+		closedir(d);
+	if (dir_too && rmdir(bells) != 0)
+		return -1;
+	return n;
+}
+
+/* A waiter in its own handle; its bell files (or the directory) are removed
+ * while it waits; then the holder releases: granted within milliseconds. */
+static void vanish(const char *uri, const char *bells, bool dir_too)
+{
+	dlock_store *s1 = NULL, *s2 = NULL;
+	CHECK_RC(dlock_store_open(&s1, uri), 0);
+	CHECK_RC(dlock_store_open(&s2, uri), 0);
+	if (!s1 || !s2)
+		return;
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 30000;
+	dlock_lock *h = NULL;
+	vanish_waiter v = { NULL, -1, 0 };
+	CHECK_RC(dlock_lock_new(&h, s1, "vanish", &o), 0);
+	CHECK_RC(dlock_lock_new(&v.l, s2, "vanish", &o), 0);
+	CHECK_RC(dlock_acquire(h, 0), 0);
+	pthread_t t;
+	pthread_create(&t, NULL, vanish_wait, &v);
+	CHECK(waiters_reach(s1, "vanish", 1)); /* registered: its bells are watched */
+	int removed = clear_bells(bells, dir_too);
+	CHECK(removed >= 2); /* its bucket's bell and its own */
+	long long released = mono_ms();
+	CHECK_RC(dlock_release(h), 0);
+	pthread_join(t, NULL);
+	CHECK_RC(v.rc, 0);
+	printf("%s removed while waiting: granted %lld ms after the release\n",
+	       dir_too ? "the bell directory" : "the bell files", v.granted - released);
+	CHECK(v.granted - released < 400 + TU_SCHED_GRACE_MS); /* rung: not the 1 s nap */
+	struct stat st;
+	CHECK(stat(bells, &st) == 0 && S_ISDIR(st.st_mode));
+	dlock_lock_free(h);
+	dlock_lock_free(v.l);
+	dlock_store_close(s1);
+	dlock_store_close(s2);
 }
 
 int main(int argc, char **argv)
@@ -258,6 +331,8 @@ int main(int argc, char **argv)
 		close(from_w[k][0]);
 	}
 	dlock_lock_free(h);
+	vanish(uri, bells, false);
+	vanish(uri, bells, true);
 	/* A waiter that died waiting leaves its own bell file: one untouched for
 	 * an hour is removed when a handle starts its bells; a recent one stays. */
 	char stale[760], recent[760];
