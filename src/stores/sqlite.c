@@ -841,7 +841,8 @@ static int sq_watch(dlock_backend *be, const dlock_request *req)
 		char bucket[8], own[24];
 		snprintf(bucket, sizeof bucket, "%02x", w->bucket);
 		bell_name(b, w->owner, own, sizeof own);
-		if (!(rc = watch_bell(b, bucket, &bl->bucket_wd[w->bucket])))
+		/* only a fair waiter may be rung alone (when it comes to the front) */
+		if (!(rc = watch_bell(b, bucket, &bl->bucket_wd[w->bucket])) && req->fair)
 			rc = watch_bell(b, own, &w->own_wd);
 	}
 	pthread_mutex_unlock(&bl->mu);
@@ -971,7 +972,13 @@ static int sq_release(dlock_backend *be, dlock_request *req)
 		return rc;
 	if (sqlite3_changes(b->db) == 0)
 		return DLOCK_ENOTHELD; /* the core words it */
-	ring(b, req->name);
+	/* Ring only for a queued waiter: a waiter's try registers it in the same
+	 * write transaction as it saw the hold, so one that saw this hold is in
+	 * the queue now (a read failure rings: a spurious ring costs one try). */
+	int err = 0;
+	if (step_int(b, prep(b, Q_ANY_WAITERS, req->name, NULL), 0, 1, &err) != 0 || err)
+		ring(b, req->name);
+	dlock_error_clear();
 	return 0;
 }
 

@@ -16,7 +16,11 @@
  * Every file can vanish: a waiter's bell files deleted while it waits, then
  * the whole bell directory: the waiter looks at once, watches new ones (the
  * directory made again), and the next release still wakes it within
- * milliseconds — not at its nap. */
+ * milliseconds — not at its nap.
+ *
+ * A release rings only when a waiter is queued: 20 waiting acquires and
+ * releases of a free name ring nothing (counted with an inotify watch of the
+ * test's own on the directory); one with a waiter queued rings. */
 #include "testutil/testutil.h"
 
 #include <dirent.h>
@@ -26,6 +30,7 @@
 #include <string.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -159,9 +164,10 @@ static int clear_bells(const char *bells, bool dir_too)
 	return n;
 }
 
-/* A waiter in its own handle; its bell files (or the directory) are removed
- * while it waits; then the holder releases: granted within milliseconds. */
-static void vanish(const char *uri, const char *bells, bool dir_too)
+/* A waiter in its own handle (fair: it listens to its own bell too); its
+ * bell files (or the directory) are removed while it waits; then the holder
+ * releases: granted within milliseconds. */
+static void vanish(const char *uri, const char *bells, bool dir_too, bool fair)
 {
 	dlock_store *s1 = NULL, *s2 = NULL;
 	CHECK_RC(dlock_store_open(&s1, uri), 0);
@@ -173,19 +179,21 @@ static void vanish(const char *uri, const char *bells, bool dir_too)
 	dlock_lock *h = NULL;
 	vanish_waiter v = { NULL, -1, 0 };
 	CHECK_RC(dlock_lock_new(&h, s1, "vanish", &o), 0);
+	o.fair = fair;
 	CHECK_RC(dlock_lock_new(&v.l, s2, "vanish", &o), 0);
 	CHECK_RC(dlock_acquire(h, 0), 0);
 	pthread_t t;
 	pthread_create(&t, NULL, vanish_wait, &v);
 	CHECK(waiters_reach(s1, "vanish", 1)); /* registered: its bells are watched */
 	int removed = clear_bells(bells, dir_too);
-	CHECK(removed >= 2); /* its bucket's bell and its own */
+	CHECK(removed >= (fair ? 2 : 1)); /* its bucket's bell (and its own) */
 	long long released = mono_ms();
 	CHECK_RC(dlock_release(h), 0);
 	pthread_join(t, NULL);
 	CHECK_RC(v.rc, 0);
-	printf("%s removed while waiting: granted %lld ms after the release\n",
-	       dir_too ? "the bell directory" : "the bell files", v.granted - released);
+	printf("%s removed while a%s waiter waits: granted %lld ms after the release\n",
+	       dir_too ? "the bell directory" : "the bell files", fair ? " fair" : "n unfair",
+	       v.granted - released);
 	CHECK(v.granted - released < 400 + TU_SCHED_GRACE_MS); /* rung: not the 1 s nap */
 	struct stat st;
 	CHECK(stat(bells, &st) == 0 && S_ISDIR(st.st_mode));
@@ -193,6 +201,61 @@ static void vanish(const char *uri, const char *bells, bool dir_too)
 	dlock_lock_free(v.l);
 	dlock_store_close(s1);
 	dlock_store_close(s2);
+}
+
+/* Rings (a bell file closed after writing) in the directory since the last
+ * read: 0, or at least 1 (inotify merges repeats of one file). */
+static int rings(int ifd)
+{
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+	int n = 0;
+	ssize_t got;
+	while ((got = read(ifd, buf, sizeof buf)) > 0)
+		for (char *q = buf; q < buf + got;) {
+			struct inotify_event *ev = (struct inotify_event *)q;
+			n += (ev->mask & IN_CLOSE_WRITE) != 0;
+			q += sizeof(*ev) + ev->len;
+		}
+	return n;
+}
+
+static void quiet_release(const char *uri, const char *bells)
+{
+	int ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	CHECK(ifd >= 0 && inotify_add_watch(ifd, bells, IN_CLOSE_WRITE) >= 0);
+	dlock_store *s1 = NULL, *s2 = NULL;
+	CHECK_RC(dlock_store_open(&s1, uri), 0);
+	CHECK_RC(dlock_store_open(&s2, uri), 0);
+	if (!s1 || !s2 || ifd < 0)
+		return;
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 30000;
+	dlock_lock *h = NULL;
+	vanish_waiter v = { NULL, -1, 0 };
+	CHECK_RC(dlock_lock_new(&h, s1, "quiet", &o), 0);
+	CHECK_RC(dlock_lock_new(&v.l, s2, "quiet", &o), 0);
+	for (int i = 0; i < 20; i++) {
+		CHECK_RC(dlock_acquire(h, 1000), 0); /* a waiting acquire: it watches its bells */
+		CHECK_RC(dlock_release(h), 0);
+	}
+	int quiet = rings(ifd);
+	CHECK_RC(dlock_acquire(h, 0), 0);
+	pthread_t t;
+	pthread_create(&t, NULL, vanish_wait, &v);
+	CHECK(waiters_reach(s1, "quiet", 1));
+	CHECK_RC(dlock_release(h), 0);
+	pthread_join(t, NULL);
+	CHECK_RC(v.rc, 0);
+	/* the ring's event was queued at its close, inside dlock_release */
+	int rung = rings(ifd);
+	printf("rings: %d for 20 releases nobody waited for, %d for one with a waiter\n", quiet, rung);
+	CHECK(quiet == 0);
+	CHECK(rung >= 1);
+	dlock_lock_free(h);
+	dlock_lock_free(v.l);
+	dlock_store_close(s1);
+	dlock_store_close(s2);
+	close(ifd);
 }
 
 int main(int argc, char **argv)
@@ -331,8 +394,9 @@ int main(int argc, char **argv)
 		close(from_w[k][0]);
 	}
 	dlock_lock_free(h);
-	vanish(uri, bells, false);
-	vanish(uri, bells, true);
+	vanish(uri, bells, false, true);
+	vanish(uri, bells, true, false);
+	quiet_release(uri, bells);
 	/* A waiter that died waiting leaves its own bell file: one untouched for
 	 * an hour is removed when a handle starts its bells; a recent one stays. */
 	char stale[760], recent[760];
