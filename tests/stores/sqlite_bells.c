@@ -133,15 +133,41 @@ static bool waiters_reach(dlock_store *s, const char *name, size_t want)
 	return false;
 }
 
-typedef struct vanish_waiter {
-	dlock_lock *l;
+/* A holder's and a waiter's handle on one name (the waiter's lock `fair`
+ * if asked), and the waiter's outcome when it waits in a thread. */
+typedef struct pair {
+	dlock_store *s1, *s2;
+	dlock_lock *h, *l;
 	int rc;
 	long long granted;
-} vanish_waiter;
+} pair;
+
+static bool pair_open(pair *p, const char *uri, const char *name, bool fair)
+{
+	*p = (pair){ .rc = -1 };
+	CHECK_RC(dlock_store_open(&p->s1, uri), 0);
+	CHECK_RC(dlock_store_open(&p->s2, uri), 0);
+	if (!p->s1 || !p->s2)
+		return false;
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 30000;
+	CHECK_RC(dlock_lock_new(&p->h, p->s1, name, &o), 0);
+	o.fair = fair;
+	CHECK_RC(dlock_lock_new(&p->l, p->s2, name, &o), 0);
+	return p->h && p->l;
+}
+
+static void pair_close(pair *p)
+{
+	dlock_lock_free(p->h);
+	dlock_lock_free(p->l);
+	dlock_store_close(p->s1);
+	dlock_store_close(p->s2);
+}
 
 static void *vanish_wait(void *arg)
 {
-	vanish_waiter *v = arg;
+	pair *v = arg;
 	v->rc = dlock_acquire(v->l, 15000);
 	v->granted = mono_ms();
 	if (v->rc == 0)
@@ -169,26 +195,19 @@ static int clear_bells(const char *bells, bool dir_too)
  * releases: granted within milliseconds. */
 static void vanish(const char *uri, const char *bells, bool dir_too, bool fair)
 {
-	dlock_store *s1 = NULL, *s2 = NULL;
-	CHECK_RC(dlock_store_open(&s1, uri), 0);
-	CHECK_RC(dlock_store_open(&s2, uri), 0);
-	if (!s1 || !s2)
+	pair v;
+	if (!pair_open(&v, uri, "vanish", fair)) {
+		pair_close(&v);
 		return;
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = 30000;
-	dlock_lock *h = NULL;
-	vanish_waiter v = { NULL, -1, 0 };
-	CHECK_RC(dlock_lock_new(&h, s1, "vanish", &o), 0);
-	o.fair = fair;
-	CHECK_RC(dlock_lock_new(&v.l, s2, "vanish", &o), 0);
-	CHECK_RC(dlock_acquire(h, 0), 0);
+	}
+	CHECK_RC(dlock_acquire(v.h, 0), 0);
 	pthread_t t;
 	pthread_create(&t, NULL, vanish_wait, &v);
-	CHECK(waiters_reach(s1, "vanish", 1)); /* registered: its bells are watched */
+	CHECK(waiters_reach(v.s1, "vanish", 1)); /* registered: its bells are watched */
 	int removed = clear_bells(bells, dir_too);
 	CHECK(removed >= (fair ? 2 : 1)); /* its bucket's bell (and its own) */
 	long long released = mono_ms();
-	CHECK_RC(dlock_release(h), 0);
+	CHECK_RC(dlock_release(v.h), 0);
 	pthread_join(t, NULL);
 	CHECK_RC(v.rc, 0);
 	printf("%s removed while a%s waiter waits: granted %lld ms after the release\n",
@@ -197,10 +216,7 @@ static void vanish(const char *uri, const char *bells, bool dir_too, bool fair)
 	CHECK(v.granted - released < 400 + TU_SCHED_GRACE_MS); /* rung: not the 1 s nap */
 	struct stat st;
 	CHECK(stat(bells, &st) == 0 && S_ISDIR(st.st_mode));
-	dlock_lock_free(h);
-	dlock_lock_free(v.l);
-	dlock_store_close(s1);
-	dlock_store_close(s2);
+	pair_close(&v);
 }
 
 /* Rings (a bell file closed after writing) in the directory since the last
@@ -223,27 +239,24 @@ static void quiet_release(const char *uri, const char *bells)
 {
 	int ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
 	CHECK(ifd >= 0 && inotify_add_watch(ifd, bells, IN_CLOSE_WRITE) >= 0);
-	dlock_store *s1 = NULL, *s2 = NULL;
-	CHECK_RC(dlock_store_open(&s1, uri), 0);
-	CHECK_RC(dlock_store_open(&s2, uri), 0);
-	if (!s1 || !s2 || ifd < 0)
+	pair v;
+	if (ifd < 0 || !pair_open(&v, uri, "quiet", false)) {
+		if (ifd >= 0) {
+			close(ifd);
+			pair_close(&v);
+		}
 		return;
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = 30000;
-	dlock_lock *h = NULL;
-	vanish_waiter v = { NULL, -1, 0 };
-	CHECK_RC(dlock_lock_new(&h, s1, "quiet", &o), 0);
-	CHECK_RC(dlock_lock_new(&v.l, s2, "quiet", &o), 0);
+	}
 	for (int i = 0; i < 20; i++) {
-		CHECK_RC(dlock_acquire(h, 1000), 0); /* a waiting acquire: it watches its bells */
-		CHECK_RC(dlock_release(h), 0);
+		CHECK_RC(dlock_acquire(v.h, 1000), 0); /* a waiting acquire: it watches its bells */
+		CHECK_RC(dlock_release(v.h), 0);
 	}
 	int quiet = rings(ifd);
-	CHECK_RC(dlock_acquire(h, 0), 0);
+	CHECK_RC(dlock_acquire(v.h, 0), 0);
 	pthread_t t;
 	pthread_create(&t, NULL, vanish_wait, &v);
-	CHECK(waiters_reach(s1, "quiet", 1));
-	CHECK_RC(dlock_release(h), 0);
+	CHECK(waiters_reach(v.s1, "quiet", 1));
+	CHECK_RC(dlock_release(v.h), 0);
 	pthread_join(t, NULL);
 	CHECK_RC(v.rc, 0);
 	/* the ring's event was queued at its close, inside dlock_release */
@@ -251,10 +264,7 @@ static void quiet_release(const char *uri, const char *bells)
 	printf("rings: %d for 20 releases nobody waited for, %d for one with a waiter\n", quiet, rung);
 	CHECK(quiet == 0);
 	CHECK(rung >= 1);
-	dlock_lock_free(h);
-	dlock_lock_free(v.l);
-	dlock_store_close(s1);
-	dlock_store_close(s2);
+	pair_close(&v);
 	close(ifd);
 }
 
