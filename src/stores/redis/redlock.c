@@ -191,7 +191,9 @@ static void late_reply(rlock *s, size_t i, redisReply *r)
 	grant_put(g);
 }
 
-/* Append master i's pending raises ahead of a request (their replies owed). */
+/* Append master i's pending raises ahead of a request (their replies owed).
+ * A fresh connection has none (drop forgets them), so they never come
+ * between its AUTH/SELECT and their replies' checks. */
 static void append_raises(rlock *s, size_t i)
 {
 	rl_owed *o = &s->owed[i];
