@@ -1,7 +1,8 @@
 /*
  * PostgreSQL store: LISTEN/NOTIFY on one dedicated connection and its thread,
- * which feed the core's wake-up board (dlock_backend_wake): every release,
- * cancel and expiry that frees something notifies "<prefix>\x1f<name>".
+ * which feed the core's wake-up board (dlock_backend_wake): a release that a
+ * waiter queued behind (table mode: a hold it marked; advisory mode: every
+ * release) and every cancel notify "<prefix>\x1f<name>"; an expiry does not.
  */
 #include "pg.h"
 
