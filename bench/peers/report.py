@@ -365,7 +365,7 @@ def main():
            "with a session each; the other peers' clients are processes.",
            "- CPU is the client process's own (user + system), per 1000 acquire+release pairs; "
            "server CPU is not included.", ""]
-    targets = ["| target (issue 9) | this run |", "|---|---|"]
+    targets = ["| target (issues 9 and 17) | this run |", "|---|---|"]
     chart = []
     for s in STORES:
         store_section(s, R, out, targets, chart)
