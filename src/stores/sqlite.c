@@ -840,10 +840,11 @@ static int sq_watch(dlock_backend *be, const dlock_request *req)
 	if (w) {
 		char bucket[8], own[24];
 		snprintf(bucket, sizeof bucket, "%02x", w->bucket);
-		bell_name(b, w->owner, own, sizeof own);
 		/* only a fair waiter may be rung alone (when it comes to the front) */
-		if (!(rc = watch_bell(b, bucket, &bl->bucket_wd[w->bucket])) && req->fair)
+		if (!(rc = watch_bell(b, bucket, &bl->bucket_wd[w->bucket])) && req->fair) {
+			bell_name(b, w->owner, own, sizeof own);
 			rc = watch_bell(b, own, &w->own_wd);
+		}
 	}
 	pthread_mutex_unlock(&bl->mu);
 	return rc;

@@ -191,27 +191,6 @@ static void late_reply(rlock *s, size_t i, redisReply *r)
 	grant_put(g);
 }
 
-/* Append master i's pending raises ahead of a request (their replies owed).
- * A fresh connection has none (drop forgets them), so they never come
- * between its AUTH/SELECT and their replies' checks. */
-static void append_raises(rlock *s, size_t i)
-{
-	rl_owed *o = &s->owed[i];
-	unsigned n = o->nraise;
-	o->nraise = 0;
-	for (unsigned k = 0; k < n; k++) {
-		rl_grant *g = o->raise[k];
-		char tok[24];
-		/* EVAL, not EVALSHA: a master behind may be one that restarted empty */
-		const char *argv[5] = { "EVAL", script_text(DLOCK__RS_RAISE), "1", g->key, tok };
-		size_t lens[5] = { 4, strlen(argv[1]), 1, strlen(g->key), 0 };
-		lens[4] = (size_t)snprintf(tok, sizeof(tok), "%llu", (unsigned long long)g->top);
-		if (s->c[i] && owe(s, i, NULL))
-			redisAppendCommandArgv(s->c[i], 5, argv, lens);
-		grant_put(g);
-	}
-}
-
 /* A request that got no answer; `keep` when nothing was sent on the
  * connection (it carries no request whose reply could come late). */
 static int op_fail_keep(rlock *s, rl_op *op, size_t i, const char *what, bool keep)
@@ -263,6 +242,41 @@ static void append_cmd(rlock *s, size_t i, rl_op *op, int script, int argc, cons
 		lens[1] = strlen(argv[1]);
 	}
 	redisAppendCommandArgv(s->c[i], argc, argv, lens);
+}
+
+/* raise.lua's arguments after EVAL/EVALSHA and the script: one key, the fence
+ * (written into tok). */
+static void raise_args(const char **argv, size_t *lens, const char *key, size_t keylen, uint64_t top,
+		       char tok[24])
+{
+	argv[2] = "1";
+	lens[2] = 1;
+	argv[3] = key;
+	lens[3] = keylen;
+	lens[4] = (size_t)snprintf(tok, 24, "%llu", (unsigned long long)top);
+	argv[4] = tok;
+}
+
+/* Append master i's pending raises ahead of a request (their replies owed).
+ * A fresh connection has none (drop forgets them), so they never come
+ * between its AUTH/SELECT and their replies' checks. */
+static void append_raises(rlock *s, size_t i)
+{
+	rl_owed *o = &s->owed[i];
+	unsigned n = o->nraise;
+	o->nraise = 0;
+	for (unsigned k = 0; k < n; k++) {
+		rl_grant *g = o->raise[k];
+		char tok[24];
+		const char *argv[5];
+		size_t lens[5];
+		raise_args(argv, lens, g->key, strlen(g->key), g->top, tok);
+		/* EVAL, not EVALSHA: a master behind may be one that restarted empty */
+		rl_op op = { .eval = true };
+		if (s->c[i] && owe(s, i, NULL))
+			append_cmd(s, i, &op, DLOCK__RS_RAISE, 5, argv, lens);
+		grant_put(g);
+	}
 }
 
 static bool flush(redisContext *c)
@@ -787,12 +801,7 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		char tok[24];
 		const char *argv[5];
 		size_t lens[5];
-		argv[2] = "1";
-		lens[2] = 1;
-		argv[3] = k.k[DLOCK__RK_H];
-		lens[3] = k.len[DLOCK__RK_H];
-		lens[4] = (size_t)snprintf(tok, sizeof(tok), "%llu", (unsigned long long)top);
-		argv[4] = tok;
+		raise_args(argv, lens, k.k[DLOCK__RK_H], k.len[DLOCK__RK_H], top, tok);
 		ops_all(s, ops);
 		rl_round(s, ops, DLOCK__RS_RAISE, 5, argv, lens, tmo, try_end, raise_decided, &top, &PROMPT);
 		size_t raised = 0;
