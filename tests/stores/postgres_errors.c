@@ -33,6 +33,77 @@ static void expect_open(const char *u, int want)
 		CHECK(s == NULL);
 }
 
+/* The fence of an advisory acquire of `nm` on `s` (released at once). */
+static uint64_t adv_fence(dlock_store *s, const char *nm)
+{
+	dlock_lock *l = NULL;
+	uint64_t f = 0;
+	CHECK_RC(dlock_lock_new(&l, s, nm, NULL), 0);
+	if (l && dlock_acquire(l, 0) == 0) {
+		f = dlock_fence(l);
+		CHECK_RC(dlock_release(l), 0);
+	}
+	dlock_lock_free(l);
+	return f;
+}
+
+/* What a library older than schema version 4 sends for an advisory grant of
+ * `nm` (its fence counter row); the fence it would hand out. */
+static uint64_t old_adv_fence(PGconn *c, const char *nm)
+{
+	const char *v[] = { "dlock", nm };
+	PGresult *r = PQexecParams(c,
+		"INSERT INTO dlock_locks AS d (ns, name, fence) SELECT $1, $2, 1"
+		" ON CONFLICT (ns, name) DO UPDATE SET fence = d.fence + 1 RETURNING d.fence",
+		2, NULL, v, NULL, NULL, 0);
+	uint64_t f = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1
+			     ? strtoull(PQgetvalue(r, 0, 0), NULL, 10) : 0;
+	if (!f)
+		fprintf(stderr, "old advisory statement: %s\n", PQerrorMessage(c));
+	PQclear(r);
+	return f;
+}
+
+/*
+ * A version 3 database whose advisory names have counter rows is brought to
+ * 4: fences then come from one sequence, started above every counter, and an
+ * older library still running (its counter upsert) keeps handing out fences
+ * above the new ones, and the new ones above its. Table mode keeps its own
+ * counter per name (no sequence: fences go up by one).
+ */
+static void advisory_upgrade(PGconn *fc, const char *u)
+{
+	PQclear(PQexec(fc, "DROP TRIGGER dlock_advisory_fence ON dlock_locks;"
+			   " DROP FUNCTION dlock_fence_from_sequence(); DROP SEQUENCE dlock_fences;"
+			   " ALTER TABLE dlock_locks DROP COLUMN by_table;"
+			   " INSERT INTO dlock_locks (ns, name, fence) VALUES ('dlock', 'adv-old', 500);"
+			   " UPDATE dlock_schema SET version = 3"));
+	char au[4200];
+	snprintf(au, sizeof au, "%s?mode=advisory", u);
+	dlock_store *s = NULL;
+	CHECK_RC(dlock_store_open(&s, au), 0);
+	if (!s)
+		return;
+	uint64_t f1 = adv_fence(s, "adv-old");
+	uint64_t f2 = old_adv_fence(fc, "adv-old");
+	uint64_t f3 = adv_fence(s, "adv-old");
+	uint64_t f4 = old_adv_fence(fc, "adv-old");
+	uint64_t f5 = adv_fence(s, "adv-new");
+	printf("advisory fences across the upgrade (counter was 500): new %llu, old %llu, new %llu,"
+	       " old %llu; another name %llu\n", (unsigned long long)f1, (unsigned long long)f2,
+	       (unsigned long long)f3, (unsigned long long)f4, (unsigned long long)f5);
+	CHECK(f1 > 500 && f2 > f1 && f3 > f2 && f4 > f3 && f5 > f4);
+	dlock_store_close(s);
+	dlock_store *t = NULL;
+	CHECK_RC(dlock_store_open(&t, u), 0);
+	if (t) {
+		uint64_t a = adv_fence(t, "table-counter"), b = adv_fence(t, "table-counter");
+		printf("table mode fences: %llu, %llu\n", (unsigned long long)a, (unsigned long long)b);
+		CHECK(a > 0 && b == a + 1);
+		dlock_store_close(t);
+	}
+}
+
 int main(void)
 {
 	tu_uri_from_env(uri, sizeof uri, "postgres_errors");
@@ -103,9 +174,9 @@ int main(void)
 	PGconn *fc = PQconnectdb(u);
 	PGresult *r = PQexec(fc, "SELECT version FROM dlock_schema WHERE component = 'dlock'");
 	CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
-	      strcmp(PQgetvalue(r, 0, 0), "3") == 0);
+	      strcmp(PQgetvalue(r, 0, 0), "4") == 0);
 	PQclear(r);
-	/* A version 2 database (no `waited` column) is brought to 3 by the next
+	/* A version 2 database (no `waited` column) is brought to 4 by the next
 	 * open, and a lock with a waiter works in it. */
 	PQclear(PQexec(fc, "ALTER TABLE dlock_holders DROP COLUMN waited;"
 			   " UPDATE dlock_schema SET version = 2"));
@@ -115,7 +186,7 @@ int main(void)
 		   " (SELECT count(*) FROM information_schema.columns"
 		   "  WHERE table_name = 'dlock_holders' AND column_name = 'waited')");
 	CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
-	      strcmp(PQgetvalue(r, 0, 0), "3") == 0 && strcmp(PQgetvalue(r, 0, 1), "1") == 0);
+	      strcmp(PQgetvalue(r, 0, 0), "4") == 0 && strcmp(PQgetvalue(r, 0, 1), "1") == 0);
 	PQclear(r);
 	if (up) {
 		dlock_lock *a = NULL, *b = NULL;
@@ -133,6 +204,7 @@ int main(void)
 		dlock_lock_free(b);
 		dlock_store_close(up);
 	}
+	advisory_upgrade(fc, u);
 	PQfinish(fc);
 	snprintf(sql, sizeof sql, "DROP DATABASE %s WITH (FORCE)", fresh);
 	PQclear(PQexec(admin, sql));

@@ -15,6 +15,9 @@
  * connection of the test's own), and a release that commits while a waiter
  * marks it (held open by the test on its own connection) gives that waiter
  * the lock in the same try, with no notification.
+ *
+ * Advisory mode also: a release notifies only when a waiter holds the name's
+ * "waiting" key (it takes it when refused), counted the same way.
  */
 #include "testutil/testutil.h"
 
@@ -262,11 +265,64 @@ static void quiet_release(void)
 	PQfinish(lc);
 }
 
+static void quiet_release_advisory(void)
+{
+	char uri[2200], nm[128];
+	snprintf(uri, sizeof uri, "%s?mode=advisory", base_uri);
+	snprintf(nm, sizeof nm, "pgquiet-adv-%d", (int)getpid());
+	PGconn *lc = raw_conn(), *oc = raw_conn();
+	CHECK(exec_ok(lc, "LISTEN dlock_wake"));
+	dlock_store *hs;
+	CHECK_RC(dlock_store_open(&hs, uri), 0);
+	CHECK_RC(dlock_store_open(&w_store, uri), 0);
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 20000;
+	dlock_lock *h;
+	CHECK_RC(dlock_lock_new(&h, hs, nm, &o), 0);
+	CHECK_RC(dlock_lock_new(&w_lock, w_store, nm, &o), 0);
+	/* Waiting acquires that nobody waits behind: 20 releases, no notification. */
+	for (int i = 0; i < 20; i++) {
+		CHECK_RC(dlock_acquire(h, 1000), 0);
+		CHECK_RC(dlock_release(h), 0);
+	}
+	int quiet = count_notifies(lc, oc, nm);
+	printf("  advisory: 20 releases nobody waited for: %d notifications\n", quiet);
+	CHECK(quiet == 0);
+	/* A waiter: refused, it holds the "waiting" key shared (the only shared
+	 * advisory key of this serial test); the release notifies once and the
+	 * waiter gets the lock long before its 1 s refresh. */
+	CHECK_RC(dlock_acquire(h, 0), 0);
+	pthread_t t;
+	pthread_create(&t, NULL, try_wait, NULL);
+	CHECK(wait_for(oc, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+			   " AND mode = 'ShareLock' AND objsubid = 1", 1));
+	long long t0 = tu_now_ms();
+	CHECK_RC(dlock_release(h), 0);
+	pthread_join(t, NULL);
+	long long took = tu_now_ms() - t0;
+	CHECK_RC(w_rc, 0);
+	CHECK_RC(w_release_rc, 0);
+	int woke = count_notifies(lc, oc, nm);
+	printf("  advisory: a release a waiter registered for: %d notification(s), granted after %lld ms\n",
+	       woke, took);
+	CHECK(woke == 1);
+	/* Nothing is left registered: the waiter let its key go with the grant. */
+	CHECK(query_long(oc, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+			     " AND mode = 'ShareLock' AND objsubid = 1") == 0);
+	dlock_lock_free(w_lock);
+	dlock_lock_free(h);
+	dlock_store_close(w_store);
+	dlock_store_close(hs);
+	PQfinish(oc);
+	PQfinish(lc);
+}
+
 int main(void)
 {
 	tu_uri_from_env(base_uri, sizeof base_uri, "postgres_wake");
 	run("table");
 	run("advisory");
 	quiet_release();
+	quiet_release_advisory();
 	return tu_done("postgres_wake");
 }

@@ -7,30 +7,6 @@
 
 /* ---------------------------------------------------------- advisory mode */
 
-static void pool_put(pg_backend *be, PGconn *c)
-{
-	if (c && PQstatus(c) == CONNECTION_OK && PQtransactionStatus(c) == PQTRANS_IDLE &&
-	    be->npool < POOL_MAX)
-		be->pool[be->npool++] = c;
-	else
-		PQfinish(c);
-}
-
-static int pool_get(pg_backend *be, int64_t deadline, PGconn **out)
-{
-	while (be->npool > 0) {
-		PGconn *c = be->pool[--be->npool];
-		if (dlock__pg_idle_ok(c)) {
-			*out = c;
-			return 0;
-		}
-		PQfinish(c);
-	}
-	int code = 0;
-	*out = dlock__pg_connect_db(be, deadline, &code);
-	return *out ? 0 : code;
-}
-
 static intent **intent_find(pg_backend *be, const char *owner)
 {
 	intent **p = &be->intents;
@@ -53,59 +29,206 @@ static const char *no_lease(PGconn *c)
 }
 
 /*
- * Every statement of a hold's session starts with "/\* dlock-hold <owner> *\/":
- * pg_stat_activity.query keeps a session's last statement, so status can
- * name the holder's owner (application_name has no room for it). Owners are
- * "<hex client id>-<serial>"; anything else is left out.
+ * A hold names its owner ("<hex client id>-<serial>") in two places that
+ * status can read from another session: every statement of the hold's
+ * session starts with "/\* dlock-hold <client id> *\/" (pg_stat_activity.query
+ * keeps a session's last statement), and its application_name carries the
+ * serial (application_name has no room for the whole owner). The client id
+ * is the same for every hold of a store handle, so the try's text stays the
+ * same and is prepared once per session. An owner of any other shape is
+ * left out (buf and serial "").
  */
-static void hold_tag(char *buf, size_t n, const char *owner)
+static void hold_tag(char *buf, size_t n, char serial[24], const char *owner)
 {
-	buf[0] = 0;
-	if (!owner || !*owner || strspn(owner, "0123456789abcdefABCDEF-") != strlen(owner) ||
-	    strlen(owner) > 96)
+	buf[0] = serial[0] = 0;
+	const char *dash = owner ? strrchr(owner, '-') : NULL;
+	if (!dash || dash == owner || !dash[1] || strlen(dash + 1) > 20 ||
+	    strspn(dash + 1, "0123456789") != strlen(dash + 1) || dash - owner > 64 ||
+	    strspn(owner, "0123456789abcdefABCDEF") != (size_t)(dash - owner))
 		return;
-	snprintf(buf, n, "/* dlock-hold %s */ ", owner);
+	snprintf(buf, n, "/* dlock-hold %.*s */ ", (int)(dash - owner), owner);
+	snprintf(serial, 24, "%s", dash + 1);
 }
 
-/* Try one advisory key on *cp by `deadline`; on success *fence is the name's
- * next fence. On an error the connection may hold the key: the caller
- * closes it (a timeout has already dropped it: *cp == NULL). */
-static int adv_try(pg_backend *be, PGconn **cp, int64_t deadline, dlock_request *req, int64_t key,
-		   int shared, int64_t unlock_intent, int *got, uint64_t *fence)
+/*
+ * A hold's statements (its try and its release) are prepared on each session
+ * once: parsing and planning them on every call was most of a try's server
+ * time. SQL PREPARE, not the protocol's Parse, so that the first use on a
+ * session prepares and executes in one round trip. The try's text starts
+ * with the client's tag (hold_tag), which pg_stat_activity.query shows for
+ * a prepared statement too; a session that serves another store handle
+ * prepares it again. What a session has prepared is libpq instance data: it
+ * goes with the connection (pool, hold, intent) and is freed with it.
+ */
+enum { A_TRY, A_RELEASE };
+
+/* A waiter whose registration met a release's check tries again this soon. */
+#define REG_RETRY_MS 5
+
+typedef struct adv_sess {
+	unsigned ready;   /* bits of A_* prepared on the session */
+	int64_t wait_key; /* the name's "waiting" key, held shared by a waiter: 0 none */
+	char tag[128];  /* the prepared try's client tag (hold_tag) */
+} adv_sess;
+
+static int sess_event(PGEventId id, void *info, void *pass)
 {
+	(void)pass;
+	if (id == PGEVT_REGISTER) {
+		PGconn *c = ((PGEventRegister *)info)->conn;
+		adv_sess *s = calloc(1, sizeof *s);
+		return s && PQsetInstanceData(c, sess_event, s) ? 1 : (free(s), 0);
+	}
+	if (id == PGEVT_CONNDESTROY)
+		free(PQinstanceData(((PGEventConnDestroy *)info)->conn, sess_event));
+	return 1;
+}
+
+static int64_t sess_wait_key(PGconn *c)
+{
+	adv_sess *s = PQinstanceData(c, sess_event);
+	return s ? s->wait_key : 0;
+}
+
+/* The session state of c; NULL when out of memory (then nothing is prepared). */
+static adv_sess *sess_of(PGconn *c)
+{
+	adv_sess *s = PQinstanceData(c, sess_event);
+	if (!s && PQregisterEventProc(c, sess_event, "dlock", NULL))
+		s = PQinstanceData(c, sess_event);
+	return s;
+}
+
+/* Pool an idle session; one that still holds a waiter's registration is closed. */
+static void pool_put(pg_backend *be, PGconn *c)
+{
+	if (c && PQstatus(c) == CONNECTION_OK && PQtransactionStatus(c) == PQTRANS_IDLE &&
+	    be->npool < POOL_MAX && sess_wait_key(c) == 0)
+		be->pool[be->npool++] = c;
+	else
+		PQfinish(c);
+}
+
+static int pool_get(pg_backend *be, int64_t deadline, PGconn **out)
+{
+	while (be->npool > 0) {
+		PGconn *c = be->pool[--be->npool];
+		if (dlock__pg_idle_ok(c)) {
+			*out = c;
+			return 0;
+		}
+		PQfinish(c);
+	}
+	int code = 0;
+	*out = dlock__pg_connect_db(be, deadline, &code);
+	return *out ? 0 : code;
+}
+
+/*
+ * Run statement `which` (its parameters: decl; its text: body) on *cp by
+ * `deadline`, preceded by `tag` (the try's owner tag, else ""), as
+ * dlock__pg_run does. A failed call leaves the session's state unknown: the
+ * callers close the session on any error.
+ */
+static int sess_run(PGconn **cp, int64_t deadline, const char *what, int which, const char *decl,
+		    const char *body, const char *tag, int n, const char *const *vals, PGresult **out)
+{
+	static const char *const names[] = { [A_TRY] = "dlock_try", [A_RELEASE] = "dlock_release" };
+	const char *name = names[which];
+	adv_sess *s = sess_of(*cp);
+	unsigned bit = 1u << which;
+	if (s && (s->ready & bit) && (which != A_TRY || strcmp(s->tag, tag) == 0))
+		return dlock__pg_finish(cp, deadline, what,
+					PQsendQueryPrepared(*cp, name, n, vals, NULL, NULL, 0), out);
+	if (!s) {
+		char *sql = dlock__sprintf("%s%s", tag, body);
+		if (!sql)
+			return dlock__oom();
+		int rc = dlock__pg_run(cp, deadline, what, sql, n, vals, out);
+		free(sql);
+		return rc;
+	}
+	/* "<tag>[DEALLOCATE name; ]PREPARE name(decl) AS body; EXECUTE name('v1', ...)" */
+	size_t len = strlen(tag) + 2 * strlen(name) + strlen(decl) + strlen(body) + 64 + strlen(name);
+	char *lit[12] = { 0 };
+	if (n > 12)
+		return dlock_error_set(DLOCK_ESTORE, KIND, NULL, "too many parameters");
+	int ok = 1;
+	for (int i = 0; ok && i < n; i++)
+		if (!(lit[i] = PQescapeLiteral(*cp, vals[i], strlen(vals[i]))))
+			ok = 0;
+		else
+			len += strlen(lit[i]) + 2;
+	char *sql = ok ? malloc(len) : NULL;
+	if (sql) {
+		size_t at = (size_t)snprintf(sql, len, "%s%s%s%sPREPARE %s(%s) AS %s; EXECUTE %s(", tag,
+					     s->ready & bit ? "DEALLOCATE " : "", s->ready & bit ? name : "",
+					     s->ready & bit ? "; " : "", name, decl, body, name);
+		for (int i = 0; i < n; i++)
+			at += (size_t)snprintf(sql + at, len - at, "%s%s", i ? ", " : "", lit[i]);
+		snprintf(sql + at, len - at, ")");
+	}
+	for (int i = 0; i < n; i++)
+		PQfreemem(lit[i]);
+	if (!sql)
+		return dlock__oom();
+	s->ready &= ~bit;
+	int rc = dlock__pg_finish(cp, deadline, what, PQsendQuery(*cp, sql), out);
+	free(sql);
+	if (rc == 0) {
+		s->ready |= bit;
+		if (which == A_TRY)
+			snprintf(s->tag, sizeof s->tag, "%s", tag);
+	}
+	return rc;
+}
+
+/* Try one advisory key on *cp by `deadline`; on success *fence is the next
+ * fence. On an error the connection may hold the key: the caller closes it
+ * (a timeout has already dropped it: *cp == NULL). */
+static int adv_try(PGconn **cp, int64_t deadline, dlock_request *req, int64_t key, int shared,
+		   int64_t unlock_intent, int64_t reg_key, int64_t unreg_key, int *got, int *reg, uint64_t *fence)
+{
+	char rk[24], uk[24];
+	dlock__pg_i64s(rk, sizeof rk, reg_key);
+	dlock__pg_i64s(uk, sizeof uk, unreg_key);
 	char k[24], ik[24], ttl[24];
 	dlock__pg_i64s(k, sizeof k, key);
 	dlock__pg_i64s(ik, sizeof ik, unlock_intent);
 	ms_setting(req->ttl_ms, ttl, sizeof ttl);
 	int lease = PQserverVersion(*cp) >= 140000;
-	char app[96], pid[16];
+	char app[96], pid[16], tag[128], serial[24];
 	snprintf(pid, sizeof pid, "%d", req->pid);
 	snprintf(app, sizeof app, "%s", req->host ? req->host : "");
-	const char *v[] = { k, be->ns, req->name, lease ? ttl : "0", ik, pid, app };
+	hold_tag(tag, sizeof tag, serial, req->owner);
+	/* The whole owner is a parameter too: every try carries it on the wire. */
+	const char *v[] = { k, shared ? "t" : "f", lease ? ttl : "0", ik, pid, app, req->owner ? req->owner : "",
+			    serial, rk, uk };
 	/*
-	 * One round trip: take the key, then (only if taken) count the fence and
-	 * set the session's idle timeout to the lease, so that a hung or cut-off
-	 * client loses the lock on the server once a TTL passes without renewal.
+	 * One round trip: take the key, then (only if taken) the next fence from
+	 * the sequence (schema.sql), the session's idle timeout set to the lease
+	 * (a hung or cut-off client loses the lock on the server once a TTL passes
+	 * without renewal), a waiting writer's intent key let go, and what status
+	 * shows of this holder in application_name (visible to all). Refused, a
+	 * waiter registers ($9); granted, it lets its registration go ($10).
 	 */
-	char sql[1280], tag[128];
-	hold_tag(tag, sizeof tag, req->owner);
-	snprintf(sql, sizeof sql,
-		 "%sWITH l AS MATERIALIZED (SELECT %s($1::bigint) AS ok),"
-		 " f AS (INSERT INTO dlock_locks AS d (ns, name, fence) SELECT $2, $3, 1 FROM l WHERE l.ok"
-		 "  ON CONFLICT (ns, name) DO UPDATE SET fence = d.fence + 1 RETURNING d.fence)"
-		 " SELECT l.ok, (SELECT fence FROM f),"
-		 " CASE WHEN l.ok AND %s THEN set_config('idle_session_timeout', $4, false) END,"
-		 " CASE WHEN l.ok AND $5::bigint <> 0 THEN pg_advisory_unlock($5::bigint) END,"
-		 /* what status shows of this holder (application_name is visible to all) */
-		 " CASE WHEN l.ok THEN set_config('application_name', 'dlock ' || $6 || ' ' ||"
-		 "  (SELECT fence FROM f) || ' ' || $4 || ' ' || $7, false) END FROM l",
-		 tag, shared ? "pg_try_advisory_lock_shared" : "pg_try_advisory_lock",
-		 lease ? "true" : "false");
 	PGresult *r;
-	int rc = dlock__pg_run(cp, deadline, "acquire", sql, 7, v, &r);
+	int rc = sess_run(cp, deadline, "acquire", A_TRY,
+			  "bigint, boolean, text, bigint, text, text, text, text, bigint, bigint",
+		 "SELECT ok, fence, CASE WHEN ok AND $3 <> '0' THEN set_config('idle_session_timeout', $3, false) END,"
+		 " CASE WHEN ok AND $4 <> 0 THEN pg_advisory_unlock($4) END,"
+		 " CASE WHEN ok THEN set_config('application_name',"
+		 "  'dlock ' || $5 || ' ' || fence || ' ' || $3 || ' ' || $8 || ' ' || $6, false) END, $7,"
+		 " CASE WHEN NOT ok AND $9 <> 0 THEN pg_try_advisory_lock_shared($9) END,"
+		 " CASE WHEN ok AND $10 <> 0 THEN pg_advisory_unlock_shared($10) END"
+		 " FROM (SELECT ok, CASE WHEN ok THEN nextval('dlock_fences') END AS fence FROM"
+		 "  (SELECT CASE WHEN $2 THEN pg_try_advisory_lock_shared($1) ELSE pg_try_advisory_lock($1) END"
+		 "   AS ok OFFSET 0) l OFFSET 0) f",
+		 tag, 10, v, &r);
 	if (rc)
 		return rc;
 	*got = PQgetvalue(r, 0, 0)[0] == 't';
+	*reg = PQgetvalue(r, 0, 6)[0] == 't';
 	if (*got)
 		*fence = strtoull(PQgetvalue(r, 0, 1), NULL, 10);
 	PQclear(r);
@@ -170,15 +293,29 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	 */
 	PGconn *c = NULL;
 	intent **ip = intent_find(be, req->owner), *in = *ip;
+	int had_intent = 0;
 	if (in) {
-		c = in->conn; /* a waiting writer retries on the connection holding its intent */
-		in->conn = NULL;
+		/* a waiter retries on the session it keeps (registration, intent) */
+		c = in->conn;
+		had_intent = in->writer;
 		*ip = in->next;
 		free(in);
 	} else if ((rc = pool_get(be, deadline, &c))) {
 		return rc;
 	}
-	int had_intent = in != NULL;
+	adv_sess *ss = sess_of(c);
+	if (!ss) {
+		pool_put(be, c);
+		return dlock__oom();
+	}
+	/* A waiter registers on its session once it is refused (see adv_release). */
+	int64_t wait_key = req->waiting ? dlock__pg_adv_key(be->ns, req->name, "waiting") : 0;
+	int tried_reg = 0, reg = 0;
+	int got = 0;
+	uint64_t f = 0;
+	int64_t key = dlock__pg_adv_key(be->ns, req->name, NULL);
+	int32_t sem_class = permits > 1 ? (int32_t)(dlock__pg_adv_key(be->ns, req->name, "permits") & 0x7fffffff) : 0;
+	int within = 1;
 	if (shared) {
 		/* Writer preference: back off while a writer announced it waits. */
 		char ik[24];
@@ -193,25 +330,18 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 			dlock__pg_drop_conn(&c, 0);
 			return rc;
 		}
-		int free_ = PQgetvalue(r, 0, 0)[0] == 't';
+		within = PQgetvalue(r, 0, 0)[0] == 't';
 		PQclear(r);
-		if (!free_) {
-			pool_put(be, c);
-			return DLOCK_ELOCKED;
-		}
 	}
-	int got = 0;
-	uint64_t f = 0;
-	int64_t key = dlock__pg_adv_key(be->ns, req->name, NULL);
-	int32_t sem_class = permits > 1 ? (int32_t)(dlock__pg_adv_key(be->ns, req->name, "permits") & 0x7fffffff) : 0;
-	int within = 1;
-	if (sem_class && (rc = sem_enter(&c, deadline, sem_class, permits, &within))) {
+	if (within && sem_class && (rc = sem_enter(&c, deadline, sem_class, permits, &within))) {
 		dlock__pg_drop_conn(&c, 0);
 		return rc;
 	}
 	if (within) {
 		/* a semaphore holder takes the name's key shared: a mutex excludes it */
-		rc = adv_try(be, &c, deadline, req, key, shared || sem_class, had_intent ? intent_key : 0, &got, &f);
+		tried_reg = wait_key && !ss->wait_key;
+		rc = adv_try(&c, deadline, req, key, shared || sem_class, had_intent ? intent_key : 0,
+			     tried_reg ? wait_key : 0, ss->wait_key, &got, &reg, &f);
 		if (rc) {
 			dlock__pg_drop_conn(&c, 0);
 			return rc;
@@ -228,65 +358,87 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 			}
 		}
 	}
-	if (!got) {
-		if (had_intent || (!shared && permits == 1 && req->waiting)) {
-			/* Announce the waiting writer: hold the intent key on this connection
-			 * (a waiter that already holds it keeps it). */
-			int mine = had_intent;
-			if (!mine) {
-				char ik[24], qttl[24];
-				dlock__pg_i64s(ik, sizeof ik, intent_key);
-				ms_setting(req->queue_ttl_ms, qttl,
-					   sizeof qttl);
-				const char *v[] = { ik, qttl };
-				PGresult *r;
-				/* A writer that stops retrying (hung) must not block readers for
-				 * ever: its session ends after a queue TTL without a statement. */
-				int irc = dlock__pg_run(&c, deadline, "acquire",
-					      PQserverVersion(c) >= 140000
-						      ? "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock($1::bigint) AS ok)"
-							" SELECT ok, CASE WHEN ok THEN"
-							" set_config('idle_session_timeout', $2, false) END FROM l"
-						      : "SELECT pg_try_advisory_lock($1::bigint), $2",
-					      2, v, &r);
-				if (irc) {
-					/* It may hold the intent key now: drop the session, not pool it. */
-					dlock__pg_drop_conn(&c, 0);
-					return DLOCK_ELOCKED;
-				}
-				mine = PQgetvalue(r, 0, 0)[0] == 't';
-				PQclear(r);
-			}
-			intent *ni = mine ? calloc(1, sizeof *ni) : NULL;
-			if (ni) {
-				snprintf(ni->owner, sizeof ni->owner, "%s", req->owner);
-				ni->conn = c;
-				ni->next = be->intents;
-				be->intents = ni;
-				return DLOCK_ELOCKED;
-			}
-			if (mine) {
-				dlock__pg_drop_conn(&c, 0);
-				return DLOCK_ELOCKED;
-			}
+	if (got) {
+		ss->wait_key = 0; /* the try let the registration go */
+		adv_hold *h = calloc(1, sizeof *h);
+		if (!h) {
+			dlock__pg_drop_conn(&c, 0); /* closing the session frees the lock */
+			return dlock__oom();
 		}
-		pool_put(be, c);
+		h->conn = c;
+		h->key = key;
+		h->shared = shared || sem_class;
+		h->sem_class = sem_class;
+		h->sem_permits = permits;
+		req->slot = h;
+		*fence = f;
+		return 0;
+	}
+	if (wait_key && !ss->wait_key) {
+		/* Refused before the try (writer intent, permits): register now. */
+		if (!tried_reg) {
+			char wk[24];
+			dlock__pg_i64s(wk, sizeof wk, wait_key);
+			const char *v[] = { wk };
+			PGresult *r;
+			if ((rc = dlock__pg_run(&c, deadline, "acquire", "SELECT pg_try_advisory_lock_shared($1::bigint)",
+						1, v, &r))) {
+				dlock__pg_drop_conn(&c, 0);
+				return rc;
+			}
+			reg = PQgetvalue(r, 0, 0)[0] == 't';
+			PQclear(r);
+		}
+		/* What refused us was seen before the registration was in place:
+		 * try again now rather than miss its release's notification. Not
+		 * registered, a release was checking for waiters just then (it
+		 * holds the key for a moment): try again soon. */
+		if (reg)
+			ss->wait_key = wait_key;
+		*retry_ms = reg ? 0 : REG_RETRY_MS;
+	}
+	int mine = had_intent;
+	if (!mine && !shared && permits == 1 && req->waiting) {
+		/* Announce the waiting writer: hold the intent key on this connection
+		 * (a waiter that already holds it keeps it). */
+		char ik[24], qttl[24];
+		dlock__pg_i64s(ik, sizeof ik, intent_key);
+		ms_setting(req->queue_ttl_ms, qttl, sizeof qttl);
+		const char *v[] = { ik, qttl };
+		PGresult *r;
+		/* A writer that stops retrying (hung) must not block readers for
+		 * ever: its session ends after a queue TTL without a statement. */
+		int irc = dlock__pg_run(&c, deadline, "acquire",
+			      PQserverVersion(c) >= 140000
+				      ? "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock($1::bigint) AS ok)"
+					" SELECT ok, CASE WHEN ok THEN"
+					" set_config('idle_session_timeout', $2, false) END FROM l"
+				      : "SELECT pg_try_advisory_lock($1::bigint), $2",
+			      2, v, &r);
+		if (irc) {
+			/* It may hold the intent key now: drop the session, not pool it. */
+			dlock__pg_drop_conn(&c, 0);
+			return DLOCK_ELOCKED;
+		}
+		mine = PQgetvalue(r, 0, 0)[0] == 't';
+		PQclear(r);
+	}
+	if (mine || ss->wait_key) {
+		/* Keep the session for this waiter's next try. */
+		intent *ni = calloc(1, sizeof *ni);
+		if (!ni) {
+			dlock__pg_drop_conn(&c, 0); /* its keys go with it */
+			return DLOCK_ELOCKED;
+		}
+		snprintf(ni->owner, sizeof ni->owner, "%s", req->owner);
+		ni->conn = c;
+		ni->writer = mine;
+		ni->next = be->intents;
+		be->intents = ni;
 		return DLOCK_ELOCKED;
 	}
-	adv_hold *h = calloc(1, sizeof *h);
-	if (!h) {
-		dlock__pg_drop_conn(&c, 0); /* closing the session frees the lock */
-		return dlock__oom();
-	}
-	h->conn = c;
-	h->key = key;
-	h->shared = shared || sem_class;
-	h->sem_class = sem_class;
-	h->sem_permits = permits;
-	req->slot = h;
-	*fence = f;
-	(void)retry_ms;
-	return 0;
+	pool_put(be, c);
+	return DLOCK_ELOCKED;
 }
 
 /*
@@ -311,17 +463,33 @@ static int adv_release(dlock_backend *base, dlock_request *req)
 	int64_t deadline = req->deadline_ms;
 	char k[24];
 	dlock__pg_i64s(k, sizeof k, h->key);
-	const char *v[] = { k, be->ns, req->name };
+	char cls[16], per[16];
+	snprintf(cls, sizeof cls, "%" PRId32, h->sem_class);
+	snprintf(per, sizeof per, "%u", h->sem_permits);
+	char wk[24];
+	dlock__pg_i64s(wk, sizeof wk, dlock__pg_adv_key(be->ns, req->name, "waiting"));
+	const char *v[] = { k, h->shared ? "t" : "f", cls, per, be->ns, req->name, wk };
 	PGresult *r;
-	char sql[400], sem[96] = "";
-	if (h->sem_class)
-		snprintf(sem, sizeof sem, ", pg_advisory_unlock_shared(%" PRId32 ", %u)", h->sem_class,
-			 h->sem_permits);
-	snprintf(sql, sizeof sql,
-		 "SELECT %s($1::bigint)%s%s, set_config('application_name', 'dlock', false),"
-		 " pg_notify('" CHANNEL "', $2 || chr(31) || $3)",
-		 h->shared ? "pg_advisory_unlock_shared" : "pg_advisory_unlock", sem, no_lease(h->conn));
-	int rc = dlock__pg_run(&h->conn, deadline, "release", sql, 3, v, &r);
+	char body[768];
+	/*
+	 * Let the keys go, then notify only if a waiter holds the name's
+	 * "waiting" key (taking it exclusively fails). A waiter registers before
+	 * the try that precedes its wait (adv_acquire: a try refused unregistered
+	 * is repeated at once), so either this check sees it or its try comes
+	 * after the key was let go. A release nobody waits for writes nothing:
+	 * NOTIFY costs a transaction id and a commit record, and woke the LISTEN
+	 * thread of every waiting process.
+	 */
+	snprintf(body, sizeof body,
+		 "SELECT was, CASE WHEN free THEN pg_advisory_unlock($7) END,"
+		 " CASE WHEN NOT free THEN pg_notify('" CHANNEL "', $5 || chr(31) || $6) END"
+		 " FROM (SELECT was, pg_try_advisory_lock($7) AS free FROM"
+		 "  (SELECT CASE WHEN $2 THEN pg_advisory_unlock_shared($1) ELSE pg_advisory_unlock($1) END AS was,"
+		 "   CASE WHEN $3 <> 0 THEN pg_advisory_unlock_shared($3, $4) END%s,"
+		 "   set_config('application_name', 'dlock', false) OFFSET 0) u OFFSET 0) w",
+		 no_lease(h->conn));
+	int rc = sess_run(&h->conn, deadline, "release", A_RELEASE, "bigint, boolean, int, int, text, text, bigint",
+			  body, "", 7, v, &r);
 	if (rc) {
 		int gone = !h->conn || PQstatus(h->conn) != CONNECTION_OK;
 		int tmo = rc == DLOCK_EUNAVAILABLE && strcmp(dlock_error_last()->store_code, "timeout") == 0;
@@ -369,8 +537,8 @@ static int adv_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
 	int lease = PQserverVersion(h->conn) >= 140000;
 	const char *v[] = { hi, lo, ttl };
 	PGresult *r;
-	char sql[768], tag[128];
-	hold_tag(tag, sizeof tag, req->owner);
+	char sql[768], tag[128], serial[24];
+	hold_tag(tag, sizeof tag, serial, req->owner);
 	/* Field 4 of application_name is the lease that status reports. */
 	snprintf(sql, sizeof sql,
 		 "%sSELECT (%s) > 0%s, set_config('application_name', regexp_replace("
@@ -413,8 +581,8 @@ static int adv_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, 
 		char hi[16], lo[16];
 		key_oids(h->key, hi, lo);
 		const char *v[] = { hi, lo };
-		char sql[512], tag[128];
-		hold_tag(tag, sizeof tag, reqs[i]->owner);
+		char sql[512], tag[128], serial[24];
+		hold_tag(tag, sizeof tag, serial, reqs[i]->owner);
 		snprintf(sql, sizeof sql, "%s%s", tag, held_sql);
 		if (PQsendQueryParams(h->conn, sql, 2, NULL, v, NULL, NULL, 0))
 			pd[i].state = 1;
@@ -475,18 +643,26 @@ static int adv_cancel(dlock_backend *base, dlock_request *req)
 		return 0;
 	*ip = in->next;
 	int64_t deadline = req->deadline_ms;
-	char ik[24];
+	char ik[24], wk[24];
 	dlock__pg_i64s(ik, sizeof ik, dlock__pg_adv_key(be->ns, req->name, "writer-intent"));
-	const char *v[] = { ik, be->ns, req->name };
-	char sql[256];
+	dlock__pg_i64s(wk, sizeof wk, sess_wait_key(in->conn));
+	const char *v[] = { ik, be->ns, req->name, in->writer ? "t" : "f", wk };
+	char sql[512];
+	/* The waiter's keys go; readers that backed off for a writer's intent wake. */
 	snprintf(sql, sizeof sql,
-		 "SELECT pg_advisory_unlock($1::bigint)%s, pg_notify('" CHANNEL "', $2 || chr(31) || $3)",
+		 "SELECT CASE WHEN $4::boolean THEN pg_advisory_unlock($1::bigint) END,"
+		 " CASE WHEN $5::bigint <> 0 THEN pg_advisory_unlock_shared($5::bigint) END%s,"
+		 " CASE WHEN $4::boolean THEN pg_notify('" CHANNEL "', $2 || chr(31) || $3) END",
 		 no_lease(in->conn));
-	int rc = dlock__pg_run(&in->conn, deadline, "cancel", sql, 3, v, NULL);
-	if (rc)
-		dlock__pg_drop_conn(&in->conn, 0); /* the intent key goes with the session */
-	else
+	int rc = dlock__pg_run(&in->conn, deadline, "cancel", sql, 5, v, NULL);
+	if (rc) {
+		dlock__pg_drop_conn(&in->conn, 0); /* its keys go with the session */
+	} else {
+		adv_sess *ss = sess_of(in->conn);
+		if (ss)
+			ss->wait_key = 0;
 		pool_put(be, in->conn);
+	}
 	free(in);
 	return 0;
 }
@@ -515,9 +691,11 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 		key_oids(dlock__pg_adv_key(be->ns, names[i], "writer-intent"), ihi, ilo);
 		const char *v[] = { hi, lo, be->ns, names[i], ihi, ilo };
 		PGresult *r;
-		/* application_name of a holder: "dlock <pid> <fence> <lease ms> <host>";
+		/* application_name of a holder: "dlock <pid> <fence> <lease ms> <serial> <host>";
 		 * the lease counts from the session's last statement (idle_session_timeout),
-		 * whose text names the owner (hold_tag; visible to the same role). */
+		 * whose text names the client (hold_tag; visible to the same role). A
+		 * library older than schema version 4 wrote "dlock <pid> <fence> <lease>
+		 * <host>" and named the whole owner in the statement. */
 		rc = dlock__pg_run(&be->conn, deadline, "status",
 			 "SELECT l.pid, l.mode, a.application_name,"
 			 " floor(extract(epoch FROM (clock_timestamp() - a.state_change)) * 1000)::bigint,"
@@ -538,9 +716,7 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 			if (PQgetisnull(r, row, 0))
 				continue;
 			dlock_holder *h = dlock__status_add_holder(s);
-			if (!h || !(h->owner = PQgetisnull(r, row, 6)
-						       ? dlock__sprintf("backend-%s", PQgetvalue(r, row, 0))
-						       : dlock__strdup(PQgetvalue(r, row, 6)))) {
+			if (!h) {
 				PQclear(r);
 				rc = DLOCK_ENOMEM;
 				goto fail;
@@ -551,14 +727,29 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 			int pid = 0, n = 0;
 			unsigned long long fence = 0;
 			long long lease = 0;
-			const char *app = PQgetvalue(r, row, 2);
+			const char *app = PQgetvalue(r, row, 2), *host = "";
+			const char *tag = PQgetisnull(r, row, 6) ? NULL : PQgetvalue(r, row, 6);
+			char serial[24] = "";
 			if (sscanf(app, "dlock %d %llu %lld %n", &pid, &fence, &lease, &n) == 3) {
 				h->pid = pid;
 				h->fence = fence;
+				/* fences come from one sequence, not from the name's row */
+				if (fence > s->last_fence)
+					s->last_fence = fence;
 				if (lease > 0 && !PQgetisnull(r, row, 3))
 					h->ttl_left_ms = lease - strtoll(PQgetvalue(r, row, 3), NULL, 10);
+				host = app + n;
+				size_t sl = strspn(host, "0123456789");
+				if (tag && !strchr(tag, '-') && sl && sl < sizeof serial && (!host[sl] || host[sl] == ' ')) {
+					memcpy(serial, host, sl);
+					serial[sl] = 0;
+					host += sl + (host[sl] == ' ');
+				}
 			}
-			if (!(h->host = dlock__strdup(n > 0 ? app + n : ""))) {
+			h->owner = !tag ? dlock__sprintf("backend-%s", PQgetvalue(r, row, 0))
+			       : serial[0] ? dlock__sprintf("%s-%s", tag, serial)
+					   : dlock__strdup(tag);
+			if (!h->owner || !(h->host = dlock__strdup(host))) {
 				PQclear(r);
 				rc = DLOCK_ENOMEM;
 				goto fail;

@@ -300,7 +300,7 @@ int dlock__pg_q_step(PGconn *c, const char *what, PGresult **last, int *code)
  * connection dropped (*cp = NULL): its late reply must never be read as the
  * answer to a later request. A broken connection is dropped too.
  */
-static int q_finish(PGconn **cp, int64_t deadline, const char *what, int sent, PGresult **out)
+int dlock__pg_finish(PGconn **cp, int64_t deadline, const char *what, int sent, PGresult **out)
 {
 	PGconn *c = *cp;
 	PGresult *last = NULL;
@@ -356,7 +356,7 @@ int dlock__pg_run(PGconn **cp, int64_t deadline, const char *what, const char *s
 		 const char *const *vals, PGresult **out)
 {
 	int sent = PQsendQueryParams(*cp, sql, n, NULL, vals, NULL, NULL, 0);
-	return q_finish(cp, deadline, what, sent, out);
+	return dlock__pg_finish(cp, deadline, what, sent, out);
 }
 
 /*
@@ -390,20 +390,20 @@ int dlock__pg_run_stmt(pg_backend *be, int64_t deadline, int which, const char *
 	if (!(be->prepared & (1u << which))) {
 		int sent = PQsendPrepare(be->conn, stmts[which].name, stmts[which].sql,
 					 stmts[which].nparams, NULL);
-		int code = q_finish(&be->conn, deadline, what, sent, NULL);
+		int code = dlock__pg_finish(&be->conn, deadline, what, sent, NULL);
 		if (code)
 			return code;
 		be->prepared |= 1u << which;
 	}
 	int sent = PQsendQueryPrepared(be->conn, stmts[which].name, stmts[which].nparams, vals, NULL,
 				       NULL, 0);
-	return q_finish(&be->conn, deadline, what, sent, out);
+	return dlock__pg_finish(&be->conn, deadline, what, sent, out);
 }
 
 /* Several statements without parameters (the simple query protocol). */
 static int run_script(PGconn **cp, int64_t deadline, const char *what, const char *sql)
 {
-	return q_finish(cp, deadline, what, PQsendQuery(*cp, sql), NULL);
+	return dlock__pg_finish(cp, deadline, what, PQsendQuery(*cp, sql), NULL);
 }
 
 /* ----------------------------------------------------------------- schema */

@@ -10,6 +10,7 @@
 
 #include "../support.h"
 
+#include <libpq-events.h>
 #include <libpq-fe.h>
 
 #include <errno.h>
@@ -24,7 +25,8 @@
 #include <unistd.h>
 
 #define KIND "postgres"
-#define SCHEMA_VERSION 3 /* 2: the permits rule; 3: fast path, marked holds (only their release notifies) */
+#define SCHEMA_VERSION 4 /* 2: the permits rule; 3: fast path, marked holds (only their release notifies);
+                            4: advisory fences from a sequence */
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define CHANNEL "dlock_wake"
@@ -55,18 +57,21 @@ typedef struct pg_backend {
 	pthread_t lthread;
 	int wakefd[2];
 
-	/* advisory mode: idle connections, and waiting writers' intent connections */
+	/* advisory mode: idle connections, and the sessions waiters keep (intent) */
 	PGconn *pool[POOL_MAX];
 	int npool;
 	struct intent *intents;
 } pg_backend;
 
-/* A waiting writer in advisory mode holds the name's "writer intent" key on
- * its own connection so that new readers back off (writer preference). */
+/* The session a waiter keeps between its tries in advisory mode: it holds
+ * the name's "waiting" key shared (so that releases notify), and a waiting
+ * writer also the name's "writer intent" key, so that new readers back off
+ * (writer preference). */
 typedef struct intent {
 	struct intent *next;
 	char owner[64];
 	PGconn *conn;
+	int writer; /* holds the writer intent key */
 } intent;
 
 /* Per-hold state in advisory mode (req->slot). */
@@ -92,6 +97,10 @@ enum { S_ACQUIRE, S_RELEASE, S_COUNT };
  * result (caller PQclear). A timeout or a broken link drops *cp. */
 int dlock__pg_run(PGconn **cp, int64_t deadline, const char *what, const char *sql, int n,
 		 const char *const *vals, PGresult **out);
+
+/* Finish the command just sent on *cp (sent: what PQsend* returned) by
+ * `deadline`, as dlock__pg_run does. */
+int dlock__pg_finish(PGconn **cp, int64_t deadline, const char *what, int sent, PGresult **out);
 
 /* Close *cp (after a cancel request when `cancel`), leaving NULL. */
 void dlock__pg_drop_conn(PGconn **cp, int cancel);

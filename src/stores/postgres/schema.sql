@@ -16,7 +16,33 @@ CREATE TABLE IF NOT EXISTS dlock_schema (component text PRIMARY KEY, version int
 
 CREATE TABLE IF NOT EXISTS dlock_locks (
  ns text NOT NULL, name text NOT NULL, fence bigint NOT NULL DEFAULT 0,
+ by_table boolean NOT NULL DEFAULT false,
  PRIMARY KEY (ns, name));
+
+-- Schema version 4: advisory mode takes its fences from one sequence for all
+-- names (nextval writes nothing to commit 31 times in 32; a per-name counter
+-- row cost a committed write per grant). Table mode keeps its counter rows,
+-- which it marks by_table. A row that is not (one of advisory mode's counter
+-- rows, bumped by a library older than version 4 that may still be running)
+-- takes its next fence from the same sequence: an older client's fence of a
+-- name is then above every fence the sequence handed out before it, and the
+-- sequence starts above every counter, so fences keep increasing while old
+-- and new advisory clients share a name.
+ALTER TABLE dlock_locks ADD COLUMN IF NOT EXISTS by_table boolean NOT NULL DEFAULT false;
+CREATE SEQUENCE IF NOT EXISTS dlock_fences;
+CREATE OR REPLACE FUNCTION dlock_fence_from_sequence() RETURNS trigger LANGUAGE plpgsql AS $t$
+BEGIN
+ NEW.fence := greatest(NEW.fence, nextval('dlock_fences'));
+ RETURN NEW;
+END
+$t$;
+-- Creating the trigger locks out writers of dlock_locks until this script
+-- commits, so the highest counter read below is final.
+DROP TRIGGER IF EXISTS dlock_advisory_fence ON dlock_locks;
+CREATE TRIGGER dlock_advisory_fence BEFORE INSERT OR UPDATE ON dlock_locks
+ FOR EACH ROW WHEN (NOT NEW.by_table) EXECUTE PROCEDURE dlock_fence_from_sequence();
+SELECT setval('dlock_fences', greatest((SELECT last_value FROM dlock_fences),
+ (SELECT coalesce(max(fence), 0) FROM dlock_locks), 1));
 
 CREATE TABLE IF NOT EXISTS dlock_holders (
  ns text NOT NULL, name text NOT NULL, owner text NOT NULL, mode smallint NOT NULL,
@@ -44,7 +70,7 @@ DECLARE
 BEGIN
  SELECT l.fence INTO f FROM dlock_locks l WHERE l.ns = p_ns AND l.name = p_name FOR UPDATE;
  IF NOT FOUND THEN
-  INSERT INTO dlock_locks (ns, name) VALUES (p_ns, p_name) ON CONFLICT DO NOTHING;
+  INSERT INTO dlock_locks (ns, name, by_table) VALUES (p_ns, p_name, true) ON CONFLICT DO NOTHING;
   SELECT l.fence INTO f FROM dlock_locks l WHERE l.ns = p_ns AND l.name = p_name FOR UPDATE;
  END IF;
  -- Fast path: no row at all holds or waits for the name (not even an expired
@@ -55,7 +81,7 @@ BEGIN
   WHERE NOT EXISTS (SELECT 1 FROM dlock_holders h WHERE h.ns = p_ns AND h.name = p_name)
     AND NOT EXISTS (SELECT 1 FROM dlock_waiters w WHERE w.ns = p_ns AND w.name = p_name);
  IF FOUND THEN
-  UPDATE dlock_locks l SET fence = f + 1 WHERE l.ns = p_ns AND l.name = p_name;
+  UPDATE dlock_locks l SET fence = f + 1, by_table = true WHERE l.ns = p_ns AND l.name = p_name;
   o_fence := f + 1; o_retry_ms := 0; RETURN;
  END IF;
  t := clock_timestamp();
@@ -90,7 +116,7 @@ BEGIN
   END IF;
   IF ok THEN
    f := f + 1;
-   UPDATE dlock_locks l SET fence = f WHERE l.ns = p_ns AND l.name = p_name;
+   UPDATE dlock_locks l SET fence = f, by_table = true WHERE l.ns = p_ns AND l.name = p_name;
    -- Waiters still queued behind this grant: its release must wake them.
    others := EXISTS (SELECT 1 FROM dlock_waiters w WHERE w.ns = p_ns AND w.name = p_name
                      AND w.owner <> p_owner);
