@@ -61,12 +61,25 @@ void dlock_random(void *buf, size_t len)
 	}
 }
 
+/* Jitter and tie-breaks need spread, not secrecy: a per-thread xorshift
+ * seeded once from getrandom (a getrandom call per acquire was a syscall on
+ * every lock), mixed with the monotonic clock so that the two sides of a
+ * fork part at once. */
 int64_t dlock__rand_between(int64_t lo, int64_t hi)
 {
-	uint64_t r;
+	static _Thread_local uint64_t st;
 	if (hi <= lo)
 		return lo;
-	dlock_random(&r, sizeof(r));
+	if (st == 0) {
+		dlock_random(&st, sizeof(st));
+		st |= 1;
+	}
+	st ^= st << 13;
+	st ^= st >> 7;
+	st ^= st << 17;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t r = st ^ ((uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull);
 	return lo + (int64_t)(r % (uint64_t)(hi - lo + 1));
 }
 

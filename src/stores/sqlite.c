@@ -919,6 +919,11 @@ static bool peek_held(sqlite_backend *b, const dlock_request *req, int64_t now, 
 {
 	if (!req->waiting || req->mode == DLOCK_SHARED || req->permits != 1)
 		return false;
+	/* The first try of an acquire call (within 1 ms of its ticket, which is
+	 * the call's start plus under 1 ms) is not registered yet: the peek would
+	 * cost a read transaction and find nothing to refuse with. */
+	if (now * 1000 - req->ticket_us < 1000)
+		return false;
 	sqlite3_stmt *s = prep(b, Q_PEEK, req->name, req->owner);
 	sqlite3_bind_int64(s, 4, now);
 	bool held = false;
@@ -966,18 +971,23 @@ static int sq_release(dlock_backend *be, dlock_request *req)
 	int rc = check_files(b, false);
 	if (rc)
 		return rc;
+	/* One write transaction: the delete, and whether a waiter is queued. */
+	if ((rc = begin(b)))
+		return rc;
 	sqlite3_stmt *s = prep(b, Q_RELEASE, req->name, req->owner);
 	sqlite3_bind_int64(s, 4, dlock_wall_ms());
-	rc = run(b, s, "release");
-	if (rc)
-		return rc;
+	if ((rc = run(b, s, "release")))
+		return finish(b, rc);
 	if (sqlite3_changes(b->db) == 0)
-		return DLOCK_ENOTHELD; /* the core words it */
+		return finish(b, DLOCK_ENOTHELD); /* the core words it */
 	/* Ring only for a queued waiter: a waiter's try registers it in the same
 	 * write transaction as it saw the hold, so one that saw this hold is in
 	 * the queue now (a read failure rings: a spurious ring costs one try). */
 	int err = 0;
-	if (step_int(b, prep(b, Q_ANY_WAITERS, req->name, NULL), 0, 1, &err) != 0 || err)
+	bool waiters = step_int(b, prep(b, Q_ANY_WAITERS, req->name, NULL), 0, 1, &err) != 0 || err;
+	if ((rc = finish(b, 0)))
+		return rc;
+	if (waiters)
 		ring(b, req->name);
 	dlock_error_clear();
 	return 0;

@@ -82,7 +82,7 @@ void dlock__sleep_ms(int64_t ms);
 /* Absolute CLOCK_MONOTONIC timespec ms from now, for pthread_cond_timedwait. */
 struct timespec;
 void dlock__abstime(struct timespec *ts, int64_t ms_from_now);
-/* Random integer in [lo, hi]. */
+/* Random integer in [lo, hi], for jitter and tie-breaks (not for secrets). */
 int64_t dlock__rand_between(int64_t lo, int64_t hi);
 /* The lease margin kept for clock drift: ttl/100 + 2 ms. */
 int64_t dlock__drift_ms(int64_t ttl_ms);
