@@ -90,7 +90,7 @@ static int64_t sess_wait_key(PGconn *c)
 	return s ? s->wait_key : 0;
 }
 
-/* The session state of c; NULL when out of memory (then nothing is prepared). */
+/* The session state of c; NULL when out of memory. */
 static adv_sess *sess_of(PGconn *c)
 {
 	adv_sess *s = PQinstanceData(c, sess_event);
@@ -140,19 +140,11 @@ static int sess_run(PGconn **cp, int64_t deadline, const char *what, int which, 
 	if (s && (s->ready & bit) && (which != A_TRY || strcmp(s->tag, tag) == 0))
 		return dlock__pg_finish(cp, deadline, what,
 					PQsendQueryPrepared(*cp, name, n, vals, NULL, NULL, 0), out);
-	if (!s) {
-		char *sql = dlock__sprintf("%s%s", tag, body);
-		if (!sql)
-			return dlock__oom();
-		int rc = dlock__pg_run(cp, deadline, what, sql, n, vals, out);
-		free(sql);
-		return rc;
-	}
+	if (!s || n > 12)
+		return dlock__oom(); /* (n: the callers pass 7 to 10) */
 	/* "<tag>[DEALLOCATE name; ]PREPARE name(decl) AS body; EXECUTE name('v1', ...)" */
-	size_t len = strlen(tag) + 2 * strlen(name) + strlen(decl) + strlen(body) + 64 + strlen(name);
+	size_t len = strlen(tag) + 3 * strlen(name) + strlen(decl) + strlen(body) + 64;
 	char *lit[12] = { 0 };
-	if (n > 12)
-		return dlock_error_set(DLOCK_ESTORE, KIND, NULL, "too many parameters");
 	int ok = 1;
 	for (int i = 0; ok && i < n; i++)
 		if (!(lit[i] = PQescapeLiteral(*cp, vals[i], strlen(vals[i]))))
