@@ -196,29 +196,41 @@ static int wait_for(PGconn *c, const char *sql, long want)
 	return 0;
 }
 
-static void quiet_release(void)
+/* Stores and locks for the notification counts in `mode` (a holder's h on
+ * *hs, the waiter's w_lock on w_store), a LISTEN connection *lc and another
+ * *oc; then 20 waiting acquires and releases nobody waits behind, which must
+ * notify nothing. */
+static void quiet_start(const char *mode, const char *nm, PGconn **lc, PGconn **oc, dlock_store **hs,
+			dlock_lock **h)
 {
-	char uri[2200], nm[128], sql[512];
-	snprintf(uri, sizeof uri, "%s?mode=table", base_uri);
-	snprintf(nm, sizeof nm, "pgquiet-%d", (int)getpid());
-	PGconn *lc = raw_conn(), *oc = raw_conn();
-	CHECK(exec_ok(lc, "LISTEN dlock_wake"));
-	dlock_store *hs;
-	CHECK_RC(dlock_store_open(&hs, uri), 0);
+	char uri[2200];
+	snprintf(uri, sizeof uri, "%s?mode=%s", base_uri, mode);
+	*lc = raw_conn();
+	*oc = raw_conn();
+	CHECK(exec_ok(*lc, "LISTEN dlock_wake"));
+	CHECK_RC(dlock_store_open(hs, uri), 0);
 	CHECK_RC(dlock_store_open(&w_store, uri), 0);
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
 	o.ttl_ms = 20000;
-	dlock_lock *h;
-	CHECK_RC(dlock_lock_new(&h, hs, nm, &o), 0);
+	CHECK_RC(dlock_lock_new(h, *hs, nm, &o), 0);
 	CHECK_RC(dlock_lock_new(&w_lock, w_store, nm, &o), 0);
-	/* Nobody waits: 20 releases, no notification. */
 	for (int i = 0; i < 20; i++) {
-		CHECK_RC(dlock_acquire(h, 0), 0);
-		CHECK_RC(dlock_release(h), 0);
+		CHECK_RC(dlock_acquire(*h, 1000), 0);
+		CHECK_RC(dlock_release(*h), 0);
 	}
-	int quiet = count_notifies(lc, oc, nm);
-	printf("  20 releases nobody waited for: %d notifications\n", quiet);
+	int quiet = count_notifies(*lc, *oc, nm);
+	printf("  %s: 20 releases nobody waited for: %d notifications\n", mode, quiet);
 	CHECK(quiet == 0);
+}
+
+static void quiet_release(void)
+{
+	char nm[128], sql[512];
+	snprintf(nm, sizeof nm, "pgquiet-%d", (int)getpid());
+	PGconn *lc, *oc;
+	dlock_store *hs;
+	dlock_lock *h;
+	quiet_start("table", nm, &lc, &oc, &hs, &h);
 	/* A waiter queued: the release notifies, and the waiter gets the lock. */
 	CHECK_RC(dlock_acquire(h, 0), 0);
 	pthread_t t;
@@ -267,27 +279,12 @@ static void quiet_release(void)
 
 static void quiet_release_advisory(void)
 {
-	char uri[2200], nm[128];
-	snprintf(uri, sizeof uri, "%s?mode=advisory", base_uri);
+	char nm[128];
 	snprintf(nm, sizeof nm, "pgquiet-adv-%d", (int)getpid());
-	PGconn *lc = raw_conn(), *oc = raw_conn();
-	CHECK(exec_ok(lc, "LISTEN dlock_wake"));
+	PGconn *lc, *oc;
 	dlock_store *hs;
-	CHECK_RC(dlock_store_open(&hs, uri), 0);
-	CHECK_RC(dlock_store_open(&w_store, uri), 0);
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = 20000;
 	dlock_lock *h;
-	CHECK_RC(dlock_lock_new(&h, hs, nm, &o), 0);
-	CHECK_RC(dlock_lock_new(&w_lock, w_store, nm, &o), 0);
-	/* Waiting acquires that nobody waits behind: 20 releases, no notification. */
-	for (int i = 0; i < 20; i++) {
-		CHECK_RC(dlock_acquire(h, 1000), 0);
-		CHECK_RC(dlock_release(h), 0);
-	}
-	int quiet = count_notifies(lc, oc, nm);
-	printf("  advisory: 20 releases nobody waited for: %d notifications\n", quiet);
-	CHECK(quiet == 0);
+	quiet_start("advisory", nm, &lc, &oc, &hs, &h);
 	/* A waiter: refused, it holds the "waiting" key shared (the only shared
 	 * advisory key of this serial test); the release notifies once and the
 	 * waiter gets the lock long before its 1 s refresh. */

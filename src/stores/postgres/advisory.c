@@ -175,6 +175,25 @@ static int sess_run(PGconn **cp, int64_t deadline, const char *what, int which, 
 	return rc;
 }
 
+/* A statement about one key ($1; $2 = arg when given) on *cp by `deadline`:
+ * *yes is its first column. On an error the session is closed, as it may
+ * hold the key now. */
+static int key_query(PGconn **cp, int64_t deadline, const char *sql, int64_t key, const char *arg, int *yes)
+{
+	char k[24];
+	dlock__pg_i64s(k, sizeof k, key);
+	const char *v[] = { k, arg };
+	PGresult *r;
+	int rc = dlock__pg_run(cp, deadline, "acquire", sql, arg ? 2 : 1, v, &r);
+	if (rc) {
+		dlock__pg_drop_conn(cp, 0);
+		return rc;
+	}
+	*yes = PQgetvalue(r, 0, 0)[0] == 't';
+	PQclear(r);
+	return 0;
+}
+
 /* Try one advisory key on *cp by `deadline`; on success *fence is the next
  * fence. On an error the connection may hold the key: the caller closes it
  * (a timeout has already dropped it: *cp == NULL). */
@@ -310,20 +329,11 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	int within = 1;
 	if (shared) {
 		/* Writer preference: back off while a writer announced it waits. */
-		char ik[24];
-		dlock__pg_i64s(ik, sizeof ik, intent_key);
-		const char *v[] = { ik };
-		PGresult *r;
-		rc = dlock__pg_run(&c, deadline, "acquire",
-			 "SELECT CASE WHEN pg_try_advisory_lock_shared($1::bigint)"
-			 " THEN pg_advisory_unlock_shared($1::bigint) ELSE false END",
-			 1, v, &r);
-		if (rc) {
-			dlock__pg_drop_conn(&c, 0);
+		if ((rc = key_query(&c, deadline,
+				    "SELECT CASE WHEN pg_try_advisory_lock_shared($1::bigint)"
+				    " THEN pg_advisory_unlock_shared($1::bigint) ELSE false END",
+				    intent_key, NULL, &within)))
 			return rc;
-		}
-		within = PQgetvalue(r, 0, 0)[0] == 't';
-		PQclear(r);
 	}
 	if (within && sem_class && (rc = sem_enter(&c, deadline, sem_class, permits, &within))) {
 		dlock__pg_drop_conn(&c, 0);
@@ -368,19 +378,9 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	}
 	if (wait_key && !ss->wait_key) {
 		/* Refused before the try (writer intent, permits): register now. */
-		if (!tried_reg) {
-			char wk[24];
-			dlock__pg_i64s(wk, sizeof wk, wait_key);
-			const char *v[] = { wk };
-			PGresult *r;
-			if ((rc = dlock__pg_run(&c, deadline, "acquire", "SELECT pg_try_advisory_lock_shared($1::bigint)",
-						1, v, &r))) {
-				dlock__pg_drop_conn(&c, 0);
-				return rc;
-			}
-			reg = PQgetvalue(r, 0, 0)[0] == 't';
-			PQclear(r);
-		}
+		if (!tried_reg &&
+		    (rc = key_query(&c, deadline, "SELECT pg_try_advisory_lock_shared($1::bigint)", wait_key, NULL, &reg)))
+			return rc;
 		/* What refused us was seen before the registration was in place:
 		 * try again now rather than miss its release's notification. Not
 		 * registered, a release was checking for waiters just then (it
@@ -393,27 +393,18 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	if (!mine && !shared && permits == 1 && req->waiting) {
 		/* Announce the waiting writer: hold the intent key on this connection
 		 * (a waiter that already holds it keeps it). */
-		char ik[24], qttl[24];
-		dlock__pg_i64s(ik, sizeof ik, intent_key);
+		char qttl[24];
 		ms_setting(req->queue_ttl_ms, qttl, sizeof qttl);
-		const char *v[] = { ik, qttl };
-		PGresult *r;
 		/* A writer that stops retrying (hung) must not block readers for
 		 * ever: its session ends after a queue TTL without a statement. */
-		int irc = dlock__pg_run(&c, deadline, "acquire",
+		if (key_query(&c, deadline,
 			      PQserverVersion(c) >= 140000
 				      ? "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock($1::bigint) AS ok)"
 					" SELECT ok, CASE WHEN ok THEN"
 					" set_config('idle_session_timeout', $2, false) END FROM l"
 				      : "SELECT pg_try_advisory_lock($1::bigint), $2",
-			      2, v, &r);
-		if (irc) {
-			/* It may hold the intent key now: drop the session, not pool it. */
-			dlock__pg_drop_conn(&c, 0);
+			      intent_key, qttl, &mine))
 			return DLOCK_ELOCKED;
-		}
-		mine = PQgetvalue(r, 0, 0)[0] == 't';
-		PQclear(r);
 	}
 	if (mine || ss->wait_key) {
 		/* Keep the session for this waiter's next try. */
