@@ -153,9 +153,10 @@ static int sess_run(PGconn **cp, int64_t deadline, const char *what, int which, 
 			len += strlen(lit[i]) + 2;
 	char *sql = ok ? malloc(len) : NULL;
 	if (sql) {
+		int again = (s->ready & bit) != 0; /* prepared for another tag: replace it */
 		size_t at = (size_t)snprintf(sql, len, "%s%s%s%sPREPARE %s(%s) AS %s; EXECUTE %s(", tag,
-					     s->ready & bit ? "DEALLOCATE " : "", s->ready & bit ? name : "",
-					     s->ready & bit ? "; " : "", name, decl, body, name);
+					     again ? "DEALLOCATE " : "", again ? name : "", again ? "; " : "",
+					     name, decl, body, name);
 		for (int i = 0; i < n; i++)
 			at += (size_t)snprintf(sql + at, len - at, "%s%s", i ? ", " : "", lit[i]);
 		snprintf(sql + at, len - at, ")");

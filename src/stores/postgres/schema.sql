@@ -1,5 +1,5 @@
 -- The tables and the acquire function of the PostgreSQL store's table mode
--- (postgres://…?mode=table). Embedded in the library at build time and run
+-- (postgres://…?mode=table), and advisory mode's fence sequence. Embedded in the library at build time and run
 -- by the first client of a database, under an advisory transaction lock;
 -- the client then records the schema version in dlock_schema.
 --
