@@ -175,9 +175,18 @@ static void *vanish_wait(void *arg)
 	return NULL;
 }
 
-/* Remove every file of the bell directory (and, if `dir_too`, the directory). */
+/* Remove every file of the bell directory (and, if `dir_too`, the directory:
+ * renamed away first, so that a waiter woken by the first removal, which
+ * makes its bells again at once, cannot refill it before the rmdir). */
 static int clear_bells(const char *bells, bool dir_too)
 {
+	char gone[4200];
+	if (dir_too) {
+		snprintf(gone, sizeof gone, "%s.gone", bells);
+		if (rename(bells, gone) != 0)
+			return -1;
+		bells = gone;
+	}
 	int n = 0;
 	DIR *d = opendir(bells);
 	for (struct dirent *e; d && (e = readdir(d)) != NULL;)
