@@ -227,6 +227,26 @@ static void tune_socket(int fd, int64_t timeout_ms)
 #endif
 }
 
+/*
+ * A master's end closed since our last round (a restart, a client kill): the
+ * connection is replaced now, in this round, instead of costing this request
+ * that master — after a master restarts, the next acquire would otherwise
+ * stand on one copy fewer (of five: a bare quorum after the next restart).
+ * Closed: the peer hung up, or anything is there to read while no reply is
+ * owed. Late replies still unread on a hung-up connection are dropped with it
+ * (as a read of its EOF would).
+ */
+static void drop_if_closed(rlock *s, size_t i)
+{
+	if (!s->c[i])
+		return;
+	struct pollfd p = { .fd = s->c[i]->fd, .events = POLLIN | POLLRDHUP };
+	if (poll(&p, 1, 0) <= 0)
+		return;
+	if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) || !s->owed || !s->owed[i].n)
+		drop(s, i);
+}
+
 static void append_cmd(rlock *s, size_t i, rl_op *op, int script, int argc, const char **argv, size_t *lens)
 {
 	if (op->argv) {
@@ -329,8 +349,11 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 	/* hiredis would resolve with a blocking getaddrinfo: the names of the
 	 * masters to connect are resolved here, all at once, by the deadline */
 	size_t need = 0;
-	for (size_t i = 0; i < s->n; i++)
+	for (size_t i = 0; i < s->n; i++) {
+		if (ops[i].want)
+			drop_if_closed(s, i);
 		need += !s->c[i] && ops[i].want;
+	}
 	dlock__addrs *ad = need ? calloc(s->n, sizeof(*ad)) : NULL;
 	int *arc = need ? calloc(s->n, sizeof(*arc)) : NULL;
 	const char **names = need ? calloc(s->n, sizeof(*names)) : NULL;
@@ -424,6 +447,10 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 			redisSetTimeout(c, ms_tv(s->srv[i].timeout_ms));
 			tune_socket(c->fd, s->srv[i].timeout_ms);
 			s->c[i] = c;
+			/* a fresh connection is often to a restarted master, which has
+			 * lost its scripts: their text, not EVALSHA — a NOSCRIPT answer
+			 * after the round decided would leave the request unsent there */
+			op->eval = true;
 			if (s->srv[i].password) {
 				const char *a[3] = { "AUTH", s->srv[i].user ? s->srv[i].user : s->srv[i].password,
 						     s->srv[i].password };
