@@ -7,7 +7,8 @@
  * bell directory is made only once someone waits.
  *
  * Fair queues: a fair waiter behind another listens only to its own bell,
- * rung when it comes to the front. Two fair waiters (processes) queue behind
+ * rung when it comes to the front, and its process does not even watch its
+ * bucket's bell meanwhile (read from /proc/PID/fdinfo). Two fair waiters (processes) queue behind
  * a holder; the holder lets go, the first is granted — which must ring the
  * second's bell — and when the first lets go the second is granted at once:
  * had its own bell not rung, it would still be listening for it alone and
@@ -113,6 +114,46 @@ static int fair_waiter(const char *uri, int in, int out)
 	dlock_lock_free(l);
 	dlock_store_close(s);
 	return 0;
+}
+
+/* Whether process `pid` has an inotify watch on any of the bucket bells
+ * (the two-hex-digit files) of directory `bells`: read from its fdinfo. */
+static bool watches_a_bucket(pid_t pid, const char *bells)
+{
+	unsigned long inos[64];
+	size_t n = 0;
+	DIR *d = opendir(bells);
+	for (struct dirent *e; d && (e = readdir(d)) != NULL && n < 64;) {
+		char f[1000];
+		struct stat st;
+		snprintf(f, sizeof(f), "%s/%s", bells, e->d_name);
+		if (strlen(e->d_name) == 2 && stat(f, &st) == 0 && S_ISREG(st.st_mode))
+			inos[n++] = (unsigned long)st.st_ino;
+	}
+	if (d)
+		closedir(d);
+	char dir[64];
+	snprintf(dir, sizeof(dir), "/proc/%d/fdinfo", (int)pid);
+	bool found = false;
+	d = opendir(dir);
+	for (struct dirent *e; d && !found && (e = readdir(d)) != NULL;) {
+		char f[400], line[512];
+		snprintf(f, sizeof(f), "%s/%s", dir, e->d_name);
+		FILE *fp = fopen(f, "r");
+		while (fp && !found && fgets(line, sizeof(line), fp)) {
+			unsigned long ino;
+			const char *at = strstr(line, " ino:");
+			if (strncmp(line, "inotify wd:", 11) != 0 || !at || sscanf(at, " ino:%lx", &ino) != 1)
+				continue;
+			for (size_t i = 0; i < n && !found; i++)
+				found = inos[i] == ino;
+		}
+		if (fp)
+			fclose(fp);
+	}
+	if (d)
+		closedir(d);
+	return found;
 }
 
 /* Wait (bounded) until `name` has `want` waiters. */
@@ -388,6 +429,13 @@ int main(int argc, char **argv)
 	CHECK(s && waiters_reach(s, "chain", 1));
 	CHECK(write(to_w[1][1], "g", 1) == 1);
 	CHECK(s && waiters_reach(s, "chain", 2));
+	/* the second, behind the first, does not even watch its bucket: a
+	 * release wakes the front's process only (the first watches it) */
+	bool front_hears = watches_a_bucket(wp[0], bells), behind_hears = watches_a_bucket(wp[1], bells);
+	printf("fair chain: the front waiter's process watches its bucket: %s; the one behind: %s\n",
+	       front_hears ? "yes" : "no", behind_hears ? "yes" : "no");
+	CHECK(front_hears);
+	CHECK(!behind_hears);
 	long long g1 = 0, r1 = 0, g2 = 0, rel0 = mono_ms();
 	if (h)
 		CHECK_RC(dlock_release(h), 0);

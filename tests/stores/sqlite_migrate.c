@@ -147,6 +147,19 @@ static uint64_t grant(dlock_store *s, const char *name)
 	return f;
 }
 
+/* How many of the queue's two indexes the file has. */
+static int queue_indexes(sqlite3 *db)
+{
+	sqlite3_stmt *st = NULL;
+	int n = -1;
+	if (sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master WHERE type='index' AND name IN "
+			       "('dlock_queue_by_expiry','dlock_queue_by_mode')", -1, &st, NULL) == SQLITE_OK &&
+	    sqlite3_step(st) == SQLITE_ROW)
+		n = sqlite3_column_int(st, 0);
+	sqlite3_finalize(st);
+	return n;
+}
+
 static void migrate_case(const char *dir, const char *version, const char *sql, uint64_t fence)
 {
 	char path[600], uri[700];
@@ -194,7 +207,20 @@ static void migrate_case(const char *dir, const char *version, const char *sql, 
 	CHECK(grant(s, "old") == fence + 4);
 	dlock_store_close(s);
 
+	/* The queue's indexes are there; a version 3 file without them (made by
+	 * an earlier library of the same version) gets them at its next open. */
 	CHECK(sqlite3_open(path, &db) == SQLITE_OK);
+	CHECK(queue_indexes(db) == 2);
+	CHECK(sqlite3_exec(db, "DROP INDEX dlock_queue_by_expiry; DROP INDEX dlock_queue_by_mode;", NULL, NULL,
+			   NULL) == SQLITE_OK);
+	CHECK(queue_indexes(db) == 0);
+	sqlite3_close(db);
+	CHECK_RC(dlock_store_open(&s, uri), 0);
+	CHECK(grant(s, "old") == fence + 5);
+	dlock_store_close(s);
+
+	CHECK(sqlite3_open(path, &db) == SQLITE_OK);
+	CHECK(queue_indexes(db) == 2);
 	sqlite3_stmt *st = NULL;
 	/* An old library that opens the file now is refused: its schema step
 	 * (an index on its waiter table) and its statements fail. */
@@ -211,7 +237,7 @@ static void migrate_case(const char *dir, const char *version, const char *sql, 
 	/* Its status reads still work, through views. */
 	CHECK(sqlite3_prepare_v2(db, "SELECT fence FROM dlock_fences WHERE ns='dlock' AND name='old'", -1, &st,
 				 NULL) == SQLITE_OK);
-	CHECK(st && sqlite3_step(st) == SQLITE_ROW && (uint64_t)sqlite3_column_int64(st, 0) == fence + 4);
+	CHECK(st && sqlite3_step(st) == SQLITE_ROW && (uint64_t)sqlite3_column_int64(st, 0) == fence + 5);
 	sqlite3_finalize(st);
 	/* A file from a newer library is refused, not rewritten. */
 	CHECK(sqlite3_exec(db, "UPDATE dlock_schema SET version=99", NULL, NULL, NULL) == SQLITE_OK);

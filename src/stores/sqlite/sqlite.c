@@ -4,6 +4,7 @@
  * clock (every client of the file runs on the same machine and clock).
  */
 #include "support.h"
+#include "sqlite/writeq.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,7 +25,7 @@
 
 enum {
 	Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
-	Q_PURGE_HOLDERS, Q_PURGE_WAITERS, Q_HOLDERS, Q_ANY_WAITERS, Q_MYSEQ, Q_AHEAD, Q_WRITER_WAITING,
+	Q_PURGE_HOLDERS, Q_PURGE_WAITERS, Q_HOLDERS, Q_ANY_WAITERS, Q_MYSEQ, Q_AHEAD, Q_EXCL_AHEAD, Q_WRITER_WAITING,
 	Q_ENQUEUE, Q_FENCE_SET, Q_FENCE_NEW, Q_INSERT_HOLDER, Q_DEQUEUE, Q_RELEASE, Q_EXTEND,
 	Q_STATUS_HOLDERS, Q_STATUS_FENCE, Q_STATUS_WAITERS, Q_STATUS_NAMES, Q_HEAD, Q_PEEK,
 	Q_COUNT
@@ -57,10 +58,14 @@ static const char *const sql[Q_COUNT] = {
 		      " FROM dlock_holds WHERE ns=?1 AND name=?2",
 	[Q_ANY_WAITERS] = "SELECT EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2)",
 	[Q_MYSEQ] = "SELECT seq FROM dlock_queue WHERE ns=?1 AND name=?2 AND owner=?3",
-	/* waiters ahead of seq ?3 (all when ?3 is NULL): how many, and how many want exclusive */
-	[Q_AHEAD] = "SELECT count(*), coalesce(sum(mode=0),0) FROM dlock_queue "
-		    "WHERE ns=?1 AND name=?2 AND (?3 IS NULL OR seq<?3)",
-	[Q_WRITER_WAITING] = "SELECT count(*) FROM dlock_queue WHERE ns=?1 AND name=?2 AND mode=0 AND owner<>?3",
+	/* Waiters ahead of seq ?3 (all when ?3 is NULL): how many, counted up to
+	 * ?4 only; and whether one wants it exclusive. Index ranges, never a walk
+	 * of the whole queue: with 2,000 waiters every refused try counted them. */
+	[Q_AHEAD] = "SELECT count(*) FROM (SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2"
+		    " AND seq<coalesce(?3," FENCE_ROW_EXPIRES ") ORDER BY seq LIMIT ?4)",
+	[Q_EXCL_AHEAD] = "SELECT EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2 AND mode=0"
+			 " AND seq<coalesce(?3," FENCE_ROW_EXPIRES "))",
+	[Q_WRITER_WAITING] = "SELECT EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2 AND mode=0 AND owner<>?3)",
 	/* refresh only when half the registration has passed: most retries then write nothing */
 	[Q_ENQUEUE] = "INSERT INTO dlock_queue(ns,name,owner,mode,expires,host,pid) VALUES(?1,?2,?3,?4,?5,?6,?7) "
 		      "ON CONFLICT(ns,name,owner) DO UPDATE SET expires=excluded.expires "
@@ -84,9 +89,9 @@ static const char *const sql[Q_COUNT] = {
 	/* the first in line (its own bell is rung when it moves to the front) */
 	[Q_HEAD] = "SELECT owner FROM dlock_queue WHERE ns=?1 AND name=?2 ORDER BY seq LIMIT 1",
 	/* a registered waiter's look (peek_held): the first live hold's end, its
-	 * own registration's end and how many wait ahead of it; no row: not registered */
+	 * own registration's end and whether any waits ahead of it; no row: not registered */
 	[Q_PEEK] = "SELECT (SELECT min(expires) FROM dlock_holds WHERE ns=?1 AND name=?2 AND owner>'' AND expires>?4),"
-		   " q.expires, (SELECT count(*) FROM dlock_queue a WHERE a.ns=?1 AND a.name=?2 AND a.seq<q.seq)"
+		   " q.expires, EXISTS(SELECT 1 FROM dlock_queue a WHERE a.ns=?1 AND a.name=?2 AND a.seq<q.seq)"
 		   " FROM dlock_queue q WHERE q.ns=?1 AND q.name=?2 AND q.owner=?3",
 };
 
@@ -114,6 +119,13 @@ static const char views_v3[] =
 	"CREATE VIEW dlock_fences AS SELECT ns, name, fence FROM dlock_holds WHERE owner='';"
 	"CREATE VIEW dlock_waiters AS SELECT seq, ns, name, owner, mode, expires, host, pid FROM dlock_queue;"
 	"DELETE FROM dlock_schema; INSERT INTO dlock_schema(version) VALUES(3);";
+
+/* Indexes for queues of thousands (expiry, writers ahead): not part of the
+ * version — a file of version 3 without them works, with older libraries
+ * too; they are added when a file is opened without them. */
+static const char queue_indexes[] =
+	"CREATE INDEX IF NOT EXISTS dlock_queue_by_expiry ON dlock_queue(ns,name,expires);"
+	"CREATE INDEX IF NOT EXISTS dlock_queue_by_mode ON dlock_queue(ns,name,mode,seq);";
 
 /* Versions 1 and 2 had tables dlock_holders and dlock_waiters: rename them
  * (their rows, the queue's sequence and its numbering stay). */
@@ -155,6 +167,10 @@ typedef struct sqlite_backend {
 	char front[DLOCK__OWNER_MAX]; /* a waiter that came to the front of its queue in the
 					 transaction under way: its bell rings after the commit */
 	bool make_dirs;      /* the default store's file: create its directories */
+	dlock__wq *wq;       /* the writers' line (writeq.h), NULL: none (yet) */
+	bool wq_want;        /* writers collided (the busy handler ran): make or join the line */
+	bool wq_check;       /* someone outside our line held the write lock: is the line still the file's? */
+	int64_t wq_next;     /* dlock_clock_ms before which no line is made again after a failure */
 } sqlite_backend;
 
 static void disconnect(sqlite_backend *b, bool moved)
@@ -169,6 +185,8 @@ static void disconnect(sqlite_backend *b, bool moved)
 		sqlite3_db_config(b->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
 	sqlite3_close(b->db);
 	b->db = NULL;
+	dlock__wq_close(b->wq);
+	b->wq = NULL;
 }
 
 /* Is any of the three files at its path no longer the one we have open? */
@@ -232,6 +250,10 @@ static int on_busy(void *arg, int count)
 	static const int naps[] = { 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100 };
 	const int last = (int)(sizeof(naps) / sizeof(*naps)) - 1;
 	sqlite_backend *b = arg;
+	if (b->wq)
+		b->wq_check = true;
+	else
+		b->wq_want = true;
 	int64_t left = b->deadline - dlock_clock_ms();
 	if (left <= 0) {
 		b->timed_out = true;
@@ -292,27 +314,67 @@ static int run(sqlite_backend *b, sqlite3_stmt *s, const char *what)
 	return rc == SQLITE_DONE ? 0 : fail(b, rc, what);
 }
 
-static int begin(sqlite_backend *b)
+/*
+ * Every write waits in the writers' line (writeq.h) before it asks SQLite for
+ * the write lock, once writers of this file have collided: the first busy
+ * wait makes the line (or joins the one there); a line found replaced is
+ * joined anew. The line's wait keeps the call's deadline, like the busy
+ * handler's.
+ */
+static int line_enter(sqlite_backend *b)
 {
-	return run(b, prep(b, Q_BEGIN, NULL, NULL), "begin");
+	if (b->wq && b->wq_check) {
+		b->wq_check = false;
+		if (!dlock__wq_current(b->wq, b->paths[0])) {
+			dlock__wq_close(b->wq);
+			b->wq = NULL;
+			b->wq_want = true;
+		}
+	}
+	if (!b->wq && b->wq_want && dlock_clock_ms() >= b->wq_next) {
+		b->wq_want = false;
+		if (!(b->wq = dlock__wq_open(b->paths[0], true)))
+			b->wq_next = dlock_clock_ms() + 1000;
+	}
+	if (!b->wq)
+		return 0;
+	int r = dlock__wq_enter(b->wq, b->deadline);
+	if (r < 0) { /* unusable: go without, as before the line */
+		dlock__wq_close(b->wq);
+		b->wq = NULL;
+		b->wq_next = dlock_clock_ms() + 1000;
+		return 0;
+	}
+	if (r == 0)
+		return 0;
+	b->timed_out = true;
+	return fail(b, SQLITE_BUSY, "begin");
 }
 
+static int begin(sqlite_backend *b)
+{
+	int rc = line_enter(b);
+	if (!rc && (rc = run(b, prep(b, Q_BEGIN, NULL, NULL), "begin")))
+		dlock__wq_leave(b->wq);
+	return rc;
+}
+
+/* Commit (or roll back on failure) what begin() started, and leave the line. */
 static int finish(sqlite_backend *b, int rc)
 {
 	if (rc == 0 || rc == DLOCK_ELOCKED || rc == DLOCK_ENOTHELD) {
 		int c = run(b, prep(b, Q_COMMIT, NULL, NULL), "commit");
 		if (c) {
 			run(b, prep(b, Q_ROLLBACK, NULL, NULL), "rollback");
-			return c;
+			rc = c;
 		}
-		return rc;
-	}
-	if (!sqlite3_get_autocommit(b->db)) {
+	} else if (!sqlite3_get_autocommit(b->db)) {
 		dlock__saved_error saved;
 		dlock__error_save(&saved);
 		run(b, prep(b, Q_ROLLBACK, NULL, NULL), "rollback");
 		dlock__error_restore(&saved);
 	}
+	dlock__wq_leave(b->wq);
 	return rc;
 }
 
@@ -378,11 +440,11 @@ static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *
 	return run(b, s, "expire holders");
 }
 
-/* Where req->owner stands in its name's queue: the waiters ahead of it and
- * how many of them want it exclusive (every waiter, when it has no row:
- * *queued false). */
-static int queue_place(sqlite_backend *b, const dlock_request *req, int64_t *ahead, int64_t *excl_ahead,
-		       bool *queued)
+/* Where req->owner stands in its name's queue: the waiters ahead of it,
+ * counted up to `cap`, and (`excl`) whether one of them wants it exclusive
+ * (every waiter is ahead when it has no row: *queued false). */
+static int queue_place(sqlite_backend *b, const dlock_request *req, int64_t cap, bool excl, int64_t *ahead,
+		       bool *excl_ahead, bool *queued)
 {
 	int rc = 0;
 	sqlite3_stmt *s = prep(b, Q_MYSEQ, req->name, req->owner);
@@ -393,11 +455,16 @@ static int queue_place(sqlite_backend *b, const dlock_request *req, int64_t *ahe
 	s = prep(b, Q_AHEAD, req->name, NULL);
 	if (myseq >= 0)
 		sqlite3_bind_int64(s, 3, myseq);
-	int r = sqlite3_step(s);
-	*ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
-	*excl_ahead = r == SQLITE_ROW ? sqlite3_column_int64(s, 1) : 0;
-	sqlite3_reset(s);
-	return r == SQLITE_ROW ? 0 : fail(b, r, "read waiters");
+	sqlite3_bind_int64(s, 4, cap);
+	*ahead = step_int(b, s, 0, 0, &rc);
+	*excl_ahead = false;
+	if (!rc && excl) {
+		s = prep(b, Q_EXCL_AHEAD, req->name, NULL);
+		if (myseq >= 0)
+			sqlite3_bind_int64(s, 3, myseq);
+		*excl_ahead = step_int(b, s, 0, 0, &rc) != 0;
+	}
+	return rc;
 }
 
 /* The queue rules, only when the name has waiter rows at all. */
@@ -411,15 +478,12 @@ static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64
 	if ((rc = run(b, s, "expire waiters")))
 		return rc;
 	/* Fair order, and readers yield to waiting writers. */
-	int64_t ahead, excl_ahead;
-	bool queued;
-	if ((rc = queue_place(b, req, &ahead, &excl_ahead, &queued)))
-		return rc;
 	if (req->fair) {
-		if (req->mode == DLOCK_SHARED)
-			*conflict = excl_ahead > 0;
-		else
-			*conflict = ahead + nexcl >= limit;
+		int64_t ahead;
+		bool excl_ahead, queued, shared = req->mode == DLOCK_SHARED;
+		if ((rc = queue_place(b, req, shared ? 0 : limit, shared, &ahead, &excl_ahead, &queued)))
+			return rc;
+		*conflict = shared ? excl_ahead : ahead + nexcl >= limit;
 	} else if (req->mode == DLOCK_SHARED) {
 		s = prep(b, Q_WRITER_WAITING, n, req->owner);
 		*conflict = step_int(b, s, 0, 0, &rc) > 0;
@@ -427,18 +491,19 @@ static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64
 	return rc;
 }
 
-static void bell_behind(sqlite_backend *b, const char *owner, bool behind);
+static bool bell_behind(sqlite_backend *b, const char *owner, bool behind);
 static int note_front(sqlite_backend *b, const char *name);
 
 /* A refused fair waiter: has it others ahead (exclusive ones, for a reader)?
- * Then only its own bell need wake it (see "doorbells"). */
-static int mark_behind(sqlite_backend *b, const dlock_request *req)
+ * Then only its own bell need wake it (see "doorbells"). *again: look again
+ * at once (bell_behind). */
+static int mark_behind(sqlite_backend *b, const dlock_request *req, bool *again)
 {
-	int64_t ahead, excl_ahead;
-	bool queued;
-	int rc = queue_place(b, req, &ahead, &excl_ahead, &queued);
+	int64_t ahead;
+	bool excl_ahead, queued, shared = req->mode == DLOCK_SHARED;
+	int rc = queue_place(b, req, shared ? 0 : 1, shared, &ahead, &excl_ahead, &queued);
 	if (!rc && queued)
-		bell_behind(b, req->owner, (req->mode == DLOCK_SHARED ? excl_ahead : ahead) > 0);
+		*again = bell_behind(b, req->owner, shared ? excl_ahead : ahead > 0);
 	return rc;
 }
 
@@ -466,6 +531,7 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 
 	sqlite3_stmt *s;
 	if (conflict) {
+		bool again = false;
 		if (req->waiting) {
 			s = prep(b, Q_PURGE_WAITERS, n, NULL);
 			sqlite3_bind_int64(s, 3, now);
@@ -479,11 +545,13 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 			sqlite3_bind_int64(s, 8, req->queue_ttl_ms / 2);
 			if ((rc = run(b, s, "enqueue waiter")))
 				return rc;
-			if (req->fair && b->bells && (rc = mark_behind(b, req)) != 0)
+			if (req->fair && b->bells && (rc = mark_behind(b, req, &again)) != 0)
 				return rc;
 		}
 		if (first_expiry >= 0)
 			*retry_ms = first_expiry > now ? first_expiry - now : 0;
+		if (again)
+			*retry_ms = 0;
 		return DLOCK_ELOCKED;
 	}
 
@@ -805,6 +873,30 @@ static int watch_bell(const sqlite_backend *b, const char *file, int *wd)
 					  strerror(errno));
 }
 
+/* Does a waiter of this handle listen to bucket v? (under bl->mu) */
+static bool bucket_heard(const bells *bl, unsigned v)
+{
+	for (const bell_watch *w = bl->watches; w; w = w->next)
+		if (w->bucket == v && !w->behind)
+			return true;
+	return false;
+}
+
+/* The bucket's watch goes when a fair waiter falls behind and no other
+ * waiter here listens to it: the kernel then wakes only the processes that
+ * do (with 1,000 fair waiters, every release woke 1,000 bell threads for one
+ * front waiter). Its IN_IGNORED matches no watch any more: nothing is woken
+ * for it. It stays when a wait ends (the next wait of the handle, the
+ * common case, would make it again: two system calls per acquire). (under
+ * bl->mu) */
+static void bucket_unheard(bells *bl, unsigned v)
+{
+	if (bl->bucket_wd[v] >= 0 && !bucket_heard(bl, v)) {
+		inotify_rm_watch(bl->ifd, bl->bucket_wd[v]);
+		bl->bucket_wd[v] = -1;
+	}
+}
+
 static int sq_watch(dlock_backend *be, const dlock_request *req)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
@@ -878,17 +970,31 @@ static void sq_unwatch(dlock_backend *be, const dlock_request *req)
 	pthread_mutex_unlock(&bl->mu);
 }
 
-/* After a refused try of a watched waiter: whether it has others ahead. */
-static void bell_behind(sqlite_backend *b, const char *owner, bool behind)
+/*
+ * After a refused try of a watched waiter: whether it has others ahead.
+ * True when it came to the front and its bucket was watched again just now:
+ * a release between its look and that watch rang unheard, so it must look
+ * again at once.
+ */
+static bool bell_behind(sqlite_backend *b, const char *owner, bool behind)
 {
 	bells *bl = b->bells;
+	bool again = false;
 	if (!bl)
-		return;
+		return false;
 	pthread_mutex_lock(&bl->mu);
 	for (bell_watch *w = bl->watches; w; w = w->next)
-		if (strcmp(w->owner, owner) == 0)
+		if (strcmp(w->owner, owner) == 0) {
 			w->behind = behind;
+			char bucket[8];
+			snprintf(bucket, sizeof bucket, "%02x", w->bucket);
+			if (behind)
+				bucket_unheard(bl, w->bucket);
+			else if (bl->bucket_wd[w->bucket] < 0)
+				again = watch_bell(b, bucket, &bl->bucket_wd[w->bucket]) == 0;
+		}
 	pthread_mutex_unlock(&bl->mu);
+	return again;
 }
 
 /* The first in line of `name` into b->front (inside the transaction), to ring after it. */
@@ -931,8 +1037,8 @@ static bool peek_held(sqlite_backend *b, const dlock_request *req, int64_t now, 
 	    sqlite3_column_int64(s, 1) - now >= req->queue_ttl_ms / 2) {
 		held = true;
 		*retry_ms = sqlite3_column_int64(s, 0) - now;
-		if (req->fair)
-			bell_behind(b, req->owner, sqlite3_column_int64(s, 2) > 0);
+		if (req->fair && bell_behind(b, req->owner, sqlite3_column_int64(s, 2) > 0))
+			*retry_ms = 0;
 	}
 	sqlite3_reset(s);
 	return held;
@@ -1012,7 +1118,11 @@ static int sq_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 	sqlite_backend *b = (sqlite_backend *)be;
 	set_deadline(b, req->deadline_ms);
 	int rc = check_files(b, false);
-	return rc ? rc : extend_one(b, req, ttl_ms, dlock_wall_ms());
+	if (rc || (rc = line_enter(b)))
+		return rc;
+	rc = extend_one(b, req, ttl_ms, dlock_wall_ms());
+	dlock__wq_leave(b->wq);
+	return rc;
 }
 
 static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
@@ -1044,8 +1154,13 @@ static int sq_cancel(dlock_backend *be, dlock_request *req)
 	set_deadline(b, req->deadline_ms);
 	if (check_files(b, false))
 		return 0; /* the queue we were in went with the old file */
-	int rc = run(b, prep(b, Q_DEQUEUE, req->name, req->owner), "cancel waiter");
-	if (rc == 0 && sqlite3_changes(b->db) > 0) {
+	int rc = line_enter(b);
+	if (rc)
+		return rc;
+	rc = run(b, prep(b, Q_DEQUEUE, req->name, req->owner), "cancel waiter");
+	int dequeued = rc == 0 ? sqlite3_changes(b->db) : 0;
+	dlock__wq_leave(b->wq);
+	if (dequeued > 0) {
 		ring(b, req->name); /* the queue moved: the next in line may go now */
 		b->front[0] = 0;
 		if (note_front(b, req->name) == 0 && b->front[0])
@@ -1188,8 +1303,12 @@ static int object_type(sqlite3 *db, const char *name, char *buf, size_t len)
 static bool schema_current(sqlite3 *db)
 {
 	sqlite3_stmt *s = NULL;
-	bool ok = sqlite3_prepare_v2(db, "SELECT max(version) FROM dlock_schema", -1, &s, NULL) == SQLITE_OK &&
-		  sqlite3_step(s) == SQLITE_ROW && sqlite3_column_int64(s, 0) == SCHEMA_VERSION;
+	bool ok = sqlite3_prepare_v2(db,
+				     "SELECT max(version), (SELECT count(*) FROM sqlite_master WHERE type='index' AND"
+				     " name IN ('dlock_queue_by_expiry','dlock_queue_by_mode')) FROM dlock_schema",
+				     -1, &s, NULL) == SQLITE_OK &&
+		  sqlite3_step(s) == SQLITE_ROW && sqlite3_column_int64(s, 0) == SCHEMA_VERSION &&
+		  sqlite3_column_int64(s, 1) == 2;
 	sqlite3_finalize(s);
 	return ok;
 }
@@ -1206,7 +1325,9 @@ static int setup_schema(sqlite3 *db, char **err)
 		r = sqlite3_exec(db, "CREATE TABLE dlock_schema(version INTEGER NOT NULL);", NULL, NULL, err);
 		if (r == SQLITE_OK)
 			r = sqlite3_exec(db, schema_v3, NULL, NULL, err);
-		return r == SQLITE_OK ? sqlite3_exec(db, views_v3, NULL, NULL, err) : r;
+		if (r == SQLITE_OK)
+			r = sqlite3_exec(db, views_v3, NULL, NULL, err);
+		return r == SQLITE_OK ? sqlite3_exec(db, queue_indexes, NULL, NULL, err) : r;
 	}
 	sqlite3_stmt *s = NULL;
 	if ((r = sqlite3_prepare_v2(db, "SELECT max(version) FROM dlock_schema", -1, &s, NULL)) != SQLITE_OK)
@@ -1214,7 +1335,7 @@ static int setup_schema(sqlite3 *db, char **err)
 	int64_t version = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
 	sqlite3_finalize(s);
 	if (version == SCHEMA_VERSION)
-		return SQLITE_OK;
+		return sqlite3_exec(db, queue_indexes, NULL, NULL, err);
 	if (version > SCHEMA_VERSION || version < 1) {
 		*err = sqlite3_mprintf("the file has dlock schema version %lld; this library knows %d",
 				       (long long)version, SCHEMA_VERSION);
@@ -1229,7 +1350,9 @@ static int setup_schema(sqlite3 *db, char **err)
 		return r;
 	if (fence_table && (r = sqlite3_exec(db, fences_v1, NULL, NULL, err)) != SQLITE_OK)
 		return r;
-	return sqlite3_exec(db, views_v3, NULL, NULL, err);
+	if ((r = sqlite3_exec(db, views_v3, NULL, NULL, err)) != SQLITE_OK)
+		return r;
+	return sqlite3_exec(db, queue_indexes, NULL, NULL, err);
 }
 
 /* mkdir -p for the parent directories of path, mode 0700. */
