@@ -86,12 +86,9 @@ static void acquire_bound(const char *uri, const char *name)
 
 int main(int argc, char **argv)
 {
-	int role = sp_role(argc, argv);
-	if (role >= 0)
-		return role;
-	if (argc != 2)
-		return 2;
-	mkdir(argv[1], 0700);
+	int early = sp_main(argc, argv);
+	if (early >= 0)
+		return early;
 	char path[600], uri[700], uri_default[700];
 	snprintf(path, sizeof(path), "%s/bounds.db", argv[1]);
 	unlink(path);

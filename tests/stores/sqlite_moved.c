@@ -141,12 +141,9 @@ static void one_case(const char *dir, const char *fault)
 
 int main(int argc, char **argv)
 {
-	int role = sp_role(argc, argv);
-	if (role >= 0)
-		return role;
-	if (argc != 2)
-		return 2;
-	mkdir(argv[1], 0700);
+	int early = sp_main(argc, argv);
+	if (early >= 0)
+		return early;
 	const char *faults[] = { "unlink", "clean", "rename", "wal" };
 	for (size_t i = 0; i < sizeof(faults) / sizeof(*faults); i++)
 		one_case(argv[1], faults[i]);

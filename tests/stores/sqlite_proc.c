@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -186,4 +187,25 @@ int sp_finish(sp_child *c)
 	close(c->in);
 	close(c->out);
 	return reap(c->pid);
+}
+
+int sp_main(int argc, char **argv)
+{
+	int role = sp_role(argc, argv);
+	if (role >= 0)
+		return role;
+	if (argc != 2)
+		return 2;
+	mkdir(argv[1], 0700);
+	return -1;
+}
+
+void sp_remove_db(const char *path)
+{
+	const char *sfx[] = { "", "-wal", "-shm", ".writers" };
+	for (size_t i = 0; i < sizeof(sfx) / sizeof(*sfx); i++) {
+		char p[1100];
+		snprintf(p, sizeof(p), "%s%s", path, sfx[i]);
+		unlink(p);
+	}
 }

@@ -24,6 +24,13 @@ typedef struct sp_child {
 /* In main: when argv asks for a role, run it and return its exit code; else -1. */
 int sp_role(int argc, char **argv);
 
+/* The start of each test's main: a role when argv asks for one (its exit
+ * code), 2 unless argv is `prog DIR`; else DIR is made and -1 returned. */
+int sp_main(int argc, char **argv);
+
+/* Remove a database and the files beside it (-wal, -shm, .writers). */
+void sp_remove_db(const char *path);
+
 /* Run a role to its end; its exit code (128+signal when killed). */
 int sp_run(const char *role, const char *a1, const char *a2);
 

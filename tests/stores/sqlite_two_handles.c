@@ -24,27 +24,14 @@ static void sleep_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
-static void files_gone(const char *path)
-{
-	char p[700];
-	unlink(path);
-	snprintf(p, sizeof(p), "%s-wal", path);
-	unlink(p);
-	snprintf(p, sizeof(p), "%s-shm", path);
-	unlink(p);
-}
-
 int main(int argc, char **argv)
 {
-	int role = sp_role(argc, argv);
-	if (role >= 0)
-		return role;
-	if (argc != 2)
-		return 2;
-	mkdir(argv[1], 0700);
+	int early = sp_main(argc, argv);
+	if (early >= 0)
+		return early;
 	char path[600], uri[700];
 	snprintf(path, sizeof(path), "%s/two.db", argv[1]);
-	files_gone(path);
+	sp_remove_db(path);
 	snprintf(uri, sizeof(uri), "sqlite://%s?ttl=%dms", path, TTL_MS);
 
 	dlock_store *s1 = NULL, *s2 = NULL;

@@ -34,16 +34,6 @@ typedef struct page {
 
 static char path[600], line[620], uri[700];
 
-static void files_gone(void)
-{
-	const char *sfx[] = { "", "-wal", "-shm", ".writers" };
-	for (size_t i = 0; i < sizeof(sfx) / sizeof(*sfx); i++) {
-		char p[700];
-		snprintf(p, sizeof(p), "%s%s", path, sfx[i]);
-		unlink(p);
-	}
-}
-
 /* A process (forked: it only maps the file) that takes the line and lets go
  * when `hold` closes, or dies holding it (`die`). */
 typedef struct holder {
@@ -137,15 +127,12 @@ static bool exists(const char *p)
 
 int main(int argc, char **argv)
 {
-	int role = sp_role(argc, argv);
-	if (role >= 0)
-		return role;
-	if (argc != 2)
-		return 2;
-	mkdir(argv[1], 0700);
+	int early = sp_main(argc, argv);
+	if (early >= 0)
+		return early;
 	snprintf(path, sizeof(path), "%s/wq.db", argv[1]);
 	snprintf(line, sizeof(line), "%s.writers", path);
-	files_gone();
+	sp_remove_db(path);
 	/* a wait for the write lock (in the line or SQLite's) gives up after 300 ms */
 	snprintf(uri, sizeof(uri), "sqlite://%s?busy_timeout=300ms", path);
 
@@ -218,6 +205,6 @@ int main(int argc, char **argv)
 	printf("line: deleted, made anew by another handle, and joined by the one that had the old\n");
 
 	dlock_store_close(s1);
-	files_gone();
+	sp_remove_db(path);
 	return tu_done("sqlite.writeq");
 }

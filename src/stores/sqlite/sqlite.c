@@ -39,7 +39,8 @@ enum {
  * IMMEDIATE: a single-row statement has nothing of its own to undo, so SQLite
  * needs no statement journal for it (ABORT would allocate and copy one).
  */
-#define FENCE_ROW_EXPIRES "9223372036854775807"
+#define SQL_INT64_MAX "9223372036854775807"
+#define FENCE_ROW_EXPIRES SQL_INT64_MAX
 
 static const char *const sql[Q_COUNT] = {
 	[Q_BEGIN] = "BEGIN IMMEDIATE",
@@ -62,9 +63,9 @@ static const char *const sql[Q_COUNT] = {
 	 * ?4 only; and whether one wants it exclusive. Index ranges, never a walk
 	 * of the whole queue: with 2,000 waiters every refused try counted them. */
 	[Q_AHEAD] = "SELECT count(*) FROM (SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2"
-		    " AND seq<coalesce(?3," FENCE_ROW_EXPIRES ") ORDER BY seq LIMIT ?4)",
+		    " AND seq<coalesce(?3," SQL_INT64_MAX ") ORDER BY seq LIMIT ?4)",
 	[Q_EXCL_AHEAD] = "SELECT EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2 AND mode=0"
-			 " AND seq<coalesce(?3," FENCE_ROW_EXPIRES "))",
+			 " AND seq<coalesce(?3," SQL_INT64_MAX "))",
 	[Q_WRITER_WAITING] = "SELECT EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2 AND mode=0 AND owner<>?3)",
 	/* refresh only when half the registration has passed: most retries then write nothing */
 	[Q_ENQUEUE] = "INSERT INTO dlock_queue(ns,name,owner,mode,expires,host,pid) VALUES(?1,?2,?3,?4,?5,?6,?7) "
