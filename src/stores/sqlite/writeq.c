@@ -137,28 +137,46 @@ out:
 	return q;
 }
 
+/* A wall-clock time `ms` from now, for pthread_mutex_timedlock. */
+static struct timespec wall_in(int64_t ms)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += (time_t)(ms / 1000);
+	ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	return ts;
+}
+
 int dlock__wq_enter(dlock__wq *q, int64_t deadline_ms)
 {
 	if (q->held)
 		return 0;
-	/* a wait with no end still wakes once a day to look at its deadline */
-	int64_t now = dlock_clock_ms(), day = 86400000;
-	int64_t until = deadline_ms - now > day ? now + day : deadline_ms;
+	/* timedlock counts on the wall clock: in slices of at most 100 ms, each
+	 * checked against the monotonic deadline, so a clock step cannot stretch
+	 * the wait (the line's holder still wakes us the moment it lets go) */
 	for (;;) {
-		struct timespec ts = { (time_t)(until / 1000), (long)(until % 1000) * 1000000L };
-		int e = pthread_mutex_clocklock(&q->page->mu, CLOCK_MONOTONIC, &ts);
+		int64_t left = deadline_ms - dlock_clock_ms();
+		int e;
+		if (left <= 0) {
+			e = pthread_mutex_trylock(&q->page->mu);
+		} else {
+			struct timespec ts = wall_in(left < 100 ? left : 100);
+			e = pthread_mutex_timedlock(&q->page->mu, &ts);
+		}
 		if (e == EOWNERDEAD) /* its holder died mid-write: SQLite rolled that back */
 			e = pthread_mutex_consistent(&q->page->mu);
 		if (e == 0) {
 			q->held = true;
 			return 0;
 		}
+		if (e == EBUSY) /* the deadline came: one last look found it taken */
+			return 1;
 		if (e != ETIMEDOUT)
 			return -1;
-		if (dlock_clock_ms() >= deadline_ms)
-			return 1;
-		now = dlock_clock_ms();
-		until = deadline_ms - now > day ? now + day : deadline_ms;
 	}
 }
 
