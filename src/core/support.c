@@ -2,6 +2,7 @@
 #include "core/internal.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -179,6 +180,20 @@ void dlock__nopipe_end(dlock__nopipe *np)
 			;
 	}
 	pthread_sigmask(SIG_SETMASK, &np->old, NULL);
+}
+
+void dlock__sock_states(const int *fds, size_t n, int *states)
+{
+	struct pollfd p[64];
+	if (n > 64)
+		n = 64;
+	for (size_t i = 0; i < n; i++)
+		p[i] = (struct pollfd){ .fd = fds[i], .events = POLLIN | POLLRDHUP };
+	int r = poll(p, n, 0);
+	for (size_t i = 0; i < n; i++)
+		states[i] = fds[i] < 0 ? 2
+			  : r <= 0 || !p[i].revents ? 0
+			  : p[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL) ? 2 : 1;
 }
 
 int64_t dlock__poll_hint(int64_t ahead, int64_t per_place_ms)

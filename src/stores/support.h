@@ -62,6 +62,17 @@ typedef struct dlock__nopipe {
 void dlock__nopipe_begin(dlock__nopipe *np);
 void dlock__nopipe_end(dlock__nopipe *np);
 
+/* ---- idle connections ---- */
+/*
+ * Idle connections' sockets, looked at without waiting, all in one system
+ * call: states[i] for fds[i] is 0 nothing to read (still open, as far as we
+ * can tell), 1 something to read, 2 the peer hung up or the socket failed
+ * (also for fds[i] < 0). Before reusing kept connections: a server that
+ * restarted or dropped us has closed its end (2), and one that owes us no
+ * reply has nothing to say (1: most likely its closing words). n <= 64.
+ */
+void dlock__sock_states(const int *fds, size_t n, int *states);
+
 /* ---- waiting without a wake-up channel ---- */
 /*
  * How soon a refused fair waiter of a store that cannot tell it of a release

@@ -249,8 +249,9 @@ PGconn *dlock__pg_connect_db(pg_backend *be, int64_t deadline, int *code)
  * server closing it (restart, pg_terminate_backend, a timeout). */
 int dlock__pg_idle_ok(PGconn *c)
 {
-	struct pollfd p = { PQsocket(c), POLLIN, 0 };
-	return PQstatus(c) == CONNECTION_OK && p.fd >= 0 && poll(&p, 1, 0) == 0;
+	int fd = PQsocket(c), st;
+	dlock__sock_states(&fd, 1, &st);
+	return PQstatus(c) == CONNECTION_OK && st == 0;
 }
 
 /* The main connection, reconnected (by `deadline`) if it broke or was dropped. */

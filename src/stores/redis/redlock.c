@@ -228,23 +228,32 @@ static void tune_socket(int fd, int64_t timeout_ms)
 }
 
 /*
- * A master's end closed since our last round (a restart, a client kill): the
- * connection is replaced now, in this round, instead of costing this request
- * that master — after a master restarts, the next acquire would otherwise
- * stand on one copy fewer (of five: a bare quorum after the next restart).
- * Closed: the peer hung up, or anything is there to read while no reply is
- * owed. Late replies still unread on a hung-up connection are dropped with it
- * (as a read of its EOF would).
+ * Masters whose end closed since our last round (a restart, a client kill):
+ * their connections are replaced now, in this round, instead of costing this
+ * request those masters — after a master restarts, the next acquire would
+ * otherwise stand on one copy fewer (of five: a bare quorum after the next
+ * restart). Closed: the peer hung up, or anything is there to read while no
+ * reply is owed. Late replies still unread on a hung-up connection are
+ * dropped with it (as a read of its EOF would). One poll for all masters (the
+ * first 64; any further ones find out by the failed request, as before).
  */
-static void drop_if_closed(rlock *s, size_t i)
+static void drop_closed(rlock *s, const rl_op *ops)
 {
-	if (!s->c[i])
+	int fds[64], st[64];
+	size_t which[64], n = 0;
+	for (size_t i = 0; i < s->n && n < 64; i++)
+		if (ops[i].want && s->c[i]) {
+			which[n] = i;
+			fds[n++] = s->c[i]->fd;
+		}
+	if (!n)
 		return;
-	struct pollfd p = { .fd = s->c[i]->fd, .events = POLLIN | POLLRDHUP };
-	if (poll(&p, 1, 0) <= 0)
-		return;
-	if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) || !s->owed || !s->owed[i].n)
-		drop(s, i);
+	dlock__sock_states(fds, n, st);
+	for (size_t k = 0; k < n; k++) {
+		size_t i = which[k];
+		if (st[k] == 2 || (st[k] == 1 && (!s->owed || !s->owed[i].n)))
+			drop(s, i);
+	}
 }
 
 static void append_cmd(rlock *s, size_t i, rl_op *op, int script, int argc, const char **argv, size_t *lens)
@@ -348,12 +357,10 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 	bool decided = false, drained = false;
 	/* hiredis would resolve with a blocking getaddrinfo: the names of the
 	 * masters to connect are resolved here, all at once, by the deadline */
+	drop_closed(s, ops);
 	size_t need = 0;
-	for (size_t i = 0; i < s->n; i++) {
-		if (ops[i].want)
-			drop_if_closed(s, i);
+	for (size_t i = 0; i < s->n; i++)
 		need += !s->c[i] && ops[i].want;
-	}
 	dlock__addrs *ad = need ? calloc(s->n, sizeof(*ad)) : NULL;
 	int *arc = need ? calloc(s->n, sizeof(*arc)) : NULL;
 	const char **names = need ? calloc(s->n, sizeof(*names)) : NULL;

@@ -174,6 +174,13 @@ typedef struct sqlite_backend {
 	int64_t wq_next;     /* dlock_clock_ms before which no line is made again after a failure */
 } sqlite_backend;
 
+/* Leave the writers' line for good (writeq.h). */
+static void line_drop(sqlite_backend *b)
+{
+	dlock__wq_close(b->wq);
+	b->wq = NULL;
+}
+
 static void disconnect(sqlite_backend *b, bool moved)
 {
 	for (int i = 0; i < Q_COUNT; i++) {
@@ -186,8 +193,7 @@ static void disconnect(sqlite_backend *b, bool moved)
 		sqlite3_db_config(b->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
 	sqlite3_close(b->db);
 	b->db = NULL;
-	dlock__wq_close(b->wq);
-	b->wq = NULL;
+	line_drop(b);
 }
 
 /* Is any of the three files at its path no longer the one we have open? */
@@ -327,8 +333,7 @@ static int line_enter(sqlite_backend *b)
 	if (b->wq && b->wq_check) {
 		b->wq_check = false;
 		if (!dlock__wq_current(b->wq, b->paths[0])) {
-			dlock__wq_close(b->wq);
-			b->wq = NULL;
+			line_drop(b);
 			b->wq_want = true;
 		}
 	}
@@ -341,8 +346,7 @@ static int line_enter(sqlite_backend *b)
 		return 0;
 	int r = dlock__wq_enter(b->wq, b->deadline);
 	if (r < 0) { /* unusable: go without, as before the line */
-		dlock__wq_close(b->wq);
-		b->wq = NULL;
+		line_drop(b);
 		b->wq_next = dlock_clock_ms() + 1000;
 		return 0;
 	}
@@ -874,6 +878,14 @@ static int watch_bell(const sqlite_backend *b, const char *file, int *wd)
 					  strerror(errno));
 }
 
+/* Watch bucket v's bell file (a no-op when watched already). (under bl->mu) */
+static int watch_bucket(const sqlite_backend *b, unsigned v)
+{
+	char bucket[8];
+	snprintf(bucket, sizeof bucket, "%02x", v);
+	return watch_bell(b, bucket, &b->bells->bucket_wd[v]);
+}
+
 /* Does a waiter of this handle listen to bucket v? (under bl->mu) */
 static bool bucket_heard(const bells *bl, unsigned v)
 {
@@ -931,10 +943,9 @@ static int sq_watch(dlock_backend *be, const dlock_request *req)
 	}
 	rc = w ? 0 : DLOCK_ENOMEM;
 	if (w) {
-		char bucket[8], own[24];
-		snprintf(bucket, sizeof bucket, "%02x", w->bucket);
+		char own[24];
 		/* only a fair waiter may be rung alone (when it comes to the front) */
-		if (!(rc = watch_bell(b, bucket, &bl->bucket_wd[w->bucket])) && req->fair) {
+		if (!(rc = watch_bucket(b, w->bucket)) && req->fair) {
 			bell_name(b, w->owner, own, sizeof own);
 			rc = watch_bell(b, own, &w->own_wd);
 		}
@@ -987,12 +998,10 @@ static bool bell_behind(sqlite_backend *b, const char *owner, bool behind)
 	for (bell_watch *w = bl->watches; w; w = w->next)
 		if (strcmp(w->owner, owner) == 0) {
 			w->behind = behind;
-			char bucket[8];
-			snprintf(bucket, sizeof bucket, "%02x", w->bucket);
 			if (behind)
 				bucket_unheard(bl, w->bucket);
 			else if (bl->bucket_wd[w->bucket] < 0)
-				again = watch_bell(b, bucket, &bl->bucket_wd[w->bucket]) == 0;
+				again = watch_bucket(b, w->bucket) == 0;
 		}
 	pthread_mutex_unlock(&bl->mu);
 	return again;
