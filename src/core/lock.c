@@ -158,6 +158,7 @@ static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t 
 	}
 	l->req.deadline_ms = request_deadline(s, until);
 	l->req.lease_from_ms = 0;
+	l->req.nap_ms = 0;
 	dlock__counted(s);
 	int rc = s->m->acquire(s->be, &l->req, fence, retry);
 	pthread_mutex_unlock(&s->be_mu);
@@ -385,7 +386,8 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		if ((rc != DLOCK_ELOCKED && !transient) || wait_ms == 0 || now >= until)
 			goto give_up;
 		/* Come back before our waiter registration expires, and by the deadline. */
-		int64_t nap = min64(until - now, l->req.queue_ttl_ms / 3);
+		int64_t nap = min64(until - now, l->req.nap_ms > l->req.queue_ttl_ms / 3 ? l->req.nap_ms
+											 : l->req.queue_ttl_ms / 3);
 		int64_t by_retry = retry >= 0 ? min64(nap, retry + 1) : nap;
 		if (watched && rc == DLOCK_ELOCKED) {
 			dlock__board_wait(l->store->board, l->name, l->req.owner, armed, by_retry);

@@ -3,6 +3,7 @@
 
 #include <dlock/dlock.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +81,30 @@ static int role_hold(const char *uri, const char *name)
 	return rc == 0 ? 0 : 2;
 }
 
+static int role_fairwait(const char *uri, const char *name)
+{
+	dlock_store *s;
+	if (dlock_store_open(&s, uri) != 0) {
+		fprintf(stderr, "fairwait: open: %s\n", dlock_error_last()->message);
+		return 2;
+	}
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.fair = true;
+	o.ttl_ms = 30000;
+	dlock_lock *l;
+	int rc = dlock_lock_new(&l, s, name, &o);
+	if (rc == 0)
+		rc = dlock_acquire(l, 60000);
+	printf(rc == 0 ? "granted\n" : "failed %d\n", rc);
+	fflush(stdout);
+	wait_stdin_eof();
+	if (rc == 0 && dlock_release(l) != 0)
+		rc = 3;
+	dlock_lock_free(l);
+	dlock_store_close(s);
+	return rc == 0 ? 0 : 2;
+}
+
 static int role_exclusive(const char *path)
 {
 	sqlite3 *db = NULL;
@@ -110,6 +135,8 @@ int sp_role(int argc, char **argv)
 		return role_try(argv[3], argv[4]);
 	if (!strcmp(role, "hold") && argc == 5)
 		return role_hold(argv[3], argv[4]);
+	if (!strcmp(role, "fairwait") && argc == 5)
+		return role_fairwait(argv[3], argv[4]);
 	if (!strcmp(role, "exclusive") && argc == 4)
 		return role_exclusive(argv[3]);
 	fprintf(stderr, "unknown child role %s\n", role);

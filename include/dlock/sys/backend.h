@@ -196,6 +196,14 @@ typedef struct dlock_request {
 				    dlock_clock_ms time the lease counts from: the core
 				    ends the hold's lease, and renews it, that much
 				    earlier. Never later than the server's own count */
+	int64_t nap_ms;        /**< out, refused acquire: 0 (the core clears it before
+				    each try), or how long the core may wait before the
+				    next try when that is longer than a third of
+				    queue_ttl_ms — set by a store that registered this
+				    waiter for longer than queue_ttl_ms and will wake it
+				    itself when it must look sooner (a fair waiter far
+				    back in its queue). The wait's end and the store's
+				    wake-ups still come first */
 } dlock_request;
 
 typedef struct dlock_backend dlock_backend;

@@ -27,7 +27,7 @@ enum {
 	Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
 	Q_PURGE_HOLDERS, Q_PURGE_WAITERS, Q_HOLDERS, Q_ANY_WAITERS, Q_MYSEQ, Q_AHEAD, Q_EXCL_AHEAD, Q_WRITER_WAITING,
 	Q_ENQUEUE, Q_FENCE_SET, Q_FENCE_NEW, Q_INSERT_HOLDER, Q_DEQUEUE, Q_RELEASE, Q_EXTEND,
-	Q_STATUS_HOLDERS, Q_STATUS_FENCE, Q_STATUS_WAITERS, Q_STATUS_NAMES, Q_HEAD, Q_PEEK,
+	Q_STATUS_HOLDERS, Q_STATUS_FENCE, Q_STATUS_WAITERS, Q_STATUS_NAMES, Q_HEAD, Q_CUT_HEAD, Q_PEEK,
 	Q_COUNT
 };
 
@@ -67,10 +67,11 @@ static const char *const sql[Q_COUNT] = {
 	[Q_EXCL_AHEAD] = "SELECT EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2 AND mode=0"
 			 " AND seq<coalesce(?3," SQL_INT64_MAX "))",
 	[Q_WRITER_WAITING] = "SELECT EXISTS(SELECT 1 FROM dlock_queue WHERE ns=?1 AND name=?2 AND mode=0 AND owner<>?3)",
-	/* refresh only when half the registration has passed: most retries then write nothing */
+	/* refresh only when half the registration has passed (most retries then
+	 * write nothing), or cut it when it is longer than its place now wants */
 	[Q_ENQUEUE] = "INSERT INTO dlock_queue(ns,name,owner,mode,expires,host,pid) VALUES(?1,?2,?3,?4,?5,?6,?7) "
 		      "ON CONFLICT(ns,name,owner) DO UPDATE SET expires=excluded.expires "
-		      "WHERE expires < excluded.expires - ?8",
+		      "WHERE expires < excluded.expires - ?8 OR expires > excluded.expires",
 	/* The fence is read by Q_HOLDERS in the same write transaction: no RETURNING
 	 * (which builds an ephemeral table on every step). */
 	[Q_FENCE_SET] = "UPDATE OR FAIL dlock_holds SET fence=?3 WHERE ns=?1 AND name=?2 AND owner=''",
@@ -87,12 +88,16 @@ static const char *const sql[Q_COUNT] = {
 	[Q_STATUS_WAITERS] = "SELECT count(*) FROM dlock_queue WHERE ns=?1 AND name=?2 AND expires>?3",
 	[Q_STATUS_NAMES] = "SELECT name FROM dlock_holds WHERE ns=?1 AND owner>'' AND expires>?2 UNION "
 			   "SELECT name FROM dlock_queue WHERE ns=?1 AND expires>?2 ORDER BY 1",
-	/* the first in line (its own bell is rung when it moves to the front) */
-	[Q_HEAD] = "SELECT owner FROM dlock_queue WHERE ns=?1 AND name=?2 ORDER BY seq LIMIT 1",
+	/* the first two in line (their own bells are rung when they move up) */
+	[Q_HEAD] = "SELECT owner FROM dlock_queue WHERE ns=?1 AND name=?2 ORDER BY seq LIMIT 2",
+	/* the front's registration no longer than a front waiter's (note_head) */
+	[Q_CUT_HEAD] = "UPDATE dlock_queue SET expires=?4 WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?4",
 	/* a registered waiter's look (peek_held): the first live hold's end, its
-	 * own registration's end and whether any waits ahead of it; no row: not registered */
+	 * own registration's end and how many wait ahead of it (up to 2); no
+	 * row: not registered */
 	[Q_PEEK] = "SELECT (SELECT min(expires) FROM dlock_holds WHERE ns=?1 AND name=?2 AND owner>'' AND expires>?4),"
-		   " q.expires, EXISTS(SELECT 1 FROM dlock_queue a WHERE a.ns=?1 AND a.name=?2 AND a.seq<q.seq)"
+		   " q.expires, (SELECT count(*) FROM (SELECT 1 FROM dlock_queue a"
+		   " WHERE a.ns=?1 AND a.name=?2 AND a.seq<q.seq LIMIT 2))"
 		   " FROM dlock_queue q WHERE q.ns=?1 AND q.name=?2 AND q.owner=?3",
 };
 
@@ -165,8 +170,8 @@ typedef struct sqlite_backend {
 	int64_t checked_at;  /* dlock_clock_ms of the last look at the files */
 	sqlite3_stmt *st[Q_COUNT];
 	struct bells *bells; /* wake-ups of waiters (watch), NULL until the first */
-	char front[DLOCK__OWNER_MAX]; /* a waiter that came to the front of its queue in the
-					 transaction under way: its bell rings after the commit */
+	char front[2][DLOCK__OWNER_MAX]; /* the first two in line of a queue that moved in the
+					    transaction under way: their bells ring after the commit */
 	bool make_dirs;      /* the default store's file: create its directories */
 	dlock__wq *wq;       /* the writers' line (writeq.h), NULL: none (yet) */
 	bool wq_want;        /* writers collided (the busy handler ran): make or join the line */
@@ -445,6 +450,61 @@ static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *
 	return run(b, s, "expire holders");
 }
 
+/*
+ * A fair mutex waiter with two or more ahead of it cannot be next: it is
+ * registered for FAR_TTL times the core's queue TTL and tells the core to
+ * nap a third of that, since it is rung when it moves up to second place
+ * (note_head). The first two in line keep the short registration's naps, so
+ * one of them is always awake to notice a dead front; a registration is cut
+ * to the short one when its waiter comes to the front, so a waiter that died
+ * far back blocks the queue no longer than one that died at the front. With
+ * 2,000 waiters, their refreshes (a read every second, a write every other)
+ * were most of the store's work.
+ */
+#define FAR_TTL 10
+
+/* How long a waiter `ahead` places from the front is registered for. */
+static int64_t registration_ms(const dlock_request *req, int64_t ahead, bool own_heard)
+{
+	bool far_ok = req->fair && own_heard && req->mode != DLOCK_SHARED && req->permits == 1;
+	return ahead > 0 && far_ok ? req->queue_ttl_ms * FAR_TTL : req->queue_ttl_ms;
+}
+
+/* The queue of req->name moved (inside the transaction, or after a
+ * statement of its own): the first two in line into b->front, to ring after
+ * it, and the front's registration cut to a front waiter's. */
+static int note_head(sqlite_backend *b, const dlock_request *req, int64_t now)
+{
+	int rc = 0, r, i = 0;
+	memset(b->front, 0, sizeof b->front);
+	sqlite3_stmt *s = prep(b, Q_HEAD, req->name, NULL);
+	while (i < 2 && (r = sqlite3_step(s)) == SQLITE_ROW) {
+		const unsigned char *o = sqlite3_column_text(s, 0);
+		snprintf(b->front[i++], sizeof b->front[0], "%s", o ? (const char *)o : "");
+	}
+	if (i < 2 && r != SQLITE_DONE)
+		rc = fail(b, r, "read the queue's head");
+	sqlite3_reset(s);
+	if (!rc && b->front[0][0]) {
+		s = prep(b, Q_CUT_HEAD, req->name, b->front[0]);
+		sqlite3_bind_int64(s, 4, now + req->queue_ttl_ms);
+		rc = run(b, s, "cut the front's registration");
+	}
+	return rc;
+}
+
+/* Expired waiter registrations of req->name go (the queue's head is noted
+ * when it moved). */
+static int purge_waiters(sqlite_backend *b, const dlock_request *req, int64_t now)
+{
+	sqlite3_stmt *s = prep(b, Q_PURGE_WAITERS, req->name, NULL);
+	sqlite3_bind_int64(s, 3, now);
+	int rc = run(b, s, "expire waiters");
+	if (!rc && sqlite3_changes(b->db) > 0)
+		rc = note_head(b, req, now);
+	return rc;
+}
+
 /* Where req->owner stands in its name's queue: the waiters ahead of it,
  * counted up to `cap`, and (`excl`) whether one of them wants it exclusive
  * (every waiter is ahead when it has no row: *queued false). */
@@ -477,10 +537,8 @@ static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64
 		       bool *conflict)
 {
 	const char *n = req->name;
-	int rc = 0;
-	sqlite3_stmt *s = prep(b, Q_PURGE_WAITERS, n, NULL);
-	sqlite3_bind_int64(s, 3, now);
-	if ((rc = run(b, s, "expire waiters")))
+	int rc = purge_waiters(b, req, now);
+	if (rc)
 		return rc;
 	/* Fair order, and readers yield to waiting writers. */
 	if (req->fair) {
@@ -490,25 +548,25 @@ static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64
 			return rc;
 		*conflict = shared ? excl_ahead : ahead + nexcl >= limit;
 	} else if (req->mode == DLOCK_SHARED) {
-		s = prep(b, Q_WRITER_WAITING, n, req->owner);
-		*conflict = step_int(b, s, 0, 0, &rc) > 0;
+		*conflict = step_int(b, prep(b, Q_WRITER_WAITING, n, req->owner), 0, 0, &rc) > 0;
 	}
 	return rc;
 }
 
-static bool bell_behind(sqlite_backend *b, const char *owner, bool behind);
-static int note_front(sqlite_backend *b, const char *name);
+static bool bell_behind(sqlite_backend *b, const char *owner, bool behind, bool *own_heard);
 
-/* A refused fair waiter: has it others ahead (exclusive ones, for a reader)?
- * Then only its own bell need wake it (see "doorbells"). *again: look again
- * at once (bell_behind). */
-static int mark_behind(sqlite_backend *b, const dlock_request *req, bool *again)
+/* A refused fair waiter: how many wait ahead of it (up to 2; 0 or 1 for a
+ * reader: whether an exclusive one does)? With others ahead only its own
+ * bell need wake it (see "doorbells"). *again: look again at once
+ * (bell_behind); *own_heard: its own bell is watched. */
+static int mark_behind(sqlite_backend *b, const dlock_request *req, int64_t *ahead, bool *again, bool *own_heard)
 {
-	int64_t ahead;
 	bool excl_ahead, queued, shared = req->mode == DLOCK_SHARED;
-	int rc = queue_place(b, req, shared ? 0 : 1, shared, &ahead, &excl_ahead, &queued);
-	if (!rc && queued)
-		*again = bell_behind(b, req->owner, shared ? excl_ahead : ahead > 0);
+	int rc = queue_place(b, req, shared ? 0 : 2, shared, ahead, &excl_ahead, &queued);
+	if (shared)
+		*ahead = excl_ahead;
+	if (!rc)
+		*again = bell_behind(b, req->owner, *ahead > 0, own_heard);
 	return rc;
 }
 
@@ -536,22 +594,25 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 
 	sqlite3_stmt *s;
 	if (conflict) {
-		bool again = false;
+		bool again = false, own_heard = false;
 		if (req->waiting) {
-			s = prep(b, Q_PURGE_WAITERS, n, NULL);
-			sqlite3_bind_int64(s, 3, now);
-			if ((rc = run(b, s, "expire waiters")))
+			int64_t ahead = 0;
+			if ((rc = purge_waiters(b, req, now)))
 				return rc;
+			/* where it will stand, before its registration (a new one goes last) */
+			if (req->fair && b->bells && (rc = mark_behind(b, req, &ahead, &again, &own_heard)))
+				return rc;
+			int64_t ttl = registration_ms(req, ahead, own_heard);
 			s = prep(b, Q_ENQUEUE, n, req->owner);
 			sqlite3_bind_int(s, 4, (int)req->mode);
-			sqlite3_bind_int64(s, 5, now + req->queue_ttl_ms);
+			sqlite3_bind_int64(s, 5, now + ttl);
 			sqlite3_bind_text(s, 6, req->host, -1, SQLITE_STATIC);
 			sqlite3_bind_int(s, 7, req->pid);
-			sqlite3_bind_int64(s, 8, req->queue_ttl_ms / 2);
+			sqlite3_bind_int64(s, 8, ttl / 2);
 			if ((rc = run(b, s, "enqueue waiter")))
 				return rc;
-			if (req->fair && b->bells && (rc = mark_behind(b, req, &again)) != 0)
-				return rc;
+			if (ahead >= 2 && ttl > req->queue_ttl_ms)
+				req->nap_ms = ttl / 3;
 		}
 		if (first_expiry >= 0)
 			*retry_ms = first_expiry > now ? first_expiry - now : 0;
@@ -585,7 +646,7 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 		return rc;
 	if (queued && (rc = run(b, prep(b, Q_DEQUEUE, n, req->owner), "dequeue waiter")))
 		return rc;
-	if (queued && (rc = note_front(b, n)) != 0)
+	if (queued && (rc = note_head(b, req, now)) != 0)
 		return rc;
 	*fence = (uint64_t)f;
 	return 0;
@@ -610,10 +671,12 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
  * not listen to its bucket (every release would wake it for nothing, and a
  * herd of refused write transactions is what slowed fair mode): it listens
  * only to a bell of its own, "o<hash of its owner>", which is rung when it
- * comes to the front — by the grant that took the waiter before it out of
- * the queue, or by that waiter's leaving. A waiter learns where it stands
- * from each refused try. If the one before it crashed, it comes back at its
- * registration refresh or when the holder's lease ends, as without bells. */
+ * moves up to the front or to second place — by the grant that took the
+ * waiter before it out of the queue, by that waiter's leaving, or by the
+ * removal of an expired registration ahead (note_head). A waiter learns
+ * where it stands from each refused try. If the one before it crashed, it
+ * comes back at its registration refresh or when the holder's lease ends,
+ * as without bells (a waiter far back naps longer: FAR_TTL). */
 #define NBELLS 64
 
 typedef struct bell_watch {
@@ -621,7 +684,7 @@ typedef struct bell_watch {
 	char *name;
 	char owner[DLOCK__OWNER_MAX];
 	unsigned bucket;
-	int own_wd;    /* inotify watch of its own bell file, -1: none (yet, or rung and gone) */
+	int own_wd;    /* inotify watch of its own bell file, -1: none (yet, or its file was removed) */
 	bool behind;   /* a fair waiter with others ahead: only its own bell wakes it */
 } bell_watch;
 
@@ -668,18 +731,20 @@ static char *bell_path(const sqlite_backend *b, const char *file)
 	return f;
 }
 
-/* Ring a bell file (best effort; nothing when no waiter made the directory). */
-static void ring_file(const sqlite_backend *b, const char *file, bool once)
+/* Ring a bell file (best effort; nothing when no waiter made the directory).
+ * A waiter's own bell (`own`) is rung only while it exists: its waiter made
+ * it, and watches it, before the try that registered it, and removes it when
+ * its wait ends. Not made here, nor removed after the ring: a second ring
+ * before the waiter looked again would then go to a new file nobody watches
+ * (a grant rings the second in line, and the next grant the same waiter at
+ * the front). */
+static void ring_file(const sqlite_backend *b, const char *file, bool own)
 {
 	char *f = bell_path(b, file);
 	if (f) {
-		int fd = open(f, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+		int fd = open(f, O_WRONLY | (own ? 0 : O_CREAT) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
 		if (fd >= 0)
 			close(fd);
-		/* the close's event is queued already: a bell of one waiter goes
-		 * with its ring, so the directory keeps only the 64 buckets */
-		if (fd >= 0 && once)
-			unlink(f);
 	}
 	free(f);
 	dlock_error_clear(); /* an allocation that failed above is not the caller's error */
@@ -693,12 +758,15 @@ static void ring(const sqlite_backend *b, const char *name)
 	ring_file(b, f, false);
 }
 
-/* Ring the bell of one waiter, which has come to the front of its queue. */
-static void ring_owner(const sqlite_backend *b, const char *owner)
+/* Ring the bells of the first two in line of a queue that moved (note_head). */
+static void ring_front(sqlite_backend *b)
 {
-	char f[24];
-	bell_name(b, owner, f, sizeof f);
-	ring_file(b, f, true);
+	for (int i = 0; i < 2 && b->front[i][0]; i++) {
+		char f[24];
+		bell_name(b, b->front[i], f, sizeof f);
+		ring_file(b, f, true);
+	}
+	memset(b->front, 0, sizeof b->front);
 }
 
 static void *bells_main(void *arg)
@@ -755,7 +823,7 @@ static void *bells_main(void *arg)
 			for (size_t i = 0; i < ngone; i++)
 				if (w->own_wd >= 0 && gone[i] == w->own_wd) {
 					w->own_wd = -1;
-					mine = true; /* to watch a new one (after a ring: a second wake, harmless) */
+					mine = true; /* its file was removed: look, and watch a new one */
 				}
 			if (mine)
 				dlock_backend_wake_owner(&b->base, w->owner);
@@ -767,8 +835,8 @@ static void *bells_main(void *arg)
 	return NULL;
 }
 
-/* A waiter makes its own bell file and removes it when it stops waiting
- * (or the ringer does, after ringing it); one that died waiting leaves it.
+/* A waiter makes its own bell file and removes it when it stops waiting;
+ * one that died waiting leaves it.
  * Such files untouched for an hour are removed when a handle starts its
  * bells: a live waiter whose file goes makes a new one at its next try. */
 #define STALE_BELL_S 3600
@@ -988,16 +1056,18 @@ static void sq_unwatch(dlock_backend *be, const dlock_request *req)
  * a release between its look and that watch rang unheard, so it must look
  * again at once.
  */
-static bool bell_behind(sqlite_backend *b, const char *owner, bool behind)
+static bool bell_behind(sqlite_backend *b, const char *owner, bool behind, bool *own_heard)
 {
 	bells *bl = b->bells;
 	bool again = false;
+	*own_heard = false;
 	if (!bl)
 		return false;
 	pthread_mutex_lock(&bl->mu);
 	for (bell_watch *w = bl->watches; w; w = w->next)
 		if (strcmp(w->owner, owner) == 0) {
 			w->behind = behind;
+			*own_heard = w->own_wd >= 0;
 			if (behind)
 				bucket_unheard(bl, w->bucket);
 			else if (bl->bucket_wd[w->bucket] < 0)
@@ -1005,22 +1075,6 @@ static bool bell_behind(sqlite_backend *b, const char *owner, bool behind)
 		}
 	pthread_mutex_unlock(&bl->mu);
 	return again;
-}
-
-/* The first in line of `name` into b->front (inside the transaction), to ring after it. */
-static int note_front(sqlite_backend *b, const char *name)
-{
-	int rc = 0;
-	sqlite3_stmt *s = prep(b, Q_HEAD, name, NULL);
-	int r = sqlite3_step(s);
-	if (r == SQLITE_ROW) {
-		const unsigned char *o = sqlite3_column_text(s, 0);
-		snprintf(b->front, sizeof b->front, "%s", o ? (const char *)o : "");
-	} else if (r != SQLITE_DONE) {
-		rc = fail(b, r, "read the queue's head");
-	}
-	sqlite3_reset(s);
-	return rc;
 }
 
 /*
@@ -1031,7 +1085,7 @@ static int note_front(sqlite_backend *b, const char *name)
  * lock past its deadline. True when refused so (*retry_ms set); false: decide
  * in full (also when the read fails).
  */
-static bool peek_held(sqlite_backend *b, const dlock_request *req, int64_t now, int64_t *retry_ms)
+static bool peek_held(sqlite_backend *b, dlock_request *req, int64_t now, int64_t *retry_ms)
 {
 	if (!req->waiting || req->mode == DLOCK_SHARED || req->permits != 1)
 		return false;
@@ -1043,12 +1097,20 @@ static bool peek_held(sqlite_backend *b, const dlock_request *req, int64_t now, 
 	sqlite3_stmt *s = prep(b, Q_PEEK, req->name, req->owner);
 	sqlite3_bind_int64(s, 4, now);
 	bool held = false;
-	if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL &&
-	    sqlite3_column_int64(s, 1) - now >= req->queue_ttl_ms / 2) {
-		held = true;
-		*retry_ms = sqlite3_column_int64(s, 0) - now;
-		if (req->fair && bell_behind(b, req->owner, sqlite3_column_int64(s, 2) > 0))
-			*retry_ms = 0;
+	if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) {
+		int64_t ahead = sqlite3_column_int64(s, 2), left = sqlite3_column_int64(s, 1) - now;
+		bool again = false, own_heard = false;
+		if (req->fair)
+			again = bell_behind(b, req->owner, ahead > 0, &own_heard);
+		/* refused by a read while the registration fits its place: not
+		 * half gone, nor longer than the place wants (a decision cuts it) */
+		int64_t ttl = registration_ms(req, ahead, own_heard);
+		if (left >= ttl / 2 && left <= ttl) {
+			held = true;
+			*retry_ms = again ? 0 : sqlite3_column_int64(s, 0) - now;
+			if (ahead >= 2 && ttl > req->queue_ttl_ms)
+				req->nap_ms = ttl / 3;
+		}
 	}
 	sqlite3_reset(s);
 	return held;
@@ -1073,10 +1135,10 @@ static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 					     "write lock until the deadline", req->name);
 		return rc;
 	}
-	b->front[0] = 0;
+	memset(b->front, 0, sizeof b->front);
 	rc = finish(b, decide(b, req, dlock_wall_ms(), fence, retry_ms));
-	if (rc == 0 && b->front[0])
-		ring_owner(b, b->front); /* committed: the next in line is at the front now */
+	if (rc == 0 || rc == DLOCK_ELOCKED)
+		ring_front(b); /* committed: the first two in line moved up */
 	return rc;
 }
 
@@ -1169,12 +1231,12 @@ static int sq_cancel(dlock_backend *be, dlock_request *req)
 		return rc;
 	rc = run(b, prep(b, Q_DEQUEUE, req->name, req->owner), "cancel waiter");
 	int dequeued = rc == 0 ? sqlite3_changes(b->db) : 0;
+	bool noted = dequeued > 0 && note_head(b, req, dlock_wall_ms()) == 0;
 	dlock__wq_leave(b->wq);
 	if (dequeued > 0) {
 		ring(b, req->name); /* the queue moved: the next in line may go now */
-		b->front[0] = 0;
-		if (note_front(b, req->name) == 0 && b->front[0])
-			ring_owner(b, b->front);
+		if (noted)
+			ring_front(b);
 	}
 	return rc;
 }
