@@ -97,20 +97,6 @@ static int counts(dlock_store *s, const char *name, size_t *holders, size_t *wai
 	return 0;
 }
 
-/* Poll the store (what the test observes, not what it waits for) until the
- * waiter count of `name` is `want`, for at most `ms`. */
-static int await_waiters(dlock_store *s, const char *name, size_t want, long ms)
-{
-	long long until = tu_now_ms() + ms;
-	while (tu_now_ms() < until) {
-		size_t h, w;
-		if (counts(s, name, &h, &w) == 0 && w == want)
-			return 1;
-		nap_ms(20);
-	}
-	return 0;
-}
-
 /* ---- children: report to the parent through fd 3 (results) ---- */
 
 typedef struct report {
@@ -223,16 +209,16 @@ static void case_stopped_waiter(void)
 	dlock_lock *a = new_lock(s, name, 20000), *b = new_lock(s, name, 20000);
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	pid_t p = spawn("wait", name, ttl, &rd);
-	CHECK(await_waiters(s, name, 1, 10000));
+	CHECK(tu_await_waiters(s, name, 1, 10000));
 	kill(p, SIGSTOP);
 	/* Its lease runs out while it is stopped: its queue key goes. */
-	CHECK(await_waiters(s, name, 0, ttl + 5000));
+	CHECK(tu_await_waiters(s, name, 0, ttl + 5000));
 	CHECK_RC(dlock_release(a), 0);
 	CHECK_RC(dlock_acquire(b, 0), 0); /* the stopped waiter lost its place */
 	uint64_t fb = dlock_fence(b);
 	kill(p, SIGCONT);
 	/* It wakes up, finds its key gone and queues again behind b... */
-	CHECK(await_waiters(s, name, 1, 10000));
+	CHECK(tu_await_waiters(s, name, 1, 10000));
 	/* ...without ever having been told it holds the lock. */
 	struct pollfd pf = { rd, POLLIN, 0 };
 	CHECK(poll(&pf, 1, 0) == 0);
@@ -258,7 +244,7 @@ static void case_watch_wakeup(void)
 	dlock_lock *a = new_lock(s, name, 10000);
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	pid_t p = spawn("wait", name, 10000, &rd);
-	CHECK(await_waiters(s, name, 1, 10000));
+	CHECK(tu_await_waiters(s, name, 1, 10000));
 	nap_ms(300); /* let the waiter settle into its watch */
 	long long t0 = tu_now_ms();
 	CHECK_RC(dlock_release(a), 0);
@@ -288,14 +274,14 @@ static void case_middle_leaves(void)
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	uint64_t fa = dlock_fence(a);
 	pid_t p1 = spawn("wait", name, short_ttl, &rd1);
-	CHECK(await_waiters(s, name, 1, 10000));
+	CHECK(tu_await_waiters(s, name, 1, 10000));
 	pid_t p2 = spawn("wait", name, 20000, &rd2);
-	CHECK(await_waiters(s, name, 2, 10000));
+	CHECK(tu_await_waiters(s, name, 2, 10000));
 	nap_ms(300); /* let both settle into their watches */
 	kill(p1, SIGKILL);
 	reap(p1);
 	/* The killed waiter's key goes with its lease... */
-	CHECK(await_waiters(s, name, 1, short_ttl + 5000));
+	CHECK(tu_await_waiters(s, name, 1, short_ttl + 5000));
 	/* ...and the last waiter stays a waiter while we hold. */
 	struct pollfd pf = { rd2, POLLIN, 0 };
 	CHECK(poll(&pf, 1, 1000) == 0);

@@ -129,18 +129,7 @@ static void wake_over_tls(const char *u)
 	pthread_t t;
 	pthread_create(&t, NULL, wait_main, &w);
 	/* the waiter shows in status once it has tried */
-	long long until = tu_now_ms() + 5000;
-	size_t waiters = 0;
-	while (waiters == 0 && tu_now_ms() < until) {
-		const char *names[] = { "tls-wake" };
-		dlock_lock_status *st = NULL;
-		size_t n = 0;
-		if (dlock_store_status(s1, names, 1, &st, &n) == 0) {
-			waiters = n ? st[0].waiters : 0;
-			dlock_status_free(st, n);
-		}
-	}
-	CHECK(waiters == 1);
+	CHECK(tu_await_waiters(s1, "tls-wake", 1, 5000));
 	long long released = tu_now_ms();
 	CHECK_RC(dlock_release(a), 0);
 	pthread_join(t, NULL);

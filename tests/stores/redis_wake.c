@@ -74,17 +74,6 @@ static int fair_child(void)
 	return 2; /* not reached: the parent kills us first */
 }
 
-static size_t fair_waiters(dlock_store *s)
-{
-	const char *names[1] = { "wake-fair" };
-	dlock_lock_status *st = NULL;
-	size_t n = 0, w = 0;
-	if (dlock_store_status(s, names, 1, &st, &n) == 0 && n == 1)
-		w = st[0].waiters;
-	dlock_status_free(st, n);
-	return w;
-}
-
 static void dead_waiter_case(const char *self)
 {
 	dlock_store *s = NULL;
@@ -100,11 +89,7 @@ static void dead_waiter_case(const char *self)
 		execl(self, self, "--fair-child", (char *)NULL);
 		_exit(127);
 	}
-	long long until = tu_now_ms() + 10000;
-	struct timespec ts = { 0, 20 * 1000000 };
-	while (fair_waiters(s) < 1 && tu_now_ms() < until)
-		nanosleep(&ts, NULL);
-	CHECK(fair_waiters(s) == 1);
+	CHECK(tu_await_waiters(s, "wake-fair", 1, 10000));
 	kill(pid, SIGKILL); /* dies at the head of the queue */
 	waitpid(pid, NULL, 0);
 	long long t0 = tu_now_ms();

@@ -156,24 +156,6 @@ static bool watches_a_bucket(pid_t pid, const char *bells)
 	return found;
 }
 
-/* Wait (bounded) until `name` has `want` waiters. */
-static bool waiters_reach(dlock_store *s, const char *name, size_t want)
-{
-	const char *names[] = { name };
-	for (long long until = mono_ms() + 10000; mono_ms() < until;) {
-		dlock_lock_status *ls;
-		size_t n;
-		if (dlock_store_status(s, names, 1, &ls, &n) == 0) {
-			size_t waiting = n ? ls[0].waiters : 0;
-			dlock_status_free(ls, n);
-			if (waiting >= want)
-				return true;
-		}
-		usleep(2000);
-	}
-	return false;
-}
-
 /* A holder's and a waiter's handle on one name (the waiter's lock `fair`
  * if asked), and the waiter's outcome when it waits in a thread. */
 typedef struct pair {
@@ -253,7 +235,7 @@ static void vanish(const char *uri, const char *bells, bool dir_too, bool fair)
 	CHECK_RC(dlock_acquire(v.h, 0), 0);
 	pthread_t t;
 	pthread_create(&t, NULL, vanish_wait, &v);
-	CHECK(waiters_reach(v.s1, "vanish", 1)); /* registered: its bells are watched */
+	CHECK(tu_await_waiters(v.s1, "vanish", 1, 10000)); /* registered: its bells are watched */
 	int removed = clear_bells(bells, dir_too);
 	CHECK(removed >= (fair ? 2 : 1)); /* its bucket's bell (and its own) */
 	long long released = mono_ms();
@@ -305,7 +287,7 @@ static void quiet_release(const char *uri, const char *bells)
 	CHECK_RC(dlock_acquire(v.h, 0), 0);
 	pthread_t t;
 	pthread_create(&t, NULL, vanish_wait, &v);
-	CHECK(waiters_reach(v.s1, "quiet", 1));
+	CHECK(tu_await_waiters(v.s1, "quiet", 1, 10000));
 	CHECK_RC(dlock_release(v.h), 0);
 	pthread_join(t, NULL);
 	CHECK_RC(v.rc, 0);
@@ -362,7 +344,7 @@ int main(int argc, char **argv)
 			_exit(1);
 		char c;
 		while (read(to_rel[0], &c, 1) == 1) {
-			waiters_reach(p2, "job", 1); /* bounded: the holder lets go either way */
+			tu_await_waiters(p2, "job", 1, 10000); /* bounded: the holder lets go either way */
 			if (write(to_holder[1], "r", 1) != 1)
 				_exit(1);
 		}
@@ -426,9 +408,9 @@ int main(int argc, char **argv)
 	if (h)
 		CHECK_RC(dlock_acquire(h, 0), 0);
 	CHECK(write(to_w[0][1], "g", 1) == 1);
-	CHECK(s && waiters_reach(s, "chain", 1));
+	CHECK(s && tu_await_waiters(s, "chain", 1, 10000));
 	CHECK(write(to_w[1][1], "g", 1) == 1);
-	CHECK(s && waiters_reach(s, "chain", 2));
+	CHECK(s && tu_await_waiters(s, "chain", 2, 10000));
 	/* the second, behind the first, does not even watch its bucket: a
 	 * release wakes the front's process only (the first watches it) */
 	bool front_hears = watches_a_bucket(wp[0], bells), behind_hears = watches_a_bucket(wp[1], bells);

@@ -87,24 +87,6 @@ static void waiter_end(waiter *w)
 	dlock_store_close(w->s);
 }
 
-/* Wait (bounded) until the name has `want` waiters. */
-static bool waiters_reach(dlock_store *s, size_t want)
-{
-	const char *names[] = { "far" };
-	for (long long until = mono_ms() + 10000; mono_ms() < until;) {
-		dlock_lock_status *ls;
-		size_t n;
-		if (dlock_store_status(s, names, 1, &ls, &n) == 0) {
-			size_t waiting = n ? ls[0].waiters : 0;
-			dlock_status_free(ls, n);
-			if (waiting == want)
-				return true;
-		}
-		usleep(2000);
-	}
-	return false;
-}
-
 /* Wait (bounded) for w's grant. */
 static bool granted_by(waiter *w, int ms)
 {
@@ -155,14 +137,14 @@ int main(int argc, char **argv)
 	waiter w[3]; /* w[2]: the one behind the dead waiter */
 	for (int i = 0; i < 2; i++) {
 		CHECK(waiter_start(&w[i], 20000));
-		CHECK(waiters_reach(s, (size_t)i + 1));
+		CHECK(tu_await_waiters(s, "far", (size_t)i + 1, 10000));
 	}
 	long long front_left = left_at(0);
 
 	/* A third waits 2.5 s with two ahead: its first try and its cancel. */
 	waiter far;
 	CHECK(waiter_start(&far, 2500));
-	CHECK(waiters_reach(s, 3));
+	CHECK(tu_await_waiters(s, "far", 3, 10000));
 	long long far_left = left_at(2);
 	waiter_end(&far);
 	printf("registrations: the front's %lld ms left, the third's %lld ms\n", front_left, far_left);
@@ -172,14 +154,14 @@ int main(int argc, char **argv)
 	CHECK(far_left > 15000 && far_left <= 30000);
 	CHECK_RC(far.rc, DLOCK_ETIMEOUT);
 	CHECK(far.requests >= 2 && far.requests <= 3);
-	CHECK(waiters_reach(s, 2));
+	CHECK(tu_await_waiters(s, "far", 2, 10000));
 
 	/* A waiter that dies third in line, and one behind it. */
 	sp_child dead;
 	CHECK_RC(sp_start(&dead, "fairwait", uri, "far"), 0);
-	CHECK(waiters_reach(s, 3));
+	CHECK(tu_await_waiters(s, "far", 3, 10000));
 	CHECK(waiter_start(&w[2], 20000));
-	CHECK(waiters_reach(s, 4));
+	CHECK(tu_await_waiters(s, "far", 4, 10000));
 	long long dead_left = left_at(2);
 	kill(dead.pid, SIGKILL);
 	CHECK(sp_finish(&dead) == 128 + SIGKILL);

@@ -55,47 +55,29 @@ static int role_try(const char *uri, const char *name)
 	return code;
 }
 
-static int role_hold(const char *uri, const char *name)
+/* hold (fair: fairwait): acquire, print "held FENCE" or "failed RC", hold
+ * until stdin closes, release. */
+static int role_hold(const char *uri, const char *name, bool fair)
 {
 	dlock_store *s;
 	if (dlock_store_open(&s, uri) != 0) {
 		fprintf(stderr, "hold: open: %s\n", dlock_error_last()->message);
 		return 2;
 	}
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.fair = fair;
+	if (fair)
+		o.ttl_ms = 30000;
 	dlock_lock *l;
-	int rc = dlock_lock_new(&l, s, name, NULL);
+	int rc = dlock_lock_new(&l, s, name, &o);
 	if (rc == 0)
-		rc = dlock_acquire(l, 5000);
+		rc = dlock_acquire(l, fair ? 60000 : 5000);
 	if (rc != 0) {
 		fprintf(stderr, "hold: %s\n", dlock_error_last()->message);
 		printf("failed %d\n", rc);
 	} else {
 		printf("held %llu\n", (unsigned long long)dlock_fence(l));
 	}
-	fflush(stdout);
-	wait_stdin_eof();
-	if (rc == 0 && dlock_release(l) != 0)
-		rc = 3;
-	dlock_lock_free(l);
-	dlock_store_close(s);
-	return rc == 0 ? 0 : 2;
-}
-
-static int role_fairwait(const char *uri, const char *name)
-{
-	dlock_store *s;
-	if (dlock_store_open(&s, uri) != 0) {
-		fprintf(stderr, "fairwait: open: %s\n", dlock_error_last()->message);
-		return 2;
-	}
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.fair = true;
-	o.ttl_ms = 30000;
-	dlock_lock *l;
-	int rc = dlock_lock_new(&l, s, name, &o);
-	if (rc == 0)
-		rc = dlock_acquire(l, 60000);
-	printf(rc == 0 ? "granted\n" : "failed %d\n", rc);
 	fflush(stdout);
 	wait_stdin_eof();
 	if (rc == 0 && dlock_release(l) != 0)
@@ -134,9 +116,9 @@ int sp_role(int argc, char **argv)
 	if (!strcmp(role, "try") && argc == 5)
 		return role_try(argv[3], argv[4]);
 	if (!strcmp(role, "hold") && argc == 5)
-		return role_hold(argv[3], argv[4]);
+		return role_hold(argv[3], argv[4], false);
 	if (!strcmp(role, "fairwait") && argc == 5)
-		return role_fairwait(argv[3], argv[4]);
+		return role_hold(argv[3], argv[4], true);
 	if (!strcmp(role, "exclusive") && argc == 4)
 		return role_exclusive(argv[3]);
 	fprintf(stderr, "unknown child role %s\n", role);

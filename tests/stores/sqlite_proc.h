@@ -11,8 +11,7 @@
  *   status URI          open the store, dlock_store_status of every name, close (exit 0)
  *   try URI NAME        acquire with wait 0: exit 0 granted (and released), 1 DLOCK_ELOCKED, 2 other
  *   hold URI NAME       acquire (wait 5 s), print "held FENCE", hold until stdin closes, release
- *   fairwait URI NAME   a fair acquire (lease 30 s, wait 60 s), print "granted" or "failed RC",
- *                       hold until stdin closes, release
+ *   fairwait URI NAME   the same with a fair lock (lease 30 s) and a wait of 60 s
  *   exclusive PATH      a plain sqlite3 connection: BEGIN EXCLUSIVE, print "ready", sit in the
  *                       transaction until stdin closes, ROLLBACK
  */

@@ -25,6 +25,28 @@ long long tu_now_ms(void)
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+size_t tu_waiters(dlock_store *s, const char *name)
+{
+	const char *names[1] = { name };
+	dlock_lock_status *st = NULL;
+	size_t n = 0, w = 0;
+	if (dlock_store_status(s, names, 1, &st, &n) == 0 && n == 1)
+		w = st[0].waiters;
+	dlock_status_free(st, n);
+	return w;
+}
+
+int tu_await_waiters(dlock_store *s, const char *name, size_t want, long ms)
+{
+	for (long long until = tu_now_ms() + ms;;) {
+		if (tu_waiters(s, name) == want)
+			return 1;
+		if (tu_now_ms() >= until)
+			return 0;
+		usleep(2000);
+	}
+}
+
 int tu_first_line(const char *path, char *out, size_t n)
 {
 	FILE *f = path ? fopen(path, "r") : NULL;

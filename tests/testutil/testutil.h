@@ -39,6 +39,13 @@ int tu_done(const char *suite);
 /* Milliseconds on CLOCK_MONOTONIC. */
 long long tu_now_ms(void);
 
+/* The waiters dlock_store_status reports for `name` (0 when it cannot say). */
+size_t tu_waiters(dlock_store *s, const char *name);
+
+/* Look (what the test observes, not what it waits for) every 2 ms until
+ * `name` has exactly `want` waiters, for at most `ms`: 1, or 0 when it did not. */
+int tu_await_waiters(dlock_store *s, const char *name, size_t want, long ms);
+
 /* The first line of the file named by $DLOCK_TEST_URI_FILE (a server
  * script's DIR/uri) into out; exit(2) with a message naming `prog` when it
  * cannot be read. */
