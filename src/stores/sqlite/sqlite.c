@@ -532,21 +532,51 @@ static int queue_place(sqlite_backend *b, const dlock_request *req, int64_t cap,
 	return rc;
 }
 
+/* What one decision has read of the name's queue, so that a refusal after
+ * the queue rules neither purges nor counts again in the same transaction. */
+typedef struct queue_look {
+	bool purged;     /* expired registrations are gone */
+	bool placed;     /* ahead and excl_ahead are read */
+	int64_t ahead;   /* waiters ahead of the requester, counted up to 2 at least */
+	bool excl_ahead; /* one of them wants it exclusive (read for a reader only) */
+} queue_look;
+
+/* Where req->owner stands, into q (once per decision): the waiters ahead
+ * counted up to `cap` (at least 2), and for a reader whether a writer is
+ * among them. */
+static int look_place(sqlite_backend *b, const dlock_request *req, int64_t cap, queue_look *q)
+{
+	bool queued, shared = req->mode == DLOCK_SHARED;
+	if (q->placed)
+		return 0;
+	int rc = queue_place(b, req, cap > 2 ? cap : 2, shared, &q->ahead, &q->excl_ahead, &queued);
+	q->placed = rc == 0;
+	return rc;
+}
+
+/* Expired registrations gone, once per decision. */
+static int look_purged(sqlite_backend *b, const dlock_request *req, int64_t now, queue_look *q)
+{
+	if (q->purged)
+		return 0;
+	int rc = purge_waiters(b, req, now);
+	q->purged = rc == 0;
+	return rc;
+}
+
 /* The queue rules, only when the name has waiter rows at all. */
 static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64_t nexcl, int64_t limit,
-		       bool *conflict)
+		       bool *conflict, queue_look *q)
 {
 	const char *n = req->name;
-	int rc = purge_waiters(b, req, now);
+	int rc = look_purged(b, req, now, q);
 	if (rc)
 		return rc;
 	/* Fair order, and readers yield to waiting writers. */
 	if (req->fair) {
-		int64_t ahead;
-		bool excl_ahead, queued, shared = req->mode == DLOCK_SHARED;
-		if ((rc = queue_place(b, req, shared ? 0 : limit, shared, &ahead, &excl_ahead, &queued)))
+		if ((rc = look_place(b, req, limit, q)))
 			return rc;
-		*conflict = shared ? excl_ahead : ahead + nexcl >= limit;
+		*conflict = req->mode == DLOCK_SHARED ? q->excl_ahead : q->ahead + nexcl >= limit;
 	} else if (req->mode == DLOCK_SHARED) {
 		*conflict = step_int(b, prep(b, Q_WRITER_WAITING, n, req->owner), 0, 0, &rc) > 0;
 	}
@@ -555,16 +585,15 @@ static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64
 
 static bool bell_behind(sqlite_backend *b, const char *owner, bool behind, bool *own_heard);
 
-/* A refused fair waiter: how many wait ahead of it (up to 2; 0 or 1 for a
- * reader: whether an exclusive one does)? With others ahead only its own
- * bell need wake it (see "doorbells"). *again: look again at once
+/* A refused fair waiter: how many wait ahead of it (at least up to 2; 0 or
+ * 1 for a reader: whether an exclusive one does)? With others ahead only its
+ * own bell need wake it (see "doorbells"). *again: look again at once
  * (bell_behind); *own_heard: its own bell is watched. */
-static int mark_behind(sqlite_backend *b, const dlock_request *req, int64_t *ahead, bool *again, bool *own_heard)
+static int mark_behind(sqlite_backend *b, const dlock_request *req, queue_look *q, int64_t *ahead, bool *again,
+		       bool *own_heard)
 {
-	bool excl_ahead, queued, shared = req->mode == DLOCK_SHARED;
-	int rc = queue_place(b, req, shared ? 0 : 2, shared, ahead, &excl_ahead, &queued);
-	if (shared)
-		*ahead = excl_ahead;
+	int rc = look_place(b, req, 2, q);
+	*ahead = req->mode == DLOCK_SHARED ? q->excl_ahead : q->ahead;
 	if (!rc)
 		*again = bell_behind(b, req->owner, *ahead > 0, own_heard);
 	return rc;
@@ -589,7 +618,8 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 		conflict = nexcl > 0;
 	else
 		conflict = nshared > 0 || nexcl >= limit;
-	if (!conflict && queued && (rc = queue_rules(b, req, now, nexcl, limit, &conflict)))
+	queue_look q = { 0 };
+	if (!conflict && queued && (rc = queue_rules(b, req, now, nexcl, limit, &conflict, &q)))
 		return rc;
 
 	sqlite3_stmt *s;
@@ -597,10 +627,10 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 		bool again = false, own_heard = false;
 		if (req->waiting) {
 			int64_t ahead = 0;
-			if ((rc = purge_waiters(b, req, now)))
+			if ((rc = look_purged(b, req, now, &q)))
 				return rc;
 			/* where it will stand, before its registration (a new one goes last) */
-			if (req->fair && b->bells && (rc = mark_behind(b, req, &ahead, &again, &own_heard)))
+			if (req->fair && b->bells && (rc = mark_behind(b, req, &q, &ahead, &again, &own_heard)))
 				return rc;
 			int64_t ttl = registration_ms(req, ahead, own_heard);
 			s = prep(b, Q_ENQUEUE, n, req->owner);
@@ -1385,9 +1415,9 @@ static bool schema_current(sqlite3 *db)
 	return ok;
 }
 
-/* Inside the setup transaction: create a new file's schema, bring a version-1
+/* Inside the setup transaction: create a new file's tables, bring a version-1
  * or 2 file to version 3, refuse a newer one. */
-static int setup_schema(sqlite3 *db, char **err)
+static int setup_tables(sqlite3 *db, char **err)
 {
 	char type[16];
 	int r = object_type(db, "dlock_schema", type, sizeof(type));
@@ -1397,9 +1427,7 @@ static int setup_schema(sqlite3 *db, char **err)
 		r = sqlite3_exec(db, "CREATE TABLE dlock_schema(version INTEGER NOT NULL);", NULL, NULL, err);
 		if (r == SQLITE_OK)
 			r = sqlite3_exec(db, schema_v3, NULL, NULL, err);
-		if (r == SQLITE_OK)
-			r = sqlite3_exec(db, views_v3, NULL, NULL, err);
-		return r == SQLITE_OK ? sqlite3_exec(db, queue_indexes, NULL, NULL, err) : r;
+		return r == SQLITE_OK ? sqlite3_exec(db, views_v3, NULL, NULL, err) : r;
 	}
 	sqlite3_stmt *s = NULL;
 	if ((r = sqlite3_prepare_v2(db, "SELECT max(version) FROM dlock_schema", -1, &s, NULL)) != SQLITE_OK)
@@ -1407,7 +1435,7 @@ static int setup_schema(sqlite3 *db, char **err)
 	int64_t version = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
 	sqlite3_finalize(s);
 	if (version == SCHEMA_VERSION)
-		return sqlite3_exec(db, queue_indexes, NULL, NULL, err);
+		return SQLITE_OK;
 	if (version > SCHEMA_VERSION || version < 1) {
 		*err = sqlite3_mprintf("the file has dlock schema version %lld; this library knows %d",
 				       (long long)version, SCHEMA_VERSION);
@@ -1422,9 +1450,15 @@ static int setup_schema(sqlite3 *db, char **err)
 		return r;
 	if (fence_table && (r = sqlite3_exec(db, fences_v1, NULL, NULL, err)) != SQLITE_OK)
 		return r;
-	if ((r = sqlite3_exec(db, views_v3, NULL, NULL, err)) != SQLITE_OK)
-		return r;
-	return sqlite3_exec(db, queue_indexes, NULL, NULL, err);
+	return sqlite3_exec(db, views_v3, NULL, NULL, err);
+}
+
+/* The tables at version 3, then the queue's indexes (whatever the version
+ * found: a file of version 3 may lack them). */
+static int setup_schema(sqlite3 *db, char **err)
+{
+	int r = setup_tables(db, err);
+	return r == SQLITE_OK ? sqlite3_exec(db, queue_indexes, NULL, NULL, err) : r;
 }
 
 /* mkdir -p for the parent directories of path, mode 0700. */
