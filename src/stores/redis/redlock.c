@@ -1184,11 +1184,21 @@ static int status_one(rlock *s, const char *name, dlock_lock_status **out, size_
 	dlock_lock_status *st = rc ? NULL : dlock__status_add(out, count);
 	if (!rc && (!st || !(st->name = dlock__strdup(name))))
 		rc = DLOCK_ENOMEM;
+	/* Waiters as a quorum sees them, like holders: the most that at least a
+	 * quorum of masters each show (the quorum-th largest count). One
+	 * master's count is not enough: a waiter whose registration has reached
+	 * it but not yet a quorum bars nobody, since a grant's quorum can still
+	 * miss it (a writer so reported did not yet hold new readers back). */
+	for (size_t m = 0; m < nper && !rc; m++) {
+		size_t at_least = 0;
+		for (size_t m2 = 0; m2 < nper; m2++)
+			at_least += per[m2].waiters >= per[m].waiters;
+		if (at_least >= s->quorum && per[m].waiters > st->waiters)
+			st->waiters = per[m].waiters;
+	}
 	for (size_t m = 0; m < nper && !rc; m++) {
 		if (per[m].last_fence > st->last_fence)
 			st->last_fence = per[m].last_fence;
-		if (per[m].waiters > st->waiters)
-			st->waiters = per[m].waiters;
 		for (size_t h = 0; h < per[m].nholders && !rc; h++) {
 			const dlock_holder *ho = &per[m].holders[h];
 			bool seen = false;
