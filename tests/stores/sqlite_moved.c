@@ -87,7 +87,7 @@ static void one_case(const char *dir, const char *fault)
 	dlock_lock *l = NULL;
 	CHECK_RC(dlock_lock_new(&l, s, "job", &o), 0);
 	CHECK_RC(dlock_acquire(l, 0), 0);
-	CHECK(dlock_fence(l) == 1);
+	CHECK(dlock_fence(l) > 0);
 
 	if (!strcmp(fault, "rename")) /* a valid dlock file of its own, made by another process */
 		CHECK(sp_run("status", other_uri, NULL) == 0);

@@ -76,12 +76,15 @@ static const char *const sql[Q_COUNT] = {
 	 * (which builds an ephemeral table on every step). */
 	[Q_FENCE_SET] = "UPDATE OR FAIL dlock_holds SET fence=?3 WHERE ns=?1 AND name=?2 AND owner=''",
 	[Q_FENCE_NEW] = "INSERT OR FAIL INTO dlock_holds(ns,name,owner,mode,permits,fence,expires) "
-			"VALUES(?1,?2,'',0,0,1," FENCE_ROW_EXPIRES ")",
+			"VALUES(?1,?2,'',0,0,?3," FENCE_ROW_EXPIRES ")",
 	[Q_INSERT_HOLDER] = "INSERT OR FAIL INTO dlock_holds(ns,name,owner,mode,permits,fence,expires,host,pid) "
 			    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
 	[Q_DEQUEUE] = "DELETE FROM dlock_queue WHERE ns=?1 AND name=?2 AND owner=?3",
 	[Q_RELEASE] = "DELETE FROM dlock_holds WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?4",
-	[Q_EXTEND] = "UPDATE dlock_holds SET expires=?4 WHERE ns=?1 AND name=?2 AND owner=?3 AND expires>?5",
+	/* A lease only ever grows: a renewal that was sent before an extend
+	 * and lands after it (delayed by another writer) cannot shorten it. */
+	[Q_EXTEND] = "UPDATE dlock_holds SET expires=max(expires,?4) WHERE ns=?1 AND name=?2 AND owner=?3"
+		     " AND expires>?5",
 	[Q_STATUS_HOLDERS] = "SELECT owner, host, pid, mode, fence, expires, permits FROM dlock_holds "
 			     "WHERE ns=?1 AND name=?2 AND owner>'' AND expires>?3 ORDER BY fence",
 	[Q_STATUS_FENCE] = "SELECT fence FROM dlock_holds WHERE ns=?1 AND name=?2 AND owner=''",
@@ -599,6 +602,22 @@ static int mark_behind(sqlite_backend *b, const dlock_request *req, queue_look *
 	return rc;
 }
 
+/*
+ * The next fence after `last` (-1: the name has no counter in this file):
+ * never below this machine's wall clock in microseconds. Grants of one
+ * file are write transactions, far more than a microsecond apart, so every
+ * fence a file gave is at most the clock at its grant; a file made anew or
+ * put in place later (deleted, cleaned, restored from a copy) starts above
+ * all of them (docs/stores/sqlite.md, "Fences").
+ */
+static int64_t fence_after(int64_t last)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	int64_t us = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+	return last + 1 > us ? last + 1 : us;
+}
+
 static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *fence,
 		  int64_t *retry_ms)
 {
@@ -652,15 +671,11 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
 	}
 
 	/* Still inside BEGIN IMMEDIATE: nobody can have moved the counter since it was read. */
-	int64_t f = last_fence < 0 ? 1 : last_fence < INT64_MAX ? last_fence + 1 : 0;
+	int64_t f = last_fence < INT64_MAX ? fence_after(last_fence) : 0;
 	if (f <= 0)
 		return dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: fence counter out of range");
-	if (last_fence < 0) { /* the name's first grant */
-		s = prep(b, Q_FENCE_NEW, n, NULL);
-	} else {
-		s = prep(b, Q_FENCE_SET, n, NULL);
-		sqlite3_bind_int64(s, 3, f);
-	}
+	s = prep(b, last_fence < 0 ? Q_FENCE_NEW : Q_FENCE_SET, n, NULL); /* new: the name's first grant */
+	sqlite3_bind_int64(s, 3, f);
 	if ((rc = run(b, s, "advance fence")))
 		return rc;
 	if (sqlite3_changes(b->db) != 1)
