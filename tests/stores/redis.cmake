@@ -35,6 +35,25 @@ foreach(t redis_wake redis_crash redis_uri redis_pipeline redis_faults redis_key
     TIMEOUT 120)
 endforeach()
 
+# redis.failback (issue 30 row 5): two servers of its own, A and B; B is
+# promoted, A resyncs from it and is promoted back (REPLICAOF): fences after
+# the failback are above every earlier one (fence_replicas=1&wait_replicas=0).
+set(DLOCK_REDIS_PAIR_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redis-pair)
+add_test(NAME server.redis-pair.start
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redis.sh start ${DLOCK_REDIS_PAIR_DIR} 2)
+add_test(NAME server.redis-pair.stop
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redis.sh stop ${DLOCK_REDIS_PAIR_DIR})
+set_tests_properties(server.redis-pair.start PROPERTIES FIXTURES_SETUP server.redis-pair TIMEOUT 120)
+set_tests_properties(server.redis-pair.stop PROPERTIES FIXTURES_CLEANUP server.redis-pair)
+add_executable(redis_failback redis_failback.c)
+target_link_libraries(redis_failback PRIVATE dlock_testutil)
+target_include_directories(redis_failback PRIVATE ${PROJECT_SOURCE_DIR}/tests ${HIREDIS_INCLUDE_DIRS})
+target_compile_definitions(redis_failback PRIVATE _GNU_SOURCE)
+add_test(NAME redis.failback COMMAND redis_failback
+  ${PROJECT_SOURCE_DIR}/tests/servers/redis.sh ${DLOCK_REDIS_PAIR_DIR})
+set_tests_properties(redis.failback PROPERTIES
+  FIXTURES_REQUIRED server.redis-pair RESOURCE_LOCK server.redis-pair TIMEOUT 120)
+
 # redlock: the same suite against five independent masters.
 if(DLOCK_WITH_REDLOCK)
   dlock_store_suite(redlock redlock.sh)
@@ -114,7 +133,7 @@ add_test(NAME redis.sentinel COMMAND redis_sentinel
 set_tests_properties(redis.sentinel PROPERTIES
   FIXTURES_REQUIRED server.redis-sentinel
   ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_REDIS_SENTINEL_DIR}/uri"
-  TIMEOUT 120)
+  TIMEOUT 180)
 
 # redis.auth_cli: through the dlock tool, a wrong password exits 69 and no
 # output, message or child environment ever shows a password (auth_cli.sh).

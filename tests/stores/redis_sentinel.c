@@ -10,7 +10,10 @@
  *    that the grant itself is not waited for);
  *  - during the failover, open asks the sentinels again until the new master
  *    answers (within connect_timeout) instead of failing on the dead one;
- *  - the same store handle finds and uses the new master afterwards.
+ *  - the same store handle finds and uses the new master afterwards;
+ *  - a failback (Sentinel fails over to the old master and back, the last
+ *    fence lost on the way): the next fence is above every earlier one
+ *    (issue 30 row 5; wait_replicas=0).
  *
  * Opened through the backend (dlock__redis_open + dlock_store_open_backend)
  * so that it does not depend on the scheme table naming "redis+sentinel".
@@ -20,6 +23,7 @@
 #include "core/internal.h"
 
 #include <signal.h>
+#include <stdarg.h>
 #include <unistd.h>
 #include <time.h>
 
@@ -87,6 +91,85 @@ static void sentinel_untilted(const char *uri)
 		nanosleep(&(struct timespec){ 0, 200000000 }, NULL);
 	}
 	redisFree(c);
+}
+
+/* Send a command to c whose answer must not be an error. */
+static void cmd_ok(redisContext *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void cmd_ok(redisContext *c, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	redisReply *r = redisvCommand(c, fmt, ap);
+	va_end(ap);
+	if (!r || r->type == REDIS_REPLY_ERROR) {
+		fprintf(stderr, "'%s' failed: %s\n", fmt, r ? r->str : "no reply");
+		tu_failures++;
+	}
+	if (r)
+		freeReplyObject(r);
+}
+
+/* INFO replication of the server on port: does it say `line`? */
+static int repl_says(int port, const char *line)
+{
+	redisContext *c = raw_port(port);
+	redisReply *r = redisCommand(c, "INFO replication");
+	int yes = r && r->type == REDIS_REPLY_STRING && strstr(r->str, line) != NULL;
+	if (r)
+		freeReplyObject(r);
+	redisFree(c);
+	return yes;
+}
+
+/* Look every 50 ms, at most ms, until the server on port says line: 1, or 0. */
+static int await_repl(int port, const char *line, long ms)
+{
+	long long until = tu_now_ms() + ms;
+	while (!repl_says(port, line)) {
+		if (tu_now_ms() > until)
+			return 0;
+		nanosleep(&(struct timespec){ 0, 50000000 }, NULL);
+	}
+	return 1;
+}
+
+/* SENTINEL FAILOVER (asked again while Sentinel is busy with an earlier one
+ * or has not yet seen the replica), then wait until the sentinel names
+ * `to` and `from` replicates it: 1, or 0 when that took more than 60 s. */
+static int sentinel_failover(const char *uri, int to, int from)
+{
+	int sport = 0;
+	if (sscanf(uri, "redis+sentinel://127.0.0.1:%d", &sport) != 1)
+		return 0;
+	sentinel_untilted(uri);
+	redisContext *c = raw_port(sport);
+	long long until = tu_now_ms() + 60000;
+	int started = 0, named = 0;
+	while (!started && tu_now_ms() < until) {
+		redisReply *r = redisCommand(c, "SENTINEL FAILOVER dlockmaster");
+		started = r && r->type == REDIS_REPLY_STATUS;
+		if (r)
+			freeReplyObject(r);
+		if (!started)
+			nanosleep(&(struct timespec){ 0, 100000000 }, NULL);
+	}
+	while (started && !named && tu_now_ms() < until) {
+		redisReply *r = redisCommand(c, "SENTINEL get-master-addr-by-name dlockmaster");
+		named = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 && atoi(r->element[1]->str) == to;
+		if (r)
+			freeReplyObject(r);
+		if (!named)
+			nanosleep(&(struct timespec){ 0, 50000000 }, NULL);
+	}
+	redisFree(c);
+	if (named) { /* what Sentinel does once it looks at the old master again (every 10 s) */
+		c = raw_port(from);
+		cmd_ok(c, "REPLICAOF 127.0.0.1 %d", to);
+		redisFree(c);
+	}
+	char line[64];
+	snprintf(line, sizeof(line), "master_port:%d\r\nmaster_link_status:up", to);
+	return named && await_repl(from, line, until - tu_now_ms());
 }
 
 /* Microseconds per acquire + release pair over n pairs. */
@@ -289,6 +372,63 @@ int main(int argc, char **argv)
 	if (r)
 		freeReplyObject(r);
 	redisFree(c);
+
+	/* Failback (issue 30 row 5), with wait_replicas=0. The former replica R
+	 * serves, the restarted old master M replicates it. Fences on R; M is cut
+	 * off (a wrong masterauth: it cannot sync again) and R grants one more
+	 * fence; Sentinel fails over to M (R resyncs from it: that fence is lost)
+	 * and back to R, which keeps its run_id. The next fence on R must be
+	 * above every earlier one: with the run_id alone as the guard's epoch R
+	 * found its own id in the data and handed out the lost fence again. */
+	{
+		redisContext *rr = raw_port(replica), *mm = raw_port(master);
+		cmd_ok(rr, "CONFIG SET repl-diskless-sync-delay 0");
+		cmd_ok(mm, "CONFIG SET repl-diskless-sync-delay 0");
+		snprintf(u, sizeof(u), "%s?wait_replicas=0", uri);
+		dlock_store *fb = NULL;
+		dlock_lock *fl = NULL;
+		CHECK_RC(open_sentinel(&fb, u), 0);
+		CHECK_RC(dlock_lock_new(&fl, fb, "sentinel-failback", NULL), 0);
+		uint64_t top = 0;
+		for (int i = 0; i < 2; i++) {
+			CHECK_RC(dlock_acquire(fl, 10000), 0);
+			CHECK(dlock_fence(fl) > top);
+			top = dlock_fence(fl);
+			CHECK_RC(dlock_release(fl), 0);
+		}
+		CHECK(raw_int(rr, "WAIT 1 5000") == 1);
+		cmd_ok(mm, "CONFIG SET masterauth not-the-password");
+		cmd_ok(rr, "CLIENT KILL TYPE replica");
+		CHECK(await_repl(master, "master_link_status:down", 10000));
+		CHECK_RC(dlock_acquire(fl, 10000), 0);
+		CHECK(dlock_fence(fl) > top);
+		top = dlock_fence(fl);
+		CHECK_RC(dlock_release(fl), 0);
+		redisFree(rr);
+		redisFree(mm);
+		t0 = tu_now_ms();
+		CHECK(sentinel_failover(uri, master, replica));
+		mm = raw_port(master);
+		cmd_ok(mm, "CONFIG SET masterauth %s", "");
+		redisFree(mm);
+		rr = raw_port(replica);
+		long long kept = raw_int(rr, "GET {dlock:sentinel-failback}:f");
+		redisFree(rr);
+		CHECK(kept < (long long)top); /* the last fence is lost: the case to prove */
+		CHECK(sentinel_failover(uri, replica, master));
+		printf("failback: fences up to %llu handed out, %lld kept through the failover; back on the "
+		       "first server (same run_id) after %lld ms",
+		       (unsigned long long)top, kept, tu_now_ms() - t0);
+		while ((rc = dlock_acquire(fl, 10000)) != 0 && tu_now_ms() - t0 < 90000)
+			nanosleep(&(struct timespec){ 0, 100000000 }, NULL);
+		CHECK_RC(rc, 0);
+		printf(": next fence %llu\n", (unsigned long long)dlock_fence(fl));
+		CHECK(dlock_fence(fl) > top);
+		if (rc == 0)
+			CHECK_RC(dlock_release(fl), 0);
+		dlock_lock_free(fl);
+		dlock_store_close(fb);
+	}
 
 	dlock_lock_free(l);
 	dlock_store_close(s);

@@ -151,8 +151,8 @@ static int node_connect(cstore *s, int i, int64_t deadline)
 }
 
 /* The fence guard names the node that grants: its run_id (new for every
- * process: a promoted replica or a restarted node differs), read once per
- * connection, when the first acquire needs it. */
+ * process), read once per connection, when the first acquire needs it; the
+ * script adds the node's master_replid, new on every promotion (fence.lua). */
 static int node_server_id(cstore *s, int i, int64_t deadline)
 {
 	if (s->conn[i].server_id[0])

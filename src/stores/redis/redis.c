@@ -151,7 +151,8 @@ static int connect_master(rstore *s, int64_t deadline)
  * sentinels name the new one a moment later.
  */
 /* The fence guard names the server it talks to: its run_id, new for every
- * process, so a promoted replica or a restarted server differs. */
+ * process; the script adds its master_replid, new on every promotion (a
+ * failback keeps the run_id: fence.lua). */
 static int fetch_server_id(rstore *s, int64_t deadline)
 {
 	s->server_id[0] = 0;

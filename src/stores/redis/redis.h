@@ -15,8 +15,10 @@
  *                      the latest holder expiry, so an absent key means "free";
  *                      Redis drops the hash with its last holder.
  *   {P:NAME}:f   STRING fence counter (INCR per grant; never expires or deleted)
- *   {P:NAME}:e   HASH  fence guard (redis+sentinel://): id = the server that last
- *                      granted, r = fences reserved (on the replicas before use),
+ *   {P:NAME}:e   HASH  fence guard (fence_replicas): id = the epoch of the server
+ *                      that last granted ("run_id master_replid", read by the
+ *                      script: new on every restart and every promotion),
+ *                      r = fences reserved (on the replicas before use),
  *                      c = reservation confirmed replicated; never expires
  *   {P:NAME}:w   ZSET  waiters: owner -> registration deadline (server ms)
  *   {P:NAME}:q   ZSET  fair queue: owner -> ticket (arrival time in us); dead heads pruned
@@ -230,9 +232,10 @@ long long dlock__rwait_replicas(redisContext *c, const dlock__rserver *srv, cons
 				long long reserve, const dlock__rkeys *k, const char *server_id, int64_t deadline,
 				bool *drop);
 /* The run_id of the server on c (INFO server) into out: new for every
- * server process, so a promoted replica or a restarted server differs (the
- * fence guard). @return 0; the read's error (the caller drops c); ESTORE
- * when the answer has none. */
+ * server process. The fence guard's scripts add the server's master_replid
+ * (new on every promotion) themselves, atomically with the grant: run_id
+ * alone stays the same across a failback (fence.lua). @return 0; the read's
+ * error (the caller drops c); ESTORE when the answer has none. */
 int dlock__rrun_id(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline, char *out,
 		   size_t cap);
 
