@@ -87,7 +87,7 @@ static const char help[] =
 	"  --hold D             how long a worker holds the lock (default 100ms)\n"
 	"  --faults LIST        comma-separated (default none): pause, kill, restart, member,\n"
 	"                       partition, lose-reply, delay, server-pause, file-delete,\n"
-	"                       member-restart, failover\n"
+	"                       member-restart, failover, kill-tool, session-kill, evict, failback\n"
 	"                         pause:     SIGSTOP a holder for --pause (longer than the TTL), then SIGCONT\n"
 	"                         kill:      SIGKILL a holder; a new worker takes its place\n"
 	"                         restart:   restart the store server (needs --server-script/--server-dir)\n"
@@ -107,6 +107,25 @@ static const char help[] =
 	"                                    time, ttl/2 apart (Redlock; data survives only with AOF)\n"
 	"                         failover:  kill the master and let Sentinel promote the replica, once\n"
 	"                                    per run (tests/servers/redis-sentinel.sh)\n"
+	"                         kill-tool: SIGKILL a worker's `dlock run` whose command ignores SIGTERM;\n"
+	"                                    the command's real death ends its hold (workers hold through\n"
+	"                                    `dlock run` half the time)\n"
+	"                         session-kill: kill the holder's server session (PostgreSQL\n"
+	"                                    pg_terminate_backend, MySQL KILL; psql/mariadb in PATH)\n"
+	"                         evict:     fill memcached with other keys until it evicts (memcached\n"
+	"                                    started without -M)\n"
+	"                         failback:  demote the Redis master to a replica of --replica, let it\n"
+	"                                    resync, promote it back (needs --replica; --master unless\n"
+	"                                    the store is one redis:// server)\n"
+	"  --ops LIST           holds besides the plain one, mixed with it (default none):\n"
+	"                         extend:    extend (dlock_extend to 6 x ttl) just after the renewal\n"
+	"                                    is due while that renewal is delayed (the worker's link\n"
+	"                                    lagged ttl/4, or SQLite's write lock held by another\n"
+	"                                    process), then hold past the first lease\n"
+	"                         handle:    no_renew holds (acquire/release handles) the holder\n"
+	"                                    extends itself every ttl/3 for ttl + hold\n"
+	"  --replica HOST:PORT  failback: the master's replica\n"
+	"  --master HOST:PORT   failback: the master (default: the store's one host)\n"
 	"  --fault-every D      time between faults (default 2*ttl + 4*hold, at least 500ms)\n"
 	"  --pause D            how long a pause, partition, delay, server-pause or member's\n"
 	"                       downtime lasts (default 2*ttl)\n"
@@ -121,8 +140,10 @@ static const char help[] =
 	"                       removed afterwards)\n"
 	"\n%s"
 	"\nWith --json: one object with the counts, the faults and the verdict.\n"
-	"Exit codes: 0 no safety property was violated; 1 at least one was (each is\n"
-	"printed with the holds involved); 64 bad usage; 69 store unavailable;\n"
+	"Exit codes: 0 no safety property was violated and every requested fault and\n"
+	"op ran; 1 at least one was violated (each is printed with the holds\n"
+	"involved), or a requested fault never ran (verdict incomplete, with why); 64\n"
+	"bad usage; 69 store unavailable;\n"
 	"130 interrupted (SIGINT/SIGTERM) before the end, nothing violated so far.\n";
 
 static const struct { unsigned kind; const char *name; } fault_names[] = {
@@ -131,12 +152,14 @@ static const struct { unsigned kind; const char *name; } fault_names[] = {
 	{ F_PARTITION, "partition" }, { F_LOSE, "lose-reply" },
 	{ F_DELAY, "delay" },         { F_SPAUSE, "server-pause" },
 	{ F_FDELETE, "file-delete" }, { F_MRESTART, "member-restart" },
-	{ F_FAILOVER, "failover" },
+	{ F_FAILOVER, "failover" },   { F_KILLTOOL, "kill-tool" },
+	{ F_SESSKILL, "session-kill" }, { F_EVICT, "evict" },
+	{ F_FAILBACK, "failback" },
 };
 #define NKINDS (sizeof fault_names / sizeof *fault_names)
 
 enum { O_CLIENTS = 1, O_DURATION, O_TTL, O_HOLD, O_FAULTS, O_EVERY, O_PAUSE, O_FENCING, O_SEED,
-       O_NAME, O_SCRIPT, O_SDIR, O_REPORT, O_WORKDIR, O_DELAY };
+       O_NAME, O_SCRIPT, O_SDIR, O_REPORT, O_WORKDIR, O_DELAY, O_OPS, O_REPLICA, O_MASTER };
 
 static const cli_opt opts_table[] = {
 	{ "clients", 0, true, O_CLIENTS },   { "duration", 0, true, O_DURATION },
@@ -146,7 +169,8 @@ static const cli_opt opts_table[] = {
 	{ "seed", 0, true, O_SEED },         { "name", 0, true, O_NAME },
 	{ "server-script", 0, true, O_SCRIPT }, { "server-dir", 0, true, O_SDIR },
 	{ "report", 0, true, O_REPORT },     { "work-dir", 0, true, O_WORKDIR },
-	{ "delay", 0, true, O_DELAY },
+	{ "delay", 0, true, O_DELAY },       { "ops", 0, true, O_OPS },
+	{ "replica", 0, true, O_REPLICA },   { "master", 0, true, O_MASTER },
 	{ NULL, 0, false, 0 },
 };
 
@@ -165,10 +189,35 @@ static int parse_faults(check_opts *o, const char *v)
 		else if (strcmp(w, "none") != 0)
 			return cli_usage_error(o->g,
 					       "--faults: unknown fault '%s' (pause, kill, restart, member, partition, "
-					       "lose-reply, delay, server-pause, file-delete, member-restart, failover)",
+					       "lose-reply, delay, server-pause, file-delete, member-restart, failover, "
+					       "kill-tool, session-kill, evict, failback)",
 					       w);
 	}
 	return 0;
+}
+
+static int parse_ops(check_opts *o, const char *v)
+{
+	o->ops = 0;
+	char buf[256];
+	snprintf(buf, sizeof buf, "%s", v);
+	char *save = NULL;
+	for (char *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+		if (strcmp(w, "extend") == 0)
+			o->ops |= OP_EXTEND;
+		else if (strcmp(w, "handle") == 0)
+			o->ops |= OP_HANDLE;
+		else if (strcmp(w, "none") != 0 && strcmp(w, "plain") != 0)
+			return cli_usage_error(o->g, "--ops: unknown op '%s' (extend, handle)", w);
+	}
+	return 0;
+}
+
+static const char *const kind_names[K_NKINDS] = { "plain", "extend", "handle", "run" };
+
+const char *check_kind_name(int k)
+{
+	return k >= 0 && k < K_NKINDS ? kind_names[k] : "?";
 }
 
 static int on_opt(void *ctx, int id, const char *v)
@@ -192,6 +241,14 @@ static int on_opt(void *ctx, int id, const char *v)
 		return cli_duration(g, "--pause", v, &o->pause_ms);
 	case O_DELAY:
 		return cli_duration(g, "--delay", v, &o->delay_ms);
+	case O_OPS:
+		return parse_ops(o, v);
+	case O_REPLICA:
+		o->replica = v;
+		return 0;
+	case O_MASTER:
+		o->master = v;
+		return 0;
 	case O_FENCING:
 		if (strcmp(v, "on") == 0)
 			o->fencing = true;
@@ -237,7 +294,7 @@ static int on_opt(void *ctx, int id, const char *v)
 
 /* ---- time, randomness ------------------------------------------------- */
 
-static int64_t t0_us; /* the run's origin on CLOCK_MONOTONIC; inherited by workers */
+int64_t check_t0_us; /* the run's origin on CLOCK_MONOTONIC; inherited by workers */
 volatile sig_atomic_t check_interrupted; /* SIGINT/SIGTERM/SIGHUP to the parent */
 
 static void on_signal(int sig)
@@ -255,14 +312,14 @@ int64_t check_mono_us(void)
 
 int64_t check_now_us(void)
 {
-	return check_mono_us() - t0_us;
+	return check_mono_us() - check_t0_us;
 }
 
 /* Sleep until run time `at_us`; an absolute deadline, so a SIGSTOP in the middle
  * does not stretch it: the sleeper wakes at once after SIGCONT if it is late. */
 void check_sleep_until(int64_t at_us)
 {
-	int64_t abs_us = at_us + t0_us;
+	int64_t abs_us = at_us + check_t0_us;
 	struct timespec ts = { (time_t)(abs_us / 1000000), (long)(abs_us % 1000000) * 1000 };
 	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
 		;
@@ -312,11 +369,18 @@ static void rm_work(const char *dir)
 		snprintf(path, sizeof path, "%.4000s/%s", dir, files[i]);
 		unlink(path);
 	}
+	for (int i = 0; i < MAX_CLIENTS; i++) {
+		snprintf(path, sizeof path, "%.4000s/cmd.%d", dir, i);
+		unlink(path);
+	}
 	rmdir(dir);
 }
 
 int cli_check(cli_global *g, int argc, char **argv)
 {
+	const char *as_cmd = getenv("DLOCK_CHECK_COMMAND");
+	if (as_cmd)
+		return check_as_command(as_cmd);
 	check_opts o = { 0 };
 	o.g = g;
 	o.clients = 3;
@@ -356,6 +420,8 @@ int cli_check(cli_global *g, int argc, char **argv)
 		o.delay_ms = o.ttl_ms / 4;
 	if (o.delay_ms > 3600000)
 		return cli_usage_error(g, "--delay must be at most 1h");
+	if (o.faults & F_KILLTOOL)
+		o.ops |= OP_RUN;
 	if ((o.faults & F_SERVER) && (!o.server_script || !o.server_dir))
 		return cli_usage_error(g, "--faults restart/member/server-pause/member-restart/failover need "
 					  "--server-script and --server-dir");
@@ -398,8 +464,14 @@ int cli_check(cli_global *g, int argc, char **argv)
 		return rc;
 	char *shown = strdup(dlock_store_uri(store));
 	dlock_store_close(store);
+	if ((rc = check_seam_prepare(&c, shown)) != 0) {
+		free(shown);
+		free(c.db_path);
+		free(c.self);
+		return rc;
+	}
 	if (o.faults & F_FDELETE) {
-		if (shown && strncmp(shown, "sqlite:", 7) == 0)
+		if (!c.db_path && shown && strncmp(shown, "sqlite:", 7) == 0)
 			c.db_path = check_sqlite_path(c.uri);
 		if (!c.db_path) {
 			free(shown);
@@ -415,16 +487,19 @@ int cli_check(cli_global *g, int argc, char **argv)
 		if (!o.work_dir) {
 			cli_error(g, "cannot make a temp dir %s: %s", tmpdir, strerror(errno));
 			free(c.db_path);
+			free(c.self);
 			free(shown);
 			return CLI_EXIT_FAIL;
 		}
 	} else if (strlen(o.work_dir) > 4000) {
 		free(c.db_path);
+		free(c.self);
 		free(shown);
 		return cli_usage_error(g, "--work-dir: path too long");
 	} else if (mkdir(o.work_dir, 0755) != 0 && errno != EEXIST) {
 		cli_error(g, "--work-dir %s: %s", o.work_dir, strerror(errno));
 		free(c.db_path);
+		free(c.self);
 		free(shown);
 		return CLI_EXIT_FAIL;
 	}
@@ -443,20 +518,26 @@ int cli_check(cli_global *g, int argc, char **argv)
 		if (reg_fd >= 0)
 			close(reg_fd);
 		free(c.db_path);
+		free(c.self);
 		free(shown);
 		return CLI_EXIT_FAIL;
 	}
 	close(reg_fd);
 	memset(c.sh, 0, sizeof *c.sh);
 	proxy px = { .pid = -1, .ctl = -1 };
-	if (o.faults & F_NET) {
+	/* --ops extend lags a worker's own link at its renewal: through the
+	 * proxy, unless the store is SQLite (its write lock is held instead). */
+	if ((o.faults & F_NET) || ((o.ops & OP_EXTEND) && !c.db_path)) {
 		char err[400];
 		if (check_proxy_start(&px, &c, err, sizeof err) != 0) {
+			if (!(o.faults & F_NET))
+				snprintf(err + strlen(err), sizeof err - strlen(err), " (--ops extend delays renewals through it)");
 			close(c.log_fd);
 			munmap(c.sh, sizeof *c.sh);
 			if (own_dir)
 				rm_work(o.work_dir);
 			free(c.db_path);
+			free(c.self);
 			free(shown);
 			return cli_usage_error(g, "--faults partition/lose-reply/delay: not available on this store: %s",
 					       err);
@@ -469,7 +550,7 @@ int cli_check(cli_global *g, int argc, char **argv)
 		 o.clients, shown, (double)o.duration_ms / 1000.0, (long long)o.ttl_ms,
 		 (long long)o.hold_ms, o.fencing ? "on" : "off", o.seed, o.work_dir);
 
-	t0_us = check_mono_us();
+	check_t0_us = check_mono_us();
 	c.deadline_us = o.duration_ms * 1000;
 	pid_t pids[MAX_CLIENTS] = { 0 };
 	int incs[MAX_CLIENTS] = { 0 };
@@ -481,6 +562,11 @@ int cli_check(cli_global *g, int argc, char **argv)
 	for (unsigned k = F_PAUSE; k <= F_LAST; k <<= 1)
 		if (o.faults & k)
 			kinds[nkinds++] = k;
+	/* Every requested kind runs once before any runs twice (a seeded order):
+	 * a kind the schedule never drew would be skipped silently. */
+	unsigned first[NKINDS];
+	int nfirst = nkinds;
+	memcpy(first, kinds, sizeof first);
 	fault *faults = calloc(MAX_FAULTS, sizeof *faults);
 	size_t nfaults = 0;
 	/* Two streams: the schedule (kinds, times) repeats exactly for a seed even
@@ -499,7 +585,14 @@ int cli_check(cli_global *g, int argc, char **argv)
 		 * want of time, not of liveness). */
 		if (nkinds && faults && nfaults < MAX_FAULTS && check_now_us() >= next_fault &&
 		    check_now_us() + (o.pause_ms + 2 * o.ttl_ms + o.hold_ms) * 1000 < c.deadline_us) {
-			unsigned kind = kinds[check_rnd_below(&rs, (uint64_t)nkinds)];
+			unsigned kind;
+			if (nfirst > 0) {
+				int at = (int)check_rnd_below(&rs, (uint64_t)nfirst);
+				kind = first[at];
+				first[at] = first[--nfirst];
+			} else {
+				kind = kinds[check_rnd_below(&rs, (uint64_t)nkinds)];
+			}
 			check_do_fault(&c, kind, &rt, pids, incs, &faults[nfaults]);
 			cli_debug(g, "fault %s at %.0fms: %s", check_fault_name(kind), check_us_to_ms(faults[nfaults].start_us),
 				  faults[nfaults].ok ? "done" : faults[nfaults].note);
@@ -563,6 +656,8 @@ int cli_check(cli_global *g, int argc, char **argv)
 		rc = CLI_EXIT_FAIL;
 		goto out;
 	}
+	r.extends = atomic_load(&c.sh->extends);
+	r.delayed = atomic_load(&c.sh->delayed);
 	check_analyse(&r, &o);
 	if (r.nholds == 0 && r.errors > 0) {
 		cli_error(g, "no worker ever got the lock (%zu errors; see %s/log)", r.errors, o.work_dir);
@@ -604,6 +699,7 @@ out:
 	for (unsigned i = 0; i < o.clients; i++)
 		free(c.worker_uri[i]);
 	free(c.db_path);
+	free(c.self);
 	if (own_dir)
 		rm_work(o.work_dir);
 	free(r.holds);

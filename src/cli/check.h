@@ -33,19 +33,32 @@ extern volatile sig_atomic_t check_interrupted;
 enum {
 	F_PAUSE = 1, F_KILL = 2, F_RESTART = 4, F_MEMBER = 8, F_PARTITION = 16, F_LOSE = 32, F_DELAY = 64,
 	F_SPAUSE = 128, F_FDELETE = 256, F_MRESTART = 512, F_FAILOVER = 1024,
-	F_LAST = F_FAILOVER,
+	F_KILLTOOL = 2048, F_SESSKILL = 4096, F_EVICT = 8192, F_FAILBACK = 16384,
+	F_LAST = F_FAILBACK,
 	F_NET = F_PARTITION | F_LOSE | F_DELAY,              /* through the proxy */
 	F_SERVER = F_RESTART | F_MEMBER | F_SPAUSE | F_MRESTART | F_FAILOVER, /* need the server script */
 };
+
+/* --ops: what kinds of holds the workers take besides the plain one. */
+enum {
+	OP_EXTEND = 1, /* a renewed hold extended (dlock_extend) while its renewal is delayed */
+	OP_HANDLE = 2, /* a no_renew hold kept by the holder's own extends (acquire/release handles) */
+	OP_RUN = 4,    /* the hold of a `dlock run` child (kill-tool adds it) */
+};
+
+/* How a hold was taken (the log's hold kinds; check_analyse counts them). */
+enum { K_PLAIN = 0, K_EXTEND = 1, K_HANDLE = 2, K_RUN = 3, K_NKINDS };
 
 typedef struct check_opts {
 	unsigned int clients;
 	int64_t duration_ms, ttl_ms, hold_ms, every_ms, pause_ms, delay_ms;
 	unsigned faults;
+	unsigned ops;
 	bool fencing;
 	uint64_t seed;
 	bool seed_set;
 	const char *name, *server_script, *server_dir, *report, *work_dir;
+	const char *replica, *master; /* failback: HOST:PORT of the replica and of the master */
 	const cli_global *g;
 } check_opts;
 
@@ -55,6 +68,9 @@ typedef struct shared_state {
 	atomic_int stop;
 	atomic_llong holding[MAX_CLIENTS]; /* seq of the hold a worker is in, 0 when none */
 	atomic_int reopen[MAX_CLIENTS];    /* file-delete: open the store again before the next try */
+	atomic_int tool[MAX_CLIENTS];      /* pid of the worker's `dlock run`, 0 when none */
+	atomic_llong delayed;              /* renewals delayed for an extend (ops extend) */
+	atomic_llong extends;              /* extends that returned 0 */
 } shared_state;
 
 typedef struct run_ctx {
@@ -62,7 +78,8 @@ typedef struct run_ctx {
 	const char *uri;     /* what workers open; NULL = default store */
 	char *worker_uri[MAX_CLIENTS]; /* through the proxy (network faults), else NULL */
 	struct proxy *px;    /* the fault proxy, or NULL */
-	char *db_path;       /* the SQLite file (file-delete), or NULL */
+	char *db_path;       /* the SQLite file (file-delete, ops extend), or NULL */
+	char *self;          /* this program (kill-tool runs `SELF run`) */
 	bool failed_over;    /* failover happens once: the script restarts no master */
 	int log_fd;
 	char reg_path[PATH_MAX];
@@ -89,6 +106,7 @@ typedef struct fault {
 	int64_t split_us;       /* fault end -> end of the last store-at-fault overlap that began
 				 * between its start and the next fault's; -1: none */
 	long long dropped;      /* bytes the proxy discarded (partition, lose-reply), -1 n/a */
+	long long count;        /* what it did, counted (sessions killed, keys evicted, ...), -1 n/a */
 	int ok;                 /* the fault was carried out */
 	char note[200];
 } fault;
@@ -107,12 +125,15 @@ typedef struct hold {
 	int slot, inc;
 	long long seq;
 	int64_t t_req, t_grant, t_read, t_write, t_rel, t_lost, t_end;
+	int64_t t_died;         /* a `dlock run` command: when it was seen dead (kill-tool), -1 */
+	int kind;               /* K_PLAIN, K_EXTEND, ... */
+	int extended;           /* extends that returned 0 during the hold */
 	uint64_t fence;
 	int read_ok, write_ok;  /* 1 accepted, 0 refused, -1 error, -2 not tried */
 	int64_t read_val, write_val;
 	bool stale_write;       /* accepted although a higher fence had been seen */
 	int rel_rc;
-	bool released, killed, paused;
+	bool released, killed, paused, tool_killed;
 	bool overlapped;
 } hold;
 
@@ -139,10 +160,16 @@ typedef struct results {
 	int64_t worst_heal_us;
 	size_t stuck;           /* workers still in a call ttl+hold+10s after the end: killed */
 	bool liveness_gap;      /* a fault was followed by no grant at all */
+	size_t kinds[K_NKINDS]; /* holds of each kind */
+	long long extends, delayed; /* from the workers: extends done, renewals delayed */
+	unsigned not_run;       /* requested fault kinds never carried out */
+	char not_run_why[400];  /* why, per kind */
 	bool pass;
 } results;
 
 /* check.c: time (microseconds; run time counts from the start), randomness. */
+extern int64_t check_t0_us; /* the run's origin on CLOCK_MONOTONIC */
+
 int64_t check_mono_us(void);
 
 int64_t check_now_us(void);
@@ -171,8 +198,19 @@ int check_reg_access(const char *path, bool fencing, bool write_op, uint64_t fen
 /* check_worker.c: fork a worker (slot, incarnation). */
 pid_t check_spawn_worker(const run_ctx *c, int slot, int inc);
 
-/* check.c: a fault kind's option name. */
+/* check.c: a fault kind's option name; a hold kind's name. */
 const char *check_fault_name(unsigned k);
+
+const char *check_kind_name(int k);
+
+/* check_worker.c: `dlock check` started as a `dlock run` command by a worker
+ * (DLOCK_CHECK_COMMAND in the environment): log the grant, ignore SIGTERM,
+ * hold, write, log the end. Returns the exit code. */
+int check_as_command(const char *spec);
+
+/* check_faults.c: the new faults' own checks before the run (0, or a usage
+ * error already printed). */
+int check_seam_prepare(run_ctx *c, const char *shown);
 
 /* check_faults.c */
 /* Members for the `member` fault: DIR/members (ZooKeeper, etcd) or DIR/<i>/ (Redis). */
@@ -209,6 +247,10 @@ char *check_sqlite_path(const char *uri);
 int check_read_log(const char *path, results *r);
 
 void check_analyse(results *r, const check_opts *o);
+
+/* "pass", "fail" (a safety property violated) or "incomplete" (none
+ * violated, but a requested fault or op never ran: r->not_run_why says why). */
+const char *check_verdict(const results *r);
 
 /* check_output.c */
 double check_us_to_ms(int64_t us);

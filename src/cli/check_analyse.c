@@ -37,8 +37,12 @@ int check_read_log(const char *path, results *r)
 			continue;
 		if (t == 'A') {
 			unsigned long long fence;
-			if (sscanf(line, "A %*d %*d %*d %*d %lld %llu", &b, &fence) != 2)
+			int kind = K_PLAIN;
+			int na = sscanf(line, "A %*d %*d %*d %*d %lld %llu %d", &b, &fence, &kind);
+			if (na < 2)
 				continue;
+			if (na < 3 || kind < 0 || kind >= K_NKINDS)
+				kind = K_PLAIN;
 			if (r->nholds == cap) {
 				cap = cap ? cap * 2 : 256;
 				hold *n = realloc(r->holds, cap * sizeof *n);
@@ -56,8 +60,9 @@ int check_read_log(const char *path, results *r)
 			h->t_req = a;
 			h->t_grant = b;
 			h->fence = fence;
+			h->kind = kind;
 			h->read_ok = h->write_ok = -2;
-			h->t_lost = h->t_rel = h->t_read = h->t_write = -1;
+			h->t_lost = h->t_rel = h->t_read = h->t_write = h->t_died = -1;
 			continue;
 		}
 		if (t == 'E') {
@@ -87,6 +92,14 @@ int check_read_log(const char *path, results *r)
 		} else if (t == 'L') {
 			if (h->t_lost < 0)
 				h->t_lost = a;
+		} else if (t == 'X') {
+			int rc = -1;
+			if (sscanf(line, "X %*d %*d %*d %*d %d", &rc) == 1 && rc == 0)
+				h->extended++;
+		} else if (t == 'D') {
+			/* a `dlock run` command seen dead after its tool was SIGKILLed */
+			if (h->t_died < 0 || a < h->t_died)
+				h->t_died = a;
 		} else if (t == 'R') {
 			int rc = 0;
 			sscanf(line, "R %*d %*d %*d %*d %d", &rc);
@@ -99,6 +112,19 @@ int check_read_log(const char *path, results *r)
 	return 0;
 }
 
+static void not_run(results *r, const char *what, const char *why)
+{
+	size_t n = strlen(r->not_run_why);
+	snprintf(r->not_run_why + n, sizeof r->not_run_why - n, "%s%s: %s", n ? "; " : "", what, why);
+	r->not_run++;
+}
+
+const char *check_verdict(const results *r)
+{
+	bool violated = r->unexplained || r->nfence_bad || r->lost_updates || r->stale_writes || r->reg.stale_accepted;
+	return violated ? "fail" : r->not_run ? "incomplete" : "pass";
+}
+
 void check_analyse(results *r, const check_opts *o)
 {
 	/* The end of what each holder believed: release, lost signal, or death. */
@@ -107,6 +133,14 @@ void check_analyse(results *r, const check_opts *o)
 		int64_t end = h->released ? h->t_rel : r->end_us;
 		if (h->t_lost >= 0 && h->t_lost < end)
 			end = h->t_lost;
+		/* A `dlock run` command holds until it ends or is seen dead: a
+		 * command that outlived its tool's SIGKILL still acts as holder. */
+		if (h->kind == K_RUN && h->t_died >= 0 && h->t_died < end) {
+			end = h->t_died;
+			h->tool_killed = true;
+		}
+		if (h->kind >= 0 && h->kind < K_NKINDS)
+			r->kinds[h->kind]++;
 		for (size_t k = 0; k < r->nfaults; k++) {
 			const fault *f = &r->faults[k];
 			if (f->slot != h->slot || f->inc != h->inc)
@@ -127,7 +161,8 @@ void check_analyse(results *r, const check_opts *o)
 				h->paused = true;
 		}
 	}
-	qsort(r->holds, r->nholds, sizeof *r->holds, by_grant);
+	if (r->nholds)
+		qsort(r->holds, r->nholds, sizeof *r->holds, by_grant);
 
 	size_t cap_o = 0, cap_f = 0;
 	uint64_t max_fence = 0;
@@ -207,7 +242,31 @@ void check_analyse(results *r, const check_opts *o)
 		if (f->heal_to_grant_us > r->worst_heal_us)
 			r->worst_heal_us = f->heal_to_grant_us;
 	}
-	(void)o;
+	/* Every requested fault and op ran, or the run says which did not and why:
+	 * never a silent skip, never a pass without it. */
+	r->not_run = 0;
+	r->not_run_why[0] = '\0';
+	for (unsigned k = F_PAUSE; o && k <= F_LAST; k <<= 1) {
+		if (!(o->faults & k))
+			continue;
+		const char *why = NULL;
+		bool ran = false;
+		for (size_t i = 0; i < r->nfaults && !ran; i++) {
+			if (r->faults[i].kind != k)
+				continue;
+			ran = r->faults[i].ok;
+			why = r->faults[i].note[0] ? r->faults[i].note : "failed";
+		}
+		if (!ran)
+			not_run(r, check_fault_name(k),
+				why ? why : "never scheduled: the run is too short for it (a fault needs --pause + 2 x ttl + hold "
+					    "before the end, one every --fault-every)");
+	}
+	if (o && (o->ops & OP_EXTEND) && r->delayed == 0)
+		not_run(r, "extend", r->kinds[K_EXTEND] ? "no renewal could be delayed (the fault proxy or the sqlite3 shell "
+							 "refused)" : "no extended hold in the run");
+	if (o && (o->ops & OP_HANDLE) && r->kinds[K_HANDLE] == 0)
+		not_run(r, "handle", "no hold through a handle in the run");
 	r->pass = r->unexplained == 0 && r->nfence_bad == 0 && r->lost_updates == 0 &&
-		  r->stale_writes == 0 && r->reg.stale_accepted == 0;
+		  r->stale_writes == 0 && r->reg.stale_accepted == 0 && r->not_run == 0;
 }

@@ -22,6 +22,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <netdb.h>
 
 #include "faultproxy_uri.h"
 
@@ -465,6 +466,8 @@ char *check_sqlite_path(const char *uri)
 	return path;
 }
 
+static void do_seam_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *incs, fault *f);
+
 /* ---- the run ----------------------------------------------------------------- */
 
 static bool pick_holder(run_ctx *c, uint64_t *rs, int *slot)
@@ -565,6 +568,11 @@ void check_do_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *i
 	f->kind = kind;
 	f->slot = f->inc = f->member = -1;
 	f->dropped = -1;
+	f->count = -1;
+	if (kind & (F_KILLTOOL | F_SESSKILL | F_EVICT | F_FAILBACK)) {
+		do_seam_fault(c, kind, rs, pids, incs, f);
+		return;
+	}
 	if (kind == F_PAUSE || kind == F_KILL || kind == F_PARTITION || kind == F_FDELETE) {
 		int slot = aim_at_holder(c, rs);
 		if (slot < 0 && kind == F_PARTITION)
@@ -757,4 +765,599 @@ void check_do_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *i
 	f->ok = rc == 0;
 	if (rc != 0)
 		snprintf(f->note, sizeof f->note, "restarting member %s exited %d (see server.log)", idx, rc);
+}
+
+/* ---- the seams: kill-tool, session-kill, evict, failback ------------------------ */
+
+/* Whether PROG is an executable in PATH. */
+static bool in_path(const char *prog)
+{
+	const char *path = getenv("PATH");
+	char buf[PATH_MAX];
+	if (!path || !*path)
+		path = "/usr/bin:/bin";
+	for (const char *p = path; *p;) {
+		size_t n = strcspn(p, ":");
+		snprintf(buf, sizeof buf, "%.*s/%s", (int)n, p, prog);
+		if (access(buf, X_OK) == 0)
+			return true;
+		p += n + (p[n] == ':');
+	}
+	return false;
+}
+
+/* Run argv with stdout captured into out (at most cap-1 bytes, NUL-ended),
+ * stderr appended to WORK/server.log; the exit code, -1 if it did not run. */
+static int run_capture(const char *work, char *const argv[], const char *env_name, const char *env_val,
+		       char *out, size_t cap)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -1;
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		char path[PATH_MAX];
+		snprintf(path, sizeof path, "%.4000s/server.log", work);
+		int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		if (fd >= 0)
+			dup2(fd, 2);
+		dup2(p[1], 1);
+		int devnull = open("/dev/null", O_RDONLY);
+		if (devnull >= 0)
+			dup2(devnull, 0);
+		if (env_name)
+			setenv(env_name, env_val, 1);
+		execvp(argv[0], argv);
+		_exit(127);
+	}
+	close(p[1]);
+	size_t n = 0;
+	for (;;) {
+		char tmp[512];
+		ssize_t r = read(p[0], tmp, sizeof tmp);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		for (ssize_t i = 0; i < r && out && n + 1 < cap; i++)
+			out[n++] = tmp[i];
+	}
+	if (out && cap)
+		out[n] = '\0';
+	close(p[0]);
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* The parts of scheme://[user[:pass]@]host:port[/db][?...]; 0, or -1. */
+typedef struct uri_parts {
+	char scheme[32], user[128], pass[256], host[256], db[128];
+	int port;
+} uri_parts;
+
+static int split_uri(const char *uri, uri_parts *u)
+{
+	memset(u, 0, sizeof *u);
+	const char *a = uri ? strstr(uri, "://") : NULL;
+	if (!a || (size_t)(a - uri) >= sizeof u->scheme)
+		return -1;
+	memcpy(u->scheme, uri, (size_t)(a - uri));
+	a += 3;
+	const char *end = a + strcspn(a, "/?#");
+	const char *at = memchr(a, '@', (size_t)(end - a));
+	if (at) {
+		const char *colon = memchr(a, ':', (size_t)(at - a));
+		const char *ue = colon ? colon : at;
+		snprintf(u->user, sizeof u->user, "%.*s", (int)(ue - a), a);
+		if (colon)
+			snprintf(u->pass, sizeof u->pass, "%.*s", (int)(at - colon - 1), colon + 1);
+		a = at + 1;
+	}
+	const char *hend = a + strcspn(a, ",/?#");
+	const char *colon = memchr(a, ':', (size_t)(hend - a));
+	snprintf(u->host, sizeof u->host, "%.*s", (int)((colon ? colon : hend) - a), a);
+	u->port = colon ? atoi(colon + 1) : 0;
+	if (*end == '/') {
+		const char *d = end + 1;
+		snprintf(u->db, sizeof u->db, "%.*s", (int)strcspn(d, "?#"), d);
+	}
+	return u->host[0] ? 0 : -1;
+}
+
+static bool scheme_is(const char *shown, const char *const *schemes)
+{
+	for (; *schemes; schemes++) {
+		size_t n = strlen(*schemes);
+		if (strncmp(shown, *schemes, n) == 0 && shown[n] == ':')
+			return true;
+	}
+	return false;
+}
+
+static const char *const pg_schemes[] = { "postgres", "postgresql", NULL };
+static const char *const my_schemes[] = { "mysql", "mariadb", NULL };
+static const char *const redis_schemes[] = { "redis", "rediss", NULL };
+
+/* One Redis command through redis-cli on HOST:PORT; its output in out. */
+static int redis_cmd4(const run_ctx *c, const char *hostport, char *out, size_t cap, const char *a1, const char *a2,
+		      const char *a3, const char *a4)
+{
+	char host[256];
+	snprintf(host, sizeof host, "%s", hostport);
+	char *colon = strrchr(host, ':');
+	if (!colon)
+		return -1;
+	*colon = '\0';
+	char *argv[] = { "redis-cli", "-h", host, "-p", colon + 1, (char *)a1, (char *)a2, (char *)a3, (char *)a4, NULL };
+	uri_parts u;
+	const char *pass = c->uri && split_uri(c->uri, &u) == 0 && u.pass[0] ? u.pass : NULL;
+	char buf[4096];
+	int rc = run_capture(c->o->work_dir, argv, pass ? "REDISCLI_AUTH" : NULL, pass, out ? out : buf,
+			     out ? cap : sizeof buf);
+	return rc;
+}
+
+static int redis_cmd(const run_ctx *c, const char *hostport, char *out, size_t cap, const char *a1, const char *a2,
+		     const char *a3)
+{
+	return redis_cmd4(c, hostport, out, cap, a1, a2, a3, NULL);
+}
+
+/* The new faults' own checks before the run: each refused with the reason
+ * when it cannot run on this store (a usage error, exit 64). */
+int check_seam_prepare(run_ctx *c, const char *shown)
+{
+	const check_opts *o = c->o;
+	const cli_global *g = o->g;
+	if ((o->ops & OP_EXTEND) && shown && strncmp(shown, "sqlite:", 7) == 0) {
+		if (!in_path("sqlite3"))
+			return cli_usage_error(g, "--ops extend: not available on this store: SQLite renewals are delayed by "
+						  "holding its write lock from the sqlite3 shell, which is not in PATH");
+		c->db_path = check_sqlite_path(c->uri);
+		if (!c->db_path)
+			return cli_usage_error(g, "--ops extend: cannot tell the SQLite database file of %s", shown);
+	}
+	if (o->faults & F_KILLTOOL) {
+		char buf[PATH_MAX];
+		ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+		if (n <= 0)
+			return cli_usage_error(g, "--faults kill-tool: cannot find this program (/proc/self/exe) to run "
+						  "`dlock run`");
+		buf[n] = '\0';
+		c->self = strdup(buf);
+		if (!c->self)
+			return CLI_EXIT_FAIL;
+	}
+	if (o->faults & F_SESSKILL) {
+		bool pg = scheme_is(shown, pg_schemes), my = scheme_is(shown, my_schemes);
+		if (!pg && !my)
+			return cli_usage_error(g, "--faults session-kill: not available on this store: it kills a PostgreSQL "
+						  "or MySQL server session (postgres://, mysql://)");
+		if (pg && !in_path("psql"))
+			return cli_usage_error(g, "--faults session-kill: psql is not in PATH (it runs pg_terminate_backend)");
+		if (my && !in_path("mariadb") && !in_path("mysql"))
+			return cli_usage_error(g, "--faults session-kill: neither mariadb nor mysql is in PATH (they run KILL)");
+	}
+	if ((o->faults & F_EVICT) && !scheme_is(shown, (const char *const[]){ "memcached", NULL }))
+		return cli_usage_error(g, "--faults evict: not available on this store: it fills a memcached server "
+					  "(memcached://)");
+	if (o->faults & F_FAILBACK) {
+		if (!scheme_is(shown, redis_schemes) && !o->master)
+			return cli_usage_error(g, "--faults failback: the topology is not given: on %.40s the master is not "
+						  "the store's host; name it with --master HOST:PORT (and its replica "
+						  "with --replica HOST:PORT)", shown);
+		if (!o->replica)
+			return cli_usage_error(g, "--faults failback: the topology is not given: name the master's replica "
+						  "with --replica HOST:PORT");
+		if (!in_path("redis-cli"))
+			return cli_usage_error(g, "--faults failback: redis-cli is not in PATH (it runs REPLICAOF)");
+		if (!o->master) {
+			uri_parts u;
+			if (split_uri(c->uri, &u) != 0 || strchr(c->uri, ','))
+				return cli_usage_error(g, "--faults failback: the store has no single master host: name it "
+							  "with --master HOST:PORT");
+		}
+		char out[512];
+		if (redis_cmd(c, o->replica, out, sizeof out, "ROLE", NULL, NULL) != 0 || strncmp(out, "slave", 5) != 0)
+			return cli_usage_error(g, "--faults failback: --replica %s is not a replica (ROLE says: %.40s)",
+					       o->replica, out);
+	}
+	return 0;
+}
+
+/* The master for failback: --master, or the store's one host. */
+static void failback_master(const run_ctx *c, char *buf, size_t cap)
+{
+	uri_parts u;
+	if (c->o->master)
+		snprintf(buf, cap, "%s", c->o->master);
+	else if (split_uri(c->uri, &u) == 0)
+		snprintf(buf, cap, "%s:%d", u.host, u.port ? u.port : 6379);
+	else
+		snprintf(buf, cap, "?");
+}
+
+/* Wait (bounded) until HOST:PORT says master_link_status:up. */
+static bool redis_link_up(const run_ctx *c, const char *hp, int64_t ms)
+{
+	int64_t until = check_now_us() + ms * 1000;
+	char out[8192];
+	while (!check_interrupted && check_now_us() < until) {
+		if (redis_cmd(c, hp, out, sizeof out, "INFO", "replication", NULL) == 0 &&
+		    strstr(out, "master_link_status:up"))
+			return true;
+		check_sleep_ms(50);
+	}
+	return false;
+}
+
+/* failback: the replica is promoted, the master made its replica (a full
+ * resync from it: what the replica had is what the master has now), then the
+ * master promoted back and the replica following it again. The master keeps
+ * its run_id; its replication id changes. */
+static void do_failback(run_ctx *c, fault *f)
+{
+	const check_opts *o = c->o;
+	char m[300], rhost[256], out[512];
+	failback_master(c, m, sizeof m);
+	snprintf(rhost, sizeof rhost, "%s", o->replica);
+	char *rport = strrchr(rhost, ':'), mhost[300];
+	snprintf(mhost, sizeof mhost, "%s", m);
+	char *mport = strrchr(mhost, ':');
+	if (!rport || !mport) {
+		snprintf(f->note, sizeof f->note, "bad HOST:PORT (%s, %s)", m, o->replica);
+		f->end_us = check_now_us();
+		return;
+	}
+	*rport++ = '\0';
+	*mport++ = '\0';
+	/* a full resync at once, not after Redis's diskless-sync delay (5 s) */
+	redis_cmd4(c, o->replica, out, sizeof out, "CONFIG", "SET", "repl-diskless-sync-delay", "0");
+	redis_cmd4(c, m, out, sizeof out, "CONFIG", "SET", "repl-diskless-sync-delay", "0");
+	f->start_us = check_now_us();
+	const char *step = "promote the replica";
+	bool ok = redis_cmd(c, o->replica, out, sizeof out, "REPLICAOF", "NO", "ONE") == 0 && strncmp(out, "OK", 2) == 0;
+	if (ok) {
+		step = "demote the master";
+		ok = redis_cmd(c, m, out, sizeof out, "REPLICAOF", rhost, rport) == 0 && strncmp(out, "OK", 2) == 0;
+	}
+	if (ok) {
+		step = "the master's resync";
+		ok = redis_link_up(c, m, 10000);
+	}
+	/* back, whatever happened: the master a master, the replica its replica */
+	bool back = redis_cmd(c, m, out, sizeof out, "REPLICAOF", "NO", "ONE") == 0 && strncmp(out, "OK", 2) == 0;
+	back &= redis_cmd(c, o->replica, out, sizeof out, "REPLICAOF", mhost, mport) == 0 && strncmp(out, "OK", 2) == 0;
+	f->end_us = check_now_us();
+	f->ok = ok && back;
+	f->count = f->ok;
+	if (f->ok)
+		snprintf(f->note, sizeof f->note, "master %s demoted to a replica of %s, resynced, promoted back", m,
+			 o->replica);
+	else
+		snprintf(f->note, sizeof f->note, "failback failed at: %s%s (see server.log)", ok ? "promoting back" : step,
+			 back ? "" : "; the topology may be left changed");
+}
+
+/* The local ports of pid's TCP connections to remote port `rport`. */
+static int worker_ports(pid_t pid, int rport, int *ports, int max)
+{
+	char path[PATH_MAX], link[128];
+	unsigned long inodes[256];
+	int ni = 0, n = 0;
+	snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+	DIR *d = opendir(path);
+	struct dirent *e;
+	while (d && (e = readdir(d)) && ni < 256) {
+		char fp[PATH_MAX];
+		snprintf(fp, sizeof fp, "%s/%s", path, e->d_name);
+		ssize_t k = readlink(fp, link, sizeof link - 1);
+		if (k <= 0)
+			continue;
+		link[k] = '\0';
+		unsigned long ino;
+		if (sscanf(link, "socket:[%lu]", &ino) == 1)
+			inodes[ni++] = ino;
+	}
+	if (d)
+		closedir(d);
+	const char *tables[] = { "tcp", "tcp6" };
+	for (size_t t = 0; t < 2; t++) {
+		snprintf(path, sizeof path, "/proc/%d/net/%s", (int)pid, tables[t]);
+		FILE *f = fopen(path, "r");
+		char line[512];
+		while (f && fgets(line, sizeof line, f)) {
+			char la[64], ra[64];
+			unsigned lp, rp, st;
+			unsigned long ino;
+			if (sscanf(line, " %*d: %63[0-9A-Fa-f]:%x %63[0-9A-Fa-f]:%x %x %*s %*s %*s %*s %*s %lu", la, &lp, ra,
+				   &rp, &st, &ino) != 6 || (int)rp != rport)
+				continue;
+			for (int i = 0; i < ni; i++)
+				if (inodes[i] == ino && n < max)
+					ports[n++] = (int)lp;
+		}
+		if (f)
+			fclose(f);
+	}
+	return n;
+}
+
+/* session-kill: the holder's server sessions (its connections, found by
+ * their client ports) killed by the server. */
+static void do_session_kill(run_ctx *c, int slot, pid_t pid, fault *f)
+{
+	const check_opts *o = c->o;
+	uri_parts u;
+	int ports[32];
+	bool pg = c->uri && strncmp(c->uri, "postgres", 8) == 0;
+	if (!c->uri || split_uri(c->uri, &u) != 0) {
+		snprintf(f->note, sizeof f->note, "cannot read the store's URI");
+		return;
+	}
+	int np = worker_ports(pid, u.port ? u.port : pg ? 5432 : 3306, ports, 32);
+	if (np == 0) {
+		snprintf(f->note, sizeof f->note, "no connection of worker %d to port %d found%s", slot, u.port,
+			 c->px ? " (through the fault proxy: the server sees the proxy's ports)" : "");
+		return;
+	}
+	char list[400] = "", out[2048];
+	size_t off = 0;
+	for (int i = 0; i < np && off < sizeof list; i++)
+		off += (size_t)snprintf(list + off, sizeof list - off, "%s%d", i ? "," : "", ports[i]);
+	int rc;
+	long long killed = 0;
+	if (pg) {
+		char sql[600], conn[1200];
+		snprintf(sql, sizeof sql,
+			 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE client_port IN (%s) AND pid <> "
+			 "pg_backend_pid()",
+			 list);
+		/* the store's URI without dlock's own parameters */
+		snprintf(conn, sizeof conn, "%.*s", (int)strcspn(c->uri, "?#"), c->uri);
+		char *argv[] = { "psql", "-X", "-q", "-t", "-A", "-d", conn, "-c", sql, NULL };
+		f->start_us = check_now_us();
+		rc = run_capture(o->work_dir, argv, NULL, NULL, out, sizeof out);
+		killed = rc == 0 ? atoll(out) : 0;
+	} else {
+		char sql[700], port[16], pass[300];
+		const char *client = in_path("mariadb") ? "mariadb" : "mysql";
+		snprintf(port, sizeof port, "%d", u.port ? u.port : 3306);
+		snprintf(pass, sizeof pass, "%s", u.pass);
+		char hosts[1200] = "";
+		size_t ho = 0;
+		for (int i = 0; i < np && ho < sizeof hosts; i++)
+			ho += (size_t)snprintf(hosts + ho, sizeof hosts - ho, "%s'%s:%d'", i ? "," : "",
+					       strcmp(u.host, "localhost") ? u.host : "localhost", ports[i]);
+		snprintf(sql, sizeof sql, "SELECT ID FROM information_schema.PROCESSLIST WHERE HOST IN (%s)", hosts);
+		char *argv[] = { (char *)client, "-h", u.host, "-P", port, "-u", u.user, "-N", "-B", "-e", sql, NULL };
+		rc = run_capture(o->work_dir, argv, "MYSQL_PWD", pass, out, sizeof out);
+		char kills[1200] = "";
+		size_t ko = 0;
+		for (char *s = out, *save = NULL, *w; rc == 0 && (w = strtok_r(s, "\n", &save)); s = NULL)
+			if (ko < sizeof kills)
+				ko += (size_t)snprintf(kills + ko, sizeof kills - ko, "KILL %lld;", atoll(w)), killed++;
+		if (rc == 0 && killed > 0) {
+			char *argv2[] = { (char *)client, "-h", u.host, "-P", port, "-u", u.user, "-N", "-B", "-e", kills, NULL };
+			f->start_us = check_now_us();
+			rc = run_capture(o->work_dir, argv2, "MYSQL_PWD", pass, NULL, 0);
+		}
+	}
+	f->end_us = check_now_us();
+	f->count = killed;
+	f->ok = rc == 0 && killed > 0;
+	if (f->ok)
+		snprintf(f->note, sizeof f->note, "%lld session%s of worker %d killed by the server (client ports %s)", killed,
+			 killed == 1 ? "" : "s", slot, list);
+	else
+		snprintf(f->note, sizeof f->note, "%s exited %d, %lld sessions killed (client ports %s; see server.log)",
+			 pg ? "psql" : "mysql client", rc, killed, list);
+}
+
+/* A memcached text-protocol connection to the store's host. */
+static int mc_connect(const char *uri)
+{
+	uri_parts u;
+	if (split_uri(uri, &u) != 0)
+		return -1;
+	char port[16];
+	snprintf(port, sizeof port, "%d", u.port ? u.port : 11211);
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *ai = NULL;
+	if (getaddrinfo(u.host, port, &hints, &ai) != 0)
+		return -1;
+	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(ai);
+	return fd;
+}
+
+/* `stats`: the value of STAT name, -1 on error. */
+static long long mc_stat(int fd, const char *name)
+{
+	if (send(fd, "stats\r\n", 7, MSG_NOSIGNAL) != 7)
+		return -1;
+	char buf[16384];
+	size_t n = 0;
+	while (n + 1 < sizeof buf) {
+		struct pollfd pfd = { .fd = fd, .events = POLLIN };
+		if (poll(&pfd, 1, 5000) <= 0)
+			return -1;
+		ssize_t r = read(fd, buf + n, sizeof buf - 1 - n);
+		if (r <= 0)
+			return -1;
+		n += (size_t)r;
+		buf[n] = '\0';
+		if (strstr(buf, "END\r\n"))
+			break;
+	}
+	char want[80];
+	snprintf(want, sizeof want, "STAT %s ", name);
+	const char *p = strstr(buf, want);
+	return p ? atoll(p + strlen(want)) : -1;
+}
+
+/* evict: fill the server with keys of the sizes of a lock's (tens to a few
+ * hundred bytes), twice its memory and until it has evicted (at most 4 ×). */
+static void do_evict(run_ctx *c, uint64_t *rs, fault *f)
+{
+	int fd = mc_connect(c->uri);
+	long long ev0 = fd >= 0 ? mc_stat(fd, "evictions") : -1, limit = fd >= 0 ? mc_stat(fd, "limit_maxbytes") : -1;
+	f->start_us = check_now_us();
+	if (ev0 < 0 || limit <= 0) {
+		snprintf(f->note, sizeof f->note, "cannot read the server's stats");
+		if (fd >= 0)
+			close(fd);
+		f->end_us = check_now_us();
+		return;
+	}
+	static char val[512];
+	memset(val, 'x', sizeof val);
+	long long written = 0, keys = 0, ev = ev0;
+	char cmd[1024];
+	int64_t give_up = check_now_us() + 20000000;
+	while (written < 4 * limit && !check_interrupted && check_now_us() < give_up) {
+		size_t len = 40 + (size_t)check_rnd_below(rs, 260);
+		int n = snprintf(cmd, sizeof cmd, "set dlock-check-fill/%d/%lld 0 300 %zu noreply\r\n", (int)getpid(), keys++,
+				 len);
+		memcpy(cmd + n, val, len);
+		memcpy(cmd + n + len, "\r\n", 2);
+		size_t tot = (size_t)n + len + 2, sent = 0;
+		while (sent < tot) {
+			ssize_t w = send(fd, cmd + sent, tot - sent, MSG_NOSIGNAL);
+			if (w <= 0)
+				break;
+			sent += (size_t)w;
+		}
+		if (sent < tot)
+			break;
+		written += (long long)len + 50;
+		/* twice the memory: every key older than the fill that nobody touched is gone */
+		if (written > 2 * limit && keys % 2000 == 0 && (ev = mc_stat(fd, "evictions")) > ev0)
+			break;
+	}
+	ev = mc_stat(fd, "evictions");
+	close(fd);
+	f->end_us = check_now_us();
+	f->count = ev > ev0 ? ev - ev0 : 0;
+	f->ok = f->count > 0;
+	if (f->ok)
+		snprintf(f->note, sizeof f->note, "%lld keys written (%lld KB), %lld evicted", keys, written / 1024, f->count);
+	else
+		snprintf(f->note, sizeof f->note, "%lld keys written (%lld KB) but nothing evicted (started with -M?)", keys,
+			 written / 1024);
+}
+
+/* kill-tool: SIGKILL a worker's `dlock run` while its command (which
+ * ignores SIGTERM) runs, then watch the command until it is dead; a line
+ * "D slot inc seq t" tells the analysis when the command's hold really ended. */
+static void do_kill_tool(run_ctx *c, uint64_t *rs, fault *f)
+{
+	const check_opts *o = c->o;
+	int cand[MAX_CLIENTS], n = 0, slot = -1;
+	pid_t cmd = -1, tool = 0;
+	long long seq = 0;
+	int inc = 0;
+	int64_t until = check_now_us() + (4 * o->ttl_ms + o->hold_ms) * 1000;
+	while (cmd < 0 && check_now_us() < until && !check_interrupted) {
+		n = 0;
+		for (unsigned i = 0; i < o->clients; i++)
+			if (atomic_load(&c->sh->tool[i]) != 0)
+				cand[n++] = (int)i;
+		if (n > 0) {
+			slot = cand[check_rnd_below(rs, (uint64_t)n)];
+			tool = atomic_load(&c->sh->tool[slot]);
+			char path[PATH_MAX];
+			snprintf(path, sizeof path, "%.4000s/cmd.%d", o->work_dir, slot);
+			FILE *pf = fopen(path, "r");
+			int p = 0;
+			if (pf && fscanf(pf, "%d %lld %d", &p, &seq, &inc) == 3 && p > 0 && kill(p, 0) == 0)
+				cmd = p;
+			if (pf)
+				fclose(pf);
+		}
+		if (cmd < 0)
+			check_sleep_ms(5);
+	}
+	f->start_us = check_now_us();
+	if (cmd < 0 || tool <= 0) {
+		snprintf(f->note, sizeof f->note, "no `dlock run` command running to aim at");
+		f->end_us = f->start_us;
+		return;
+	}
+	f->slot = slot;
+	f->inc = inc;
+	kill(tool, SIGKILL);
+	/* dead: gone, or a zombie nobody reaped yet */
+	int64_t watch = check_now_us() + (4 * o->ttl_ms + o->hold_ms + 10000) * 1000;
+	bool dead = false;
+	while (!dead && check_now_us() < watch) {
+		char path[64], line[512];
+		snprintf(path, sizeof path, "/proc/%d/stat", (int)cmd);
+		FILE *sf = fopen(path, "r");
+		char st = 'Z';
+		if (sf && fgets(line, sizeof line, sf)) {
+			char *rp = strrchr(line, ')');
+			if (!rp || sscanf(rp + 1, " %c", &st) != 1)
+				st = 'Z';
+		}
+		if (sf)
+			fclose(sf);
+		dead = st == 'Z' || st == 'X';
+		if (!dead)
+			check_sleep_ms(2);
+	}
+	int64_t died = check_now_us();
+	f->end_us = died;
+	if (!dead) {
+		kill(cmd, SIGKILL);
+		snprintf(f->note, sizeof f->note, "dlock run killed; its command (pid %d) still ran %.0f ms later: killed "
+			 "by the checker", (int)cmd, check_us_to_ms(died - f->start_us));
+	}
+	char line[128];
+	int len = snprintf(line, sizeof line, "D %d %d %lld %lld\n", slot, inc, seq, (long long)died);
+	if (write(c->log_fd, line, (size_t)len) != len)
+		snprintf(f->note, sizeof f->note, "cannot log the command's death");
+	f->ok = 1;
+	f->count = 1;
+	if (dead)
+		snprintf(f->note, sizeof f->note, "dlock run SIGKILLed; its command (ignoring SIGTERM) died %.0f ms later",
+			 check_us_to_ms(died - f->start_us));
+}
+
+/* The faults of the seams (check_do_fault hands them on). */
+static void do_seam_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *incs, fault *f)
+{
+	if (kind == F_KILLTOOL) {
+		do_kill_tool(c, rs, f);
+		return;
+	}
+	if (kind == F_EVICT) {
+		do_evict(c, rs, f);
+		return;
+	}
+	if (kind == F_FAILBACK) {
+		do_failback(c, f);
+		return;
+	}
+	int slot = aim_at_holder(c, rs);
+	f->start_us = f->end_us = check_now_us();
+	if (slot < 0 || pids[slot] <= 0) {
+		snprintf(f->note, sizeof f->note, "no holder to aim at");
+		return;
+	}
+	f->slot = slot;
+	f->inc = incs[slot];
+	do_session_kill(c, slot, pids[slot], f);
 }

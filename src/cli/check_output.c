@@ -32,9 +32,13 @@ double check_us_to_ms(int64_t us)
 
 static void hold_text(char *buf, size_t len, const hold *h)
 {
-	snprintf(buf, len, "worker %d hold %lld (fence %" PRIu64 ", %.1f-%.1f ms%s%s)", h->slot,
-		 h->seq, h->fence, check_us_to_ms(h->t_grant), check_us_to_ms(h->t_end), h->paused ? ", paused" : "",
-		 h->killed ? ", killed" : h->t_lost >= 0 && h->t_lost <= h->t_end ? ", lost" : "");
+	char kind[48] = "";
+	if (h->kind != K_PLAIN)
+		snprintf(kind, sizeof kind, ", %s%s", check_kind_name(h->kind), h->extended ? " extended" : "");
+	snprintf(buf, len, "worker %d hold %lld (fence %" PRIu64 ", %.1f-%.1f ms%s%s%s)", h->slot,
+		 h->seq, h->fence, check_us_to_ms(h->t_grant), check_us_to_ms(h->t_end), kind, h->paused ? ", paused" : "",
+		 h->killed ? ", killed" : h->tool_killed ? ", its dlock run killed" :
+		 h->t_lost >= 0 && h->t_lost <= h->t_end ? ", lost" : "");
 }
 
 /* The violations one by one (at most MAX_SHOWN of each kind; all are
@@ -73,6 +77,10 @@ static void violation_lines(const results *r, void (*emit)(void *ctx, const char
 			 (long long)r->reg.accepted, (long long)r->reg.value);
 		emit(ctx, line);
 	}
+	if (r->not_run) {
+		snprintf(line, sizeof line, "NOT RUN: %.480s", r->not_run_why);
+		emit(ctx, line);
+	}
 }
 
 static void print_line(void *ctx, const char *line)
@@ -89,6 +97,9 @@ void check_print_text(const check_opts *o, const char *shown, const results *r)
 	printf("dlock check: store %s, %u clients, %.1fs, ttl %.0fms, hold %.0fms, fencing %s, seed %" PRIu64 "\n",
 	       shown, o->clients, check_us_to_ms(r->end_us) / 1000.0, (double)o->ttl_ms, (double)o->hold_ms,
 	       o->fencing ? "on" : "off", o->seed);
+	if (o->ops)
+		printf("  holds: plain %zu, extend %zu, handle %zu, dlock run %zu; extends %lld, renewals delayed %lld\n",
+		       r->kinds[K_PLAIN], r->kinds[K_EXTEND], r->kinds[K_HANDLE], r->kinds[K_RUN], r->extends, r->delayed);
 	printf("  grants %zu, writes accepted %lld, refused %lld (reads refused %zu), errors %zu, faults %zu\n",
 	       r->nholds, (long long)r->reg.accepted, (long long)r->reg.rejected, reads_refused, r->errors, r->nfaults);
 	for (size_t k = 0; k < r->nfaults; k++) {
@@ -121,9 +132,13 @@ void check_print_text(const check_opts *o, const char *shown, const results *r)
 	printf("  %-40s %8.0f\n", "worst fault end -> next grant (ms)", check_us_to_ms(r->worst_heal_us));
 	if (r->stuck)
 		printf("  %-40s %8zu\n", "workers stuck in a call at the end", r->stuck);
+	if (r->not_run)
+		printf("  %-40s %8u  NOT RUN\n", "requested faults/ops that never ran", r->not_run);
 	violation_lines(r, print_line, NULL);
+	const char *v = check_verdict(r);
 	printf("\nverdict: %s\n", r->pass ? "PASS: no safety property was violated"
-					 : "FAIL: at least one safety property was violated");
+			 : strcmp(v, "fail") == 0 ? "FAIL: at least one safety property was violated"
+						  : "INCOMPLETE: nothing was violated, but a requested fault or op never ran");
 }
 
 /* The run as one JSON object; `full` adds every hold (for the report). */
@@ -139,19 +154,25 @@ void check_print_json(FILE *f, const check_opts *o, const char *shown, const res
 		"\"stale_accepted\":%zu},\"final_value\":%lld,\"errors\":%zu,"
 		"\"overlaps\":%zu,\"overlaps_after_pause\":%zu,\"fence_order_violations\":%zu,"
 		"\"lost_updates\":%lld,\"stale_writes_accepted\":%zu,\"worst_heal_to_grant_ms\":%.1f,\"workers_stuck\":%zu,"
-		"\"faults\":[",
+		"\"ops\":\"%s%s%s\",\"holds_by_kind\":{\"plain\":%zu,\"extend\":%zu,\"handle\":%zu,\"run\":%zu},"
+		"\"extends\":%lld,\"renewals_delayed\":%lld,\"not_run\":%u,\"not_run_why\":",
 		o->clients, check_us_to_ms(r->end_us), (long long)o->ttl_ms, (long long)o->hold_ms,
 		o->fencing ? "true" : "false", o->seed, r->nholds, (long long)r->reg.accepted,
 		(long long)r->reg.rejected, r->stale_writes, (long long)r->reg.value, r->errors,
 		r->unexplained, r->noverlaps - r->unexplained, r->nfence_bad, (long long)r->lost_updates,
-		r->stale_writes, check_us_to_ms(r->worst_heal_us), r->stuck);
+		r->stale_writes, check_us_to_ms(r->worst_heal_us), r->stuck, (o->ops & OP_EXTEND) ? "extend" : "",
+		(o->ops & OP_EXTEND) && (o->ops & OP_HANDLE) ? "," : "", (o->ops & OP_HANDLE) ? "handle" : "",
+		r->kinds[K_PLAIN], r->kinds[K_EXTEND], r->kinds[K_HANDLE], r->kinds[K_RUN], r->extends, r->delayed,
+		r->not_run);
+	cli_json_str(f, r->not_run_why);
+	fputs(",\"faults\":[", f);
 	for (size_t k = 0; k < r->nfaults; k++) {
 		const fault *x = &r->faults[k];
 		fprintf(f, "%s{\"kind\":\"%s\",\"worker\":%d,\"member\":%d,\"start_ms\":%.1f,\"end_ms\":%.1f,"
-			   "\"ok\":%s,\"heal_to_grant_ms\":%.1f,\"split_ms\":%.1f,\"dropped_bytes\":%lld,\"note\":",
+			   "\"ok\":%s,\"heal_to_grant_ms\":%.1f,\"split_ms\":%.1f,\"dropped_bytes\":%lld,\"count\":%lld,\"note\":",
 			k ? "," : "", check_fault_name(x->kind), x->slot, x->member, check_us_to_ms(x->start_us), check_us_to_ms(x->end_us),
 			x->ok ? "true" : "false", x->heal_to_grant_us < 0 ? -1.0 : check_us_to_ms(x->heal_to_grant_us),
-			x->split_us < 0 ? -1.0 : check_us_to_ms(x->split_us), x->dropped);
+			x->split_us < 0 ? -1.0 : check_us_to_ms(x->split_us), x->dropped, x->count);
 		cli_json_str(f, x->note);
 		fputc('}', f);
 	}
@@ -189,12 +210,13 @@ void check_print_json(FILE *f, const check_opts *o, const char *shown, const res
 			const hold *h = &r->holds[i];
 			fprintf(f, "%s{\"w\":%d,\"inc\":%d,\"fence\":%" PRIu64 ",\"req\":%.1f,\"grant\":%.1f,"
 				   "\"end\":%.1f,\"write\":%.1f,\"write_ok\":%d,\"stale\":%s,\"paused\":%s,"
-				   "\"killed\":%s,\"lost\":%s}",
+				   "\"killed\":%s,\"lost\":%s,\"kind\":\"%s\",\"extended\":%d,\"tool_killed\":%s}",
 				i ? "," : "", h->slot, h->inc, h->fence, check_us_to_ms(h->t_req), check_us_to_ms(h->t_grant),
 				check_us_to_ms(h->t_end), h->t_write < 0 ? -1.0 : check_us_to_ms(h->t_write), h->write_ok,
 				h->stale_write ? "true" : "false", h->paused ? "true" : "false",
 				h->killed ? "true" : "false",
-				h->t_lost >= 0 && h->t_lost <= h->t_end ? "true" : "false");
+				h->t_lost >= 0 && h->t_lost <= h->t_end ? "true" : "false", check_kind_name(h->kind), h->extended,
+				h->tool_killed ? "true" : "false");
 		}
 		fputs("],\"overlap_pairs\":[", f);
 		for (size_t i = 0; i < r->noverlaps; i++)
@@ -203,7 +225,7 @@ void check_print_json(FILE *f, const check_opts *o, const char *shown, const res
 				r->overlaps[i].explained ? "true" : "false");
 		fputc(']', f);
 	}
-	fprintf(f, ",\"verdict\":\"%s\"}\n", r->pass ? "pass" : "fail");
+	fprintf(f, ",\"verdict\":\"%s\"}\n", check_verdict(r));
 }
 
 /* ---- the HTML report (readable without JavaScript) ---------------------------- */
@@ -235,7 +257,9 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 		o->clients, check_us_to_ms(r->end_us) / 1000.0, (long long)o->ttl_ms, (long long)o->hold_ms,
 		o->fencing ? "on" : "off", o->seed);
 	fprintf(f, "<div class=\"verdict %s\">%s</div></div>\n", r->pass ? "good" : "bad",
-		r->pass ? "PASS: no safety property was violated" : "FAIL: a safety property was violated");
+		r->pass ? "PASS: no safety property was violated"
+		: strcmp(check_verdict(r), "fail") == 0 ? "FAIL: a safety property was violated"
+							: "INCOMPLETE: a requested fault or op never ran");
 	size_t reads_refused = 0;
 	for (size_t i = 0; i < r->nholds; i++)
 		reads_refused += r->holds[i].read_ok == 0;
@@ -252,10 +276,18 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 	html_row(f, "final register value", (long long)r->reg.value, false);
 	html_row(f, "worst fault end \u2192 next grant (ms)", (long long)(r->worst_heal_us / 1000), false);
 	html_row(f, "store errors seen by workers", (long long)r->errors, false);
+	if (o->ops || r->kinds[K_RUN]) {
+		html_row(f, "holds extended under a delayed renewal", (long long)r->kinds[K_EXTEND], false);
+		html_row(f, "holds through acquire/release handles", (long long)r->kinds[K_HANDLE], false);
+		html_row(f, "holds of a dlock run command", (long long)r->kinds[K_RUN], false);
+		html_row(f, "extends done", r->extends, false);
+		html_row(f, "renewals delayed", r->delayed, false);
+	}
+	html_row(f, "requested faults/ops that never ran", (long long)r->not_run, true);
 	fputs("</table></div>\n", f);
 	fputs("<h2>Violations</h2>\n<ul id=\"violation-lines\">\n", f);
 	violation_lines(r, html_line, f);
-	if (r->noverlaps == 0 && r->nfence_bad == 0 && r->stale_writes == 0 && r->lost_updates == 0)
+	if (r->noverlaps == 0 && r->nfence_bad == 0 && r->stale_writes == 0 && r->lost_updates == 0 && !r->not_run)
 		fputs("<li>none</li>\n", f);
 	fputs("</ul>\n<h2>Timeline</h2>\n", f);
 	cli_check_report_legend(f);

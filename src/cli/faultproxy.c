@@ -9,12 +9,19 @@
  *
  * Control: a Unix stream socket at CONTROL_SOCKET_PATH, one command a line,
  * one reply line ("ok ..." once applied, or "error <text>"):
- *   pass [R] | delay MS [R] | blackhole [R] | drop [R] | dropmatch STRING [R] | reset [R]
+ *   pass [R] | delay MS [R] | lag MS [R] | blackhole [R] | drop [R] | dropmatch STRING [R] | reset [R]
  *   | stats R | quit
  * R is a route index; absent means every route. A mode applies to the
  * route's open connections and to new ones.
  *   pass       forward both ways.
  *   delay MS   forward both ways, each chunk MS ms after it was read.
+ *   lag MS     forward both ways; each chunk read while the route is in lag
+ *              is held until MS ms after it was read, and keeps that time
+ *              when the mode changes (delay's chunks follow the mode): a lag
+ *              set for a moment delays only the traffic of that moment, and
+ *              a later connection's bytes overtake it (one connection stays
+ *              in order). `dlock check --ops extend` lags a worker's link
+ *              just when its renewal is due.
  *   blackhole  keep connections open, forward nothing: bytes read are discarded
  *              (counted in dropped), as are bytes still queued inside the proxy
  *              when the mode is set; a FIN is held and forwarded only when the
@@ -80,7 +87,7 @@
 #define CTL_LINE_MAX 1024 /* a dropmatch STRING may be escaped to 4 bytes a byte */
 #define PATTERN_MAX 128 /* bytes of a dropmatch STRING, decoded */
 
-enum mode { M_PASS, M_DELAY, M_BLACKHOLE, M_DROP, M_DROPMATCH, M_RESET };
+enum mode { M_PASS, M_DELAY, M_LAG, M_BLACKHOLE, M_DROP, M_DROPMATCH, M_RESET };
 enum kind { K_LISTEN, K_CLIENT, K_SERVER, K_CTL_LISTEN, K_CTL, K_SIGNAL, K_TIMER };
 enum { UP = 0, DOWN = 1 }; /* UP: client->server, DOWN: server->client */
 
@@ -92,6 +99,7 @@ struct item {
 struct chunk {
 	struct chunk *next;
 	int64_t read_ns;
+	int64_t due_ns; /* lag: held until then whatever the mode */
 	size_t len, off;
 	char data[];
 };
@@ -130,6 +138,8 @@ struct route {
 	socklen_t addrlen;
 	enum mode mode;
 	int64_t delay_ns;
+	int64_t lag_ns;    /* lag: what new chunks are held for */
+	int64_t lag_until; /* the latest due time of a lagged chunk; 0 none */
 	struct conn *conns;
 	char pattern[PATTERN_MAX]; /* dropmatch */
 	size_t pattern_len;
@@ -168,6 +178,7 @@ static int flows(const struct conn *c, int d)
 	switch (c->route->mode) {
 	case M_PASS:
 	case M_DELAY:
+	case M_LAG:
 	case M_DROPMATCH:
 		return 1;
 	case M_DROP:
@@ -331,6 +342,9 @@ static int pull(struct conn *c, int s, int force)
 		}
 		ch->next = NULL;
 		ch->read_ns = now_ns();
+		ch->due_ns = ch->read_ns + (r->mode == M_LAG ? r->lag_ns : 0);
+		if (ch->due_ns > r->lag_until)
+			r->lag_until = ch->due_ns;
 		ch->len = (size_t)n;
 		ch->off = 0;
 		memcpy(ch->data, buf, (size_t)n);
@@ -342,6 +356,13 @@ static int pull(struct conn *c, int s, int force)
 		q->queued += (size_t)n;
 	}
 	return 0;
+}
+
+/* When a chunk may go: its read time plus the route's delay, not before its lag. */
+static int64_t chunk_due(const struct route *r, const struct chunk *ch)
+{
+	int64_t t = ch->read_ns + r->delay_ns;
+	return t > ch->due_ns ? t : ch->due_ns;
 }
 
 /* Write the ready part of direction d; returns -1 when the connection must be reset. */
@@ -358,7 +379,7 @@ static int push(struct conn *c, int d, int64_t now)
 	if (c->fd[dst] < 0 || c->connecting)
 		return 0;
 	q->blocked = 0;
-	while (q->head && q->head->read_ns + r->delay_ns <= now) {
+	while (q->head && chunk_due(r, q->head) <= now) {
 		struct chunk *ch = q->head;
 		ssize_t n = send(c->fd[dst], ch->data + ch->off, ch->len - ch->off, MSG_NOSIGNAL);
 		if (n < 0) {
@@ -524,7 +545,7 @@ static void arm_timer(void)
 {
 	int64_t next = -1;
 	for (int i = 0; i < nroutes; i++) {
-		if (routes[i].delay_ns == 0)
+		if (routes[i].delay_ns == 0 && routes[i].lag_until == 0)
 			continue;
 		for (struct conn *c = routes[i].conns; c; c = c->next) {
 			for (int d = 0; d < 2; d++) {
@@ -533,7 +554,7 @@ static void arm_timer(void)
 				if (!h || c->dir[d].blocked || !flows(c, d) || c->fd[dst] < 0 ||
 				    c->connecting)
 					continue;
-				int64_t t = h->read_ns + routes[i].delay_ns;
+				int64_t t = chunk_due(&routes[i], h);
 				if (next < 0 || t < next)
 					next = t;
 			}
@@ -566,6 +587,7 @@ static void set_mode(struct route *r, enum mode m, long ms)
 			conn_close(c, 1);
 	}
 	r->delay_ns = m == M_DELAY ? (int64_t)ms * 1000000 : 0;
+	r->lag_ns = m == M_LAG ? (int64_t)ms * 1000000 : 0;
 	pump_route(r);
 }
 
@@ -679,13 +701,13 @@ static void ctl_command(char *line, char *reply, size_t cap)
 		m = M_DROP;
 	else if (!strcmp(cmd, "reset"))
 		m = M_RESET;
-	else if (!strcmp(cmd, "delay")) {
+	else if (!strcmp(cmd, "delay") || !strcmp(cmd, "lag")) {
 		char *end;
-		m = M_DELAY;
+		m = !strcmp(cmd, "lag") ? M_LAG : M_DELAY;
 		errno = 0;
 		ms = a1 ? strtol(a1, &end, 10) : -1;
 		if (!a1 || errno || *end || end == a1 || ms < 0 || ms > 3600000) {
-			snprintf(reply, cap, "error usage: delay MS [ROUTE]\n");
+			snprintf(reply, cap, "error usage: %s MS [ROUTE]\n", cmd);
 			return;
 		}
 		ra = a2;
@@ -940,10 +962,15 @@ int FAULTPROXY_MAIN(int argc, char **argv)
 			}
 			}
 		}
-		if (timer_fired)
-			for (int i = 0; i < nroutes; i++)
-				if (routes[i].delay_ns)
+		if (timer_fired) {
+			int64_t now = now_ns();
+			for (int i = 0; i < nroutes; i++) {
+				if (routes[i].delay_ns || routes[i].lag_until)
 					pump_route(&routes[i]);
+				if (routes[i].lag_until && routes[i].lag_until <= now)
+					routes[i].lag_until = 0;
+			}
+		}
 		bury();
 	}
 	error = 0;

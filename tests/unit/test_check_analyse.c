@@ -16,6 +16,21 @@
 
 static char dir[] = "/tmp/dlock-test-check-XXXXXX";
 
+/* The names live in check.c (options); the judge needs them only for its
+ * not-run reasons. */
+const char *check_fault_name(unsigned k)
+{
+	return k == F_KILLTOOL ? "kill-tool" : k == F_EVICT ? "evict" : "other";
+}
+
+const char *check_kind_name(int k)
+{
+	return k == K_RUN ? "run" : "plain";
+}
+
+/* judge() with the options of a run that asked for `faults` and `ops`. */
+static check_opts want;
+
 /* Judge the log `text` (with `nfaults` faults, a register that accepted
  * `accepted` writes and holds `value`) into *r; 0, or -1 if unreadable. */
 static int judge(results *r, const char *text, const fault *faults, size_t nfaults, int64_t accepted,
@@ -37,7 +52,7 @@ static int judge(results *r, const char *text, const fault *faults, size_t nfaul
 	r->reg.value = value;
 	r->end_us = end_us;
 	int rc = check_read_log(path, r);
-	check_opts o = { .clients = 2, .fencing = true };
+	check_opts o = { .clients = 2, .fencing = true, .faults = want.faults, .ops = want.ops };
 	if (rc == 0)
 		check_analyse(r, &o);
 	return rc;
@@ -145,6 +160,49 @@ int main(void)
 		 0);
 	CHECK(r.nholds == 2 && r.holds[0].t_grant == 100 && r.holds[1].t_grant == 300 && r.nfence_bad == 0);
 	done(&r);
+
+	/* A `dlock run` command (kind 3) whose tool was SIGKILLed at 150 ran on
+	 * until it was seen dead at 400: another worker granted at 300 overlaps
+	 * it; a command that ended on its own (R) before its D line does not. */
+	want.faults = F_KILLTOOL;
+	fault kt = a_fault(F_KILLTOOL, 0, 150, 400);
+	kt.count = 1;
+	CHECK_RC(judge(&r,
+		       "A 0 0 1 100 100 1 3\n"
+		       "D 0 0 1 400\n"
+		       "A 1 0 1 120 300 2\n"
+		       "R 1 0 1 350 0\n"
+		       "A 1 0 2 360 410 3 3\n"
+		       "R 1 0 2 500 0\n"
+		       "D 1 0 2 510\n"
+		       "A 0 1 1 505 520 4\n"
+		       "R 0 1 1 600 0\n",
+		       &kt, 1, 0, 0, 1000),
+		 0);
+	CHECK(r.nholds == 4 && r.kinds[K_RUN] == 2 && r.kinds[K_PLAIN] == 2);
+	CHECK(r.holds[0].t_end == 400 && r.holds[0].tool_killed && r.holds[2].t_end == 500 && !r.holds[2].tool_killed);
+	CHECK(r.noverlaps == 1 && r.unexplained == 1 && r.overlaps[0].from_us == 300 && r.overlaps[0].to_us == 350);
+	CHECK(r.not_run == 0 && !r.pass && strcmp(check_verdict(&r), "fail") == 0);
+	done(&r);
+
+	/* Requested faults that never ran: one failed (its note is the reason),
+	 * one never scheduled; an op that never ran: the verdict is incomplete,
+	 * never pass, though nothing was violated. Extends are counted per hold. */
+	want.faults = F_KILLTOOL | F_EVICT;
+	want.ops = OP_HANDLE;
+	fault failed = a_fault(F_KILLTOOL, -1, 150, 150);
+	failed.ok = 0;
+	snprintf(failed.note, sizeof failed.note, "no `dlock run` command running to aim at");
+	CHECK_RC(judge(&r, "A 0 0 1 90 100 1 1\nX 0 0 1 150 0 1\nX 0 0 1 160 -3 0\nR 0 0 1 200 0\n", &failed, 1, 0, 0,
+		       1000),
+		 0);
+	CHECK(r.holds[0].extended == 1 && r.holds[0].kind == K_EXTEND && r.kinds[K_EXTEND] == 1);
+	CHECK(r.not_run == 3 && !r.pass && strcmp(check_verdict(&r), "incomplete") == 0);
+	CHECK(strstr(r.not_run_why, "kill-tool: no `dlock run` command running to aim at") != NULL);
+	CHECK(strstr(r.not_run_why, "evict: never scheduled") != NULL);
+	CHECK(strstr(r.not_run_why, "handle: no hold through a handle") != NULL);
+	done(&r);
+	memset(&want, 0, sizeof want);
 
 	char path[64];
 	snprintf(path, sizeof path, "%s/log", dir);
