@@ -139,7 +139,24 @@ DLOCK_EXTERN int dlock_release(dlock_lock *lock);
 
 /**
  * Extend the lease now to `ttl_ms` from now (0 = the handle's ttl); later
- * renewals use the new ttl. @return 0; DLOCK_ENOTHELD; DLOCK_ELOST; ...
+ * renewals use the new ttl. The store's lease is never shorter than the one
+ * the handle then counts (dlock_ttl_left): the extend waits for a renewal of
+ * this hold already in flight (within one request timeout) and no renewal
+ * of it is sent while the extend is; on 0 the handle counts `ttl_ms` from
+ * before the request, or less when an earlier renewal or extend of this hold
+ * with a shorter ttl never got its answer (it may still land and, on a
+ * store that sets now + ttl, cut the lease to its ttl: the handle then
+ * counts, and renews at a third of, that shorter ttl until the hold ends).
+ * Stores keep the later of their expiry and now + ttl where they can
+ * (sys/backend.h): there a shorter `ttl_ms` shortens what the handle counts
+ * and how often it renews, not the lease the store already gave.
+ * Not thread-safe with other calls on the same handle.
+ * @return 0; DLOCK_ENOTHELD (not held by this handle); DLOCK_ELOST (the
+ *         lease had ended, or the store no longer has the hold);
+ *         DLOCK_EUNAVAILABLE (no answer, or a renewal of the hold still in
+ *         flight after one request timeout: the lease the handle counts is
+ *         then cut to `ttl_ms` from before the request if that is sooner,
+ *         since the request may still land); DLOCK_EINVAL (bad ttl).
  */
 DLOCK_EXTERN int dlock_extend(dlock_lock *lock, int64_t ttl_ms);
 

@@ -120,6 +120,7 @@ struct dlock__reg {
 	dlock_lock *lock;
 	int64_t next_renew;     /* CLOCK_MONOTONIC ms */
 	bool in_batch;          /* the renewer is talking to the store about it */
+	bool extending;         /* dlock_extend is: the renewer leaves it alone */
 };
 
 /* Start renewing (and watching the deadline of) reg's lock. DLOCK_ENOMEM
@@ -131,6 +132,13 @@ int dlock__renewer_add(dlock_store *store, dlock__reg *reg);
  * callback are over; false if that is not before `by` (INT64_MAX: wait). */
 bool dlock__renewer_remove(dlock_store *store, dlock__reg *reg, int64_t by);
 void dlock__renewer_stop(dlock_store *store);
+/* dlock_extend's turn on a hold: wait (until `by`) for its renewal in flight
+ * and keep the renewer off it until extend_end; false when that renewal is
+ * still in flight at `by` (nothing is changed then). A hold not registered
+ * (attached from a handle) has no renewal: true at once. */
+bool dlock__renewer_extend_begin(dlock_store *store, dlock__reg *reg, int64_t by);
+/* The extend is over: the renewer's next renewal of it comes by next_renew. */
+void dlock__renewer_extend_end(dlock_store *store, dlock__reg *reg, int64_t next_renew);
 /* Wait for the thread opening the renewer's own instance (after renewer_stop). */
 void dlock__renewer_join_opener(dlock_store *s);
 
@@ -180,6 +188,10 @@ struct dlock_lock {
 	char owner[DLOCK__OWNER_MAX];
 	uint64_t fence;
 	int64_t deadline;        /* CLOCK_MONOTONIC ms; lease end minus drift */
+	int64_t unsure_ttl_ms;   /* least ttl of this hold's renewals and extends
+				    whose outcome is unknown (0: none): such a
+				    request may still land and, on a store that sets
+				    now + ttl, cut the lease to it (sys/backend.h) */
 	bool attached;           /* from dlock_lock_attach: not renewed */
 	bool release_pending;    /* a release failed: `owner` is in the orphan queue */
 	bool lost_fired;

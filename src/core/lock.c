@@ -229,6 +229,7 @@ static int granted(dlock_lock *l, uint64_t fence, int64_t t_lease)
 	l->thread = pthread_self();
 	l->fence = fence;
 	l->deadline = t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms);
+	l->unsure_ttl_ms = 0;
 	l->attached = false;
 	l->lost_fired = false;
 	l->release_pending = false;
@@ -560,6 +561,12 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 		ttl_ms = l->ttl_ms;
 	dlock_store *s = l->store;
 	dlock_backend *be = s->be;
+	/* Never beside a renewal of this hold: one sent before us with the old
+	 * ttl and answered after us would set the store's expiry back (a store
+	 * that keeps the later expiry is safe anyway; the others are not). */
+	if (!dlock__renewer_extend_begin(s, &l->reg, request_deadline(s, INT64_MAX)))
+		return dlock_error_set(DLOCK_EUNAVAILABLE, be->methods->kind, NULL,
+				       "timed out: a renewal of lock '%s' was still in flight", l->name);
 	int64_t t0 = dlock_clock_ms();
 	/* The store sees a copy: the renewer copies l->req under l->mu too. */
 	pthread_mutex_lock(&l->mu);
@@ -580,12 +587,17 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 			rc = result;
 	}
 	pthread_mutex_unlock(&s->be_mu);
+	int64_t next_renew = INT64_MAX;
 	pthread_mutex_lock(&l->mu);
 	if (rc == 0)
 		l->req.ttl_ms = ttl_ms;
 	if (rc == 0 && l->state == DLOCK__HELD) {
+		/* A shorter-ttl request of this hold with an unknown outcome may
+		 * land after ours and set now + its ttl: count no more than that. */
+		int64_t eff = l->unsure_ttl_ms > 0 && l->unsure_ttl_ms < ttl_ms ? l->unsure_ttl_ms : ttl_ms;
 		l->ttl_ms = ttl_ms;
-		l->deadline = t0 + ttl_ms - dlock__drift_ms(ttl_ms);
+		l->deadline = t0 + eff - dlock__drift_ms(eff);
+		next_renew = t0 + eff / 3;
 	} else if (rc == DLOCK_ENOTHELD && l->attached) {
 		l->state = DLOCK__IDLE; /* the handle named a hold that is not (or no longer) there */
 		l->count = 0;
@@ -598,8 +610,17 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 				     "lock '%s' was lost: the store no longer has our hold", l->name);
 	} else if (rc == 0) {
 		rc = dlock_error_set(DLOCK_ELOST, be->methods->kind, NULL, "lock '%s' was lost: its lease ended", l->name);
+	} else if (l->state == DLOCK__HELD && rc != DLOCK_EINVAL) {
+		/* Unknown outcome: it may land later, setting t0 + ttl_ms at the least. */
+		int64_t d = t0 + ttl_ms - dlock__drift_ms(ttl_ms);
+		if (d < l->deadline)
+			l->deadline = d;
+		if (l->unsure_ttl_ms == 0 || ttl_ms < l->unsure_ttl_ms)
+			l->unsure_ttl_ms = ttl_ms;
+		next_renew = t0 + ttl_ms / 3;
 	}
 	pthread_mutex_unlock(&l->mu);
+	dlock__renewer_extend_end(s, &l->reg, next_renew);
 	return rc;
 }
 

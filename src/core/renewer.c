@@ -190,9 +190,11 @@ static void *watchdog_main(void *arg)
 	return NULL;
 }
 
+/* A hold being extended is not renewed: the extend and a renewal in flight
+ * would race on the store (sys/backend.h, "Extend and renewal"). */
 static bool due(dlock__reg *r, int64_t now)
 {
-	return r->next_renew != INT64_MAX && r->next_renew - now <= lock_ttl(r->lock) / 6;
+	return !r->extending && r->next_renew != INT64_MAX && r->next_renew - now <= lock_ttl(r->lock) / 6;
 }
 
 /* The renewer's own instance (DLOCK_BACKEND_F_RENEW_APART), opened on a
@@ -340,12 +342,16 @@ static void renew_batch(dlock_store *s, int64_t now)
 			}
 		}
 		if (held && rc == 0) {
-			/* Never move a deadline back: a slower renewal may come after an extend. */
-			int64_t d = t0 + ttl - dlock__drift_ms(ttl);
+			/* A request of this hold with a shorter ttl whose outcome is
+			 * unknown may still land after this one: count only that. */
+			int64_t eff = l->unsure_ttl_ms > 0 && l->unsure_ttl_ms < ttl ? l->unsure_ttl_ms : ttl;
+			int64_t d = t0 + eff - dlock__drift_ms(eff);
 			if (d > l->deadline)
 				l->deadline = d;
-			r->next_renew = t0 + ttl / 3;
+			r->next_renew = t0 + eff / 3;
 		} else if (held && rc != DLOCK_ENOTHELD && rc != DLOCK_ELOST) {
+			if (l->unsure_ttl_ms == 0 || ttl < l->unsure_ttl_ms)
+				l->unsure_ttl_ms = ttl;
 			int64_t retry = ttl / 10;
 			r->next_renew = t1 + min64(retry, RETRY_MAX_MS);
 		}
@@ -441,7 +447,8 @@ static void *renewer_main(void *arg)
 		now = dlock_clock_ms();
 		int64_t next = INT64_MAX;
 		for (dlock__reg *r = s->regs; r; r = r->next)
-			next = min64(next, r->next_renew);
+			if (!r->extending) /* extend_end wakes us */
+				next = min64(next, r->next_renew);
 		for (dlock__orphan *o = s->orphans; o; o = o->next) {
 			int64_t t = o->kind == DLOCK__ORPHAN_CANCEL ? o->next_try : min64(o->next_try, o->until);
 			if (t < s->orphan_pause_until)
@@ -492,6 +499,7 @@ int dlock__renewer_add(dlock_store *s, dlock__reg *reg)
 	}
 	reg->id = __atomic_add_fetch(&ids, 1, __ATOMIC_RELAXED);
 	reg->in_batch = false;
+	reg->extending = false;
 	reg->prev = NULL;
 	reg->next = s->regs;
 	if (s->regs)
@@ -538,6 +546,35 @@ bool dlock__renewer_remove(dlock_store *s, dlock__reg *reg, int64_t by)
 		unlink_reg(s, reg);
 	pthread_mutex_unlock(&s->reg_mu);
 	return true;
+}
+
+bool dlock__renewer_extend_begin(dlock_store *s, dlock__reg *reg, int64_t by)
+{
+	pthread_mutex_lock(&s->reg_mu);
+	while (reg->lock && reg->lock->registered && reg->in_batch) {
+		int64_t now = dlock_clock_ms();
+		if (now >= by) {
+			pthread_mutex_unlock(&s->reg_mu);
+			return false;
+		}
+		struct timespec ts;
+		dlock__abstime(&ts, by - now);
+		pthread_cond_timedwait(&s->reg_cv, &s->reg_mu, &ts);
+	}
+	reg->extending = true;
+	pthread_mutex_unlock(&s->reg_mu);
+	return true;
+}
+
+void dlock__renewer_extend_end(dlock_store *s, dlock__reg *reg, int64_t next_renew)
+{
+	pthread_mutex_lock(&s->reg_mu);
+	reg->extending = false;
+	if (reg->lock && reg->lock->registered && reg->next_renew != INT64_MAX && next_renew < reg->next_renew)
+		reg->next_renew = next_renew;
+	/* the renewer may have skipped it, the watchdog may need an earlier deadline */
+	pthread_cond_broadcast(&s->reg_cv);
+	pthread_mutex_unlock(&s->reg_mu);
 }
 
 int dlock__orphan_add(dlock_store *s, const dlock_request *req, dlock__orphan_kind kind, int64_t until)

@@ -1835,6 +1835,137 @@ static void case_net_delay(void)
 	net_stop(&nt);
 }
 
+/* Bytes the proxied client has sent, over every route. */
+static long long net_up(net *nt)
+{
+	long long sum = 0;
+	for (int i = 0; i < tu_proxy_routes(nt->px); i++) {
+		long long up = 0;
+		if (tu_proxy_stats(nt->px, i, NULL, NULL, &up, NULL, NULL) == 0)
+			sum += up;
+	}
+	return sum;
+}
+
+/* Issue 30 row 1: extend while a renewal of the same hold is in flight. The
+ * renewal (old ttl) is lagged on the link; extend(60 s) goes at once and
+ * returns 0; the renewal lands after it. The store must then keep at least
+ * the lease the holder counts: its TTL is not below the holder's, and no
+ * other client is granted while the holder believes it holds, well past the
+ * old ttl. Two shapes: a request timeout below the lag (the renewal's
+ * outcome is unknown and it lands late: Redis, whose renewals have their own
+ * connection), and above it (the renewal is answered late, and where it
+ * shares the extend's connection — PostgreSQL, MySQL — the renewer's next
+ * one, due at once, copied the old ttl before the extend was done). */
+static void net_extend_renewal(long timeout)
+{
+	const long ttl = 3000, lag = 800;
+	char name[128];
+	lock_name(name, sizeof(name), "net-extend");
+	net nt;
+	if (net_start(&nt, timeout, 2000) != 0) {
+		CHECK(!"fault proxy did not start");
+		return;
+	}
+	if (!nt.px) {
+		printf("  (a local file has no link to slow down: sqlite's case is its own test)\n");
+		net_stop(&nt);
+		return;
+	}
+	dlock_store *direct = open_store();
+	dlock_store *faulty = open_uri(nt.uri);
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = ttl;
+	o.on_lost = net_on_lost;
+	dlock_lock *a;
+	if (dlock_lock_new(&a, faulty, name, &o) != 0)
+		die("lock_new");
+	dlock_lock *b = new_lock(direct, name, DLOCK_EXCLUSIVE, 1, 0, 10000);
+	net_lost_at = 0;
+	CHECK_RC(dlock_acquire(a, 5000), 0);
+	/* Renewals come every ttl/3. The first opens the renewer's own
+	 * connection (Redis) while it goes on the handle's: let two pass, each
+	 * seen as the lease moving forward. */
+	long long until = tu_now_ms() + ttl;
+	for (int renewed = 0; renewed < 2; renewed++) {
+		int64_t left = dlock_ttl_left(a), now_left;
+		while ((now_left = dlock_ttl_left(a)) <= left && tu_now_ms() < until) {
+			left = now_left;
+			usleep(2000);
+		}
+		CHECK(now_left > left);
+		until = tu_now_ms() + ttl;
+	}
+	/* Lag the link from before the next renewal until the proxy has read
+	 * it; then everything else passes (and overtakes it). */
+	long long up0 = net_up(&nt);
+	char mode[32];
+	snprintf(mode, sizeof(mode), "lag %ld", lag);
+	CHECK(net_set(&nt, mode) == 0);
+	until = tu_now_ms() + ttl;
+	while (net_up(&nt) == up0 && tu_now_ms() < until)
+		usleep(2000);
+	CHECK(net_up(&nt) > up0);
+	usleep(5000); /* a renewal written in several pieces: all of it lagged */
+	CHECK(net_set(&nt, "pass") == 0);
+	long long t_ext = tu_now_ms();
+	int rc = dlock_extend(a, 60000);
+	CHECK_RC(rc, 0);
+	long long t_done = tu_now_ms();
+	/* The lagged renewal has landed by t_ext + lag: the store's lease is at
+	 * least what the holder counts. */
+	usleep((useconds_t)(t_ext + lag + 100 - tu_now_ms() > 0 ? (t_ext + lag + 100 - tu_now_ms()) * 1000 : 0));
+	long long store_left = -1, holder_left = dlock_ttl_left(a);
+	dlock_lock_status *st = NULL;
+	size_t nst = 0;
+	const char *names[] = { name };
+	if (dlock_store_status(direct, names, 1, &st, &nst) == 0 && nst == 1 && st[0].nholders == 1)
+		store_left = st[0].holders[0].ttl_left_ms;
+	dlock_status_free(st, nst);
+	printf("  after the lagged renewal landed: the store says %lld ms left, the holder counts %lld ms\n",
+	       store_left, holder_left);
+	CHECK(store_left < 0 || store_left + TU_SCHED_GRACE_MS >= holder_left);
+	/* The old lease it would set ends by then + ttl. Another client tries
+	 * until well past it. */
+	int tries = 0, stolen = 0;
+	long long left_at_steal = -1;
+	until = t_ext + lag + ttl + 500;
+	while (tu_now_ms() < until) {
+		tries++;
+		if (dlock_acquire(b, 0) == 0) {
+			if (dlock_held(a)) {
+				stolen++;
+				left_at_steal = dlock_ttl_left(a);
+			}
+			dlock_release(b);
+			break;
+		}
+		usleep(50000);
+	}
+	printf("  extend took %lld ms; %d tries by another client over %lld ms: %d granted while the holder "
+	       "counted %lld ms left; on_lost %s\n",
+	       t_done - t_ext, tries, until - t_ext, stolen, left_at_steal,
+	       atomic_load(&net_lost_at) ? "fired" : "did not fire");
+	CHECK(stolen == 0);
+	CHECK(rc != 0 || dlock_held(a));
+	dlock_release(a);
+	dlock_lock_free(a);
+	dlock_lock_free(b);
+	dlock_store_close(faulty);
+	dlock_store_close(direct);
+	net_stop(&nt);
+}
+
+static void case_net_extend_renewal_unknown(void)
+{
+	net_extend_renewal(400);
+}
+
+static void case_net_extend_renewal_late(void)
+{
+	net_extend_renewal(2500);
+}
+
 /* ------------------------------------------------ names that must never meet
  * (issue 21 rows 3 and 6). A lock N held; then names shaped like N's own
  * internal keys in some store (memcached K/f and K/o/<owner>, Redis {P:N}:f,
@@ -2061,6 +2192,8 @@ static const tu_case cases[] = {
 	{ "net_lost_signal", case_net_lost_signal },
 	{ "net_lost_reply", case_net_lost_reply },
 	{ "net_delay", case_net_delay },
+	{ "net_extend_renewal_unknown", case_net_extend_renewal_unknown },
+	{ "net_extend_renewal_late", case_net_extend_renewal_late },
 	{ "names", case_names },
 	{ "renewal", case_renewal },
 };

@@ -98,6 +98,34 @@
  * connection (DLOCK_BACKEND_F_SESSION) ends that session or connection when a
  * release cannot be confirmed, so that nothing outlives it.
  *
+ * Extend and renewal. The store's lease of a hold is never shorter than
+ * the one its client counts (DESIGN.md §1, extend). Two requests of one hold
+ * whose answers cross would break it on a store that sets now + ttl: a
+ * renewal sent with the old ttl, delayed, then an extend to a longer ttl,
+ * answered first; the renewal lands last and cuts the lease to the old ttl
+ * while the client counts the new one. Three rules close it:
+ *  1. The core never has two of a hold's renew/extend requests in flight:
+ *     dlock_extend waits (within one request timeout) for the renewal in
+ *     flight, and the renewer sends none of a hold while it is extended.
+ *  2. What the client counts never exceeds what a request of unknown
+ *     outcome could leave. Such a request (no answer by its deadline: it
+ *     may still land at any later time) of ttl Tu lands at some time t >=
+ *     the send of every later request; it sets t + Tu, so after a later
+ *     request confirmed at t0 the store keeps at least t0 + min(T, Tu).
+ *     The core counts every later confirmed renewal or extend of the hold
+ *     with min(T, the least such Tu) from its send, and an extend that
+ *     itself got no answer cuts the deadline to its send + its ttl.
+ *  3. A store whose protocol allows it keeps the later expiry: renew and
+ *     extend set max(current expiry, now + ttl) (the renewal script of
+ *     Redis, Cluster and Redlock; PostgreSQL's and MySQL's tables), so a
+ *     request landing arbitrarily late, or a request the core never knew
+ *     of (another process's `dlock extend` of the same handle), cannot cut
+ *     a lease. There an extend to a shorter ttl only shortens what the
+ *     client counts. Rules 1 and 2 keep the stores that do not (an etcd
+ *     key moves onto a lease of the new TTL, which a late keepalive of its
+ *     old lease cannot shorten; ZooKeeper's lease is its session) safe
+ *     from the hold's own requests.
+ *
  * Permits. Every store's acquire applies one rule to exclusive requests
  * (dlock/lock.h, `permits`): grant only if (live exclusive holders + 1) <=
  * min(req->permits, the permits of every live exclusive holder of the
@@ -249,8 +277,9 @@ struct dlock_backend_methods {
 	int (*release)(dlock_backend *be, dlock_request *req);
 
 	/**
-	 * Required. Renew holds (each to its own reqs[i]->ttl_ms from now) in as
-	 * few round trips as possible; results[i] = 0, DLOCK_ENOTHELD (no longer
+	 * Required. Renew holds (each to its own reqs[i]->ttl_ms from now; where
+	 * the protocol allows, to the later of that and the expiry it has: see
+	 * "Extend and renewal") in as few round trips as possible; results[i] = 0, DLOCK_ENOTHELD (no longer
 	 * ours: the core reports it lost) or a transient error (retried until
 	 * the lease deadline). The core also extends one lock with it (n = 1).
 	 * @return 0, or an error that applies to all.
@@ -259,7 +288,7 @@ struct dlock_backend_methods {
 
 	/**
 	 * Optional: a cheaper way than `renew` to set one hold's lease to ttl_ms
-	 * from now. @return 0; DLOCK_ENOTHELD.
+	 * from now (the later expiry kept, as renew). @return 0; DLOCK_ENOTHELD.
 	 */
 	int (*extend)(dlock_backend *be, dlock_request *req, int64_t ttl_ms);
 

@@ -199,7 +199,8 @@ static int t_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 {
 	mysql_be *b = (mysql_be *)be;
 	sbuf s = { 0 };
-	sb_add(&s, "UPDATE dlock_holder SET expires = UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND WHERE ",
+	/* The later expiry is kept (sys/backend.h, "Extend and renewal"). */
+	sb_add(&s, "UPDATE dlock_holder SET expires = GREATEST(expires, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND) WHERE ",
 	       dlock__my_us(ttl_ms));
 	dlock__my_where_name(&s, b, req->name);
 	sb_add(&s, " AND owner = ");
@@ -229,7 +230,8 @@ static int t_renew_chunk(mysql_be *b, dlock_request *const *reqs, size_t n, int 
 	for (size_t i = 0; i < n; i++) {
 		sb_add(&s, " WHEN ");
 		dlock__my_sb_hex(&s, reqs[i]->owner);
-		sb_add(&s, " THEN UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND", dlock__my_us(reqs[i]->ttl_ms));
+		sb_add(&s, " THEN GREATEST(expires, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND)",
+		       dlock__my_us(reqs[i]->ttl_ms));
 	}
 	/* Owner tokens are unique per hold, so (name, owner) names exactly one row. */
 	sb_add(&s, " ELSE expires END WHERE ns = %s AND (name, owner) IN (%s) AND expires > UTC_TIMESTAMP(6);"

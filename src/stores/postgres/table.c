@@ -76,7 +76,7 @@ static int tbl_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
 	const char *v[] = { be->ns, req->name, req->owner, ttl };
 	PGresult *r;
 	rc = dlock__pg_run(&be->conn, deadline, "extend",
-		 "UPDATE dlock_holders SET expires = clock_timestamp() + $4::bigint * interval '1 millisecond'"
+		 "UPDATE dlock_holders SET expires = GREATEST(expires, clock_timestamp() + $4::bigint * interval '1 millisecond')"
 		 " WHERE ns = $1 AND name = $2 AND owner = $3 AND expires > clock_timestamp() RETURNING 1",
 		 4, v, &r);
 	if (rc)
@@ -172,9 +172,10 @@ static int tbl_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, 
 		goto out;
 	const char *v[] = { be->ns, names.buf, owners.buf, ttls.buf, idx.buf };
 	PGresult *r;
-	/* One statement for the whole batch; only live rows of their owners move. */
+	/* One statement for the whole batch; only live rows of their owners move,
+	 * never back: a renewal that lands after an extend keeps its expiry. */
 	rc = dlock__pg_run(&be->conn, deadline, "renew",
-		 "UPDATE dlock_holders h SET expires = clock_timestamp() + r.ttl * interval '1 millisecond'"
+		 "UPDATE dlock_holders h SET expires = GREATEST(h.expires, clock_timestamp() + r.ttl * interval '1 millisecond')"
 		 " FROM unnest($2::text[], $3::text[], $4::bigint[], $5::int[]) AS r(name, owner, ttl, i)"
 		 " WHERE h.ns = $1 AND h.name = r.name AND h.owner = r.owner"
 		 " AND h.expires > clock_timestamp() RETURNING r.i",

@@ -1,5 +1,6 @@
 -- KEYS H1..Hn; ARGV owner1 ttl1 ... -> per key the hold's fence (>= 1) when
--- the owner's hold was live here and is renewed, else 0. (Redlock writes the
+-- the owner's hold was live here and is renewed (to the later of its expiry
+-- and now + ttl), else 0. (Redlock writes the
 -- fence back when it repairs a copy a master lost.)
 --! include repl.lua
 --! include now.lua
@@ -10,9 +11,13 @@ for i = 1, #KEYS do
   out[i] = 0
   if v then
     local e, f, rest = string.match(v, '^(%d+) ((%d+) .*)$')
-    if tonumber(e) > now then
-      redis.call('HSET', H, owner, string.format('%d ', now + ttl) .. f)
-      if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end
+    e = tonumber(e)
+    if e > now then
+      -- Keep the later expiry: a renewal that lands after an extend (or any
+      -- request that lands late) never cuts the lease (sys/backend.h).
+      if now + ttl > e then e = now + ttl end
+      redis.call('HSET', H, owner, string.format('%d ', e) .. f)
+      if redis.call('PTTL', H) < e - now then redis.call('PEXPIRE', H, e - now) end
       out[i] = tonumber(rest)
     end
   end
