@@ -176,7 +176,18 @@ int cli_handle_attach(const cli_global *g, dlock_store *store, const char *name,
 /* Forget an attached hold locally (the store keeps it) and free the handle. */
 void cli_handle_drop(dlock_lock *lock);
 
-/* The store URI chosen by --store / $DLOCK_STORE, or NULL for the default store. */
+/*
+ * The store: --store, else $DLOCK_STORE, else the first config file that
+ * names one ($DLOCK_CONFIG alone when set, else $XDG_CONFIG_HOME/dlock/dlock.conf
+ * (~/.config), then /etc/dlock/dlock.conf), else the local SQLite file
+ * (*uri NULL). *from says where the choice came from (for -v and status).
+ * Made once per process. 0, or CLI_EXIT_USAGE (an empty URI, a bad config
+ * file; the message is printed).
+ */
+int cli_store_pick(const cli_global *g, const char **uri, const char **from);
+
+/* cli_store_pick's URI, or NULL for the default store (or a failed pick:
+ * cli_store_open reports it). */
 const char *cli_store_choice(const cli_global *g);
 
 /*

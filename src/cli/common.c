@@ -12,7 +12,8 @@
 
 const char cli_global_help[] =
 	"Global options (anywhere before '--'):\n"
-	"  --store URI    lock store (default: $DLOCK_STORE, else the embedded SQLite store)\n"
+	"  --store URI    lock store (default: $DLOCK_STORE, else the config file's\n"
+	"                 'store = URI', else the embedded SQLite store; -v says which)\n"
 	"  --json         machine-readable output\n"
 	"  -q, --quiet    only errors on stderr\n"
 	"  -v, --verbose  more detail on stderr\n"
@@ -311,14 +312,189 @@ int cli_name(const cli_global *g, const char *name)
 	return 0;
 }
 
+/*
+ * The store choice, made once per process (cli_store_pick): --store, else
+ * DLOCK_STORE, else a config file, else the local SQLite file. An empty
+ * URI anywhere is an error, never the local file: an unset variable in a
+ * script, or cron's empty environment, must not turn a cluster-wide
+ * singleton into one per node.
+ */
+static struct {
+	bool done;
+	int rc;          /* 0, or the exit code of the failed choice (message printed) */
+	const char *uri; /* NULL: the local SQLite file */
+	char *conf_uri;  /* the URI read from a config file (uri points here) */
+	char from[1200]; /* where the choice came from, for -v and status */
+} pick;
+
+static bool blank(const char *s)
+{
+	while (*s == ' ' || *s == '\t')
+		s++;
+	return *s == '\0';
+}
+
+static char *trim(char *s)
+{
+	while (*s == ' ' || *s == '\t')
+		s++;
+	size_t n = strlen(s);
+	while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
+		s[--n] = '\0';
+	return s;
+}
+
+/*
+ * Read a config file (docs/cli.md, "Choosing the store"): `store = URI`
+ * lines, blank lines, lines starting with '#'. 0 with *uri (malloc'd) and
+ * *line; 1: no such file (ENOENT, unless must_exist) or it names no store;
+ * CLI_EXIT_USAGE: unreadable or malformed (message printed).
+ */
+static int read_config(const cli_global *g, const char *path, const char *why, bool must_exist, char **uri,
+		       int *line)
+{
+	*uri = NULL;
+	FILE *f = fopen(path, "re");
+	if (!f) {
+		if (errno == ENOENT && !must_exist)
+			return 1;
+		cli_error(g, "cannot read the config file %s (%s): %s", path, why, strerror(errno));
+		return CLI_EXIT_USAGE;
+	}
+	char *buf = NULL;
+	size_t cap = 0;
+	int rc = 1, n = 0;
+	while (getline(&buf, &cap, f) >= 0) {
+		n++;
+		char *l = trim(buf);
+		if (!*l || *l == '#')
+			continue;
+		char *eq = strchr(l, '=');
+		if (eq)
+			*eq = '\0';
+		char *key = trim(l);
+		if (!eq || strcmp(key, "store") != 0) {
+			cli_error(g, "%s line %d: %s (the only setting is 'store = URI'; '#' starts a comment line)",
+				  path, n, eq ? "unknown setting" : "expected 'store = URI'");
+			rc = CLI_EXIT_USAGE;
+			break;
+		}
+		char *value = trim(eq + 1);
+		if (*uri) {
+			cli_error(g, "%s line %d: the store is named twice (first on line %d)", path, n, *line);
+			rc = CLI_EXIT_USAGE;
+			break;
+		}
+		if (!*value) {
+			cli_error(g, "%s line %d: empty store URI (name a store, e.g. 'store = redis://host:6379', "
+				  "or remove the line for the local SQLite file)", path, n);
+			rc = CLI_EXIT_USAGE;
+			break;
+		}
+		if (!(*uri = strdup(value))) {
+			cli_error(g, "out of memory");
+			rc = CLI_EXIT_FAIL;
+			break;
+		}
+		*line = n;
+		rc = 0;
+	}
+	if (rc == 0 && ferror(f)) {
+		cli_error(g, "cannot read the config file %s (%s): %s", path, why, strerror(errno));
+		rc = CLI_EXIT_USAGE;
+	}
+	if (rc != 0) {
+		free(*uri);
+		*uri = NULL;
+	}
+	free(buf);
+	fclose(f);
+	return rc;
+}
+
+/* The config files in their order: DLOCK_CONFIG alone when set, else the
+ * user's, then the system's. 0 (pick made, or none named a store: pick.uri
+ * NULL) or an exit code. */
+static int pick_config(const cli_global *g)
+{
+	const char *env = getenv("DLOCK_CONFIG");
+	if (env) {
+		if (blank(env)) {
+			cli_error(g, "DLOCK_CONFIG is set but empty: name a config file there, or unset it");
+			return CLI_EXIT_USAGE;
+		}
+		int line = 0;
+		int rc = read_config(g, env, "DLOCK_CONFIG", true, &pick.conf_uri, &line);
+		if (rc == 0)
+			snprintf(pick.from, sizeof pick.from, "config file %s line %d (DLOCK_CONFIG)", env, line);
+		else if (rc == 1)
+			snprintf(pick.from, sizeof pick.from,
+				 "the default (no --store or DLOCK_STORE; config file %s names no store)", env);
+		return rc == 1 ? 0 : rc;
+	}
+	char user[1024] = "";
+	const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
+	if (xdg && xdg[0] == '/') /* the XDG spec: relative values are ignored */
+		snprintf(user, sizeof user, "%s/dlock/dlock.conf", xdg);
+	else if (home && home[0] == '/')
+		snprintf(user, sizeof user, "%s/.config/dlock/dlock.conf", home);
+	const char *paths[] = { user, "/etc/dlock/dlock.conf" };
+	for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+		if (!paths[i][0])
+			continue;
+		int line = 0;
+		int rc = read_config(g, paths[i], i == 0 ? "the user's" : "the system's", false, &pick.conf_uri,
+				     &line);
+		if (rc == 0) {
+			snprintf(pick.from, sizeof pick.from, "config file %s line %d", paths[i], line);
+			return 0;
+		}
+		if (rc != 1)
+			return rc;
+	}
+	snprintf(pick.from, sizeof pick.from, "the default (no --store, DLOCK_STORE or config file names a store)");
+	return 0;
+}
+
+int cli_store_pick(const cli_global *g, const char **uri, const char **from)
+{
+	if (!pick.done) {
+		pick.done = true;
+		const char *env = getenv("DLOCK_STORE");
+		if (g->store) {
+			snprintf(pick.from, sizeof pick.from, "--store");
+			pick.uri = g->store;
+			if (blank(g->store)) {
+				cli_error(g, "empty store URI given with --store: name a store (e.g. --store "
+					  "redis://host:6379), or leave --store out");
+				pick.rc = CLI_EXIT_USAGE;
+			}
+		} else if (env) {
+			snprintf(pick.from, sizeof pick.from, "DLOCK_STORE");
+			pick.uri = env;
+			if (blank(env)) {
+				cli_error(g, "DLOCK_STORE is set but empty: name a store there, or unset it (then "
+					  "the config file names the store, else the local SQLite file is used)");
+				pick.rc = CLI_EXIT_USAGE;
+			}
+		} else {
+			pick.rc = pick_config(g);
+			pick.uri = pick.conf_uri;
+		}
+		if (pick.rc)
+			pick.uri = NULL;
+	}
+	if (uri)
+		*uri = pick.uri;
+	if (from)
+		*from = pick.from;
+	return pick.rc;
+}
+
 const char *cli_store_choice(const cli_global *g)
 {
-	const char *uri = g->store;
-	if (!uri) {
-		uri = getenv("DLOCK_STORE");
-		if (uri && !*uri)
-			uri = NULL;
-	}
+	const char *uri = NULL;
+	cli_store_pick(g, &uri, NULL);
 	return uri;
 }
 
@@ -336,18 +512,26 @@ int cli_store_open(const cli_global *g, dlock_store **out)
 
 int cli_store_open_within(const cli_global *g, dlock_store **out, int64_t *wait_ms)
 {
-	const char *uri = cli_store_choice(g);
+	const char *uri = NULL, *from = NULL;
+	int rc = cli_store_pick(g, &uri, &from);
+	if (rc != 0) {
+		*out = NULL;
+		last_code = dlock_error_name(DLOCK_EINVAL);
+		return rc;
+	}
 	int64_t t0 = cli_mono_ms();
-	int rc = dlock_store_open_timeout(out, uri, wait_ms && *wait_ms > 0 ? *wait_ms : 0);
+	rc = dlock_store_open_timeout(out, uri, wait_ms && *wait_ms > 0 ? *wait_ms : 0);
 	if (wait_ms && *wait_ms > 0) {
 		int64_t left = *wait_ms - (cli_mono_ms() - t0);
 		*wait_ms = left > 0 ? left : 1; /* what the open left of the wait */
 	}
 	if (rc != 0) {
 		*out = NULL;
-		return cli_fail(g, rc, "cannot open store");
+		char what[1300];
+		snprintf(what, sizeof what, "cannot open store (from %s)", from);
+		return cli_fail(g, rc, what);
 	}
-	cli_debug(g, "store %s (%s)", dlock_store_uri(*out), dlock_store_kind(*out));
+	cli_debug(g, "store %s (%s) from %s", dlock_store_uri(*out), dlock_store_kind(*out), from);
 	static bool warned; /* once per process */
 	const char *w = dlock_store_warning(*out);
 	if (w && !warned && g->verbosity >= 0) {

@@ -213,8 +213,8 @@ int cli_demo(cli_global *g, int argc, char **argv)
 	dlock_store *store = NULL;
 	if ((rc = cli_store_open(g, &store)) != 0)
 		return rc;
-	const char *env = getenv("DLOCK_STORE");
-	char *uri = strdup(g->store ? g->store : env && *env ? env : "");
+	const char *chosen = cli_store_choice(g); /* the store just opened (NULL: the local file) */
+	char *uri = strdup(chosen ? chosen : "");
 	char *shown = strdup(dlock_store_uri(store));
 	/* Workers open their own: a store with threads must not cross fork(). */
 	dlock_store_close(store);

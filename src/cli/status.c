@@ -18,7 +18,10 @@ static const char help[] =
 	"handle could be made from: a holder's ID is a one-way hash of its owner\n"
 	"token ('dlock break NAME --holder ID' frees that holder).\n"
 	"\n"
-	"With --json: {\"store\":URI,\"locks\":[{\"name\",\"permits\",\"last_fence\",\n"
+	"The first line names the store (password hidden) and where the choice came\n"
+	"from: --store, DLOCK_STORE, a config file (and line), or the local SQLite file.\n"
+	"\n"
+	"With --json: {\"store\":URI,\"store_from\":TEXT,\"locks\":[{\"name\",\"permits\",\"last_fence\",\n"
 	"\"waiters\",\"holders\":[{\"id\",\"host\",\"pid\",\"mode\",\"fence\",\"ttl_left_ms\"}]}]}\n"
 	"(ttl_left_ms is -1 when the store cannot tell; Redlock adds \"copies\" and\n"
 	"\"copies_of\": on how many masters the hold stands).\n"
@@ -30,10 +33,12 @@ static const char *mode_name(dlock_mode m)
 	return m == DLOCK_SHARED ? "shared" : "exclusive";
 }
 
-static void print_json(dlock_store *store, const dlock_lock_status *st, size_t n)
+static void print_json(dlock_store *store, const char *from, const dlock_lock_status *st, size_t n)
 {
 	fputs("{\"store\":", stdout);
 	cli_json_str(stdout, dlock_store_uri(store));
+	fputs(",\"store_from\":", stdout);
+	cli_json_str(stdout, from);
 	fputs(",\"locks\":[", stdout);
 	for (size_t i = 0; i < n; i++) {
 		const dlock_lock_status *l = &st[i];
@@ -66,8 +71,8 @@ static int width_of(const char *s, int min)
 	return w > min ? w : min;
 }
 
-static void print_table(dlock_store *store, const dlock_lock_status *st, size_t n, bool tty,
-			int verbosity)
+static void print_table(dlock_store *store, const char *from, const dlock_lock_status *st, size_t n,
+			bool tty, int verbosity)
 {
 	/* Bold header only for people; pipes get plain text (and NO_COLOR wins). */
 	bool bold = tty && !getenv("NO_COLOR");
@@ -84,7 +89,7 @@ static void print_table(dlock_store *store, const dlock_lock_status *st, size_t 
 	if (wname > 60)
 		wname = 60;
 	if (verbosity >= 0)
-		printf("store %s\n", dlock_store_uri(store));
+		printf("store %s (from %s)\n", dlock_store_uri(store), from);
 	if (n == 0) {
 		printf("no locks held or waited for\n");
 		return;
@@ -166,10 +171,13 @@ int cli_status(cli_global *g, int argc, char **argv)
 		rc = CLI_EXIT_UNAVAILABLE;
 	} else if (err != 0) {
 		rc = cli_fail(g, err, "status");
-	} else if (g->json) {
-		print_json(store, st, n);
 	} else {
-		print_table(store, st, n, isatty(STDOUT_FILENO), g->verbosity);
+		const char *from = "";
+		cli_store_pick(g, NULL, &from);
+		if (g->json)
+			print_json(store, from, st, n);
+		else
+			print_table(store, from, st, n, isatty(STDOUT_FILENO), g->verbosity);
 	}
 	dlock_status_free(st, n);
 	dlock_store_close(store);

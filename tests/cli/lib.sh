@@ -10,6 +10,9 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/dlock-cli-test.XXXXXX")
 export DLOCK_HOME="$T/home"
 mkdir -p "$DLOCK_HOME"
 unset DLOCK_STORE DLOCK_NAME DLOCK_FENCE
+# Nor a config file of this machine or user (docs/cli.md, "Choosing the
+# store"): a file naming no store means the default. store_choice.sh sets its own.
+export DLOCK_CONFIG=/dev/null
 # A test may run against a server store: CLI_TEST_URI_FILE holds its URI
 # (written by tests/servers/<kind>.sh), CLI_TEST_URI_SUFFIX adds options.
 if [ -n "${CLI_TEST_URI_FILE:-}" ]; then
