@@ -57,6 +57,12 @@ set_tests_properties(redis.failback PROPERTIES
 # redlock: the same suite against five independent masters.
 if(DLOCK_WITH_REDLOCK)
   dlock_store_suite(redlock redlock.sh)
+  # one server named twice (or by an alias) is refused, not counted twice
+  add_executable(redlock_dup redlock_dup.c)
+  target_link_libraries(redlock_dup PRIVATE dlock_testutil)
+  add_test(NAME redlock.dup COMMAND redlock_dup)
+  set_tests_properties(redlock.dup PROPERTIES FIXTURES_REQUIRED server.redlock
+    ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_redlock}/uri" TIMEOUT 60)
 endif()
 
 # redlock's failure cases on five masters of their own, with fsync'd AOF

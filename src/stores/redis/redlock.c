@@ -1360,6 +1360,56 @@ static const dlock_backend_methods rl_methods = {
 	.close = rl_close,
 };
 
+/*
+ * A quorum counts independent masters: two entries that reach the same
+ * server (h:1 twice, or localhost and 127.0.0.1 with one port) would make
+ * one server count as several. After resolution (by the open's deadline),
+ * entries with the same port and a common address are refused, naming both.
+ * A name that does not resolve now cannot be compared: it is left to fail
+ * (or not) when it is connected.
+ */
+static int refuse_duplicates(const dlock__rserver *srv, size_t n, int64_t deadline)
+{
+	int rc = 0;
+	dlock__addrs *ad = calloc(n, sizeof(*ad));
+	int *arc = calloc(n, sizeof(*arc));
+	const char **names = calloc(n, sizeof(*names));
+	if (!ad || !arc || !names) {
+		rc = dlock__oom();
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		names[i] = srv[i].host;
+	dlock__saved_error saved; /* a name that does not resolve is not this check's error */
+	dlock__error_save(&saved);
+	dlock__resolve_all(ad, arc, names, n, deadline, KIND);
+	dlock__error_restore(&saved);
+	for (size_t i = 0; i < n && !rc; i++) {
+		for (size_t j = i + 1; j < n && !rc; j++) {
+			if (srv[i].port != srv[j].port)
+				continue;
+			const char *same = NULL;
+			if (strcmp(srv[i].host, srv[j].host) == 0)
+				same = srv[i].host;
+			for (size_t a = 0; !same && !arc[i] && !arc[j] && a < ad[i].n; a++)
+				for (size_t b = 0; !same && b < ad[j].n; b++)
+					if (strcmp(ad[i].addr[a], ad[j].addr[b]) == 0)
+						same = ad[i].addr[a];
+			if (same)
+				rc = dlock_error_set(DLOCK_EINVAL, KIND, NULL,
+						     "redlock masters %zu (%s:%d) and %zu (%s:%d) are the same server "
+						     "(%s port %d): a quorum must be of independent masters",
+						     i + 1, srv[i].host, srv[i].port, j + 1, srv[j].host, srv[j].port, same,
+						     srv[i].port);
+		}
+	}
+out:
+	free(ad);
+	free(arc);
+	free(names);
+	return rc;
+}
+
 int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 {
 	*out = NULL;
@@ -1394,6 +1444,11 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 				       "redlock://h1:p1,h2:p2,h3:p3; for one server use redis://",
 				       n);
 	}
+	int64_t open_end = dlock_clock_ms() + uri->connect_timeout_ms; /* the whole open's bound */
+	if ((rc = refuse_duplicates(srv, n, open_end)) != 0) {
+		dlock__rservers_free(srv);
+		return rc;
+	}
 	rlock *s = dlock__calloc(1, sizeof(*s));
 	if (!s) {
 		dlock__rservers_free(srv);
@@ -1425,7 +1480,7 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 	 * asked at once, the whole open bounded by connect_timeout */
 	int first_err = 0;
 	char msg[512] = "";
-	size_t up = load_scripts(s, dlock_clock_ms() + uri->connect_timeout_ms, &first_err, msg, sizeof(msg));
+	size_t up = load_scripts(s, open_end, &first_err, msg, sizeof(msg));
 	if (up < s->quorum) {
 		rc = first_err == DLOCK_EAUTH || first_err == DLOCK_EINVAL ? first_err : DLOCK_EUNAVAILABLE;
 		rl_close(&s->base);
