@@ -192,6 +192,7 @@ struct dlock_lock {
 				    whose outcome is unknown (0: none): such a
 				    request may still land and, on a store that sets
 				    now + ttl, cut the lease to it (sys/backend.h) */
+	int64_t unsure_end;      /* least send + ttl of those (0: none) */
 	bool attached;           /* from dlock_lock_attach: not renewed */
 	bool release_pending;    /* a release failed: `owner` is in the orphan queue */
 	bool lost_fired;

@@ -230,6 +230,7 @@ static int granted(dlock_lock *l, uint64_t fence, int64_t t_lease)
 	l->fence = fence;
 	l->deadline = t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms);
 	l->unsure_ttl_ms = 0;
+	l->unsure_end = 0;
 	l->attached = false;
 	l->lost_fired = false;
 	l->release_pending = false;
@@ -597,6 +598,9 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 		int64_t eff = l->unsure_ttl_ms > 0 && l->unsure_ttl_ms < ttl_ms ? l->unsure_ttl_ms : ttl_ms;
 		l->ttl_ms = ttl_ms;
 		l->deadline = t0 + eff - dlock__drift_ms(eff);
+		/* nor past what such a request could have set from its send */
+		if (l->unsure_end > 0 && l->unsure_end - dlock__drift_ms(eff) < l->deadline)
+			l->deadline = l->unsure_end - dlock__drift_ms(eff);
 		next_renew = t0 + eff / 3;
 	} else if (rc == DLOCK_ENOTHELD && l->attached) {
 		l->state = DLOCK__IDLE; /* the handle named a hold that is not (or no longer) there */
@@ -617,6 +621,8 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 			l->deadline = d;
 		if (l->unsure_ttl_ms == 0 || ttl_ms < l->unsure_ttl_ms)
 			l->unsure_ttl_ms = ttl_ms;
+		if (l->unsure_end == 0 || t0 + ttl_ms < l->unsure_end)
+			l->unsure_end = t0 + ttl_ms;
 		next_renew = t0 + ttl_ms / 3;
 	}
 	pthread_mutex_unlock(&l->mu);

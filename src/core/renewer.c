@@ -352,6 +352,8 @@ static void renew_batch(dlock_store *s, int64_t now)
 		} else if (held && rc != DLOCK_ENOTHELD && rc != DLOCK_ELOST) {
 			if (l->unsure_ttl_ms == 0 || ttl < l->unsure_ttl_ms)
 				l->unsure_ttl_ms = ttl;
+			if (l->unsure_end == 0 || t0 + ttl < l->unsure_end)
+				l->unsure_end = t0 + ttl;
 			int64_t retry = ttl / 10;
 			r->next_renew = t1 + min64(retry, RETRY_MAX_MS);
 		}
