@@ -10,6 +10,7 @@
  */
 #include "cli.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -50,10 +51,18 @@ static const char help[] =
 	"token on stdout (with --json: {\"name\",\"fence\",\"ttl_ms\"}), holds it\n"
 	"until SIGINT, SIGTERM, SIGHUP or SIGQUIT, releases it and dies of that signal.\n"
 	"\n"
-	"If the lock is lost while COMMAND runs (the lease could not be renewed in\n"
-	"time), dlock says so and when, sends SIGTERM to COMMAND's process group,\n"
-	"SIGKILL after --kill-after, and exits 76. If dlock itself is killed, a\n"
-	"watcher process does the same to COMMAND's process group at once.\n"
+	"COMMAND's whole process group is gone before the lease can end on the store.\n"
+	"Once the lease is at risk (less than a third of the TTL left unconfirmed:\n"
+	"renewals fail or do not answer), dlock says so, sends SIGTERM to COMMAND's\n"
+	"process group, then SIGKILL early enough to land before the lease ends\n"
+	"(TTL/10 before the deadline, 20ms to 3s; --kill-after can only make it\n"
+	"sooner), waits until the group is gone and exits 76. A loss the store reports\n"
+	"is met with SIGKILL at once. If dlock itself is killed (SIGKILL, the OOM\n"
+	"killer) or stopped, a watcher process that knows the lease deadline does the\n"
+	"same, and on stores whose locks live with a session (PostgreSQL advisory,\n"
+	"MySQL get_lock, ZooKeeper) it keeps the store's connection open until the\n"
+	"group is gone, so the lock outlives the command. No descriptor that dlock\n"
+	"opened reaches COMMAND; those passed to dlock do, as with flock.\n"
 	"\n"
 	"  --ttl D         lease length (default: the store's, 30s unless its URI says ttl=)\n"
 	"  --wait D        wait at most D for the lock (default: forever)\n"
@@ -64,7 +73,8 @@ static const char help[] =
 	"  --shared        shared (read) lock: many shared holders, no exclusive one\n"
 	"  --permits N     semaphore: up to N holders at once\n"
 	"  --fair          first come, first served among waiters\n"
-	"  --kill-after D  after a lost lock, SIGKILL this long after SIGTERM (default 10s)\n"
+	"  --kill-after D  SIGKILL at most this long after SIGTERM (default 10s; the\n"
+	"                  lease deadline may make it sooner, never later)\n"
 	"\n%s"
 	"\nWhile waiting for a store that does not answer, dlock says so on stderr\n"
 	"(unless -q) and again every 30s; it keeps trying until --wait ends.\n"
@@ -328,6 +338,80 @@ typedef struct child {
 	bool tty;         /* we handed the terminal's foreground to the child */
 } child;
 
+/* ---- descriptors: the caller's reach COMMAND, dlock's own never ---- */
+
+static int std_fds[] = { 0, 1, 2 };
+static int *inherited = std_fds; /* open when dlock started, ascending */
+static size_t n_inherited = 3;
+
+static int cmp_int(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+	return (x > y) - (x < y);
+}
+
+/* Before dlock opens anything: which descriptors the caller handed us (as
+ * flock does, they reach COMMAND). Without /proc, the standard three. */
+static void note_inherited(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return;
+	size_t cap = 16, n = 0;
+	int *v = malloc(cap * sizeof *v);
+	struct dirent *e;
+	while (v && (e = readdir(d))) {
+		if (e->d_name[0] < '0' || e->d_name[0] > '9' || atoi(e->d_name) == dirfd(d))
+			continue;
+		if (n == cap) {
+			int *nv = realloc(v, 2 * cap * sizeof *v);
+			if (!nv) {
+				free(v);
+				v = NULL;
+				break;
+			}
+			v = nv;
+			cap *= 2;
+		}
+		v[n++] = atoi(e->d_name);
+	}
+	closedir(d);
+	if (!v)
+		return;
+	qsort(v, n, sizeof *v, cmp_int);
+	inherited = v;
+	n_inherited = n;
+}
+
+/* Async-signal-safe: descriptors a..b close on exec. */
+static void cloexec_range(unsigned a, unsigned b)
+{
+	if (a > b || close_range(a, b, CLOSE_RANGE_CLOEXEC) == 0)
+		return;
+	for (unsigned fd = a; fd <= b && fd < 65536; fd++) { /* kernels before 5.11 */
+		int fl = fcntl((int)fd, F_GETFD);
+		if (fl >= 0)
+			fcntl((int)fd, F_SETFD, fl | FD_CLOEXEC);
+	}
+}
+
+/*
+ * In the forked child: everything dlock opened (store sockets, files, pipes,
+ * whatever a store library made without close-on-exec, now or on a reconnect
+ * a moment ago) closes on exec; what the caller gave dlock stays.
+ */
+static void cloexec_ours(void)
+{
+	unsigned lo = 0;
+	for (size_t i = 0; i < n_inherited; i++) {
+		unsigned fd = (unsigned)inherited[i];
+		if (fd > lo)
+			cloexec_range(lo, fd - 1);
+		lo = fd + 1;
+	}
+	cloexec_range(lo, ~0U);
+}
+
 /* In the forked child: only async-signal-safe calls until execve. */
 static struct sigaction sigchld_orig;
 
@@ -349,6 +433,7 @@ static void exec_child(const char *path, char **argv, char **env, const sigset_t
 	sigaction(SIGCHLD, &sigchld_orig, NULL);
 	sigaction(SIGPIPE, &cli_sigpipe_orig, NULL);
 	sigprocmask(SIG_SETMASK, mask, NULL);
+	cloexec_ours();
 	execve(path, argv, env);
 	int e = errno;
 	ssize_t r = write(errfd, &e, sizeof e);
@@ -356,16 +441,87 @@ static void exec_child(const char *path, char **argv, char **env, const sigset_t
 	_exit(127);
 }
 
+/* A member of the group exists (a zombie counts: dlock reaps its own). */
 static bool group_alive(pid_t pgid)
 {
 	return kill(-pgid, 0) == 0 || errno == EPERM;
 }
 
+/*
+ * A member of the group still runs (zombies do not count: once dlock is gone
+ * nobody may reap them at once). Reads /proc without malloc: the watcher is a
+ * fork of a threaded process. Without /proc, group_alive.
+ */
+static bool group_running(pid_t pgid)
+{
+	if (!group_alive(pgid))
+		return false;
+	int dfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return true;
+	char buf[4096];
+	bool found = false;
+	ssize_t n;
+	while (!found && (n = getdents64(dfd, buf, sizeof buf)) > 0) {
+		for (ssize_t off = 0; off < n && !found;) {
+			struct dirent64 *e = (struct dirent64 *)(void *)(buf + off);
+			off += e->d_reclen;
+			if (e->d_name[0] < '1' || e->d_name[0] > '9')
+				continue;
+			char path[64], st[512];
+			snprintf(path, sizeof path, "/proc/%ld/stat", strtol(e->d_name, NULL, 10));
+			int fd = open(path, O_RDONLY | O_CLOEXEC);
+			if (fd < 0)
+				continue;
+			ssize_t r = read(fd, st, sizeof st - 1);
+			close(fd);
+			if (r <= 0)
+				continue;
+			st[r] = '\0';
+			char *p = strrchr(st, ')'); /* "pid (comm) S ppid pgrp ..." */
+			char state;
+			long ppid, pgrp;
+			if (p && sscanf(p + 1, " %c %ld %ld", &state, &ppid, &pgrp) == 3 && pgrp == pgid &&
+			    state != 'Z' && state != 'X')
+				found = true;
+		}
+	}
+	close(dfd);
+	return found;
+}
+
+/*
+ * The escalation, from the lease deadline `d` the client knows (CLOCK_MONOTONIC
+ * ms, moved by every renewal) and the lease length `ttl`. A healthy renewer
+ * keeps more than 2/3 of the TTL left (it renews at ttl/3); below a third, two
+ * renewals went unconfirmed and the lease is at risk: SIGTERM. SIGKILL at
+ * kill_margin before the deadline, so that it lands (and the group is gone)
+ * before the store can end the lease — the client's deadline is itself
+ * earlier than the store's (it counts from before the acquire was sent, minus
+ * a drift margin). --kill-after only brings SIGKILL closer to the SIGTERM.
+ */
+static int64_t term_time(int64_t d, int64_t ttl)
+{
+	return d - ttl / 3;
+}
+
+static int64_t kill_margin(int64_t ttl)
+{
+	int64_t m = ttl / 10;
+	return m < 20 ? 20 : m > 3000 ? 3000 : m;
+}
+
+static int64_t kill_time(int64_t d, int64_t ttl, int64_t termed, int64_t kill_after)
+{
+	int64_t k = d - kill_margin(ttl);
+	return termed + kill_after < k ? termed + kill_after : k;
+}
+
 /* Say that the lock was lost, and when: the lease deadline (if we were
  * stopped past it, we hear of the loss late). */
-static void report_lost(const cli_global *g, const char *name, int64_t kill_after, bool command)
+static void report_lost(const cli_global *g, const char *name, bool command)
 {
-	char when[64], d[32];
+	char when[64];
 	int64_t at = (int64_t)atomic_load(&lost_wall_ms);
 	int64_t late = cli_mono_ms() - atomic_load(&lease_deadline);
 	if (at == 0 || (atomic_load(&lease_deadline) > 0 && late > 0 && wall_ms() - late < at))
@@ -375,18 +531,30 @@ static void report_lost(const cli_global *g, const char *name, int64_t kill_afte
 		cli_error(g, "lock '%s' was LOST at %s (lease not renewed in time)", name, when);
 		return;
 	}
-	cli_error(g,
-		  "lock '%s' was LOST at %s (lease not renewed in time); "
-		  "sending SIGTERM to the command, SIGKILL after %s",
-		  name, when, cli_fmt_duration(d, sizeof d, kill_after));
+	cli_error(g, "lock '%s' was LOST at %s (lease not renewed in time); sending SIGKILL to the command",
+		  name, when);
+}
+
+/* Where the command stands in the escalation. */
+typedef struct escalation {
+	int64_t deadline; /* CLOCK_MONOTONIC ms: the lease deadline last known */
+	int64_t ttl;      /* the longest lease seen left: the TTL the client knows */
+	int64_t termed;   /* when SIGTERM went (0: not yet) */
+	bool killed;      /* SIGKILL went */
+} escalation;
+
+static void group_signal(pid_t pgid, int sig)
+{
+	kill(-pgid, sig);
+	kill(-pgid, SIGCONT); /* a stopped group must see it */
 }
 
 /*
  * Drain the self-pipe: forward signals to the child's group (and remember
- * the last one in *sig), act on a loss.
+ * the last one in *sig), act on a loss: the store may grant the lock to
+ * another at any moment, so the group is SIGKILLed at once.
  */
-static void drain(const cli_global *g, child *ch, bool *lost, int64_t *kill_at, int64_t kill_after,
-		  const char *name, int *sig)
+static void drain(const cli_global *g, child *ch, bool *lost, escalation *es, const char *name, int *sig)
 {
 	unsigned char buf[64];
 	ssize_t n;
@@ -397,12 +565,14 @@ static void drain(const cli_global *g, child *ch, bool *lost, int64_t *kill_at, 
 				if (*lost)
 					continue;
 				*lost = true;
-				report_lost(g, name, kill_after, ch != NULL);
-				if (ch && ch->pid > 0 && !ch->exited) {
-					kill(-ch->pid, SIGTERM);
-					kill(-ch->pid, SIGCONT); /* a stopped group must see the TERM */
+				bool running = ch && ch->pid > 0 && !ch->exited;
+				report_lost(g, name, running);
+				if (running && es && !es->killed) {
+					if (!es->termed)
+						es->termed = cli_mono_ms();
+					group_signal(ch->pid, SIGKILL);
+					es->killed = true;
 				}
-				*kill_at = cli_mono_ms() + kill_after;
 			} else if (ev != SIGCHLD) {
 				*sig = ev;
 				if (ch && ch->pid > 0 && !ch->exited) {
@@ -415,15 +585,19 @@ static void drain(const cli_global *g, child *ch, bool *lost, int64_t *kill_at, 
 }
 
 /*
- * The dead man's switch: a small process of our own that ends the command's
- * process group at the lease deadline unless we keep moving the deadline
- * forward, or at once when dlock itself is gone (killed, OOM): it holds the
- * read end of a pipe whose only writer is dlock, and sees EOF when dlock
- * dies. It runs even while dlock itself is stopped (SIGSTOP, a debugger):
- * the command never runs on past a lease nobody renews.
+ * The dead man's switch: a small process of our own that runs the same
+ * escalation on the command's process group from the lease deadline dlock
+ * last published (after each renewal it sees), should dlock not: when
+ * dlock is gone (killed, OOM: it holds the read end of a pipe whose only
+ * writer is dlock, and sees EOF) it starts at once; while dlock is stopped
+ * (SIGSTOP, a debugger) at the deadline's own times. It keeps copies of
+ * dlock's store connections open until the group is gone: on a store whose
+ * lock lives with a session, the server cannot free it while the command
+ * still runs.
  */
 typedef struct deadman {
 	_Atomic int64_t deadline; /* CLOCK_MONOTONIC ms, as dlock_ttl_left sees it */
+	_Atomic int64_t ttl;      /* escalation.ttl */
 	_Atomic int done;         /* the command is over: stand down */
 	_Atomic int fired;        /* the switch sent SIGTERM at the deadline */
 	_Atomic pid_t pgid;       /* the command's process group; 0 until it exists */
@@ -442,22 +616,24 @@ static void deadman_main(deadman *dm, int alive_fd, int64_t kill_after)
 {
 	/*
 	 * A group of our own: a signal to dlock's group (kill -- -PGID, a job
-	 * control ^C) does not take the switch along. And no copies of dlock's
-	 * descriptors: store connections must close when dlock dies.
+	 * control ^C) does not take the switch along. The caller's descriptors
+	 * (a pipe a shell reads to its end) are not ours to keep; dlock's own
+	 * (store connections) are, until the group is gone.
 	 */
 	setpgid(0, 0);
-	if (alive_fd > 3)
-		close_range(3, (unsigned)alive_fd - 1, 0);
-	close_range((unsigned)alive_fd + 1, ~0U, 0);
+	for (size_t i = 0; i < n_inherited; i++)
+		if (inherited[i] != alive_fd)
+			close(inherited[i]);
 	bool orphaned = false;
 	for (;;) {
 		int64_t d = atomic_load(&dm->deadline), now = cli_mono_ms();
+		int64_t ttl = atomic_load(&dm->ttl);
 		if (atomic_load(&dm->done))
 			_exit(0);
-		if (!orphaned && now < d) {
+		int64_t t = term_time(d, ttl);
+		if (!orphaned && now < t) {
 			struct pollfd pfd = { .fd = alive_fd, .events = POLLIN };
-			int64_t t = d - now;
-			if (poll(&pfd, 1, (int)(t > 60000 ? 60000 : t)) > 0)
+			if (poll(&pfd, 1, (int)(t - now > 60000 ? 60000 : t - now)) > 0)
 				orphaned = true; /* EOF: nobody writes to it, dlock is gone */
 			continue;
 		}
@@ -466,19 +642,22 @@ static void deadman_main(deadman *dm, int alive_fd, int64_t kill_after)
 			_exit(0); /* no command yet: PR_SET_PDEATHSIG ends it if it is forked */
 		if (!orphaned)
 			atomic_store(&dm->fired, 1);
-		kill(-pgid, SIGTERM);
-		kill(-pgid, SIGCONT);
-		int64_t until = cli_mono_ms() + kill_after;
-		while (cli_mono_ms() < until && !atomic_load(&dm->done) && group_alive(pgid))
-			sleep_until_ms(cli_mono_ms() + 20 < until ? cli_mono_ms() + 20 : until);
-		if (!atomic_load(&dm->done) && group_alive(pgid))
-			kill(-pgid, SIGKILL);
+		int64_t termed = cli_mono_ms();
+		group_signal(pgid, SIGTERM);
+		/* Until the group is really gone; SIGKILL again while it is not. */
+		while (!atomic_load(&dm->done) && group_running(pgid)) {
+			int64_t k = kill_time(atomic_load(&dm->deadline), ttl, termed, kill_after);
+			now = cli_mono_ms();
+			if (now >= k)
+				group_signal(pgid, SIGKILL);
+			sleep_until_ms(now >= k || k - now > 20 ? now + 20 : k);
+		}
 		_exit(0);
 	}
 }
 
 /* Start the switch (before the command); NULL (no switch) if it cannot be. */
-static deadman *deadman_start(int64_t deadline, int64_t kill_after, pid_t *pid)
+static deadman *deadman_start(int64_t deadline, int64_t ttl, int64_t kill_after, pid_t *pid)
 {
 	int alive[2];
 	if (pipe2(alive, O_CLOEXEC) != 0)
@@ -490,6 +669,7 @@ static deadman *deadman_start(int64_t deadline, int64_t kill_after, pid_t *pid)
 		return NULL;
 	}
 	atomic_store(&dm->deadline, deadline);
+	atomic_store(&dm->ttl, ttl);
 	atomic_store(&dm->done, 0);
 	atomic_store(&dm->fired, 0);
 	atomic_store(&dm->pgid, 0);
@@ -533,17 +713,20 @@ static void follow_stop(child *ch)
 }
 
 static int supervise(const cli_global *g, child *ch, int64_t kill_after, const char *name,
-		     bool *lost, dlock_lock *lock, deadman *dm, int *sig)
+		     bool *lost, dlock_lock *lock, deadman *dm, escalation *es, int *sig)
 {
-	int64_t kill_at = -1;
-	bool killed = false;
 	for (;;) {
-		/* Keep the dead man's switch at the lease deadline, renewed or not. */
-		int64_t lease_left = dlock_ttl_left(lock);
+		/* Keep the deadline (ours and the switch's) at the lease's, renewed or not. */
+		int64_t lease_left = dlock_ttl_left(lock), now = cli_mono_ms();
 		if (!*lost && lease_left > 0) {
-			atomic_store(&lease_deadline, cli_mono_ms() + lease_left);
-			if (dm)
-				atomic_store(&dm->deadline, cli_mono_ms() + lease_left);
+			es->deadline = now + lease_left;
+			if (lease_left > es->ttl)
+				es->ttl = lease_left;
+			atomic_store(&lease_deadline, es->deadline);
+			if (dm) {
+				atomic_store(&dm->ttl, es->ttl);
+				atomic_store(&dm->deadline, es->deadline);
+			}
 		}
 		/* Reap our child and, as subreaper, orphaned descendants of it. */
 		int st;
@@ -558,36 +741,47 @@ static int supervise(const cli_global *g, child *ch, int64_t kill_after, const c
 			ch->exited = true;
 			ch->status = st;
 		}
-		/* After a loss, stay until the command's whole process group is gone. */
-		if (ch->exited && (!*lost || !group_alive(ch->pid)))
+		/* After a loss or a SIGTERM for one, stay until the whole group is gone. */
+		if (ch->exited && (!(*lost || es->termed) || !group_alive(ch->pid)))
 			break;
-		int timeout = -1;
-		if (dm && !*lost) /* renewals move the deadline every ttl/3: follow them */
-			timeout = (int)(lease_left / 6 > 10 ? (lease_left / 6 < 1000 ? lease_left / 6 : 1000) : 10);
-		if (*lost) {
-			int64_t left = (killed ? kill_at + 5000 : kill_at) - cli_mono_ms();
-			if (killed && left <= 0)
-				break; /* SIGKILLed and still there: unkillable (D state); give up */
-			timeout = left < 0 ? 0 : (int)(left > 100000 ? 100000 : left);
-			/* Group members that are not (yet) our children send no SIGCHLD. */
-			if (ch->exited && timeout > 100)
-				timeout = 100;
+		now = cli_mono_ms();
+		if (!es->termed && now >= term_time(es->deadline, es->ttl)) {
+			char d[32];
+			cli_error(g, "lock '%s' is at risk: its lease was not renewed and ends in %s; "
+				     "sending SIGTERM to the command, SIGKILL before the lease ends",
+				  name, cli_fmt_duration(d, sizeof d, es->deadline > now ? es->deadline - now : 0));
+			group_signal(ch->pid, SIGTERM);
+			es->termed = now;
 		}
-		struct pollfd pfd = { .fd = ev_pipe[0], .events = POLLIN };
-		int pr = poll(&pfd, 1, timeout);
-		if (pr < 0 && errno != EINTR)
-			return -1;
-		if (pr > 0)
-			drain(g, ch, lost, &kill_at, kill_after, name, sig);
-		if (*lost && !killed && cli_mono_ms() >= kill_at) {
+		if (es->termed && !es->killed &&
+		    now >= kill_time(es->deadline, es->ttl, es->termed, kill_after)) {
 			char d[32];
 			if (group_alive(ch->pid)) {
 				cli_error(g, "the command is still running %s after SIGTERM: sending SIGKILL",
-					  cli_fmt_duration(d, sizeof d, kill_after));
-				kill(-ch->pid, SIGKILL);
+					  cli_fmt_duration(d, sizeof d, now - es->termed));
+				group_signal(ch->pid, SIGKILL);
 			}
-			killed = true;
+			es->killed = true;
 		}
+		/* Wake for the next step, and to follow renewals (every ttl/3). */
+		int64_t next = es->termed ? (es->killed ? now + 100 : kill_time(es->deadline, es->ttl, es->termed,
+										   kill_after))
+					  : term_time(es->deadline, es->ttl);
+		int64_t follow = lease_left / 6 > 10 ? (lease_left / 6 < 1000 ? lease_left / 6 : 1000) : 10;
+		if (!*lost && next > now + follow)
+			next = now + follow;
+		if (es->killed && ch->exited && now - es->termed > kill_after + 5000 && group_alive(ch->pid))
+			break; /* SIGKILLed and still there: unkillable (D state); give up */
+		/* Group members that are not (yet) our children send no SIGCHLD. */
+		if ((*lost || es->termed) && ch->exited && next > now + 100)
+			next = now + 100;
+		int64_t timeout = next - now;
+		struct pollfd pfd = { .fd = ev_pipe[0], .events = POLLIN };
+		int pr = poll(&pfd, 1, (int)(timeout < 0 ? 0 : timeout > 100000 ? 100000 : timeout));
+		if (pr < 0 && errno != EINTR)
+			return -1;
+		if (pr > 0)
+			drain(g, ch, lost, es, name, sig);
 	}
 	return 0;
 }
@@ -672,9 +866,8 @@ static int hold(const cli_global *g, const char *name, bool *lost, int *sig)
 		int pr = poll(&pfd, 1, -1);
 		if (pr < 0 && errno != EINTR)
 			return -1;
-		int64_t ignore = 0;
 		if (pr > 0)
-			drain(g, NULL, lost, &ignore, 0, name, sig);
+			drain(g, NULL, lost, NULL, name, sig);
 	}
 	return 0;
 }
@@ -705,6 +898,7 @@ static int die_of(int sig)
 int cli_run(cli_global *g, int argc, char **argv)
 {
 	ctx c = { g, CLI_LOCKOPTS_INIT, 10000, CLI_EXIT_NOTACQUIRED, NULL };
+	note_inherited(); /* before anything of ours is open */
 	run_args ra;
 	int rc = parse_args(&c, argc, argv, &ra);
 	if (rc == 0 && ra.help) {
@@ -761,7 +955,7 @@ int cli_run(cli_global *g, int argc, char **argv)
 	dlock_lock *lock = NULL;
 	char **env = NULL;
 	child ch = { 0 };
-	bool lost = false;
+	bool lost = false, at_risk = false;
 	int sig = 0; /* the last terminating signal we received and forwarded */
 	deadman *dm = NULL;
 	pid_t dm_pid = -1;
@@ -832,21 +1026,23 @@ int cli_run(cli_global *g, int argc, char **argv)
 	}
 	/* Share the terminal like a shell: the child's group becomes its foreground. */
 	ch.tty = isatty(STDIN_FILENO) && tcgetpgrp(STDIN_FILENO) == getpgrp();
+	if (!dlock_held(lock)) {
+		lost = true;
+		cli_error(g, "lock '%s' was lost before the command started", name);
+		goto out;
+	}
+	/*
+	 * The switch first, so that the command never runs without one; and
+	 * before the exec-error pipe, which must close when the command execs.
+	 */
+	escalation es = { cli_mono_ms() + dlock_ttl_left(lock), dlock_ttl_left(lock), 0, false };
+	dm = deadman_start(es.deadline, es.ttl, c.kill_after_ms, &dm_pid);
 	int errp[2];
 	if (pipe2(errp, O_CLOEXEC) != 0) {
 		cli_error(g, "pipe: %s", strerror(errno));
 		rc = CLI_EXIT_FAIL;
 		goto out;
 	}
-	if (!dlock_held(lock)) {
-		close(errp[0]);
-		close(errp[1]);
-		lost = true;
-		cli_error(g, "lock '%s' was lost before the command started", name);
-		goto out;
-	}
-	/* The switch first, so that the command never runs without one. */
-	dm = deadman_start(cli_mono_ms() + dlock_ttl_left(lock), c.kill_after_ms, &dm_pid);
 	fflush(NULL);
 	pid_t self = getpid();
 	ch.pid = fork();
@@ -876,7 +1072,7 @@ int cli_run(cli_global *g, int argc, char **argv)
 		ch.exited = true;
 		cli_error(g, "cannot run %s: %s", cmd[0], strerror(exec_errno));
 		rc = exec_errno == ENOENT ? 127 : 126;
-	} else if (supervise(g, &ch, c.kill_after_ms, name, &lost, lock, dm, &sig) != 0) {
+	} else if (supervise(g, &ch, c.kill_after_ms, name, &lost, lock, dm, &es, &sig) != 0) {
 		cli_error(g, "poll: %s", strerror(errno));
 		rc = CLI_EXIT_FAIL;
 	} else if (WIFSIGNALED(ch.status)) {
@@ -887,12 +1083,13 @@ int cli_run(cli_global *g, int argc, char **argv)
 	if (ch.tty)
 		tcsetpgrp(STDIN_FILENO, getpgrp());
 	/* A loss reported just as the child exited is still a loss. */
-	int64_t ignore = 0;
-	drain(g, &ch, &lost, &ignore, c.kill_after_ms, name, &sig);
+	drain(g, &ch, &lost, &es, name, &sig);
 	if (dm && atomic_load(&dm->fired) && !lost) {
 		lost = true; /* the switch ended the command at the deadline: that is a loss */
-		report_lost(g, name, c.kill_after_ms, true);
+		report_lost(g, name, true);
 	}
+	/* Ended for a lease at risk: exit 76 as for a loss; release what may still be ours. */
+	at_risk = es.termed != 0;
 	deadman_stop(dm, dm_pid);
 	dm = NULL;
 	/*
@@ -910,6 +1107,8 @@ int cli_run(cli_global *g, int argc, char **argv)
 	}
 release:
 	if (!lost) {
+		if (at_risk && !dlock_held(lock))
+			goto out;
 		err = dlock_release(lock);
 		if (err == DLOCK_ELOST) {
 			lost = true;
@@ -920,7 +1119,7 @@ release:
 	}
 out:
 	deadman_stop(dm, dm_pid);
-	if (lost)
+	if (lost || at_risk)
 		rc = CLI_EXIT_LOST;
 	dlock_lock_free(lock);
 	dlock_store_close(store);

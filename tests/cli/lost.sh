@@ -2,8 +2,9 @@
 # A `dlock run` whose lease runs out while it is stopped (SIGSTOP, short --ttl
 # on the embedded store) loses the lock to another client. Its command does
 # not outlive the lease even though dlock itself is stopped: a dead man's
-# switch SIGTERMs the command's process group at the deadline and SIGKILLs it
-# after --kill-after if it ignores SIGTERM. When dlock continues it says the
+# switch SIGTERMs the command's process group when the lease is at risk and
+# SIGKILLs it before the lease ends if it ignores SIGTERM (outlive.sh checks
+# that no second holder's command ever starts before the group is gone). When dlock continues it says the
 # lock was lost and when (the deadline, not the time it woke up) and exits 76.
 . "$(dirname "$0")/lib.sh" "$@"
 
@@ -49,8 +50,6 @@ check "dlock run exited 76 (got $run_rc)" [ "$run_rc" -eq 76 ]
 check "the TERM-ignoring command is gone" sh -c "! kill -0 $child 2>/dev/null"
 check "it went while dlock was still stopped" [ "$gone_while_stopped" = yes ]
 check "no process of its group is left" sh -c "! pgrep -g $child >/dev/null"
-check "it was SIGKILLed only --kill-after after the deadline (${gone_ms} ms after the thief's grant)" \
-	test "$gone_ms" -ge 700
 check "message says the lock was lost, and when" \
 	grep -Eq "lock 'victim' was LOST at [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z" "$T/run.err"
 check "message says SIGKILL was sent" grep -q "SIGKILL" "$T/run.err"

@@ -4,6 +4,8 @@
  */
 #include "etcd.h"
 
+#include <fcntl.h>
+
 /* ------------------------------------------------------------------ */
 /* HTTP */
 
@@ -18,11 +20,16 @@ static size_t buf_write(char *data, size_t size, size_t nmemb, void *ud)
 }
 
 /* A peer that vanished (host down, link cut) fails the connection after
- * this long with data unacknowledged, or dlock__et_keepalive probes unanswered. */
+ * this long with data unacknowledged, or dlock__et_keepalive probes unanswered.
+ * Close-on-exec: a program the caller starts (dlock run's COMMAND) never
+ * inherits a connection of ours (curl makes its sockets without it). */
 static int sockopt(void *ud, curl_socket_t fd, curlsocktype purpose)
 {
 	etcd *e = ud;
 	unsigned int ms = (unsigned int)e->connect_timeout_ms;
+	int fl = fcntl(fd, F_GETFD);
+	if (fl >= 0)
+		(void)fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
 	if (purpose == CURLSOCKTYPE_IPCXN)
 		(void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
 	return CURL_SOCKOPT_OK;

@@ -5,6 +5,8 @@
 #include "my.h"
 #include "mysql_sql.h"
 
+#include <fcntl.h>
+
 /* ---- small string builder ---- */
 
 
@@ -227,6 +229,11 @@ static int nb_connect(MYSQL *c, const mysql_be *b, const char *host, int64_t dea
 	int st = mysql_real_connect_start(&ret, c, b->socket ? NULL : host, b->user, b->password, b->db,
 					  (unsigned)b->port, b->socket, CLIENT_FOUND_ROWS | CLIENT_MULTI_STATEMENTS);
 	NB_RUN(c, deadline, st, mysql_real_connect_cont(&ret, c, ev_));
+	/* The client library makes its socket without close-on-exec: no program
+	 * the caller starts (dlock run's COMMAND) may inherit the session. */
+	int fd = ret ? (int)mysql_get_socket(c) : -1, fl = fd >= 0 ? fcntl(fd, F_GETFD) : -1;
+	if (fl >= 0)
+		(void)fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
 	return ret ? 0 : 1;
 }
 

@@ -134,7 +134,7 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 	if (!rc)
 		rc = dlock__opt_dup(&be->ns, uri->prefix ? uri->prefix : "dlock");
 	dlock_free(hp);
-	if (!rc && pipe(be->wakefd) != 0)
+	if (!rc && pipe2(be->wakefd, O_CLOEXEC) != 0)
 		rc = dlock_error_set(DLOCK_ESTORE, KIND, NULL, "pipe: %s", strerror(errno));
 	for (int i = 0; !rc && i < 2; i++)
 		fcntl(be->wakefd[i], F_SETFL, fcntl(be->wakefd[i], F_GETFL) | O_NONBLOCK);

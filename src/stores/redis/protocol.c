@@ -384,6 +384,11 @@ static int connect_by(redisContext **out, const dlock__rserver *srv, const char 
 		dlock__rfree(c);
 		return rc;
 	}
+	/* hiredis makes its socket without close-on-exec: no program the caller
+	 * starts (dlock run's COMMAND) may inherit it. */
+	int fdfl = fcntl(c->fd, F_GETFD);
+	if (fdfl >= 0)
+		(void)fcntl(c->fd, F_SETFD, fdfl | FD_CLOEXEC);
 	dlock__rsock_setup(c, srv->timeout_ms);
 	int trc = dlock__rtls_connect(c, srv, kind, end); /* within what is left of connect_timeout */
 	if (trc) {
