@@ -9,6 +9,10 @@
  *   fences_new_file    the file deleted between two holders, or replaced by
  *                      an older copy of itself: the next grant's fence is
  *                      above every fence the old file gave
+ *   foreign_db         a database of another application (a table of its
+ *                      own) is refused with DLOCK_EINVAL and left exactly as
+ *                      it was (bytes, journal mode, no -wal); ?foreign=ok uses
+ *                      it; a bad foreign= value is refused
  *   no_renew_deleted   a hold nobody renews (no_renew, as `dlock acquire`
  *                      leaves) whose file was deleted and taken by another
  *                      process: its next extend and release say it is lost
@@ -18,6 +22,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <string.h>
@@ -257,6 +262,87 @@ static void case_no_renew_deleted(void)
 	dlock_store_close(s);
 }
 
+/* The file's bytes, into a malloc'd buffer (*n); NULL when unreadable. */
+static char *slurp(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	*n = 0;
+	if (!f)
+		return NULL;
+	char chunk[8192];
+	size_t k;
+	while ((k = fread(chunk, 1, sizeof chunk, f)) > 0) {
+		char *nb = realloc(buf, *n + k);
+		if (!nb)
+			break;
+		buf = nb;
+		memcpy(buf + *n, chunk, k);
+		*n += k;
+	}
+	fclose(f);
+	return buf;
+}
+
+static void case_foreign_db(void)
+{
+	char path[700], uri[800], wal[800];
+	snprintf(path, sizeof(path), "%s/app.db", dir);
+	snprintf(wal, sizeof(wal), "%s-wal", path);
+	sp_remove_db(path);
+	sqlite3 *db = NULL;
+	CHECK(sqlite3_open(path, &db) == SQLITE_OK);
+	CHECK(sqlite3_exec(db, "CREATE TABLE users(id INTEGER PRIMARY KEY, name TEXT);"
+			   "INSERT INTO users(name) VALUES('ada');", NULL, NULL, NULL) == SQLITE_OK);
+	sqlite3_close(db);
+	size_t n0 = 0, n1 = 0;
+	char *before = slurp(path, &n0);
+	CHECK(before != NULL);
+
+	snprintf(uri, sizeof(uri), "sqlite://%s", path);
+	dlock_store *s = NULL;
+	CHECK_RC(dlock_store_open(&s, uri), DLOCK_EINVAL);
+	const char *msg = dlock_error_last()->message;
+	fprintf(stderr, "foreign_db: %s\n", msg);
+	CHECK(strstr(msg, "not a dlock database") && strstr(msg, "table 'users'") && strstr(msg, "foreign=ok"));
+	dlock_store_close(s);
+	char *after = slurp(path, &n1);
+	CHECK(after && n1 == n0 && memcmp(before, after, n0) == 0); /* not a byte changed */
+	free(after);
+	struct stat st;
+	CHECK(stat(wal, &st) != 0); /* no WAL beside it */
+	CHECK(sqlite3_open(path, &db) == SQLITE_OK);
+	sqlite3_stmt *q = NULL;
+	CHECK(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &q, NULL) == SQLITE_OK);
+	CHECK(q && sqlite3_step(q) == SQLITE_ROW && strcmp((const char *)sqlite3_column_text(q, 0), "delete") == 0);
+	sqlite3_finalize(q);
+	sqlite3_close(db);
+
+	/* only foreign=ok opens it */
+	snprintf(uri, sizeof(uri), "sqlite://%s?foreign=yes", path);
+	s = NULL;
+	CHECK_RC(dlock_store_open(&s, uri), DLOCK_EINVAL);
+	dlock_store_close(s);
+
+	/* asked for: shared with the application's tables */
+	snprintf(uri, sizeof(uri), "sqlite://%s?foreign=ok", path);
+	s = NULL;
+	CHECK_RC(dlock_store_open(&s, uri), 0);
+	if (s) {
+		dlock_lock *l = NULL;
+		CHECK_RC(dlock_lock_new(&l, s, "job", NULL), 0);
+		CHECK_RC(dlock_acquire(l, 0), 0);
+		CHECK_RC(dlock_release(l), 0);
+		dlock_lock_free(l);
+		dlock_store_close(s);
+	}
+	CHECK(sqlite3_open(path, &db) == SQLITE_OK);
+	CHECK(sqlite3_exec(db, "SELECT name FROM users", NULL, NULL, NULL) == SQLITE_OK);
+	sqlite3_close(db);
+	free(before);
+	sp_remove_db(path);
+}
+
 int main(int argc, char **argv)
 {
 	int role = sp_role(argc, argv);
@@ -270,6 +356,7 @@ int main(int argc, char **argv)
 		{ "extend_vs_renewal", case_extend_vs_renewal },
 		{ "fences_new_file", case_fences_new_file },
 		{ "no_renew_deleted", case_no_renew_deleted },
+		{ "foreign_db", case_foreign_db },
 	};
 	if (tu_run_cases(cases, sizeof(cases) / sizeof(*cases), argc, argv, 2) == 0)
 		return 2;

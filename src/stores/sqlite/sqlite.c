@@ -176,6 +176,7 @@ typedef struct sqlite_backend {
 	char front[2][DLOCK__OWNER_MAX]; /* the first two in line of a queue that moved in the
 					    transaction under way: their bells ring after the commit */
 	bool make_dirs;      /* the default store's file: create its directories */
+	bool foreign_ok;     /* foreign=ok: the file may have another application's tables */
 	dlock__wq *wq;       /* the writers' line (writeq.h), NULL: none (yet) */
 	bool wq_want;        /* writers collided (the busy handler ran): make or join the line */
 	bool wq_check;       /* someone outside our line held the write lock: is the line still the file's? */
@@ -1541,6 +1542,31 @@ static int open_db(sqlite3 **db, const char *path)
 	return r;
 }
 
+/*
+ * Before anything is written: a file with schema objects that are not
+ * dlock's (nor SQLite's own) belongs to another application — a --store
+ * pointed at the wrong file. Switching it to WAL and adding tables would
+ * change it for that application (WAL files beside it, readers that must
+ * be able to write the -shm): refused, nothing changed, unless the URI says
+ * foreign=ok. Into buf: the first such object ("table 'users'"), "" when none.
+ */
+static int foreign_object(sqlite3 *db, char *buf, size_t len)
+{
+	sqlite3_stmt *s = NULL;
+	int r = sqlite3_prepare_v2(db,
+				   "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'dlock\\_%' ESCAPE '\\'"
+				   " AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY type='table' DESC, name LIMIT 1",
+				   -1, &s, NULL);
+	if (r != SQLITE_OK)
+		return r;
+	buf[0] = '\0';
+	if ((r = sqlite3_step(s)) == SQLITE_ROW)
+		snprintf(buf, len, "%s '%s'", (const char *)sqlite3_column_text(s, 0),
+			 (const char *)sqlite3_column_text(s, 1));
+	sqlite3_finalize(s);
+	return r == SQLITE_ROW || r == SQLITE_DONE ? SQLITE_OK : r;
+}
+
 /* Under the open's deadline: open the file, set it up (WAL, schema), prepare. */
 static int connect_db(sqlite_backend *b, int64_t deadline)
 {
@@ -1555,6 +1581,21 @@ static int connect_db(sqlite_backend *b, int64_t deadline)
 		goto out;
 	}
 	sqlite3_busy_handler(b->db, on_busy, b);
+	if (!b->foreign_ok) {
+		char obj[300];
+		if ((r = foreign_object(b->db, obj, sizeof obj)) != SQLITE_OK) {
+			rc = fail(b, r, "read the schema");
+			goto out;
+		}
+		if (obj[0]) {
+			rc = dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
+					     "sqlite: %s is not a dlock database: it has %s of another application "
+					     "(nothing was changed; dlock would switch it to WAL and add its tables). "
+					     "Use a file of its own, or add ?foreign=ok to the URI to share this one",
+					     path, obj);
+			goto out;
+		}
+	}
 	char *err = NULL;
 	/* Switching a new file to WAL does not always go through the busy
 	 * handler: when several processes open a fresh file at once, retry. */
@@ -1669,6 +1710,12 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 		if (!*path)
 			path = dflt;
 	}
+	const char *fo = dlock_uri_param(uri, "foreign");
+	if (fo && strcmp(fo, "ok") != 0) {
+		free(dflt);
+		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
+				       "sqlite: bad foreign '%s' (foreign=ok shares a database that has other tables)", fo);
+	}
 	int64_t busy_ms = 0; /* none: each call's own deadline */
 	const char *v = dlock_uri_param(uri, "busy_timeout");
 	if (v && (dlock_duration_parse(&busy_ms, v) != 0 || busy_ms <= 0)) {
@@ -1683,6 +1730,7 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 	}
 	dlock_backend_init(&b->base, &sqlite_methods);
 	b->make_dirs = dflt && strcmp(path, dflt) == 0;
+	b->foreign_ok = fo != NULL;
 	b->busy_ms = busy_ms;
 	b->request_timeout_ms = uri->request_timeout_ms;
 	int rc = DLOCK_ENOMEM;
