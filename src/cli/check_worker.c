@@ -169,18 +169,20 @@ static int extend_delayed(const run_ctx *c, dlock_lock *lock, int ctl, int slot,
 	return rc;
 }
 
-static int pick_kind(const check_opts *o, uint64_t *rs)
+/* The kind of a worker's hold number seq: the plain and the requested kinds
+ * (`dlock run` with kill-tool) in turn, each worker starting at another, so
+ * that every kind comes up early even in a short run. */
+static int pick_kind(const check_opts *o, int slot, long long seq)
 {
-	/* kill-tool needs a `dlock run` to aim at: half the holds are one */
-	if ((o->ops & OP_RUN) && check_rnd_below(rs, 2))
-		return K_RUN;
 	int k[K_NKINDS], n = 0;
 	k[n++] = K_PLAIN;
 	if (o->ops & OP_EXTEND)
 		k[n++] = K_EXTEND;
 	if (o->ops & OP_HANDLE)
 		k[n++] = K_HANDLE;
-	return k[check_rnd_below(rs, (uint64_t)n)];
+	if (o->ops & OP_RUN)
+		k[n++] = K_RUN;
+	return k[(unsigned long long)(seq + slot) % (unsigned)n];
 }
 
 /* A hold of `dlock run`: SELF [--store URI] run --ttl T --wait W NAME -- SELF
@@ -194,7 +196,7 @@ static int run_tool(const run_ctx *c, int slot, int inc, long long seq, int64_t 
 	snprintf(ttl, sizeof ttl, "%lldms", (long long)o->ttl_ms);
 	snprintf(wait, sizeof wait, "%lldms", (long long)(wait_ms > 0 ? wait_ms : 1));
 	snprintf(spec, sizeof spec, "%d %d %lld %lld %lld %d %.2000s/log %.2000s", slot, inc, seq,
-		 (long long)check_t0_us, (long long)(3 * o->ttl_ms + o->hold_ms) * 1000, o->fencing ? 1 : 0,
+		 (long long)check_t0_us, (long long)(2 * o->ttl_ms + o->hold_ms) * 1000, o->fencing ? 1 : 0,
 		 o->work_dir, c->reg_path);
 	const char *argv[16];
 	int n = 0;
@@ -379,7 +381,7 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 			wait_ms = o->ttl_ms / 2;
 		seq++;
 		atomic_store(&w.seq, seq);
-		int kind = pick_kind(o, &rs);
+		int kind = pick_kind(o, slot, seq);
 		if (kind == K_RUN) {
 			rc = run_tool(c, slot, inc, seq, wait_ms);
 			/* 0: the command ran; not granted in time, lost, or killed by
