@@ -1,6 +1,7 @@
 #include "core/internal.h"
 
 #include <ctype.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,93 @@ static char *decode(const char *s, size_t n, const char *what)
 		}
 	}
 	return out;
+}
+
+/* [s, s+n) reads as a host list: host[:port] or [v6][:port] items, comma-separated. */
+static bool hostlist_like(const char *s, size_t n)
+{
+	if (n == 0)
+		return false;
+	const char *e = s + n;
+	while (s < e) {
+		const char *item = s;
+		if (*s == '[') {
+			while (s < e && *s != ']' &&
+			       (isalnum((unsigned char)*s) || *s == ':' || *s == '.' || *s == '%' || *s == '['))
+				s++;
+			if (s >= e || *s != ']' || s == item + 1)
+				return false;
+			s++;
+		} else {
+			while (s < e && (isalnum((unsigned char)*s) || *s == '.' || *s == '-' || *s == '_' || *s == '%'))
+				s++;
+			if (s == item)
+				return false;
+		}
+		if (s < e && *s == ':') {
+			const char *port = ++s;
+			while (s < e && isdigit((unsigned char)*s))
+				s++;
+			if (s == port || s - port > 5)
+				return false;
+		}
+		if (s < e && *s != ',')
+			return false;
+		if (s < e && ++s == e)
+			return false; /* a trailing comma */
+	}
+	return true;
+}
+
+/*
+ * Where the user info of an authority ends. `a` points just after "//".
+ * RFC 3986 ends the authority at the first '/', '?' or '#', so a password
+ * holding one (base64 secrets hold '/') would spill into the path or the
+ * options, and errors about those echo them ("bad database number
+ * 'r1tXY@host'"). Here the user info is split off first: it runs to the
+ * last '@' that is followed by a host list (up to the next '/', '?', '#' or
+ * the end), except
+ *  - an empty authority ("sqlite:///dir@x/f.db") has no user info;
+ *  - when the RFC authority is already a valid [user info@]host list, an
+ *    '@' inside an option's value (after '?' and that option's '=':
+ *    "?cacert=/home/a@b/ca.pem") belongs to the option.
+ * An '@' in a path of a URI with no user info must be written %40.
+ * Returns the '@' that ends the user info, or NULL; *end gets the end of the
+ * authority (the host list's).
+ */
+static const char *split_authority(const char *a, const char **end)
+{
+	size_t alen = strcspn(a, "/?#");
+	const char *rfc_at = NULL;
+	for (const char *c = a; c < a + alen; c++)
+		if (*c == '@')
+			rfc_at = c;
+	*end = a + alen;
+	if (alen == 0)
+		return NULL;
+	const char *hosts = rfc_at ? rfc_at + 1 : a;
+	bool clean = hostlist_like(hosts, (size_t)(a + alen - hosts));
+	/* the query of the RFC reading: from the first '?' after the authority, before any '#' */
+	const char *q = a + alen + strcspn(a + alen, "?#");
+	if (*q != '?')
+		q = NULL;
+	const char *pick = NULL;
+	for (const char *c = strchr(a, '@'); c; c = strchr(c + 1, '@')) {
+		if (!hostlist_like(c + 1, strcspn(c + 1, "/?#")))
+			continue;
+		if (clean && q && c > q) {
+			const char *seg = c;
+			while (seg > q && *seg != '&')
+				seg--;
+			if (memchr(seg, '=', (size_t)(c - seg)))
+				continue; /* in an option's value */
+		}
+		pick = c;
+	}
+	if (!pick)
+		return rfc_at;
+	*end = pick + 1 + strcspn(pick + 1, "/?#");
+	return pick;
 }
 
 void dlock__uri_free(dlock_uri *uri)
@@ -151,11 +239,9 @@ int dlock__uri_parse(dlock_uri **out, const char *text)
 	p++;
 	if (p[0] == '/' && p[1] == '/') {
 		p += 2;
-		size_t alen = strcspn(p, "/?#");
-		const char *at = NULL;
-		for (const char *c = p; c < p + alen; c++)
-			if (*c == '@')
-				at = c;
+		const char *aend;
+		const char *at = split_authority(p, &aend);
+		size_t alen = (size_t)(aend - p);
 		const char *hosts = p;
 		if (at) {
 			const char *colon = memchr(p, ':', (size_t)(at - p));
@@ -233,11 +319,8 @@ char *dlock__uri_redact(const char *text)
 	char *sep = strstr(out, "://");
 	if (sep) {
 		char *a = sep + 3;
-		size_t alen = strcspn(a, "/?#");
-		char *at = NULL;
-		for (char *c = a; c < a + alen; c++)
-			if (*c == '@')
-				at = c;
+		const char *aend;
+		const char *at = split_authority(a, &aend);
 		char *colon = at ? memchr(a, ':', (size_t)(at - a)) : NULL;
 		if (colon) {
 			char *r = dlock__sprintf("%.*s:***%s", (int)(colon - out), out, at);

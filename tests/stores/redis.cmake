@@ -223,3 +223,17 @@ add_test(NAME redis.cluster_tls COMMAND redis_cluster
   ${PROJECT_SOURCE_DIR}/tests/servers/redis-cluster.sh ${DLOCK_REDIS_CLUSTER_TLS_DIR})
 set_tests_properties(redis.cluster_tls PROPERTIES
   FIXTURES_REQUIRED server.redis-cluster-tls RESOURCE_LOCK server.redis-cluster-tls TIMEOUT 300)
+
+# redis.secret (issue 30): passwords with '/', '?', '#', '@' in redis://,
+# redlock:// and redis+cluster:// URIs log in (an ACL user of the test on the
+# shared servers), and a wrong one is never shown, not even in part.
+if(DLOCK_WITH_REDLOCK)
+  add_executable(redis_secret redis_secret.c)
+  target_link_libraries(redis_secret PRIVATE dlock_testutil)
+  target_include_directories(redis_secret PRIVATE ${PROJECT_SOURCE_DIR}/tests ${HIREDIS_INCLUDE_DIRS})
+  target_compile_definitions(redis_secret PRIVATE _GNU_SOURCE)
+  add_test(NAME redis.secret COMMAND redis_secret ${DLOCK_SERVER_DIR_redis}/uri
+           ${DLOCK_SERVER_DIR_redlock}/uri ${DLOCK_SERVER_DIR_redis-cluster}/uri)
+  set_tests_properties(redis.secret PROPERTIES
+    FIXTURES_REQUIRED "server.redis;server.redlock;server.redis-cluster" TIMEOUT 120)
+endif()

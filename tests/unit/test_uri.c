@@ -93,6 +93,45 @@ int main(void)
 	parse_bad("redis://h?bogus=1", "bogus");
 	parse_bad("redis://h?prefix=", "prefix");
 
+	/* The user info is split off first: a password may hold '/', '?', '#',
+	 * '@' (issue 30: "redis://:Sek/r1tXY@host" was read as the path "/r1tXY@host"). */
+	static const struct {
+		const char *text, *user, *password, *hosts, *path, *prefix;
+	} ui[] = {
+		{ "redis://:Sek/r1tXY@127.0.0.1:6379", "", "Sek/r1tXY", "127.0.0.1:6379", "", "dlock" },
+		{ "redis://u:p?a#b@h:1/2?prefix=x", "u", "p?a#b", "h:1", "/2", "x" },
+		{ "redis://:a@b/c@h", "", "a@b/c", "h", "", "dlock" },
+		{ "redis://u:12/ab@h/3", "u", "12/ab", "h", "/3", "dlock" },
+		{ "redis://u:12?ab@h", "u", "12?ab", "h", "", "dlock" },
+		{ "redis://:Sek%2Fr1%3F%40x@h", "", "Sek/r1?@x", "h", "", "dlock" },
+		{ "redis://:pass@host/0?prefix=a@b", "", "pass", "host", "/0", "a@b" },
+		{ "redis://host:1/0?prefix=team@example", NULL, NULL, "host:1", "/0", "team@example" },
+		{ "redlock://:S/e?k#@h1:1,h2:2,[::1]:3?prefix=p", "", "S/e?k#", "h1:1,h2:2,[::1]:3", "", "p" },
+		{ "redis+cluster://u:b64/+x==@h:1,h:2", "u", "b64/+x==", "h:1,h:2", "", "dlock" },
+		{ "sqlite:///tmp/a@b/x.db", NULL, NULL, "", "/tmp/a@b/x.db", "dlock" },
+	};
+	for (size_t i = 0; i < sizeof(ui) / sizeof(ui[0]); i++) {
+		u = parse_ok(ui[i].text);
+		if (!u)
+			continue;
+		int same = (ui[i].user ? u->user && !strcmp(u->user, ui[i].user) : !u->user) &&
+			   (ui[i].password ? u->password && !strcmp(u->password, ui[i].password) : !u->password) &&
+			   !strcmp(u->hosts, ui[i].hosts) && !strcmp(u->path, ui[i].path) &&
+			   !strcmp(u->prefix, ui[i].prefix);
+		if (!same) {
+			fprintf(stderr, "uri '%s': user '%s' hosts '%s' path '%s' prefix '%s'\n", ui[i].text,
+				u->user ? u->user : "(none)", u->hosts, u->path, u->prefix);
+			tu_failures++;
+		}
+		dlock__uri_free(u);
+		char *red = dlock__uri_redact(ui[i].text);
+		if (ui[i].password && strlen(ui[i].password) >= 3) {
+			CHECK(red && !strstr(red, ui[i].password + strlen(ui[i].password) - 3));
+			CHECK(red && strstr(red, ":***@"));
+		}
+		free(red);
+	}
+
 	/* Redaction never shows the password. */
 	char *r = dlock__uri_redact("postgres://bob:hunter2@db:5432/x?sslmode=require&password=topsecret");
 	CHECK(r && !strstr(r, "hunter2") && !strstr(r, "topsecret"));
