@@ -13,6 +13,12 @@
  *                      own) is refused with DLOCK_EINVAL and left exactly as
  *                      it was (bytes, journal mode, no -wal); ?foreign=ok uses
  *                      it; a bad foreign= value is refused
+ *   bells_dir          the doorbell directory "<db>.bells": one planted as a
+ *                      symbolic link (or, as root, owned by another user) is
+ *                      not used — nothing is made in the directory it names,
+ *                      and waits still end (by polling); one we make gets
+ *                      the database's group bits whatever the umask (0660
+ *                      database: 01770 directory, 0660 bells)
  *   no_renew_deleted   a hold nobody renews (no_renew, as `dlock acquire`
  *                      leaves) whose file was deleted and taken by another
  *                      process: its next extend and release say it is lost
@@ -20,6 +26,8 @@
 #include "testutil/testutil.h"
 #include "sqlite_proc.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -343,6 +351,105 @@ static void case_foreign_db(void)
 	sp_remove_db(path);
 }
 
+/* How many entries (besides . and ..) directory `path` has; -1: unreadable. */
+static int entries(const char *path)
+{
+	DIR *d = opendir(path);
+	if (!d)
+		return -1;
+	int n = 0;
+	for (struct dirent *e; (e = readdir(d)) != NULL;)
+		n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+	closedir(d);
+	return n;
+}
+
+/* Another process holds "job" while this one waits `wait_ms` for it (its
+ * bells are started and watched, or refused); then the holder lets go and
+ * this one is granted within 5 s (rung or polling). */
+static void wait_behind_holder(const char *uri, long wait_ms)
+{
+	sp_child c;
+	char line[64] = "";
+	CHECK(sp_start(&c, "hold", uri, "job") == 0);
+	CHECK(sp_line(&c, line, sizeof(line), 5000) == 0 && strncmp(line, "held ", 5) == 0);
+	dlock_store *s = NULL;
+	CHECK_RC(dlock_store_open(&s, uri), 0);
+	dlock_lock *l = NULL;
+	if (s)
+		CHECK_RC(dlock_lock_new(&l, s, "job", NULL), 0);
+	if (l) {
+		int rc = dlock_acquire(l, wait_ms);
+		CHECK(rc == DLOCK_ETIMEOUT || rc == DLOCK_ELOCKED);
+	}
+	CHECK(sp_finish(&c) == 0);
+	if (l) {
+		CHECK_RC(dlock_acquire(l, 5000), 0);
+		CHECK_RC(dlock_release(l), 0);
+	}
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
+static void case_bells_dir(void)
+{
+	char path[700], uri[800], bells[800], victim[800];
+	snprintf(path, sizeof(path), "%s/bells.db", dir);
+	snprintf(bells, sizeof(bells), "%s.bells", path);
+	snprintf(victim, sizeof(victim), "%s/victim", dir);
+	sp_remove_db(path);
+	snprintf(uri, sizeof(uri), "sqlite://%s", path);
+	CHECK(sp_run("status", uri, NULL) == 0); /* the file */
+	char cmd[2000];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", bells, victim);
+	CHECK(system(cmd) == 0);
+
+	/* a symbolic link planted where the directory goes */
+	CHECK(mkdir(victim, 0700) == 0);
+	CHECK(symlink(victim, bells) == 0);
+	wait_behind_holder(uri, 300);
+	int n = entries(victim);
+	fprintf(stderr, "bells_dir: %d files made through a planted symbolic link\n", n);
+	CHECK(n == 0);
+	struct stat st;
+	CHECK(lstat(bells, &st) == 0 && S_ISLNK(st.st_mode)); /* left alone */
+	CHECK(unlink(bells) == 0);
+
+	/* as root: a directory of another user is not used either */
+	if (geteuid() == 0) {
+		CHECK(mkdir(bells, 0700) == 0 && chown(bells, 65534, 65534) == 0);
+		wait_behind_holder(uri, 300);
+		n = entries(bells);
+		fprintf(stderr, "bells_dir: %d files made in another user's directory\n", n);
+		CHECK(n == 0);
+		CHECK(rmdir(bells) == 0);
+	}
+
+	/* a 0660 database, a umask of 077: the group keeps its bits */
+	CHECK(chmod(path, 0660) == 0);
+	mode_t old = umask(077);
+	wait_behind_holder(uri, 300);
+	umask(old);
+	CHECK(lstat(bells, &st) == 0 && S_ISDIR(st.st_mode));
+	fprintf(stderr, "bells_dir: directory mode %04o\n", (unsigned)(st.st_mode & 07777));
+	CHECK((st.st_mode & 07777) == 01770);
+	DIR *d = opendir(bells);
+	int files = 0, right = 0;
+	for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+		if (e->d_name[0] == '.' || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+			continue;
+		files++;
+		right += (st.st_mode & 07777) == 0660;
+		if ((st.st_mode & 07777) != 0660)
+			fprintf(stderr, "bells_dir: bell %s has mode %04o\n", e->d_name, (unsigned)(st.st_mode & 07777));
+	}
+	if (d)
+		closedir(d);
+	CHECK(files >= 1 && right == files);
+	CHECK(system(cmd) == 0);
+	sp_remove_db(path);
+}
+
 int main(int argc, char **argv)
 {
 	int role = sp_role(argc, argv);
@@ -357,6 +464,7 @@ int main(int argc, char **argv)
 		{ "fences_new_file", case_fences_new_file },
 		{ "no_renew_deleted", case_no_renew_deleted },
 		{ "foreign_db", case_foreign_db },
+		{ "bells_dir", case_bells_dir },
 	};
 	if (tu_run_cases(cases, sizeof(cases) / sizeof(*cases), argc, argv, 2) == 0)
 		return 2;

@@ -177,6 +177,8 @@ typedef struct sqlite_backend {
 					    transaction under way: their bells ring after the commit */
 	bool make_dirs;      /* the default store's file: create its directories */
 	bool foreign_ok;     /* foreign=ok: the file may have another application's tables */
+	uid_t db_uid;        /* the database file's owner and mode (at the last open): what the */
+	mode_t db_mode;      /* bells directory and files follow and are checked against */
 	dlock__wq *wq;       /* the writers' line (writeq.h), NULL: none (yet) */
 	bool wq_want;        /* writers collided (the busy handler ran): make or join the line */
 	bool wq_check;       /* someone outside our line held the write lock: is the line still the file's? */
@@ -740,7 +742,6 @@ typedef struct bells {
 	int ifd;              /* inotify: one watch per bell file a waiter here listens to */
 	int bucket_wd[NBELLS]; /* the bucket files' watches, -1: not watched */
 	int stop[2];          /* a pipe: close asks the thread to end */
-	mode_t mode;          /* of the directory, made again if it vanished */
 	pthread_t thread;
 	bool started;
 } bells;
@@ -748,6 +749,73 @@ typedef struct bells {
 static char *bells_dir(const sqlite_backend *b)
 {
 	return dlock__sprintf("%s.bells", b->paths[0]);
+}
+
+/* The modes of the bells directory and its files follow the database's:
+ * its owner, and the group or others where the file lets them write (they
+ * ring and listen too). Set explicitly, not left to the umask (a group of
+ * a 0660 database lost its bits and polled). A directory others may write
+ * is sticky: nobody removes another user's bell. */
+static mode_t bells_dir_mode(mode_t db)
+{
+	mode_t m = 0700 | (db & 0020 ? 0070 : 0) | (db & 0002 ? 0007 : 0);
+	return m & 0077 ? m | S_ISVTX : m;
+}
+
+static mode_t bell_file_mode(mode_t db)
+{
+	return 0600 | (db & 0020 ? 0060 : 0) | (db & 0002 ? 0006 : 0);
+}
+
+/*
+ * The bells directory, opened as one we may trust — checked like the
+ * writers' line (writeq.c): "<db>.bells" itself not a symbolic link
+ * (O_NOFOLLOW: a link another user planted sent root's rings, and its
+ * removals of stale bells, into a directory of the link's choosing), a
+ * directory, owned by us or by the database's owner, and writable by
+ * nobody the database does not let write. With `make`, made first when
+ * missing, and a directory of ours given the database's bits. A descriptor,
+ * or -1 (missing and not made, or not trusted: no bells, the core polls).
+ */
+static int bells_dir_open(const sqlite_backend *b, bool make)
+{
+	char *dir = bells_dir(b);
+	if (!dir)
+		return -1;
+	mode_t mode = bells_dir_mode(b->db_mode);
+	if (make)
+		(void)mkdir(dir, 0700);
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	free(dir);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) != 0)
+		goto refuse;
+	if (make && st.st_uid == geteuid() && (st.st_mode & 07777) != mode &&
+	    (fchmod(fd, mode) != 0 || fstat(fd, &st) != 0))
+		goto refuse;
+	if (S_ISDIR(st.st_mode) && (st.st_uid == geteuid() || st.st_uid == b->db_uid) &&
+	    !(st.st_mode & 0022 & ~(b->db_mode & 0022)))
+		return fd;
+refuse:
+	if (fd >= 0)
+		close(fd);
+	return -1;
+}
+
+/* Open bell `file` in the directory `dir` (made when missing and `create`,
+ * with the database's bits); -1 and errno. */
+static int bell_open(const sqlite_backend *b, int dir, const char *file, int how, bool create)
+{
+	int flags = how | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+	int fd = openat(dir, file, flags);
+	if (fd >= 0 || errno != ENOENT || !create)
+		return fd;
+	fd = openat(dir, file, flags | O_CREAT | O_EXCL, 0600);
+	if (fd >= 0)
+		(void)fchmod(fd, bell_file_mode(b->db_mode));
+	else if (errno == EEXIST) /* made meanwhile by another */
+		fd = openat(dir, file, flags);
+	return fd;
 }
 
 static unsigned bell_bucket(const sqlite_backend *b, const char *name)
@@ -768,15 +836,6 @@ static void bell_name(const sqlite_backend *b, const char *owner, char *f, size_
 	snprintf(f, n, "o%016" PRIx64, owner_bell(b, owner));
 }
 
-/* "<db>.bells/<file>", malloc'd, or NULL. */
-static char *bell_path(const sqlite_backend *b, const char *file)
-{
-	char *dir = bells_dir(b);
-	char *f = dir ? dlock__sprintf("%s/%s", dir, file) : NULL;
-	free(dir);
-	return f;
-}
-
 /* Ring a bell file (best effort; nothing when no waiter made the directory).
  * A waiter's own bell (`own`) is rung only while it exists: its waiter made
  * it, and watches it, before the try that registered it, and removes it when
@@ -786,13 +845,13 @@ static char *bell_path(const sqlite_backend *b, const char *file)
  * the front). */
 static void ring_file(const sqlite_backend *b, const char *file, bool own)
 {
-	char *f = bell_path(b, file);
-	if (f) {
-		int fd = open(f, O_WRONLY | (own ? 0 : O_CREAT) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+	int dir = bells_dir_open(b, false);
+	if (dir >= 0) {
+		int fd = bell_open(b, dir, file, O_WRONLY, !own);
 		if (fd >= 0)
 			close(fd);
+		close(dir);
 	}
-	free(f);
 	dlock_error_clear(); /* an allocation that failed above is not the caller's error */
 }
 
@@ -887,11 +946,15 @@ static void *bells_main(void *arg)
  * bells: a live waiter whose file goes makes a new one at its next try. */
 #define STALE_BELL_S 3600
 
-static void sweep_stale_bells(const char *dir)
+static void sweep_stale_bells(int dir)
 {
-	DIR *d = opendir(dir);
-	if (!d)
+	int fd = dup(dir);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!d) {
+		if (fd >= 0)
+			close(fd);
 		return;
+	}
 	time_t now = time(NULL);
 	for (struct dirent *e; (e = readdir(d)) != NULL;) {
 		struct stat st;
@@ -916,23 +979,17 @@ static int bells_start(sqlite_backend *b)
 	for (unsigned v = 0; v < NBELLS; v++)
 		bl->bucket_wd[v] = -1;
 	b->bells = bl;
-	char *dir = bells_dir(b);
-	struct stat dbst;
-	/* the directory is for whoever may use the database: its owner, and the
-	 * group or others where the file lets them write */
-	mode_t mode = 0700;
-	if (dir && stat(b->paths[0], &dbst) == 0)
-		mode |= (dbst.st_mode & 0020 ? 0070 : 0) | (dbst.st_mode & 0002 ? 0007 : 0);
-	bl->mode = mode;
-	if (!dir || (mkdir(dir, mode) != 0 && errno != EEXIST) ||
-	    (bl->ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0 ||
-	    pipe2(bl->stop, O_CLOEXEC) != 0 || pthread_create(&bl->thread, NULL, bells_main, b) != 0) {
-		free(dir);
+	int dir = bells_dir_open(b, true);
+	if (dir < 0)
+		return dlock_error_set(DLOCK_ESTORE, "sqlite", NULL,
+				       "sqlite: %s.bells is not a directory of this database's owner (or it "
+				       "cannot be made): waiters poll", b->paths[0]);
+	sweep_stale_bells(dir);
+	close(dir);
+	if ((bl->ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0 ||
+	    pipe2(bl->stop, O_CLOEXEC) != 0 || pthread_create(&bl->thread, NULL, bells_main, b) != 0)
 		return dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: cannot watch for wake-ups: %s",
 				       strerror(errno));
-	}
-	sweep_stale_bells(dir);
-	free(dir);
 	bl->started = true;
 	return 0;
 }
@@ -972,24 +1029,22 @@ static int watch_bell(const sqlite_backend *b, const char *file, int *wd)
 {
 	if (*wd >= 0)
 		return 0;
-	char *f = bell_path(b, file);
-	if (f) {
-		int fd = open(f, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
-		if (fd < 0 && errno == ENOENT) { /* the directory vanished: make it again */
-			char *dir = bells_dir(b);
-			if (dir && (mkdir(dir, b->bells->mode) == 0 || errno == EEXIST))
-				fd = open(f, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
-			free(dir);
-		}
-		if (fd >= 0) {
-			close(fd);
-			*wd = inotify_add_watch(b->bells->ifd, f, IN_CLOSE_WRITE | IN_DONT_FOLLOW);
-		}
+	/* the directory at the path now (made again if it vanished), checked */
+	int dir = bells_dir_open(b, true);
+	int fd = dir >= 0 ? bell_open(b, dir, file, O_RDONLY, true) : -1;
+	if (fd >= 0) {
+		close(fd);
+		/* through the checked directory's descriptor, not its name */
+		char f[64];
+		snprintf(f, sizeof f, "/proc/self/fd/%d/%s", dir, file);
+		*wd = inotify_add_watch(b->bells->ifd, f, IN_CLOSE_WRITE | IN_DONT_FOLLOW);
 	}
-	free(f);
+	int e = errno;
+	if (dir >= 0)
+		close(dir);
 	return *wd >= 0 ? 0
 			: dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: cannot watch a doorbell: %s",
-					  strerror(errno));
+					  dir < 0 ? "the bells directory is not trusted" : strerror(e));
 }
 
 /* Watch bucket v's bell file (a no-op when watched already). (under bl->mu) */
@@ -1082,11 +1137,12 @@ static void sq_unwatch(dlock_backend *be, const dlock_request *req)
 			if (w->own_wd >= 0) { /* its bell was not rung: take it away */
 				char f[24];
 				bell_name(b, w->owner, f, sizeof f);
-				char *path = bell_path(b, f);
 				inotify_rm_watch(bl->ifd, w->own_wd);
-				if (path)
-					unlink(path);
-				free(path);
+				int dir = bells_dir_open(b, false);
+				if (dir >= 0) {
+					unlinkat(dir, f, 0);
+					close(dir);
+				}
 			}
 			free(w->name);
 			free(w);
@@ -1640,8 +1696,11 @@ static int connect_db(sqlite_backend *b, int64_t deadline)
 		b->ids[i].known = stat(b->paths[i], &st) == 0;
 		b->ids[i].dev = st.st_dev;
 		b->ids[i].ino = st.st_ino;
-		if (i == 0 && b->ids[0].known)
+		if (i == 0 && b->ids[0].known) {
 			links = st.st_nlink;
+			b->db_uid = st.st_uid;
+			b->db_mode = st.st_mode;
+		}
 	}
 	/* SQLite names the -wal and -shm after the name it was given: processes
 	 * opening one database through two hard links would keep two WALs. */
