@@ -803,8 +803,8 @@ static int run_capture(const char *work, char *const argv[], const char *env_nam
 	}
 	if (pid == 0) {
 		char path[PATH_MAX];
-		snprintf(path, sizeof path, "%.4000s/server.log", work);
-		int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		snprintf(path, sizeof path, "%.4000s/server.log", work ? work : "");
+		int fd = work ? open(path, O_WRONLY | O_CREAT | O_APPEND, 0644) : open("/dev/null", O_WRONLY);
 		if (fd >= 0)
 			dup2(fd, 2);
 		dup2(p[1], 1);
@@ -1122,11 +1122,12 @@ static void do_session_kill(run_ctx *c, int slot, pid_t pid, fault *f)
 			 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE client_port IN (%s) AND pid <> "
 			 "pg_backend_pid()",
 			 list);
-		/* the store's URI without dlock's own parameters */
-		snprintf(conn, sizeof conn, "%.*s", (int)strcspn(c->uri, "?#"), c->uri);
+		/* the store's server and database, the password in the environment
+		 * (not in a process list), without dlock's own parameters */
+		snprintf(conn, sizeof conn, "postgresql://%s@%s:%d/%s", u.user, u.host, u.port ? u.port : 5432, u.db);
 		char *argv[] = { "psql", "-X", "-q", "-t", "-A", "-d", conn, "-c", sql, NULL };
 		f->start_us = check_now_us();
-		rc = run_capture(o->work_dir, argv, NULL, NULL, out, sizeof out);
+		rc = run_capture(o->work_dir, argv, "PGPASSWORD", u.pass, out, sizeof out);
 		killed = rc == 0 ? atoll(out) : 0;
 	} else {
 		char sql[700], port[16], pass[300];
