@@ -8,6 +8,10 @@
  *    trying: no on_lost, every try refused, the hold is found on the new
  *    master, a waiter that subscribed before the move is woken by the
  *    release after it, and its fence is higher;
+ *  - failback (issue 30 row 5, wait_replicas=0): a master's replica cut off,
+ *    one more fence, the replica takes over (the fence lost in the resync)
+ *    and the old master takes its slots back with its old run_id: the next
+ *    fence is above every earlier one;
  *  - failover: the master of a held lock is killed; its replica takes over;
  *    the hold survives (granted only once the replica had it: WAIT), the
  *    holder renews on the new master, another client is refused until the
@@ -321,6 +325,170 @@ static void case_reshard(void)
 	dlock_store_close(s);
 }
 
+/* INFO replication of the node on port: does it say `line`? */
+static int repl_says(int port, const char *line)
+{
+	redisContext *c = at(port);
+	redisReply *r = redisCommand(c, "INFO replication");
+	int yes = r && r->type == REDIS_REPLY_STRING && strstr(r->str, line) != NULL;
+	if (r)
+		freeReplyObject(r);
+	redisFree(c);
+	return yes;
+}
+
+/* Look every 50 ms, at most 60 s, until `port` is a replica with its link
+ * up (to the master the slot map names: over TLS its master_port is the
+ * TLS port, so that is not compared). */
+static int await_replica(int port)
+{
+	for (long long until = tu_now_ms() + 60000;
+	     !repl_says(port, "role:slave") || !repl_says(port, "master_link_status:up");) {
+		if (tu_now_ms() > until)
+			return 0;
+		usleep(50000);
+	}
+	return 1;
+}
+
+/* A command on the node at port whose answer must not be an error. */
+static void node_ok(int port, const char *cmd, const char *arg)
+{
+	redisContext *c = at(port);
+	redisReply *r = arg ? redisCommand(c, cmd, arg) : redisCommand(c, cmd);
+	if (!r || r->type == REDIS_REPLY_ERROR) {
+		fprintf(stderr, "%d: '%s' failed: %s\n", port, cmd, r ? r->str : "no reply");
+		tu_failures++;
+	}
+	if (r)
+		freeReplyObject(r);
+	redisFree(c);
+}
+
+/* The first replica of the master serving slot (CLUSTER SLOTS): its port; -1. */
+static int replica_of_slot(int slot)
+{
+	redisContext *c = at(master_of(slot, NULL));
+	redisReply *r = redisCommand(c, "CLUSTER SLOTS");
+	int port = -1;
+	for (size_t k = 0; r && r->type == REDIS_REPLY_ARRAY && k < r->elements; k++) {
+		redisReply *e = r->element[k];
+		if (e->elements >= 4 && slot >= e->element[0]->integer && slot <= e->element[1]->integer)
+			port = (int)e->element[3]->element[1]->integer;
+	}
+	if (r)
+		freeReplyObject(r);
+	redisFree(c);
+	return port;
+}
+
+/* One acquire + release on s within 30 s (the map settles after a
+ * failover): the fence, 0 when not granted. */
+static uint64_t take_fence(dlock_store *s, const char *name)
+{
+	dlock_lock *l = new_lock(s, name, 5000, false);
+	int rc;
+	long long until = tu_now_ms() + 30000;
+	while ((rc = dlock_acquire(l, 2000)) != 0 && tu_now_ms() < until)
+		usleep(100000);
+	CHECK_RC(rc, 0);
+	uint64_t f = rc == 0 ? dlock_fence(l) : 0;
+	if (rc == 0)
+		CHECK_RC(dlock_release(l), 0);
+	dlock_lock_free(l);
+	return f;
+}
+
+/*
+ * Failback (issue 30 row 5), with wait_replicas=0: fences on master M; its
+ * replica R cut off (a wrong masterauth: it cannot sync again) and M grants
+ * one more; R takes over (CLUSTER FAILOVER FORCE), M becomes its replica and
+ * resyncs (that fence is lost), then M takes its slots back (CLUSTER
+ * FAILOVER), with its old run_id. The next fence must be above every
+ * earlier one: with the run_id alone as the guard's epoch, M found its own
+ * id in the data and handed out the lost fence again.
+ */
+static void case_failback(void)
+{
+	const char *name = "failback";
+	char key[64], u[2200];
+	snprintf(key, sizeof(key), "{dlock:%s}", name);
+	int slot = keyslot(key), m = master_of(slot, NULL), r = replica_of_slot(slot);
+	for (long long until = tu_now_ms() + 10000; r <= 0 && tu_now_ms() < until; r = replica_of_slot(slot))
+		usleep(50000); /* a fresh cluster's map names the replicas once the bus has gossiped them */
+	CHECK(m > 0 && r > 0);
+	if (m <= 0 || r <= 0)
+		return;
+	snprintf(u, sizeof(u), "%s%swait_replicas=0", uri, strchr(uri, '?') ? "&" : "?");
+	dlock_store *s = NULL;
+	CHECK_RC(dlock_store_open(&s, u), 0);
+	if (!s)
+		return;
+	uint64_t top = 0, f;
+	for (int i = 0; i < 2; i++) {
+		f = take_fence(s, name);
+		CHECK(f > top);
+		top = f;
+	}
+	node_ok(m, "CONFIG SET repl-diskless-sync-delay 0", NULL);
+	node_ok(r, "CONFIG SET repl-diskless-sync-delay 0", NULL);
+	node_ok(m, "WAIT 1 5000", NULL);
+	node_ok(r, "CONFIG SET masterauth not-the-password", NULL);
+	node_ok(m, "CLIENT KILL TYPE replica", NULL);
+	for (long long until = tu_now_ms() + 10000; !repl_says(r, "master_link_status:down") && tu_now_ms() < until;)
+		usleep(20000);
+	CHECK(repl_says(r, "master_link_status:down"));
+	f = take_fence(s, name);
+	CHECK(f > top);
+	top = f;
+	long long t0 = tu_now_ms();
+	node_ok(r, "CLUSTER FAILOVER FORCE", NULL);
+	while (master_of(slot, NULL) != r && tu_now_ms() - t0 < 60000)
+		usleep(50000);
+	CHECK(master_of(slot, NULL) == r);
+	node_ok(r, "CONFIG SET masterauth %s", "");
+	CHECK(await_replica(m));
+	redisContext *c = at(m);
+	redisReply *rep = redisCommand(c, "READONLY");
+	if (rep)
+		freeReplyObject(rep);
+	rep = redisCommand(c, "GET %s:f", key);
+	long long kept = rep && rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : -1;
+	if (rep)
+		freeReplyObject(rep);
+	redisFree(c);
+	CHECK(kept >= 0 && kept < (long long)top); /* the last fence is lost: the case to prove */
+	/* a manual failover times out (5 s) when R does not know M as its
+	 * replica yet (the bus gossips it): ask again */
+	for (long long again = 0; master_of(slot, NULL) != m && tu_now_ms() - t0 < 90000; usleep(50000)) {
+		if (tu_now_ms() >= again) {
+			node_ok(m, "CLUSTER FAILOVER", NULL);
+			again = tu_now_ms() + 6000;
+		}
+	}
+	CHECK(master_of(slot, NULL) == m);
+	CHECK(await_replica(r));
+	char cmd[4096];
+	snprintf(cmd, sizeof(cmd), "bash %s wait-ok %s", script, dir);
+	CHECK(system(cmd) == 0);
+	f = take_fence(s, name);
+	printf("  failback: fences up to %llu handed out, %lld kept through the failover; %d serves the slot "
+	       "again after %lld ms: next fence %llu",
+	       (unsigned long long)top, kept, m, tu_now_ms() - t0, (unsigned long long)f);
+	CHECK(f > top);
+	top = f > top ? f : top;
+	dlock_store *s2 = NULL;
+	CHECK_RC(dlock_store_open(&s2, u), 0);
+	if (s2) {
+		f = take_fence(s2, name);
+		printf(", %llu (new handle)", (unsigned long long)f);
+		CHECK(f > top);
+		dlock_store_close(s2);
+	}
+	printf("\n");
+	dlock_store_close(s);
+}
+
 static void case_failover(void)
 {
 	const char *name = "failover";
@@ -393,6 +561,7 @@ int main(int argc, char **argv)
 	static const tu_case cases[] = {
 		{ "spread", case_spread },
 		{ "reshard", case_reshard },
+		{ "failback", case_failback },
 		{ "failover", case_failover },
 	};
 	tu_run_cases(cases, sizeof(cases) / sizeof(cases[0]), argc, argv, 3);
