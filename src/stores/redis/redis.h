@@ -154,9 +154,9 @@ int dlock__rreply_int(const redisReply *r, long long *v);
 /* ---- scripts ---- */
 enum {
 	/* KEYS[1] is always the holder key H; scripts derive the others from it. */
-	DLOCK__RS_ACQUIRE, /* ARGV owner ttl flags permits qttl "pid host" ticket [server id: fence
-			      guard] -> {1, fence} | {1, fence, reservation: WAIT, then confirm} |
-			      {0, retry_ms} */
+	DLOCK__RS_ACQUIRE, /* ARGV owner ttl flags permits qttl "pid host" ticket [run_id: fence
+			      guard; the script adds master_replid] -> {1, fence} | {1, fence,
+			      reservation: WAIT, then confirm} | {0, retry_ms} */
 	DLOCK__RS_RELEASE, /* ARGV owner -> 1 | 0 (and PUBLISH on the channel) */
 	DLOCK__RS_RENEW,   /* KEYS H1..Hn; ARGV owner1 ttl1 ... -> {fence|0, ...} (also extend) */
 	DLOCK__RS_CANCEL,  /* ARGV owner -> 1 */
