@@ -19,6 +19,11 @@
  *                      and waits still end (by polling); one we make gets
  *                      the database's group bits whatever the umask (0660
  *                      database: 01770 directory, 0660 bells)
+ *   one_inotify        three store handles of one process (two on one file,
+ *                      one on another) wait at once: one inotify instance in
+ *                      the process, not one per handle; each waiter is rung
+ *                      (granted within 400 ms of its holder's release); none
+ *                      is left once the handles are closed
  *   no_renew_deleted   a hold nobody renews (no_renew, as `dlock acquire`
  *                      leaves) whose file was deleted and taken by another
  *                      process: its next extend and release say it is lost
@@ -450,6 +455,99 @@ static void case_bells_dir(void)
 	sp_remove_db(path);
 }
 
+/* inotify instances this process has open. */
+static int inotify_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+	for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+		char link[256] = "";
+		if (readlinkat(dirfd(d), e->d_name, link, sizeof link - 1) > 0 && strcmp(link, "anon_inode:inotify") == 0)
+			n++;
+	}
+	if (d)
+		closedir(d);
+	return n;
+}
+
+typedef struct waiter {
+	dlock_lock *l;
+	int rc;
+	long long granted;
+} waiter;
+
+static void *wait_for(void *arg)
+{
+	waiter *w = arg;
+	w->rc = dlock_acquire(w->l, 10000);
+	w->granted = tu_now_ms();
+	if (w->rc == 0)
+		dlock_release(w->l);
+	return NULL;
+}
+
+static void case_one_inotify(void)
+{
+	char path[2][700], uri[2][1600];
+	for (int i = 0; i < 2; i++) {
+		snprintf(path[i], sizeof path[i], "%s/inotify-%d.db", dir, i);
+		sp_remove_db(path[i]);
+		snprintf(uri[i], sizeof uri[i], "sqlite://%s", path[i]);
+	}
+	int before = inotify_fds();
+	dlock_store *hs[2] = { NULL, NULL }, *ws[3] = { NULL, NULL, NULL };
+	dlock_lock *h[2] = { NULL, NULL };
+	waiter w[3] = { { NULL, -1, 0 }, { NULL, -1, 0 }, { NULL, -1, 0 } };
+	const char *names[3] = { "a", "b", "a" }; /* file 0: "a" and "b"; file 1: "a" */
+	const int file_of[3] = { 0, 0, 1 };
+	for (int i = 0; i < 2; i++) {
+		CHECK_RC(dlock_store_open(&hs[i], uri[i]), 0);
+		if (!hs[i])
+			return;
+	}
+	/* holders: "a" and "b" of file 0 in one handle, "a" of file 1 in another */
+	dlock_lock *hb = NULL;
+	CHECK_RC(dlock_lock_new(&h[0], hs[0], "a", NULL), 0);
+	CHECK_RC(dlock_lock_new(&hb, hs[0], "b", NULL), 0);
+	CHECK_RC(dlock_lock_new(&h[1], hs[1], "a", NULL), 0);
+	CHECK_RC(dlock_acquire(h[0], 0), 0);
+	CHECK_RC(dlock_acquire(hb, 0), 0);
+	CHECK_RC(dlock_acquire(h[1], 0), 0);
+	pthread_t t[3];
+	for (int i = 0; i < 3; i++) {
+		CHECK_RC(dlock_store_open(&ws[i], uri[file_of[i]]), 0);
+		if (ws[i])
+			CHECK_RC(dlock_lock_new(&w[i].l, ws[i], names[i], NULL), 0);
+		pthread_create(&t[i], NULL, wait_for, &w[i]);
+	}
+	CHECK(tu_await_waiters(hs[0], "a", 1, 10000));
+	CHECK(tu_await_waiters(hs[0], "b", 1, 10000));
+	CHECK(tu_await_waiters(hs[1], "a", 1, 10000));
+	int during = inotify_fds() - before;
+	fprintf(stderr, "one_inotify: %d inotify instance(s) for 3 waiting store handles\n", during);
+	CHECK(during == 1);
+	long long released = tu_now_ms();
+	CHECK_RC(dlock_release(h[0]), 0);
+	CHECK_RC(dlock_release(hb), 0);
+	CHECK_RC(dlock_release(h[1]), 0);
+	for (int i = 0; i < 3; i++) {
+		pthread_join(t[i], NULL);
+		CHECK_RC(w[i].rc, 0);
+		fprintf(stderr, "one_inotify: waiter %d granted %lld ms after the releases\n", i, w[i].granted - released);
+		CHECK(w[i].granted - released < 400 + TU_SCHED_GRACE_MS); /* rung: not a nap */
+		dlock_lock_free(w[i].l);
+		dlock_store_close(ws[i]);
+	}
+	dlock_lock_free(h[0]);
+	dlock_lock_free(hb);
+	dlock_lock_free(h[1]);
+	for (int i = 0; i < 2; i++)
+		dlock_store_close(hs[i]);
+	CHECK(inotify_fds() == before);
+	for (int i = 0; i < 2; i++)
+		sp_remove_db(path[i]);
+}
+
 int main(int argc, char **argv)
 {
 	int role = sp_role(argc, argv);
@@ -465,6 +563,7 @@ int main(int argc, char **argv)
 		{ "no_renew_deleted", case_no_renew_deleted },
 		{ "foreign_db", case_foreign_db },
 		{ "bells_dir", case_bells_dir },
+		{ "one_inotify", case_one_inotify },
 	};
 	if (tu_run_cases(cases, sizeof(cases) / sizeof(*cases), argc, argv, 2) == 0)
 		return 2;

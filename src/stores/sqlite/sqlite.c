@@ -739,12 +739,104 @@ typedef struct bell_watch {
 typedef struct bells {
 	pthread_mutex_t mu;
 	bell_watch *watches;  /* under mu */
-	int ifd;              /* inotify: one watch per bell file a waiter here listens to */
-	int bucket_wd[NBELLS]; /* the bucket files' watches, -1: not watched */
-	int stop[2];          /* a pipe: close asks the thread to end */
-	pthread_t thread;
-	bool started;
+	int bucket_wd[NBELLS]; /* the bucket files' watches (in the hub's instance), -1: not watched */
+	sqlite_backend *b;    /* the handle it wakes */
+	struct bells *next;   /* in the hub's list (under hub.mu) */
+	bool started;         /* in the hub */
 } bells;
+
+/*
+ * The hub: ONE inotify instance and one thread for the bells of every store
+ * handle of the process, however many wait (a user has 128 instances by
+ * default, and programs that are not ours need them too). Each event goes
+ * to every handle's bells, which match it against their own watches. Two
+ * handles watching one bell file get the same watch descriptor: `refs`
+ * counts its users, and only the last one's leaving removes the watch.
+ * Locks: hub.mu (the list, the instance's life) before a bells' mu before
+ * hub.ref_mu. The thread ends when the last handle's bells go.
+ */
+typedef struct hub_ref {
+	int wd, n;
+} hub_ref;
+
+static struct {
+	pthread_mutex_t mu, ref_mu;
+	bells *list;
+	int ifd, stop[2];
+	pthread_t thread;
+	bool running;
+	pid_t pid;        /* of the process that made it: a fork()'s child starts anew */
+	hub_ref *refs;    /* under ref_mu */
+	size_t nrefs, caprefs;
+} hub = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, NULL, -1, { -1, -1 }, 0, false, 0, NULL, 0, 0 };
+
+/* Watch a bell file (a path) in the hub's instance: its descriptor, or -1. */
+static int hub_watch(const char *path)
+{
+	pthread_mutex_lock(&hub.ref_mu);
+	int wd = inotify_add_watch(hub.ifd, path, IN_CLOSE_WRITE | IN_DONT_FOLLOW);
+	if (wd >= 0) {
+		size_t i = 0;
+		while (i < hub.nrefs && hub.refs[i].wd != wd)
+			i++;
+		if (i == hub.nrefs) {
+			if (hub.nrefs == hub.caprefs) {
+				size_t cap = hub.caprefs ? 2 * hub.caprefs : 64;
+				hub_ref *r = realloc(hub.refs, cap * sizeof(*r));
+				if (!r) { /* cannot count it: do without this watch */
+					inotify_rm_watch(hub.ifd, wd);
+					pthread_mutex_unlock(&hub.ref_mu);
+					errno = ENOMEM;
+					return -1;
+				}
+				hub.refs = r;
+				hub.caprefs = cap;
+			}
+			hub.refs[hub.nrefs++] = (hub_ref){ wd, 0 };
+		}
+		hub.refs[i].n++;
+	}
+	pthread_mutex_unlock(&hub.ref_mu);
+	return wd;
+}
+
+/* One user of watch wd leaves (`gone`: the kernel removed it, IN_IGNORED). */
+static void hub_unwatch(int wd, bool gone)
+{
+	pthread_mutex_lock(&hub.ref_mu);
+	for (size_t i = 0; i < hub.nrefs; i++)
+		if (hub.refs[i].wd == wd) {
+			if (gone || --hub.refs[i].n <= 0) {
+				if (!gone)
+					inotify_rm_watch(hub.ifd, wd);
+				hub.refs[i] = hub.refs[--hub.nrefs];
+			}
+			break;
+		}
+	pthread_mutex_unlock(&hub.ref_mu);
+}
+
+/* In a fork()'s child: the parent's hub (its thread is not here; its locks
+ * may have been held at the fork) is forgotten, its descriptors closed. */
+static void hub_after_fork(void)
+{
+	if (hub.pid == 0 || hub.pid == getpid())
+		return;
+	pthread_mutex_init(&hub.mu, NULL);
+	pthread_mutex_init(&hub.ref_mu, NULL);
+	if (hub.ifd >= 0)
+		close(hub.ifd);
+	for (int i = 0; i < 2; i++)
+		if (hub.stop[i] >= 0)
+			close(hub.stop[i]);
+	free(hub.refs);
+	hub.refs = NULL;
+	hub.nrefs = hub.caprefs = 0;
+	hub.ifd = hub.stop[0] = hub.stop[1] = -1;
+	hub.list = NULL;
+	hub.running = false;
+	hub.pid = 0;
+}
 
 static char *bells_dir(const sqlite_backend *b)
 {
@@ -874,68 +966,84 @@ static void ring_front(sqlite_backend *b)
 	memset(b->front, 0, sizeof b->front);
 }
 
-static void *bells_main(void *arg)
+/* The events of one read, for one handle's bells (under bl->mu). */
+static void bells_dispatch(bells *bl, const char *buf, ssize_t n)
 {
-	sqlite_backend *b = arg;
-	bells *bl = b->bells;
+	bool rung[NBELLS] = { false }, lost[NBELLS] = { false }, all = false;
+	int own[64], gone[64];
+	size_t nown = 0, ngone = 0;
+	for (const char *q = buf; q < buf + n;) {
+		const struct inotify_event *ev = (const struct inotify_event *)q;
+		q += sizeof(*ev) + ev->len;
+		if (ev->mask & IN_Q_OVERFLOW) {
+			all = true;
+			continue;
+		}
+		bool bucket = false;
+		for (unsigned v = 0; v < NBELLS && !bucket; v++)
+			if (bl->bucket_wd[v] == ev->wd) {
+				bucket = true;
+				if (ev->mask & IN_IGNORED) {
+					/* the file went (deleted): its listeners look now,
+					 * and their next try makes and watches it again */
+					bl->bucket_wd[v] = -1;
+					lost[v] = true;
+				} else {
+					rung[v] = true;
+				}
+			}
+		if (bucket)
+			continue;
+		if (ev->mask & IN_IGNORED) /* an own bell removed: rung, or deleted by someone */
+			ngone < 64 ? (void)(gone[ngone++] = ev->wd) : (void)(all = true);
+		else if (ev->mask & IN_CLOSE_WRITE)
+			nown < 64 ? (void)(own[nown++] = ev->wd) : (void)(all = true);
+	}
+	for (bell_watch *w = bl->watches; w; w = w->next) {
+		bool mine = false;
+		for (size_t i = 0; i < nown && !mine; i++)
+			mine = w->own_wd >= 0 && own[i] == w->own_wd;
+		for (size_t i = 0; i < ngone; i++)
+			if (w->own_wd >= 0 && gone[i] == w->own_wd) {
+				w->own_wd = -1;
+				mine = true; /* its file was removed: look, and watch a new one */
+			}
+		if (mine)
+			dlock_backend_wake_owner(&bl->b->base, w->owner);
+		else if (all || lost[w->bucket] || (rung[w->bucket] && !w->behind))
+			dlock_backend_wake(&bl->b->base, w->name);
+	}
+}
+
+static void *hub_main(void *arg)
+{
+	int ifd = hub.ifd, stop = hub.stop[0];
+	(void)arg;
 	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
 	for (;;) {
-		struct pollfd p[2] = { { bl->ifd, POLLIN, 0 }, { bl->stop[0], POLLIN, 0 } };
+		struct pollfd p[2] = { { ifd, POLLIN, 0 }, { stop, POLLIN, 0 } };
 		if (poll(p, 2, -1) < 0 && errno != EINTR)
 			break;
 		if (p[1].revents)
 			break;
 		if (!(p[0].revents & POLLIN))
 			continue;
-		ssize_t n = read(bl->ifd, buf, sizeof buf);
+		ssize_t n = read(ifd, buf, sizeof buf);
 		if (n <= 0)
 			continue;
-		bool rung[NBELLS] = { false }, lost[NBELLS] = { false }, all = false;
-		int own[64], gone[64];
-		size_t nown = 0, ngone = 0;
-		pthread_mutex_lock(&bl->mu);
-		for (char *q = buf; q < buf + n;) {
-			struct inotify_event *ev = (struct inotify_event *)q;
+		pthread_mutex_lock(&hub.mu);
+		for (const char *q = buf; q < buf + n;) { /* watches the kernel removed */
+			const struct inotify_event *ev = (const struct inotify_event *)q;
 			q += sizeof(*ev) + ev->len;
-			if (ev->mask & IN_Q_OVERFLOW) {
-				all = true;
-				continue;
-			}
-			bool bucket = false;
-			for (unsigned v = 0; v < NBELLS && !bucket; v++)
-				if (bl->bucket_wd[v] == ev->wd) {
-					bucket = true;
-					if (ev->mask & IN_IGNORED) {
-						/* the file went (deleted): its listeners look now,
-						 * and their next try makes and watches it again */
-						bl->bucket_wd[v] = -1;
-						lost[v] = true;
-					} else {
-						rung[v] = true;
-					}
-				}
-			if (bucket)
-				continue;
-			if (ev->mask & IN_IGNORED) /* an own bell removed: rung, or deleted by someone */
-				ngone < 64 ? (void)(gone[ngone++] = ev->wd) : (void)(all = true);
-			else if (ev->mask & IN_CLOSE_WRITE)
-				nown < 64 ? (void)(own[nown++] = ev->wd) : (void)(all = true);
+			if (ev->mask & IN_IGNORED)
+				hub_unwatch(ev->wd, true);
 		}
-		for (bell_watch *w = bl->watches; w; w = w->next) {
-			bool mine = false;
-			for (size_t i = 0; i < nown && !mine; i++)
-				mine = w->own_wd >= 0 && own[i] == w->own_wd;
-			for (size_t i = 0; i < ngone; i++)
-				if (w->own_wd >= 0 && gone[i] == w->own_wd) {
-					w->own_wd = -1;
-					mine = true; /* its file was removed: look, and watch a new one */
-				}
-			if (mine)
-				dlock_backend_wake_owner(&b->base, w->owner);
-			else if (all || lost[w->bucket] || (rung[w->bucket] && !w->behind))
-				dlock_backend_wake(&b->base, w->name);
+		for (bells *bl = hub.list; bl; bl = bl->next) {
+			pthread_mutex_lock(&bl->mu);
+			bells_dispatch(bl, buf, n);
+			pthread_mutex_unlock(&bl->mu);
 		}
-		pthread_mutex_unlock(&bl->mu);
+		pthread_mutex_unlock(&hub.mu);
 	}
 	return NULL;
 }
@@ -966,7 +1074,8 @@ static void sweep_stale_bells(int dir)
 	closedir(d);
 }
 
-/* Start the bells (once per handle). 0 or an error (the core then polls). */
+/* Start the bells (once per handle): into the hub, started with the
+ * first. 0 or an error (the core then polls). */
 static int bells_start(sqlite_backend *b)
 {
 	if (b->bells)
@@ -975,9 +1084,9 @@ static int bells_start(sqlite_backend *b)
 	if (!bl)
 		return DLOCK_ENOMEM;
 	pthread_mutex_init(&bl->mu, NULL);
-	bl->ifd = bl->stop[0] = bl->stop[1] = -1;
 	for (unsigned v = 0; v < NBELLS; v++)
 		bl->bucket_wd[v] = -1;
+	bl->b = b;
 	b->bells = bl;
 	int dir = bells_dir_open(b, true);
 	if (dir < 0)
@@ -986,36 +1095,88 @@ static int bells_start(sqlite_backend *b)
 				       "cannot be made): waiters poll", b->paths[0]);
 	sweep_stale_bells(dir);
 	close(dir);
-	if ((bl->ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0 ||
-	    pipe2(bl->stop, O_CLOEXEC) != 0 || pthread_create(&bl->thread, NULL, bells_main, b) != 0)
+	pthread_mutex_lock(&hub.mu);
+	hub_after_fork();
+	int e = 0;
+	if (!hub.running) {
+		if ((hub.ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0 || pipe2(hub.stop, O_CLOEXEC) != 0 ||
+		    pthread_create(&hub.thread, NULL, hub_main, NULL) != 0) {
+			e = errno ? errno : EAGAIN;
+			if (hub.ifd >= 0)
+				close(hub.ifd);
+			for (int i = 0; i < 2; i++)
+				if (hub.stop[i] >= 0)
+					close(hub.stop[i]);
+			hub.ifd = hub.stop[0] = hub.stop[1] = -1;
+		} else {
+			hub.running = true;
+			hub.pid = getpid();
+		}
+	}
+	if (!e) {
+		bl->next = hub.list;
+		hub.list = bl;
+		bl->started = true;
+	}
+	pthread_mutex_unlock(&hub.mu);
+	if (e)
 		return dlock_error_set(DLOCK_ESTORE, "sqlite", NULL, "sqlite: cannot watch for wake-ups: %s",
-				       strerror(errno));
-	bl->started = true;
+				       strerror(e));
 	return 0;
 }
 
-/* Forget the bells (close or fork's child: no thread to stop there). */
-static void bells_free(sqlite_backend *b, bool stop_thread)
+/* Forget the bells (close; or fork's child: `in_parent` false, the hub is
+ * the parent's). The last handle's leaving stops the hub. */
+static void bells_free(sqlite_backend *b, bool in_parent)
 {
 	bells *bl = b->bells;
 	if (!bl)
 		return;
-	if (bl->started && stop_thread) {
-		(void)!write(bl->stop[1], "x", 1);
-		pthread_join(bl->thread, NULL);
+	pthread_mutex_lock(&hub.mu);
+	hub_after_fork();
+	bool stop = false;
+	pthread_t thread;
+	int fds[3] = { -1, -1, -1 };
+	if (bl->started && in_parent) {
+		for (bells **p = &hub.list; *p; p = &(*p)->next)
+			if (*p == bl) {
+				*p = bl->next;
+				break;
+			}
+		/* out of the list: the thread no longer looks at it */
+		for (unsigned v = 0; v < NBELLS; v++)
+			if (bl->bucket_wd[v] >= 0)
+				hub_unwatch(bl->bucket_wd[v], false);
+		for (bell_watch *w = bl->watches; w; w = w->next)
+			if (w->own_wd >= 0)
+				hub_unwatch(w->own_wd, false);
+		if (!hub.list && hub.running) {
+			stop = true;
+			thread = hub.thread;
+			fds[0] = hub.ifd;
+			fds[1] = hub.stop[0];
+			fds[2] = hub.stop[1];
+			hub.ifd = hub.stop[0] = hub.stop[1] = -1;
+			hub.running = false;
+			free(hub.refs);
+			hub.refs = NULL;
+			hub.nrefs = hub.caprefs = 0;
+		}
 	}
-	for (int i = 0; i < 2; i++)
-		if (bl->stop[i] >= 0)
-			close(bl->stop[i]);
-	if (bl->ifd >= 0)
-		close(bl->ifd);
+	pthread_mutex_unlock(&hub.mu);
+	if (stop) {
+		(void)!write(fds[2], "x", 1);
+		pthread_join(thread, NULL);
+		for (int i = 0; i < 3; i++)
+			close(fds[i]);
+	}
 	while (bl->watches) {
 		bell_watch *w = bl->watches;
 		bl->watches = w->next;
 		free(w->name);
 		free(w);
 	}
-	if (stop_thread)
+	if (in_parent)
 		pthread_mutex_destroy(&bl->mu);
 	free(bl);
 	b->bells = NULL;
@@ -1037,7 +1198,7 @@ static int watch_bell(const sqlite_backend *b, const char *file, int *wd)
 		/* through the checked directory's descriptor, not its name */
 		char f[64];
 		snprintf(f, sizeof f, "/proc/self/fd/%d/%s", dir, file);
-		*wd = inotify_add_watch(b->bells->ifd, f, IN_CLOSE_WRITE | IN_DONT_FOLLOW);
+		*wd = hub_watch(f);
 	}
 	int e = errno;
 	if (dir >= 0)
@@ -1074,7 +1235,7 @@ static bool bucket_heard(const bells *bl, unsigned v)
 static void bucket_unheard(bells *bl, unsigned v)
 {
 	if (bl->bucket_wd[v] >= 0 && !bucket_heard(bl, v)) {
-		inotify_rm_watch(bl->ifd, bl->bucket_wd[v]);
+		hub_unwatch(bl->bucket_wd[v], false);
 		bl->bucket_wd[v] = -1;
 	}
 }
@@ -1137,7 +1298,7 @@ static void sq_unwatch(dlock_backend *be, const dlock_request *req)
 			if (w->own_wd >= 0) { /* its bell was not rung: take it away */
 				char f[24];
 				bell_name(b, w->owner, f, sizeof f);
-				inotify_rm_watch(bl->ifd, w->own_wd);
+				hub_unwatch(w->own_wd, false);
 				int dir = bells_dir_open(b, false);
 				if (dir >= 0) {
 					unlinkat(dir, f, 0);
