@@ -1209,8 +1209,9 @@ static long long mc_stat(int fd, const char *name)
 	return p ? atoll(p + strlen(want)) : -1;
 }
 
-/* evict: fill the server with keys of the sizes of a lock's (tens to a few
- * hundred bytes), twice its memory and until it has evicted (at most 4 ×). */
+/* evict: fill the server with keys of the sizes of a lock's (values of 1 to
+ * 300 bytes: every slab class they may be in, since memcached evicts per
+ * class), twice its memory and until it has evicted (at most 4 ×). */
 static void do_evict(run_ctx *c, uint64_t *rs, fault *f)
 {
 	int fd = mc_connect(c->uri);
@@ -1229,7 +1230,8 @@ static void do_evict(run_ctx *c, uint64_t *rs, fault *f)
 	char cmd[1024];
 	int64_t give_up = check_now_us() + 20000000;
 	while (written < 4 * limit && !check_interrupted && check_now_us() < give_up) {
-		size_t len = 40 + (size_t)check_rnd_below(rs, 260);
+		/* every slab class a lock's keys may be in: memcached evicts per class */
+		size_t len = 1 + (size_t)check_rnd_below(rs, 300);
 		int n = snprintf(cmd, sizeof cmd, "set dlock-check-fill/%d/%lld 0 300 %zu noreply\r\n", (int)getpid(), keys++,
 				 len);
 		memcpy(cmd + n, val, len);

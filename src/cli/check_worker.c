@@ -138,25 +138,28 @@ static pid_t sqlite_stall(const char *db, int64_t ms)
 }
 
 /* An extend while the renewal of the hold is delayed: the worker's link is
- * lagged from a little before the renewal is due (grant + ttl/3) to a little
- * after (what was sent then arrives ttl/4 late; what is sent later, on
- * another connection, overtakes it), or SQLite's write lock is held by
- * another process across that moment; then dlock_extend(6 × ttl). Returns
- * the extend's code; *delayed tells whether the delay was in place. */
+ * lagged from grant + ttl/6 to grant + 5 ttl/12, around the renewal (due at
+ * grant + ttl/3, sent up to half an interval early in a batch): what is sent
+ * then arrives 2 ttl/5 late, still within the lease, and after the extend,
+ * sent at once on another connection, which overtakes it. On SQLite another
+ * process holds the write lock over the same span, so the renewal and the
+ * extend both wait and race for it. Then dlock_extend(6 x ttl). Returns the
+ * extend's code; *delayed tells whether the delay was in place. */
 static int extend_delayed(const run_ctx *c, dlock_lock *lock, int ctl, int slot, int64_t t_grant, bool *delayed)
 {
 	const check_opts *o = c->o;
-	int64_t due = t_grant + o->ttl_ms * 1000 / 3, lead = o->ttl_ms * 1000 / 12;
+	int64_t from = t_grant + o->ttl_ms * 1000 / 6, to = t_grant + o->ttl_ms * 1000 * 5 / 12;
+	int64_t lag_ms = o->ttl_ms * 2 / 5 > 1 ? o->ttl_ms * 2 / 5 : 1;
 	*delayed = false;
-	check_sleep_until(due - lead);
+	check_sleep_until(from);
 	pid_t stall = -1;
 	char mode[48];
-	snprintf(mode, sizeof mode, "lag %lld", (long long)(o->ttl_ms / 4 > 1 ? o->ttl_ms / 4 : 1));
+	snprintf(mode, sizeof mode, "lag %lld", (long long)lag_ms);
 	if (ctl >= 0)
 		*delayed = proxy_own(c, ctl, slot, mode) == 0;
 	else if (c->db_path)
-		*delayed = (stall = sqlite_stall(c->db_path, o->ttl_ms / 4 > 1 ? o->ttl_ms / 4 : 1)) > 0;
-	check_sleep_until(due + 2 * lead);
+		*delayed = (stall = sqlite_stall(c->db_path, lag_ms)) > 0;
+	check_sleep_until(to);
 	if (ctl >= 0 && *delayed && proxy_own(c, ctl, slot, "pass") != 0)
 		*delayed = false;
 	int rc = dlock_extend(lock, 6 * o->ttl_ms);
@@ -394,9 +397,19 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 				check_sleep_ms(20);
 			continue;
 		}
-		dlock_lock *l = kind == K_HANDLE ? hlock : lock;
+		/* An extended hold has a handle of its own for each hold: an extend
+		 * keeps its TTL for the handle's later holds too. */
+		dlock_lock *elock = NULL;
+		if (kind == K_EXTEND && (rc = dlock_lock_new(&elock, store, o->name, &lo)) != 0) {
+			logf_line(c->log_fd, "E %d %d %lld %lld %d\n", slot, inc, seq, (long long)check_now_us(), rc);
+			check_sleep_ms(50);
+			continue;
+		}
+		dlock_lock *l = kind == K_HANDLE ? hlock : kind == K_EXTEND ? elock : lock;
 		int64_t t_req = check_now_us();
 		rc = dlock_acquire(l, wait_ms);
+		if (rc != 0)
+			dlock_lock_free(elock);
 		if (rc == DLOCK_ETIMEOUT && wait_ms < left_ms)
 			continue;
 		if (rc == DLOCK_ETIMEOUT)
@@ -459,6 +472,7 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 		 * hangs (a black hole) must not make the hold look longer. */
 		logf_line(c->log_fd, "R %d %d %lld %lld 0\n", slot, inc, seq, (long long)check_now_us());
 		dlock_release(l);
+		dlock_lock_free(elock);
 		/* A short think time, so that the releasing worker does not always win again. */
 		check_sleep_ms((int64_t)check_rnd_below(&rs, (uint64_t)(o->hold_ms / 2 + 1)));
 	}
