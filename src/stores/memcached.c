@@ -777,17 +777,63 @@ static int mc_cancel(dlock_backend *base, dlock_request *req)
  * the same keys flushes them and asks — one write, the server answers a
  * connection's commands in order — which exist with the value just
  * written: those were renewed; a missing key had expired (its replace
- * stored nothing). A single renewal (extend) is one confirmed replace.
+ * stored nothing). The same multi-get reads each hold's list and fence key:
+ * read, they stay recently used (memory pressure evicts colder items first:
+ * a list is written only at grants and releases), and a hold whose list no
+ * longer names it — evicted, or rewritten without it — is reported not ours
+ * (the core signals the loss), though its lease key was renewed.
  */
+/* Whether the holder list value v (of len bytes) lists `owner` as a holder. */
+static bool lists_holder(const char *v, size_t len, const char *owner)
+{
+	list l;
+	if (list_parse(&l, v, len) != 0)
+		return false;
+	bool found = false;
+	for (size_t i = 0; i < l.n && !found; i++)
+		found = l.e[i].kind == 'H' && strcmp(l.e[i].owner, owner) == 0;
+	list_free(&l);
+	return found;
+}
+
+static void fence_key(const char *k, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s/f", k);
+}
+
 static int renew_one(mc_backend *be, dlock_request *req, int *result)
 {
-	char k[MAX_ENCODED + 64], lk[320];
+	char k[MAX_ENCODED + 64], lk[320], fk[320];
 	base_key(be, req->name, k, sizeof k);
 	lease_key(k, req->owner, lk, sizeof lk);
 	int gone = 0;
 	*result = refresh_lease(be, lk, req->ttl_ms, &gone);
 	if (*result == 0 && gone)
 		*result = DLOCK_ENOTHELD;
+	if (*result != 0)
+		return 0;
+	/* The other keys of the hold: read (which keeps them recently used, so
+	 * that memory pressure evicts colder keys first), and the holder list
+	 * must still list us — evicted or rewritten without us, the lock may
+	 * already be someone else's. */
+	fence_key(k, fk, sizeof fk);
+	const char *keys[2] = { k, fk };
+	size_t lens[2] = { strlen(k), strlen(fk) };
+	int err = arm(be, "renew (get list)");
+	memcached_return_t rc = err ? MEMCACHED_SUCCESS : memcached_mget(be->mc, keys, lens, 2);
+	if (!err && rc != MEMCACHED_SUCCESS)
+		err = mc_error(be, rc, "renew (get list)");
+	bool listed = false;
+	memcached_result_st *res;
+	while (!err && (res = fetch(be, &rc))) {
+		if (memcached_result_key_length(res) == lens[0] &&
+		    !memcmp(memcached_result_key_value(res), k, lens[0]))
+			listed = lists_holder(memcached_result_value(res), memcached_result_length(res), req->owner);
+		memcached_result_free(res);
+	}
+	if (!err && rc != MEMCACHED_END && rc != MEMCACHED_SUCCESS && rc != MEMCACHED_NOTFOUND)
+		err = mc_error(be, rc, "renew (get list)");
+	*result = err ? err : listed ? 0 : DLOCK_ENOTHELD;
 	return 0;
 }
 
@@ -797,8 +843,8 @@ static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, i
 	if (n == 0)
 		return 0;
 	be->deadline = reqs[0]->deadline_ms;
-	if (n == 1)
-		return renew_one(be, reqs[0], &results[0]);
+	/* One renewal (an extend) too goes as a batch: one round trip for its
+	 * lease, its list and its fence key. */
 	if (!be->rmc) {
 		be->rmc = memcached_clone(NULL, be->mc);
 		if (!be->rmc)
@@ -810,20 +856,26 @@ static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, i
 	memcached_st *main_mc = be->mc;
 	int main_dropped = be->dropped; /* about the main connection: kept */
 	be->mc = be->rmc;
-	char (*keys)[320] = malloc(n * sizeof(*keys));
-	const char **kp = malloc(n * sizeof(*kp));
-	size_t *kl = malloc(n * sizeof(*kl));
+	/* lease keys [0, n), holder lists [n, 2n), fence keys [2n, 3n) */
+	char (*keys)[320] = malloc(3 * n * sizeof(*keys));
+	const char **kp = malloc(3 * n * sizeof(*kp));
+	size_t *kl = malloc(3 * n * sizeof(*kl));
+	bool *listed = calloc(n, sizeof(*listed));
 	char val[64];
 	int vn = snprintf(val, sizeof val, "%" PRId64 " %" PRId64, dlock_wall_ms(), reqs[0]->ttl_ms);
-	int rc = keys && kp && kl ? arm(be, "renew") : dlock__oom();
+	int rc = keys && kp && kl && listed ? arm(be, "renew") : dlock__oom();
 	memcached_return_t mrc = MEMCACHED_SUCCESS;
 	if (!rc) {
 		for (size_t i = 0; i < n; i++) {
 			char k[MAX_ENCODED + 64];
 			base_key(be, reqs[i]->name, k, sizeof k);
 			lease_key(k, reqs[i]->owner, keys[i], sizeof keys[i]);
-			kp[i] = keys[i];
-			kl[i] = strlen(keys[i]);
+			snprintf(keys[n + i], sizeof keys[n + i], "%s", k);
+			fence_key(k, keys[2 * n + i], sizeof keys[2 * n + i]);
+			for (size_t j = i; j < 3 * n; j += n) {
+				kp[j] = keys[j];
+				kl[j] = strlen(keys[j]);
+			}
 			results[i] = DLOCK_ENOTHELD; /* until the multi-get shows our value */
 			/* one ttl for the batch (the core batches holds of one ttl; a
 			 * different one is renewed on its own below) */
@@ -837,11 +889,16 @@ static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, i
 			rc = mc_error(be, mrc, "renew (replace)");
 	}
 	if (!rc && (rc = arm(be, "renew")) == 0) {
-		mrc = memcached_mget(be->mc, kp, kl, n);
+		/* the lists and fence keys too: read, they stay recently used
+		 * (memory pressure evicts colder keys first), and each list must
+		 * still name its holder */
+		mrc = memcached_mget(be->mc, kp, kl, 3 * n);
 		if (mrc != MEMCACHED_SUCCESS)
 			rc = mc_error(be, mrc, "renew (get)");
 	}
-	size_t at = 0; /* hits come back in the order asked for (misses skipped) */
+	/* hits come back in the order asked for (misses skipped): one cursor
+	 * over the 3n keys finds each at once (a key asked twice, twice) */
+	size_t at = 0, nk = 3 * n;
 	while (!rc) {
 		memcached_result_st *res = fetch(be, &mrc);
 		if (!res) {
@@ -851,25 +908,37 @@ static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, i
 		}
 		const char *key = memcached_result_key_value(res);
 		size_t klen = memcached_result_key_length(res);
-		bool ours = memcached_result_length(res) == (size_t)vn &&
-			    !memcmp(memcached_result_value(res), val, (size_t)vn);
-		for (size_t tried = 0; ours && tried < n; tried++, at = (at + 1) % n) {
+		size_t hit = nk;
+		for (size_t tried = 0; tried < nk; tried++, at = (at + 1) % nk) {
 			if (kl[at] == klen && !memcmp(keys[at], key, klen)) {
-				if (reqs[at]->ttl_ms == reqs[0]->ttl_ms)
-					results[at] = 0;
+				hit = at;
+				at = (at + 1) % nk;
 				break;
 			}
+		}
+		if (hit < n) {
+			bool ours = memcached_result_length(res) == (size_t)vn &&
+				    !memcmp(memcached_result_value(res), val, (size_t)vn);
+			if (ours && reqs[hit]->ttl_ms == reqs[0]->ttl_ms)
+				results[hit] = 0;
+		} else if (hit < 2 * n) {
+			listed[hit - n] = lists_holder(memcached_result_value(res), memcached_result_length(res),
+						       reqs[hit - n]->owner);
 		}
 		memcached_result_free(res);
 	}
 	be->mc = main_mc;
 	be->dropped = main_dropped;
-	for (size_t i = 0; !rc && i < n; i++)
+	for (size_t i = 0; !rc && i < n; i++) {
 		if (reqs[i]->ttl_ms != reqs[0]->ttl_ms)
 			renew_one(be, reqs[i], &results[i]);
+		else if (results[i] == 0 && !listed[i])
+			results[i] = DLOCK_ENOTHELD; /* renewed a lease the list no longer names */
+	}
 	free(keys);
 	free(kp);
 	free(kl);
+	free(listed);
 	return rc;
 }
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# memcached.sh start DIR | stop DIR — a private memcached for tests.
+# memcached.sh start DIR [MB] | stop DIR — a private memcached for tests.
 #
 # Listens on 127.0.0.1 at a free port, TCP only (-U 0), -M (never evict: an
 # eviction would silently break a lock, see docs/stores/memcached.md), runs as
 # nobody when started as root. Writes DIR/uri = memcached://127.0.0.1:PORT.
+# With MB: -m MB and no -M (evicting, as packaged) for the eviction tests.
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 
@@ -21,7 +22,9 @@ start)
 	# A free port can be taken by someone else before memcached binds it: retry.
 	for attempt in 1 2 3 4 5; do
 		port=$(free_port)
-		memcached -l 127.0.0.1 -p "$port" -U 0 -M -m 64 -t 2 "${user[@]}" \
+		mem=(-M -m 64)
+		[ -n "${3:-}" ] && mem=(-m "$3")
+		memcached -l 127.0.0.1 -p "$port" -U 0 "${mem[@]}" -t 2 "${user[@]}" \
 			>"$dir/memcached.log" 2>&1 &
 		pid=$!
 		echo "$pid" >"$dir/memcached.pid"

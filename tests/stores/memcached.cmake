@@ -20,3 +20,20 @@ add_test(NAME memcached.net COMMAND sh -c "exec \"$0\" \"$(cat \"$1\")\"" $<TARG
          ${DLOCK_SERVER_DIR_memcached}/uri)
 set_tests_properties(memcached.net PROPERTIES
   FIXTURES_REQUIRED server.memcached RUN_SERIAL ON TIMEOUT 120)
+
+# memcached.evict (issue 30 row 4): a memcached of 2 MB that evicts (no -M),
+# filled far past it while a lock is held: no silent second holder.
+set(DLOCK_MC_EVICT_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-memcached-evict)
+add_test(NAME server.memcached-evict.start
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/memcached.sh start ${DLOCK_MC_EVICT_DIR} 2)
+add_test(NAME server.memcached-evict.stop
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/memcached.sh stop ${DLOCK_MC_EVICT_DIR})
+set_tests_properties(server.memcached-evict.start PROPERTIES FIXTURES_SETUP server.memcached-evict)
+set_tests_properties(server.memcached-evict.stop PROPERTIES FIXTURES_CLEANUP server.memcached-evict)
+add_executable(memcached_evict memcached_evict.c)
+target_link_libraries(memcached_evict PRIVATE dlock_testutil ${MEMCACHED_LINK_LIBRARIES})
+target_include_directories(memcached_evict PRIVATE ${MEMCACHED_INCLUDE_DIRS})
+add_test(NAME memcached.evict COMMAND memcached_evict)
+set_tests_properties(memcached.evict PROPERTIES
+  FIXTURES_REQUIRED server.memcached-evict TIMEOUT 120
+  ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_MC_EVICT_DIR}/uri")
