@@ -426,10 +426,10 @@ static int pick_config(const cli_global *g)
 		int line = 0;
 		int rc = read_config(g, env, "DLOCK_CONFIG", true, &pick.conf_uri, &line);
 		if (rc == 0)
-			snprintf(pick.from, sizeof pick.from, "config file %s line %d (DLOCK_CONFIG)", env, line);
+			snprintf(pick.from, sizeof pick.from, "config file %s line %d, named by DLOCK_CONFIG", env, line);
 		else if (rc == 1)
 			snprintf(pick.from, sizeof pick.from,
-				 "the default (no --store or DLOCK_STORE; config file %s names no store)", env);
+				 "the default: no --store or DLOCK_STORE, and config file %s names no store", env);
 		return rc == 1 ? 0 : rc;
 	}
 	char user[1024] = "";
@@ -452,7 +452,7 @@ static int pick_config(const cli_global *g)
 		if (rc != 1)
 			return rc;
 	}
-	snprintf(pick.from, sizeof pick.from, "the default (no --store, DLOCK_STORE or config file names a store)");
+	snprintf(pick.from, sizeof pick.from, "the default: no --store, DLOCK_STORE or config file names a store");
 	return 0;
 }
 

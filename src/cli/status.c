@@ -76,14 +76,18 @@ static void print_table(dlock_store *store, const char *from, const dlock_lock_s
 {
 	/* Bold header only for people; pipes get plain text (and NO_COLOR wins). */
 	bool bold = tty && !getenv("NO_COLOR");
-	int wname = 4, wholder = 6;
+	int wname = 4, wholder = 6, wfence = 8; /* fences may be clock-sized (SQLite: 16 digits) */
 	char buf[512];
 	for (size_t i = 0; i < n; i++) {
 		wname = width_of(st[i].name, wname);
+		snprintf(buf, sizeof buf, "%llu", (unsigned long long)st[i].last_fence);
+		wfence = width_of(buf, wfence);
 		for (size_t j = 0; j < st[i].nholders; j++) {
 			const dlock_holder *h = &st[i].holders[j];
 			snprintf(buf, sizeof buf, "%s:%d", h->host && *h->host ? h->host : "?", h->pid);
 			wholder = width_of(buf, wholder);
+			snprintf(buf, sizeof buf, "%llu", (unsigned long long)h->fence);
+			wfence = width_of(buf, wfence);
 		}
 	}
 	if (wname > 60)
@@ -94,8 +98,8 @@ static void print_table(dlock_store *store, const char *from, const dlock_lock_s
 		printf("no locks held or waited for\n");
 		return;
 	}
-	printf("%s%-*s  %-10s  %8s  %9s  %-*s  %7s  %s%s\n", bold ? "\033[1m" : "", wname, "NAME",
-	       "MODE", "FENCE", "TTL LEFT", wholder, "HOLDER", "WAITERS", "ID",
+	printf("%s%-*s  %-10s  %*s  %9s  %-*s  %7s  %s%s\n", bold ? "\033[1m" : "", wname, "NAME",
+	       "MODE", wfence, "FENCE", "TTL LEFT", wholder, "HOLDER", "WAITERS", "ID",
 	       bold ? "\033[0m" : "");
 	for (size_t i = 0; i < n; i++) {
 		const dlock_lock_status *l = &st[i];
@@ -103,7 +107,7 @@ static void print_table(dlock_store *store, const char *from, const dlock_lock_s
 		if (l->nholders == 0) {
 			char fence[32];
 			snprintf(fence, sizeof fence, "%llu", (unsigned long long)l->last_fence);
-			printf("%-*s  %-10s  %8s  %9s  %-*s  %7zu  %s\n", wname, l->name, "free",
+			printf("%-*s  %-10s  %*s  %9s  %-*s  %7zu  %s\n", wname, l->name, "free", wfence,
 			       l->last_fence ? fence : "-", "-", wholder, "-", l->waiters, "-");
 			continue;
 		}
@@ -123,11 +127,11 @@ static void print_table(dlock_store *store, const char *from, const dlock_lock_s
 			snprintf(holder, sizeof holder, "%s:%d", h->host && *h->host ? h->host : "?",
 				 h->pid);
 			if (j == 0)
-				printf("%-*s  %-10s  %8llu  %9s  %-*s  %7zu  %s\n", wname, l->name, mode,
+				printf("%-*s  %-10s  %*llu  %9s  %-*s  %7zu  %s\n", wname, l->name, mode, wfence,
 				       (unsigned long long)h->fence, ttl, wholder, holder, l->waiters,
 				       h->id ? h->id : "");
 			else
-				printf("%-*s  %-10s  %8llu  %9s  %-*s  %7s  %s\n", wname, "", mode,
+				printf("%-*s  %-10s  %*llu  %9s  %-*s  %7s  %s\n", wname, "", mode, wfence,
 				       (unsigned long long)h->fence, ttl, wholder, holder, "",
 				       h->id ? h->id : "");
 			if (h->copies_of && h->copies <= h->copies_of / 2 + 1)

@@ -38,14 +38,14 @@ EOF
 DLOCK_CONFIG="$T/conf/a.conf" expect_rc 0 "DLOCK_CONFIG names the store" "$DLOCK" -v acquire --ttl 30s cfg
 check "the config file's store was used" [ -e "$T/from-config.db" ]
 check "-v says the config file and line" \
-	grep -q "store sqlite://$T/from-config.db (sqlite) from config file $T/conf/a.conf line 4 (DLOCK_CONFIG)" "$T/err"
+	grep -q "store sqlite://$T/from-config.db (sqlite) from config file $T/conf/a.conf line 4, named by DLOCK_CONFIG" "$T/err"
 check "not the local file" [ ! -e "$DEFAULT_DB" ]
 DLOCK_CONFIG="$T/conf/a.conf" expect_rc 0 "status from the config" "$DLOCK" status cfg
 check "status says where the store came from" \
-	grep -q "^store sqlite://$T/from-config.db (from config file $T/conf/a.conf line 4 (DLOCK_CONFIG))" "$T/out"
+	grep -q "^store sqlite://$T/from-config.db (from config file $T/conf/a.conf line 4, named by DLOCK_CONFIG)" "$T/out"
 DLOCK_CONFIG="$T/conf/a.conf" expect_rc 0 "status --json" "$DLOCK" --json status cfg
 check "status --json has store_from" \
-	grep -q "\"store\":\"sqlite://$T/from-config.db\",\"store_from\":\"config file $T/conf/a.conf line 4 (DLOCK_CONFIG)\"" "$T/out"
+	grep -q "\"store\":\"sqlite://$T/from-config.db\",\"store_from\":\"config file $T/conf/a.conf line 4, named by DLOCK_CONFIG\"" "$T/out"
 
 # precedence: DLOCK_STORE over the config, --store over both
 DLOCK_CONFIG="$T/conf/a.conf" DLOCK_STORE="sqlite://$T/from-env.db" expect_rc 0 "DLOCK_STORE over config" \
@@ -67,10 +67,10 @@ check "-v names ~/.config's file" grep -q "store sqlite://$T/home.db (sqlite) fr
 echo "# nothing here yet" >"$HOME/.config/dlock/dlock.conf"
 if [ ! -e "$ETC_CONF" ]; then
 	expect_rc 0 "a user file naming no store" "$DLOCK" -v status
-	check "-v says the default" grep -q "store sqlite://$DEFAULT_DB (sqlite) from the default (no --store, DLOCK_STORE or config file names a store)" "$T/err"
+	check "-v says the default" grep -q "store sqlite://$DEFAULT_DB (sqlite) from the default: no --store, DLOCK_STORE or config file names a store" "$T/err"
 	# DLOCK_CONFIG=/dev/null: explicitly no config file
 	DLOCK_CONFIG=/dev/null expect_rc 0 "DLOCK_CONFIG=/dev/null" "$DLOCK" -v status
-	check "-v says the config names no store" grep -q "from the default (no --store or DLOCK_STORE; config file /dev/null names no store)" "$T/err"
+	check "-v says the config names no store" grep -q "from the default: no --store or DLOCK_STORE, and config file /dev/null names no store" "$T/err"
 else
 	echo "note: $ETC_CONF exists on this machine: the fall-through to the default is not checked"
 fi

@@ -1015,10 +1015,12 @@ static void bells_dispatch(bells *bl, const char *buf, ssize_t n)
 	}
 }
 
+/* The thread's descriptors come in its argument (int[2], freed here): the
+ * last handle's leaving resets hub's fields before it joins the thread. */
 static void *hub_main(void *arg)
 {
-	int ifd = hub.ifd, stop = hub.stop[0];
-	(void)arg;
+	int ifd = ((int *)arg)[0], stop = ((int *)arg)[1];
+	free(arg);
 	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
 	for (;;) {
 		struct pollfd p[2] = { { ifd, POLLIN, 0 }, { stop, POLLIN, 0 } };
@@ -1099,9 +1101,12 @@ static int bells_start(sqlite_backend *b)
 	hub_after_fork();
 	int e = 0;
 	if (!hub.running) {
+		int *fds = NULL;
 		if ((hub.ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0 || pipe2(hub.stop, O_CLOEXEC) != 0 ||
-		    pthread_create(&hub.thread, NULL, hub_main, NULL) != 0) {
+		    !(fds = malloc(2 * sizeof(int))) || (fds[0] = hub.ifd, fds[1] = hub.stop[0], false) ||
+		    pthread_create(&hub.thread, NULL, hub_main, fds) != 0) {
 			e = errno ? errno : EAGAIN;
+			free(fds);
 			if (hub.ifd >= 0)
 				close(hub.ifd);
 			for (int i = 0; i < 2; i++)
