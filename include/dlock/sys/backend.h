@@ -123,8 +123,9 @@
  *     a lease. There an extend to a shorter ttl only shortens what the
  *     client counts. Rules 1 and 2 keep the stores that do not (an etcd
  *     key moves onto a lease of the new TTL, which a late keepalive of its
- *     old lease cannot shorten; ZooKeeper's lease is its session) safe
- *     from the hold's own requests.
+ *     old lease cannot shorten; ZooKeeper's lease is its session;
+ *     Memcached's `replace` sets now + ttl, a conditional write would cost
+ *     a `gets` + `cas` round trip) safe from the hold's own requests.
  *
  * Permits. Every store's acquire applies one rule to exclusive requests
  * (dlock/lock.h, `permits`): grant only if (live exclusive holders + 1) <=
@@ -373,6 +374,14 @@ DLOCK_EXTERN void dlock_backend_wake(dlock_backend *be, const char *name);
 DLOCK_EXTERN void dlock_backend_wake_owner(dlock_backend *be, const char *owner);
 /** Every waiter of this store handle tries again (the channel was down). */
 DLOCK_EXTERN void dlock_backend_wake_all(dlock_backend *be);
+/**
+ * A hold's session or connection may have ended (the server closed a held
+ * connection: a session kill, a restart): renew every hold of this store
+ * handle now instead of at its time, so that the core reports a lost one at
+ * once rather than at its next renewal. Thread-safe, never blocks on I/O;
+ * does nothing before the store handle exists.
+ */
+DLOCK_EXTERN void dlock_backend_renew_now(dlock_backend *be);
 
 /**
  * Holds live only as long as this process's session or connection
