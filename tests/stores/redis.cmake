@@ -206,9 +206,17 @@ target_link_libraries(redis_cluster PRIVATE dlock_testutil Threads::Threads)
 target_include_directories(redis_cluster PRIVATE ${PROJECT_SOURCE_DIR}/tests ${HIREDIS_INCLUDE_DIRS})
 target_compile_definitions(redis_cluster PRIVATE _GNU_SOURCE)
 add_test(NAME redis.cluster COMMAND redis_cluster
-  ${PROJECT_SOURCE_DIR}/tests/servers/redis-cluster.sh ${DLOCK_REDIS_CLUSTER_OWN_DIR})
+  ${PROJECT_SOURCE_DIR}/tests/servers/redis-cluster.sh ${DLOCK_REDIS_CLUSTER_OWN_DIR}
+  spread reshard failback failover)
 set_tests_properties(redis.cluster PROPERTIES
   FIXTURES_REQUIRED server.redis-cluster-own RESOURCE_LOCK server.redis-cluster-own TIMEOUT 300)
+# issue 31 row 3: a lock's slot moved by hand, slowly, there and back, while
+# clients acquire (waiting), hold and release it: every call succeeds in its
+# bound, no raw ASK/TRYAGAIN text, one holder at a time, fences only grow.
+add_test(NAME redis.cluster_migrate COMMAND redis_cluster
+  ${PROJECT_SOURCE_DIR}/tests/servers/redis-cluster.sh ${DLOCK_REDIS_CLUSTER_OWN_DIR} migrate)
+set_tests_properties(redis.cluster_migrate PROPERTIES
+  FIXTURES_REQUIRED server.redis-cluster-own RESOURCE_LOCK server.redis-cluster-own TIMEOUT 120)
 # The same cases over TLS (rediss+cluster://: clients, the cluster bus and
 # replication all on TLS ports; redis-cluster.sh with REDIS_TLS=1).
 set(DLOCK_REDIS_CLUSTER_TLS_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redis-cluster-tls)
@@ -220,7 +228,8 @@ add_test(NAME server.redis-cluster-tls.stop
 set_tests_properties(server.redis-cluster-tls.start PROPERTIES FIXTURES_SETUP server.redis-cluster-tls TIMEOUT 180)
 set_tests_properties(server.redis-cluster-tls.stop PROPERTIES FIXTURES_CLEANUP server.redis-cluster-tls)
 add_test(NAME redis.cluster_tls COMMAND redis_cluster
-  ${PROJECT_SOURCE_DIR}/tests/servers/redis-cluster.sh ${DLOCK_REDIS_CLUSTER_TLS_DIR})
+  ${PROJECT_SOURCE_DIR}/tests/servers/redis-cluster.sh ${DLOCK_REDIS_CLUSTER_TLS_DIR}
+  spread reshard failback failover)
 set_tests_properties(redis.cluster_tls PROPERTIES
   FIXTURES_REQUIRED server.redis-cluster-tls RESOURCE_LOCK server.redis-cluster-tls TIMEOUT 300)
 

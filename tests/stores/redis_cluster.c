@@ -8,6 +8,12 @@
  *    trying: no on_lost, every try refused, the hold is found on the new
  *    master, a waiter that subscribed before the move is woken by the
  *    release after it, and its fence is higher;
+ *  - migrate (issue 31 row 3; its own ctest entry): a lock's slot moved by
+ *    hand (SETSLOT IMPORTING/MIGRATING, one MIGRATE per key, the slot kept
+ *    in transition ~800 ms, SETSLOT NODE), there and back, while 4 clients
+ *    acquire (waiting up to 15 s), hold and release it: every call succeeds
+ *    within its bound, no error carries a raw ASK/MOVED/TRYAGAIN, one holder
+ *    at a time, fences only grow;
  *  - failback (issue 30 row 5, wait_replicas=0): a master's replica cut off,
  *    one more fence, the replica takes over (the fence lost in the resync)
  *    and the old master takes its slots back with its old run_id: the next
@@ -22,6 +28,7 @@
 #include "stores/redis_common_test.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -537,6 +544,252 @@ static void case_failover(void)
 	dlock_store_close(s);
 }
 
+/* ---- migrate (issue 31 row 3) ---- */
+
+/* A command on a raw connection that must succeed (not an error reply). */
+static void must(redisContext *c, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	redisReply *r = redisvCommand(c, fmt, ap);
+	va_end(ap);
+	if (!r || r->type == REDIS_REPLY_ERROR) {
+		fprintf(stderr, "  command %s: %s\n", fmt, r ? r->str : c->errstr);
+		tu_failures++;
+	}
+	if (r)
+		freeReplyObject(r);
+}
+
+typedef struct mclient {
+	pthread_t t;
+	dlock_store *s;
+	dlock_lock *l;
+	int grants, fails;
+	long long max_acq, max_rel;
+	char err[300], msg[256]; /* the last failure; its message as the library gave it */
+} mclient;
+
+static atomic_int m_stop, m_inside, m_overlap;
+static pthread_mutex_t m_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t m_last_fence;
+static int m_fence_back;
+
+static bool redirect_text(const char *m)
+{
+	return !strncmp(m, "ASK", 3) || !strncmp(m, "MOVED", 5) || !strncmp(m, "TRYAGAIN", 8) ||
+	       strstr(m, ": ASK ") || strstr(m, ": MOVED ") || strstr(m, ": TRYAGAIN");
+}
+
+static void m_fail(mclient *c, const char *what, int rc)
+{
+	c->fails++;
+	snprintf(c->msg, sizeof(c->msg), "%s", dlock_error_last()->message);
+	snprintf(c->err, sizeof(c->err), "%s: rc %d: %s", what, rc, c->msg);
+}
+
+/* Acquire (waiting up to 15 s), hold 1 ms, release, until told to stop:
+ * every call must succeed, within its bound, with one holder at a time and
+ * fences that only grow. */
+static void *mclient_main(void *p)
+{
+	mclient *c = p;
+	while (!atomic_load(&m_stop)) {
+		long long t0 = tu_now_ms();
+		int rc = dlock_acquire(c->l, 15000);
+		long long t1 = tu_now_ms();
+		if (t1 - t0 > c->max_acq)
+			c->max_acq = t1 - t0;
+		if (rc) {
+			m_fail(c, "acquire", rc);
+			continue;
+		}
+		if (atomic_fetch_add(&m_inside, 1) != 0)
+			atomic_store(&m_overlap, 1);
+		uint64_t f = dlock_fence(c->l);
+		pthread_mutex_lock(&m_mu);
+		if (f <= m_last_fence)
+			m_fence_back++;
+		m_last_fence = f;
+		pthread_mutex_unlock(&m_mu);
+		usleep(1000);
+		atomic_fetch_sub(&m_inside, 1);
+		t0 = tu_now_ms();
+		rc = dlock_release(c->l);
+		t1 = tu_now_ms();
+		if (t1 - t0 > c->max_rel)
+			c->max_rel = t1 - t0;
+		if (rc)
+			m_fail(c, "release", rc);
+		else
+			c->grants++;
+	}
+	return NULL;
+}
+
+/* Move `slot` from one master to another by hand, as redis-cli --cluster
+ * does, but slowly: IMPORTING/MIGRATING, the keys one MIGRATE at a time,
+ * then the slot kept in transition with every key on the new master (every
+ * lock request on it is answered ASK, then TRYAGAIN) until `window_ms`
+ * passed, then SETSLOT NODE on both and on the other masters. */
+static void move_slot(int slot, int from, const char *from_id, int to, const char *to_id, long long window_ms)
+{
+	redisContext *src = at(from), *dst = at(to);
+	long long t0 = tu_now_ms();
+	must(dst, "CLUSTER SETSLOT %d IMPORTING %s", slot, from_id);
+	must(src, "CLUSTER SETSLOT %d MIGRATING %s", slot, to_id);
+	int moved = 0;
+	for (;;) {
+		redisReply *r = redisCommand(src, "CLUSTER GETKEYSINSLOT %d 1", slot);
+		bool none = !r || r->type != REDIS_REPLY_ARRAY || r->elements == 0;
+		if (!none) {
+			char port[16];
+			snprintf(port, sizeof(port), "%d", to);
+			const char *argv[8] = { "MIGRATE", "127.0.0.1", port, "", "0", "5000", "KEYS",
+						r->element[0]->str };
+			redisReply *m = redisCommandArgv(src, 8, argv, NULL);
+			if (!m || m->type == REDIS_REPLY_ERROR) {
+				fprintf(stderr, "  MIGRATE: %s\n", m ? m->str : src->errstr);
+				tu_failures++;
+				none = true;
+			}
+			if (m)
+				freeReplyObject(m);
+			moved++;
+		}
+		if (r)
+			freeReplyObject(r);
+		if (none && tu_now_ms() - t0 >= window_ms)
+			break;
+		usleep(20000); /* the keys split between the two for a while */
+	}
+	must(dst, "CLUSTER SETSLOT %d NODE %s", slot, to_id);
+	must(src, "CLUSTER SETSLOT %d NODE %s", slot, to_id);
+	for (int i = 0; i < 6; i++)
+		if (ports[i] != from && ports[i] != to) {
+			redisContext *o = at(ports[i]);
+			redisReply *r = redisCommand(o, "CLUSTER SETSLOT %d NODE %s", slot, to_id);
+			if (r) /* a replica refuses: its master tells it */
+				freeReplyObject(r);
+			redisFree(o);
+		}
+	printf("  slot %d: %d -> %d, %d key(s) moved, in transition %lld ms\n", slot, from, to, moved,
+	       tu_now_ms() - t0);
+	redisFree(src);
+	redisFree(dst);
+}
+
+typedef struct mover {
+	pthread_t t;
+	int slot, from, to;
+	char from_id[41], to_id[41];
+} mover;
+
+static void *mover_main(void *p)
+{
+	mover *m = p;
+	move_slot(m->slot, m->from, m->from_id, m->to, m->to_id, 3000);
+	return NULL;
+}
+
+static void case_migrate(void)
+{
+	char name[64] = "migrating", key[80], src_id[41], dst_id[41] = "";
+	snprintf(key, sizeof(key), "{dlock:%s}", name);
+	int slot = keyslot(key);
+	int src = master_of(slot, src_id), dst = -1;
+	for (int sl = 0; sl < 16384 && dst < 0; sl += 100) {
+		char id[41];
+		int m = master_of(sl, id);
+		if (m > 0 && m != src) {
+			dst = m;
+			memcpy(dst_id, id, 41);
+		}
+	}
+	CHECK(src > 0 && dst > 0);
+	enum { N = 4 };
+	mclient c[N];
+	memset(c, 0, sizeof(c));
+	atomic_store(&m_stop, 0);
+	atomic_store(&m_inside, 0);
+	atomic_store(&m_overlap, 0);
+	m_last_fence = 0;
+	m_fence_back = 0;
+	for (int i = 0; i < N; i++) {
+		c[i].s = open_store();
+		c[i].l = new_lock(c[i].s, name, 5000, false);
+		pthread_create(&c[i].t, NULL, mclient_main, &c[i]);
+	}
+	usleep(300 * 1000); /* the clients at work (and waiting) before the move */
+	move_slot(slot, src, src_id, dst, dst_id, 800);
+	usleep(300 * 1000);
+	move_slot(slot, dst, dst_id, src, src_id, 800);
+	usleep(300 * 1000);
+	atomic_store(&m_stop, 1);
+	int grants = 0, fails = 0;
+	long long max_acq = 0, max_rel = 0;
+	for (int i = 0; i < N; i++) {
+		pthread_join(c[i].t, NULL);
+		grants += c[i].grants;
+		fails += c[i].fails;
+		max_acq = c[i].max_acq > max_acq ? c[i].max_acq : max_acq;
+		max_rel = c[i].max_rel > max_rel ? c[i].max_rel : max_rel;
+		if (c[i].fails) {
+			printf("  client %d: %d failed call(s), last: %s\n", i, c[i].fails, c[i].err);
+			CHECK(!redirect_text(c[i].msg)); /* never the raw redirect */
+		}
+		dlock_lock_free(c[i].l);
+		dlock_store_close(c[i].s);
+	}
+	printf("  %d grants, %d failed calls; slowest acquire %lld ms, release %lld ms; fences back %d, overlap %d\n",
+	       grants, fails, max_acq, max_rel, m_fence_back, atomic_load(&m_overlap));
+	CHECK(fails == 0);
+	CHECK(grants > 10);
+	CHECK(!atomic_load(&m_overlap));
+	CHECK(m_fence_back == 0);
+	CHECK(max_acq <= 15000 + 750); /* --wait 15 s and its slack */
+	CHECK(max_rel <= 2000 + 500);  /* one request timeout (the default 2 s) */
+	CHECK(master_of(slot, NULL) == src);
+
+	/* A wait that starts while the slot is in transition for longer than one
+	 * request (3 s > the 2 s request timeout): its first try meets only
+	 * ASK/TRYAGAIN; the cluster answers, so the wait goes on to the grant. */
+	mover mv = { .slot = slot, .from = src, .to = dst };
+	memcpy(mv.from_id, src_id, 41);
+	memcpy(mv.to_id, dst_id, 41);
+	pthread_create(&mv.t, NULL, mover_main, &mv);
+	redisContext *rc = at(src);
+	for (int i = 0; i < 500; i++) { /* until every key is on the new master */
+		redisReply *r = redisCommand(rc, "CLUSTER COUNTKEYSINSLOT %d", slot);
+		long long keys = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+		redisReply *st = redisCommand(rc, "CLUSTER NODES");
+		bool migrating = st && st->type == REDIS_REPLY_STRING && strstr(st->str, "->-");
+		if (r)
+			freeReplyObject(r);
+		if (st)
+			freeReplyObject(st);
+		if (keys == 0 && migrating)
+			break;
+		usleep(10000);
+	}
+	redisFree(rc);
+	dlock_store *s = open_store();
+	dlock_lock *l = new_lock(s, name, 5000, false);
+	long long t0 = tu_now_ms();
+	int arc = dlock_acquire(l, 15000);
+	long long took = tu_now_ms() - t0;
+	printf("  an acquire started in a 3 s transition: rc %d after %lld ms (%s)\n", arc, took,
+	       arc ? dlock_error_last()->message : "granted");
+	CHECK_RC(arc, 0);
+	CHECK(took < 15000);
+	CHECK(dlock_fence(l) > m_last_fence);
+	pthread_join(mv.t, NULL);
+	CHECK_RC(dlock_release(l), 0);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+	CHECK(master_of(slot, NULL) == dst);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
@@ -561,6 +814,7 @@ int main(int argc, char **argv)
 	static const tu_case cases[] = {
 		{ "spread", case_spread },
 		{ "reshard", case_reshard },
+		{ "migrate", case_migrate },
 		{ "failback", case_failback },
 		{ "failover", case_failover },
 	};

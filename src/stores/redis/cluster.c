@@ -19,7 +19,6 @@
 #define SLOTS 16384
 #define NODE_MAX 128       /* addresses ever seen by one handle (masters and replicas) */
 #define REMAP_MAX 64
-#define REDIRECTS_MAX 16   /* MOVED/ASK hops of one request */
 #define ADDR_MAX 300       /* host:port */
 
 typedef struct cnode {
@@ -48,7 +47,12 @@ typedef struct cstore {
 	dlock__rnotify *nt;
 	int wait_replicas, fence_replicas;
 	bool retried;          /* the last exec sent its command a second time */
+	int busy;              /* the last exec failed while the slot was in transition: BUSY_* */
+	bool unknown;          /* the last exec sent a request whose reply it never read */
 } cstore;
+
+/* Why the cluster, though it answered, did not serve a slot (exec). */
+enum { BUSY_NONE, BUSY_MIGRATING, BUSY_FAILOVER };
 
 static cstore *CS(dlock_backend *be)
 {
@@ -291,28 +295,67 @@ static void pause_ms(int64_t deadline, int64_t ms)
  * Run a script on the master of `slot` by the deadline: EVALSHA (EVAL on
  * NOSCRIPT), following MOVED (the map is read again) and ASK (one ASKING
  * request to the node named), waiting out TRYAGAIN (a slot migrating while
- * the lock's keys are split) and CLUSTERDOWN (a failover under way), and
- * reading the map again after a broken connection (the node may have
- * failed). Every script is safe to repeat (see redis.c run_argv); a timed-out
- * request is never repeated and its connection is dropped. argv[0..1] are
- * filled here. flags: EXEC_SID, the last argument is the node's run_id (fence
- * guard); EXEC_EVAL, send the text at once (the node just said NOSCRIPT).
- * *node gets the node that answered. @return the reply; NULL (*rc).
+ * the lock's keys are split, or not all on the importing node yet) and
+ * CLUSTERDOWN (a failover under way), and reading the map again after a
+ * broken or refused connection (the node may have failed; a replica takes
+ * over). Redirects and waits are bounded by the deadline alone, never by a
+ * count: a migration or a failover window is ridden out to the deadline,
+ * with a growing pause (5 ms to 100 ms) between rounds the cluster asked us
+ * to repeat, and a redirect's text never reaches the caller. A connect to
+ * the slot's master gets at most half the time left (at least 250 ms), so
+ * that a stopped master leaves time to find its replica promoted. Every
+ * script is safe to repeat (see redis.c run_argv); a timed-out request is
+ * never repeated and its connection is dropped. argv[0..1] are filled here.
+ * flags: EXEC_SID, the last argument is the node's run_id (fence guard);
+ * EXEC_EVAL, send the text at once (the node just said NOSCRIPT). *node gets
+ * the node that answered. @return the reply; NULL (*rc). After NULL,
+ * s->busy says why when the cluster answered but would not serve the slot
+ * in time (BUSY_MIGRATING, BUSY_FAILOVER), and s->unknown whether a request
+ * may have been applied without our reading its reply.
  */
 enum { EXEC_SID = 1, EXEC_EVAL = 2 };
+
+/* The pause before the next round, then the next pause: 5 ms doubling to
+ * 100 ms, with jitter (clients that met the same migration spread out). */
+static void backoff_pause(int64_t deadline, int64_t *backoff)
+{
+	int64_t b = *backoff;
+	pause_ms(deadline, b / 2 + (int64_t)(dlock__rand_between(0, b / 2 + 1)));
+	*backoff = b * 2 > 100 ? 100 : b * 2;
+}
+
+static const char *const busy_what[] = {
+	[BUSY_NONE] = "",
+	[BUSY_MIGRATING] = "was migrating between masters",
+	[BUSY_FAILOVER] = "had no reachable master (failover under way?)",
+};
 
 static redisReply *exec(cstore *s, int script, int slot, int argc, const char **argv, size_t *lens, unsigned flags,
 			int64_t deadline, int *rc, int *node)
 {
 	bool eval = !s->sha[script][0] || (flags & EXEC_EVAL), with_sid = flags & EXEC_SID;
-	int ask = -1, hops = 0;
+	int ask = -1, redirects = 0;
+	int64_t backoff = 5;
+	char why[300] = ""; /* the last connect's failure */
 	s->retried = false;
+	s->busy = BUSY_NONE;
+	s->unknown = false;
 	bool sent = false;
 	for (;;) {
 		if (dlock__rms_left(deadline) < 3) {
-			*rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ETIMEDOUT",
-					      "timed out %s (slot %d)", sent ? "following the cluster's redirects"
-									   : "before the request was sent", slot);
+			if (s->busy != BUSY_NONE)
+				*rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND,
+						      s->busy == BUSY_MIGRATING ? "TRYAGAIN" : "CLUSTERDOWN",
+						      "timed out: slot %d %s until the deadline%s%s", slot,
+						      busy_what[s->busy], why[0] ? "; last: " : "", why);
+			else if (why[0])
+				*rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ETIMEDOUT", "timed out: slot %d: %s",
+						      slot, why);
+			else
+				*rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ETIMEDOUT", "timed out %s (slot %d)",
+						      sent ? "following the cluster's redirects"
+							   : "before the request was sent",
+						      slot);
 			return NULL;
 		}
 		int i = ask >= 0 ? ask : slot_node(s, slot);
@@ -320,30 +363,39 @@ static redisReply *exec(cstore *s, int script, int slot, int argc, const char **
 			if ((*rc = map_refresh(s, deadline)) != 0)
 				return NULL;
 			if ((i = slot_node(s, slot)) < 0) { /* no master for it right now */
-				pause_ms(deadline, 50);
+				s->busy = BUSY_FAILOVER;
+				backoff_pause(deadline, &backoff);
 				continue;
 			}
 		}
-		if ((*rc = node_connect(s, i, deadline)) != 0) {
-			/* a master gone: a replica may take over; ask the cluster again */
-			if (strcmp(dlock_error_last()->store_code, "ETIMEDOUT") != 0 && *rc == DLOCK_EUNAVAILABLE &&
-			    dlock__rms_left(deadline) > 0) {
-				char why[300];
+		if (!s->conn[i].c) {
+			int64_t left = dlock__rms_left(deadline), cap = left / 2 > 250 ? left / 2 : 250;
+			if ((*rc = node_connect(s, i, dlock_clock_ms() + (cap < left ? cap : left))) != 0) {
+				/* a master gone or stopped: a replica may take over; ask the
+				 * cluster again, and come back until the deadline */
+				if (*rc != DLOCK_EUNAVAILABLE)
+					return NULL;
 				snprintf(why, sizeof(why), "%s", dlock_error_last()->message);
-				pause_ms(deadline, 50);
-				if (map_refresh(s, deadline) == 0 && slot_node(s, slot) != i)
-					continue;
-				*rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "%s", why);
+				ask = -1;
+				if (map_refresh(s, deadline) == 0) {
+					s->busy = BUSY_FAILOVER;
+					if (slot_node(s, slot) != i)
+						continue;
+				}
+				backoff_pause(deadline, &backoff);
+				continue;
 			}
-			return NULL;
 		}
 		if (with_sid) {
 			if ((*rc = node_server_id(s, i, deadline)) != 0) {
 				/* a connection that broke since its last use (a node gone) */
 				if (!strcmp(dlock_error_last()->store_code, "ETIMEDOUT") || *rc != DLOCK_EUNAVAILABLE ||
-				    dlock__rms_left(deadline) <= 0 || ++hops > REDIRECTS_MAX)
+				    dlock__rms_left(deadline) <= 0)
 					return NULL;
-				map_refresh(s, deadline);
+				ask = -1;
+				if (map_refresh(s, deadline) == 0)
+					s->busy = BUSY_FAILOVER;
+				backoff_pause(deadline, &backoff);
 				continue;
 			}
 			argv[argc - 1] = s->conn[i].server_id;
@@ -375,9 +427,11 @@ static redisReply *exec(cstore *s, int script, int slot, int argc, const char **
 		if (*rc) {
 			bool timeout = !strcmp(dlock_error_last()->store_code, "ETIMEDOUT");
 			node_drop(s, i);
-			if (timeout || *rc == DLOCK_ENOMEM || dlock__rms_left(deadline) <= 0 || ++hops > REDIRECTS_MAX)
+			s->unknown = true; /* sent, and no reply read */
+			if (timeout || *rc == DLOCK_ENOMEM || dlock__rms_left(deadline) <= 0)
 				return NULL;
 			map_refresh(s, deadline); /* the node may be gone: find the slot's master */
+			backoff_pause(deadline, &backoff);
 			continue;
 		}
 		if (r->type != REDIS_REPLY_ERROR) {
@@ -387,7 +441,7 @@ static redisReply *exec(cstore *s, int script, int slot, int argc, const char **
 		int to = -1, sl = slot;
 		if (is_err(r, "NOSCRIPT") && !eval) {
 			eval = true;
-		} else if (is_err(r, "MOVED") && (to = redirect_node(s, r->str, &sl, i)) >= 0 && ++hops <= REDIRECTS_MAX) {
+		} else if (is_err(r, "MOVED") && (to = redirect_node(s, r->str, &sl, i)) >= 0) {
 			slot_set(s, sl, to);
 			/* a resharding or failover moves more than one slot: read the map
 			 * again (at most every 100 ms), then the notifier follows */
@@ -397,15 +451,31 @@ static redisReply *exec(cstore *s, int script, int slot, int argc, const char **
 				dlock__rnotify_rehome(s->nt);
 			if (slot_node(s, slot) < 0)
 				slot_set(s, slot, to);
-		} else if (is_err(r, "ASK") && (to = redirect_node(s, r->str, &sl, i)) >= 0 && ++hops <= REDIRECTS_MAX) {
+			if (++redirects > 2) /* nodes that disagree a moment: do not spin */
+				backoff_pause(deadline, &backoff);
+		} else if (is_err(r, "ASK") && (to = redirect_node(s, r->str, &sl, i)) >= 0) {
 			ask = to;
-		} else if ((is_err(r, "TRYAGAIN") || is_err(r, "CLUSTERDOWN") || is_err(r, "LOADING") ||
-			    (is_err(r, "READONLY") && !asked)) && dlock__rms_left(deadline) > 10) {
+			s->busy = BUSY_MIGRATING;
+			if (++redirects > 2)
+				backoff_pause(deadline, &backoff);
+		} else if (is_err(r, "TRYAGAIN") || is_err(r, "CLUSTERDOWN") || is_err(r, "LOADING") ||
+			   is_err(r, "MASTERDOWN") || (is_err(r, "READONLY") && !asked)) {
 			/* a slot half migrated; a cluster between masters; a node that
 			 * became a replica: wait a little, and look again */
-			if (!is_err(r, "TRYAGAIN"))
+			bool tryagain = is_err(r, "TRYAGAIN");
+			s->busy = tryagain ? BUSY_MIGRATING : BUSY_FAILOVER;
+			if (!tryagain)
 				map_refresh(s, deadline);
-			pause_ms(deadline, is_err(r, "TRYAGAIN") ? 5 : 50);
+			backoff_pause(deadline, &backoff);
+		} else if (is_err(r, "MOVED") || is_err(r, "ASK")) {
+			/* an address we cannot use (the node table is full): say so,
+			 * without the raw redirect */
+			*rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "REDIRECT",
+					      "slot %d: the cluster sent the request to a node this handle cannot "
+					      "reach (more than %d addresses met?)",
+					      slot, NODE_MAX);
+			freeReplyObject(r);
+			return NULL;
 		} else {
 			*rc = dlock__rreply_error(r, &s->node[i], KIND);
 			freeReplyObject(r);
@@ -487,6 +557,16 @@ static int c_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 				       req->name);
 	int rc, node = -1;
 	redisReply *r = run(s, DLOCK__RS_ACQUIRE, &a, &k, s->fence_replicas > 0, deadline, &rc, &node);
+	if (!r && rc == DLOCK_EUNAVAILABLE && req->waiting && s->busy != BUSY_NONE && !s->unknown) {
+		/* The cluster answers but did not serve the lock's slot within this
+		 * try (a migration, a failover) and nothing was applied: a wait goes
+		 * on, as for a lock held, instead of ending as "unavailable". */
+		*retry_ms = 50;
+		rc = dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s': its slot %s; trying again", req->name,
+				     busy_what[s->busy]);
+		dlock__racquire_done(req, rc);
+		return rc;
+	}
 	if (!r)
 		return rc;
 	rc = dlock__racquire_reply(r, fence, retry_ms, KIND);
