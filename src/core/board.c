@@ -21,6 +21,7 @@ struct dlock__board {
 	uint64_t all;            /* bumped by wake_all */
 	uint64_t gen[NBUCKETS];  /* bumped by wake(name) */
 	uint64_t ogen[NBUCKETS]; /* bumped by wake_owner(owner) */
+	dlock_store *store;      /* for dlock_backend_renew_now */
 };
 
 static unsigned bucket(const char *key)
@@ -113,6 +114,19 @@ void dlock_backend_wake_owner(dlock_backend *be, const char *owner)
 	b->ogen[o]++;
 	pthread_cond_broadcast(&b->cv);
 	pthread_mutex_unlock(&b->mu);
+}
+
+void dlock__board_set_store(dlock__board *b, dlock_store *s)
+{
+	__atomic_store_n(&b->store, s, __ATOMIC_RELEASE);
+}
+
+void dlock_backend_renew_now(dlock_backend *be)
+{
+	dlock__board *b = board_of(be);
+	dlock_store *s = b ? __atomic_load_n(&b->store, __ATOMIC_ACQUIRE) : NULL;
+	if (s)
+		dlock__renewer_renew_now(s);
 }
 
 void dlock_backend_wake_all(dlock_backend *be)

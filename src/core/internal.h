@@ -48,6 +48,8 @@ int dlock__board_new(dlock__board **out);
 void dlock__board_free(dlock__board *b);
 /* Let be's wake-ups reach b (before the store handle is used). */
 void dlock__board_attach(dlock_backend *be, dlock__board *b);
+/* The store handle dlock_backend_renew_now renews. */
+void dlock__board_set_store(dlock__board *b, dlock_store *s);
 /* The generation of name, of owner's waiter (and of the whole board), before a try. */
 uint64_t dlock__board_arm(dlock__board *b, const char *name, const char *owner);
 /* Sleep until that generation moves past `armed` or ms pass; whether it moved. */
@@ -126,6 +128,8 @@ struct dlock__reg {
 /* Start renewing (and watching the deadline of) reg's lock. DLOCK_ENOMEM
  * when the store's threads cannot be started (nothing is registered then). */
 int dlock__renewer_add(dlock_store *store, dlock__reg *reg);
+/* dlock_backend_renew_now: every hold of the store is due for renewal now. */
+void dlock__renewer_renew_now(dlock_store *store);
 /* Unlink reg; waits while its on_lost callback runs (unless called from it)
  * and while the renewer talks to the store about it. */
 /* Take a hold off the renewer, once its renewal in flight and its on_lost

@@ -474,6 +474,26 @@ static void *renewer_main(void *arg)
 	return NULL;
 }
 
+/*
+ * A store saw a hold's session or connection end (a socket hung up): renew
+ * every hold now rather than at its time, so that a lost one is reported at
+ * once. A hold whose renewal is in flight keeps the time that renewal sets.
+ */
+void dlock__renewer_renew_now(dlock_store *s)
+{
+	pthread_mutex_lock(&s->reg_mu);
+	int64_t now = dlock_clock_ms();
+	bool any = false;
+	for (dlock__reg *r = s->regs; r; r = r->next)
+		if (r->next_renew != INT64_MAX && r->next_renew > now && !r->in_batch) {
+			r->next_renew = now;
+			any = true;
+		}
+	if (any)
+		pthread_cond_broadcast(&s->reg_cv);
+	pthread_mutex_unlock(&s->reg_mu);
+}
+
 /* Under reg_mu. */
 static int start_threads(dlock_store *s)
 {

@@ -108,6 +108,7 @@ static int store_init(dlock_store **out, dlock_backend *be, const char *display_
 		return DLOCK_ENOMEM;
 	}
 	dlock__board_attach(be, s->board);
+	dlock__board_set_store(s->board, s);
 	s->default_ttl_ms = default_ttl_ms > 0 ? default_ttl_ms : DLOCK__DEFAULT_TTL_MS;
 	s->request_timeout_ms = request_timeout_ms > 0 ? request_timeout_ms : DLOCK__DEFAULT_REQUEST_TIMEOUT_MS;
 	unsigned char id[16];

@@ -17,6 +17,16 @@ set_tests_properties(mysql.store PROPERTIES
   FIXTURES_REQUIRED server.mysql RUN_SERIAL ON TIMEOUT 300
   ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_mysql}/uri")
 
+# mysql.session_kill: KILL of a get_lock holder's session fires on_lost at once
+# (the held connection's hang-up is watched), not at the next renewal.
+add_executable(mysql_session_kill mysql_session_kill.c)
+target_link_libraries(mysql_session_kill PRIVATE dlock_testutil)
+target_include_directories(mysql_session_kill PRIVATE ${MARIADB_INCLUDE_DIRS})
+add_test(NAME mysql.session_kill COMMAND mysql_session_kill)
+set_tests_properties(mysql.session_kill PROPERTIES
+  FIXTURES_REQUIRED server.mysql RUN_SERIAL ON TIMEOUT 120
+  ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_mysql}/uri")
+
 # A client whose clock is 10 days ahead (libfaketime) cannot take a table-mode
 # lock early: expiry is judged only by the server's clock. A missing faketime
 # fails the test (FAKETIME-NOTFOUND), it is not skipped.

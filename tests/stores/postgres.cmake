@@ -22,7 +22,7 @@ set_tests_properties(conformance.postgres_advisory PROPERTIES
 # postgres.tls: sslmode require / verify-ca / verify-full against the test
 # server's own CA, a wrong CA refused, plain connections of a TLS-only role refused.
 find_program(FAKETIME faketime)
-foreach(t advisory clock errors wake tls)
+foreach(t advisory clock errors wake tls session_kill)
   add_executable(postgres_${t} postgres_${t}.c)
   target_link_libraries(postgres_${t} PRIVATE dlock_testutil ${LIBPQ_LINK_LIBRARIES})
   target_include_directories(postgres_${t} PRIVATE ${LIBPQ_INCLUDE_DIRS})

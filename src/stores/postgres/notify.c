@@ -35,15 +35,28 @@ static int listen_connect(pg_backend *be, int64_t deadline, PGconn **out)
 	return 0;
 }
 
-/* The LISTEN thread. It reconnects without lmu, each connect bounded by
+/*
+ * The LISTEN thread. It reconnects without lmu, each connect bounded by
  * connect_timeout; after each (re)connect and each broken connection every
- * waiter tries again (notifications may have been missed meanwhile). */
+ * waiter tries again (notifications may have been missed meanwhile).
+ *
+ * In advisory mode it also watches the held connections' sockets for a
+ * hang-up, never reading them (their statements run on other threads): a
+ * session the server ended (pg_terminate_backend, a restart) frees its keys
+ * at once, and another client may take them; the holder must hear of it now,
+ * not at its next renewal. On POLLRDHUP/POLLHUP/POLLERR (or a socket closed
+ * meanwhile: POLLNVAL) the socket leaves the set and every hold is renewed at
+ * once; the renewal finds the connection dead and the core reports the loss.
+ */
 static void *listener(void *arg)
 {
 	pg_backend *be = arg;
 	pthread_mutex_lock(&be->lmu);
 	while (!be->lstop) {
-		struct pollfd p[2] = { { be->wakefd[0], POLLIN, 0 }, { -1, POLLIN, 0 } };
+		struct pollfd p[2 + HELD_MAX] = { { be->wakefd[0], POLLIN, 0 }, { -1, POLLIN, 0 } };
+		int nh = be->nheld;
+		for (int i = 0; i < nh; i++)
+			p[2 + i] = (struct pollfd){ be->held[i], POLLRDHUP, 0 };
 		PGconn *lc = be->lconn;
 		if (lc)
 			p[1].fd = PQsocket(lc);
@@ -60,7 +73,7 @@ static void *listener(void *arg)
 			pthread_mutex_unlock(&be->lmu);
 		}
 		/* Without a connection, try again in a second (or when closed). */
-		int n = poll(p, 2, lc ? -1 : 1000);
+		int n = poll(p, (nfds_t)(2 + nh), lc ? -1 : 1000);
 		pthread_mutex_lock(&be->lmu);
 		if (be->lstop)
 			break;
@@ -71,7 +84,23 @@ static void *listener(void *arg)
 			while (read(be->wakefd[0], buf, sizeof buf) > 0) {
 			}
 		}
-		if (lc && p[1].revents) {
+		bool hung = false;
+		for (int i = 0; n > 0 && i < nh; i++) {
+			if (!p[2 + i].revents)
+				continue;
+			for (int k = 0; k < be->nheld; k++)
+				if (be->held[k] == p[2 + i].fd) {
+					be->held[k] = be->held[--be->nheld];
+					break;
+				}
+			hung = true;
+		}
+		if (hung) {
+			pthread_mutex_unlock(&be->lmu);
+			dlock_backend_renew_now(&be->base);
+			pthread_mutex_lock(&be->lmu);
+		}
+		if (lc && be->lconn == lc && p[1].revents) {
 			if (!PQconsumeInput(be->lconn) || PQstatus(be->lconn) != CONNECTION_OK) {
 				dlock__pg_drop_conn(&be->lconn, 0);
 				dlock_backend_wake_all(&be->base);
@@ -84,17 +113,9 @@ static void *listener(void *arg)
 	return NULL;
 }
 
-/*
- * be->watch, before each waiting try: make sure the LISTEN thread runs. It
- * connects on its own, so no call waits for that connect: a notification
- * sent before its LISTEN is in place is covered by the wake-up of every
- * waiter that follows each (re)connect. Names need no subscription of their
- * own: the one channel carries them all.
- */
-int dlock__pg_watch(dlock_backend *base, const dlock_request *req)
+/* Under nothing: start the LISTEN thread if it does not run. */
+static int listener_start(pg_backend *be)
 {
-	(void)req;
-	pg_backend *be = (pg_backend *)base;
 	int rc = 0;
 	pthread_mutex_lock(&be->lmu);
 	if (!be->lthread_on && !be->lstop) {
@@ -105,6 +126,38 @@ int dlock__pg_watch(dlock_backend *base, const dlock_request *req)
 	}
 	pthread_mutex_unlock(&be->lmu);
 	return rc;
+}
+
+void dlock__pg_held_watch(pg_backend *be, int fd, int add)
+{
+	if (fd < 0)
+		return;
+	pthread_mutex_lock(&be->lmu);
+	for (int k = 0; k < be->nheld; k++)
+		if (be->held[k] == fd) {
+			be->held[k] = be->held[--be->nheld];
+			break;
+		}
+	if (add && be->nheld < HELD_MAX)
+		be->held[be->nheld++] = fd;
+	pthread_mutex_unlock(&be->lmu);
+	ssize_t w = write(be->wakefd[1], "x", 1); /* the thread polls the new set */
+	(void)w;
+	if (add)
+		(void)listener_start(be);
+}
+
+/*
+ * be->watch, before each waiting try: make sure the LISTEN thread runs. It
+ * connects on its own, so no call waits for that connect: a notification
+ * sent before its LISTEN is in place is covered by the wake-up of every
+ * waiter that follows each (re)connect. Names need no subscription of their
+ * own: the one channel carries them all.
+ */
+int dlock__pg_watch(dlock_backend *base, const dlock_request *req)
+{
+	(void)req;
+	return listener_start((pg_backend *)base);
 }
 
 void dlock__pg_unwatch(dlock_backend *base, const dlock_request *req)
