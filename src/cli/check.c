@@ -39,6 +39,17 @@
  * overlap: under every other fault the lease or the lost signal must keep
  * holds apart, and an overlap is the store's fault.
  *
+ * The seams (issue 30): --ops mixes other holds with the plain ones, each
+ * worker taking the kinds in turn: `extend` extends while the hold's renewal
+ * is delayed (the worker lags its own proxy routes, or the sqlite3 shell
+ * holds SQLite's write lock), `handle` keeps a no_renew hold by its own
+ * extends; kill-tool adds holds through `dlock run` (this program run by the
+ * worker, its command this program again with DLOCK_CHECK_COMMAND: it logs
+ * its grant, ignores SIGTERM and holds), whose command's real death ends the
+ * hold. session-kill, evict and failback act on the server with its own
+ * client programs (check_faults.c). Every requested fault and op runs at
+ * least once or the verdict is `incomplete` (check_analyse.c).
+ *
  * The tests run it on a fake store that grants every request (a test build of
  * this tool, tests/cli/broken_store.c): the checker must catch it.
  */
