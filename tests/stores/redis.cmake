@@ -121,6 +121,25 @@ if(DLOCK_WITH_REDLOCK)
     TIMEOUT 120)
 endif()
 
+# issue 31: a wait through a failover window, and a hung sentinel named
+# first (a Sentinel set-up of its own: its master is killed).
+set(DLOCK_REDIS_SENTINEL_WAIT_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redis-sentinel-wait)
+add_test(NAME server.redis-sentinel-wait.start
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redis-sentinel.sh start ${DLOCK_REDIS_SENTINEL_WAIT_DIR})
+add_test(NAME server.redis-sentinel-wait.stop
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redis-sentinel.sh stop ${DLOCK_REDIS_SENTINEL_WAIT_DIR})
+set_tests_properties(server.redis-sentinel-wait.start PROPERTIES FIXTURES_SETUP server.redis-sentinel-wait
+  TIMEOUT 120)
+set_tests_properties(server.redis-sentinel-wait.stop PROPERTIES FIXTURES_CLEANUP server.redis-sentinel-wait)
+add_executable(redis_sentinel_wait redis_sentinel_wait.c)
+target_link_libraries(redis_sentinel_wait PRIVATE dlock_testutil Threads::Threads)
+target_include_directories(redis_sentinel_wait PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src
+  ${HIREDIS_INCLUDE_DIRS})
+target_compile_definitions(redis_sentinel_wait PRIVATE _GNU_SOURCE)
+add_test(NAME redis.sentinel_wait COMMAND redis_sentinel_wait
+  ${PROJECT_SOURCE_DIR}/tests/servers/redis-sentinel.sh ${DLOCK_REDIS_SENTINEL_WAIT_DIR})
+set_tests_properties(redis.sentinel_wait PROPERTIES
+  FIXTURES_REQUIRED server.redis-sentinel-wait TIMEOUT 120)
 # redis+sentinel: master + replica + one Sentinel; the master is killed.
 set(DLOCK_REDIS_SENTINEL_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redis-sentinel)
 add_test(NAME server.redis-sentinel.start

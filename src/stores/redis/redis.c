@@ -47,6 +47,9 @@ typedef struct rstore {
 	bool retried;        /* the last run_argv sent its command a second time */
 	dlock__rserver *sentinels; /* redis+sentinel://: where to ask for the master */
 	size_t nsentinels;
+	size_t sentinel_first; /* the sentinel that answered last: asked first */
+	bool busy;           /* since the acquire began, a sentinel answered but no master could be used */
+	bool unknown;        /* since the acquire began, a request was sent whose reply was never read */
 	char *master_name;
 	bool pipelined;      /* release=pipelined */
 	rpending *pend;      /* [PIPELINE_MAX]: sent, reply not read yet, in order */
@@ -66,6 +69,19 @@ static void drop(rstore *s)
 	s->npend = 0; /* pipelined releases whose fate is unknown: they end with their leases */
 }
 
+/* Drop the connection when the server closed it while it was idle (an EOF
+ * or a reset waiting on the socket: a restarted or killed server): a request
+ * sent on it would never be read, and its outcome would look unknown. */
+static void drop_if_closed(rstore *s)
+{
+	char b;
+	if (!s->c || s->npend)
+		return;
+	ssize_t n = recv(s->c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+		drop(s);
+}
+
 /* A request that ran out of time: the message says so (the contract's "timed out"). */
 static int timed_out_error(int rc, const char *what)
 {
@@ -80,19 +96,26 @@ static int timed_out_error(int rc, const char *what)
 }
 
 /*
- * redis+sentinel://: ask the sentinels, in order, where the master named in
- * the URI is (each gets a fair share of the time left, so one hung sentinel
- * does not use it all).
+ * redis+sentinel://: ask the sentinels where the master named in the URI is,
+ * the one that answered last first, then the others in order (each gets a
+ * fair share of the time left, so one hung sentinel does not use it all, and
+ * once another has answered a hung one is no longer asked first).
  */
 static int sentinel_resolve(rstore *s, int64_t deadline)
 {
 	int rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "no sentinel answered with the address of master '%s'",
 				 s->master_name);
-	for (size_t i = 0; i < s->nsentinels; i++) {
+	for (size_t k = 0; k < s->nsentinels; k++) {
+		size_t i = (s->sentinel_first + k) % s->nsentinels;
 		int64_t left = dlock__rms_left(deadline);
 		if (left <= 0)
 			break;
-		int64_t share = left / (int64_t)(s->nsentinels - i);
+		int64_t share = left / (int64_t)(s->nsentinels - k);
+		/* an answer is one short round trip: a sentinel that takes longer
+		 * than half a request is hung (connect_cmd asks again later) */
+		int64_t most = s->srv[0].timeout_ms / 2 > 250 ? s->srv[0].timeout_ms / 2 : 250;
+		if (s->nsentinels - k > 1 && share > most)
+			share = most;
 		if (share < 100)
 			share = left < 100 ? left : 100;
 		int64_t until = dlock_clock_ms() + share;
@@ -113,8 +136,10 @@ static int sentinel_resolve(rstore *s, int64_t deadline)
 		if (r)
 			freeReplyObject(r);
 		dlock__rfree(c);
-		if (ok)
+		if (ok) {
+			s->sentinel_first = i;
 			return 0;
+		}
 	}
 	return rc;
 }
@@ -144,12 +169,6 @@ static int connect_master(rstore *s, int64_t deadline)
 	return 0;
 }
 
-/*
- * (Re)connect the command connection by the deadline. Through the sentinels
- * when configured, asking them again until a master answers or the time is
- * up: during a failover the old master refuses or is a replica, and the
- * sentinels name the new one a moment later.
- */
 /* The fence guard names the server it talks to: its run_id, new for every
  * process; the script adds its master_replid, new on every promotion (a
  * failback keeps the run_id: fence.lua). */
@@ -164,6 +183,14 @@ static int fetch_server_id(rstore *s, int64_t deadline)
 	return rc;
 }
 
+/*
+ * (Re)connect the command connection by the deadline. Through the sentinels
+ * when configured, asking them again until a master answers or the time is
+ * up: during a failover the old master refuses, hangs or is a replica, and
+ * the sentinels name the new one a moment later. One try at the master
+ * named gets at most half the time left (at least 250 ms): a stopped master
+ * does not use the whole deadline while the sentinels could name another.
+ */
 static int connect_cmd(rstore *s, int64_t deadline)
 {
 	if (!s->sentinels) {
@@ -176,8 +203,15 @@ static int connect_cmd(rstore *s, int64_t deadline)
 	char last[400] = ""; /* what the master named last said: the best explanation */
 	for (;;) {
 		rc = sentinel_resolve(s, deadline);
-		if (!rc && (rc = connect_master(s, deadline)) == 0 && (rc = fetch_server_id(s, deadline)) == 0)
-			return 0;
+		if (!rc) {
+			int64_t left = dlock__rms_left(deadline), cap = left / 2 > 250 ? left / 2 : 250;
+			s->busy = true; /* until a master answers: a failover window */
+			if ((rc = connect_master(s, dlock_clock_ms() + (cap < left ? cap : left))) == 0 &&
+			    (rc = fetch_server_id(s, deadline)) == 0) {
+				s->busy = false;
+				return 0;
+			}
+		}
 		if (rc != DLOCK_EUNAVAILABLE)
 			return rc;
 		if (s->srv[0].port)
@@ -278,6 +312,7 @@ static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, 
 				      KIND, s->srv[0].host, s->srv[0].port);
 		return NULL;
 	}
+	drop_if_closed(s);
 	for (int attempt = 0; attempt < 2; attempt++) {
 		s->retried = attempt > 0;
 		bool fresh = false;
@@ -323,6 +358,7 @@ static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, 
 		}
 		bool timeout = !strcmp(dlock_error_last()->store_code, "ETIMEDOUT");
 		drop(s);
+		s->unknown = true; /* sent; its reply never read */
 		if (fresh || timeout || *rc == DLOCK_ENOMEM || dlock__rms_left(deadline) <= 0) {
 			if (timeout)
 				*rc = timed_out_error(*rc, "timed out: ");
@@ -376,6 +412,24 @@ static int replicate_grant(rstore *s, dlock_request *req, const dlock__rkeys *k,
 			       acked < 0 ? 0 : acked, n, acked < 0 ? " (timed out)" : "");
 }
 
+/*
+ * An acquire that found no master: when the sentinels answered (a failover
+ * window: the master they name refuses, hangs or is a replica) and nothing
+ * was sent whose outcome is unknown, a waiting caller hears "held, try
+ * again soon" and its wait goes on to its end; otherwise rc.
+ */
+static int failover_wait(rstore *s, dlock_request *req, int rc, int64_t *retry_ms)
+{
+	if (rc != DLOCK_EUNAVAILABLE || !req->waiting || !s->sentinels || !s->busy || s->unknown)
+		return rc;
+	*retry_ms = 50;
+	rc = dlock_error_set(DLOCK_ELOCKED, KIND, NULL,
+			     "lock '%s': the sentinels name no master that answers yet (failover?); trying again",
+			     req->name);
+	dlock__racquire_done(req, rc);
+	return rc;
+}
+
 static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	rstore *s = RS(be);
@@ -389,15 +443,17 @@ static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 				       req->name);
 	int rc;
 	redisReply *r = NULL;
+	s->busy = s->unknown = false;
+	drop_if_closed(s);
 	if (s->fence_replicas) {
 		/* ARGV[8]: the server's id, read when connecting: connect first */
 		if (!s->c && (rc = connect_cmd(s, deadline)) != 0)
-			return rc;
+			return failover_wait(s, req, rc, retry_ms);
 		dlock__rargs_add(&a, s->server_id);
 	}
 	r = run(s, DLOCK__RS_ACQUIRE, &a, deadline, &rc);
 	if (!r)
-		return rc;
+		return failover_wait(s, req, rc, retry_ms);
 	rc = dlock__racquire_reply(r, fence, retry_ms, KIND);
 	long long reserve = 0;
 	if (rc == 0 && r->elements == 3)
