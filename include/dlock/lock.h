@@ -22,10 +22,24 @@ DLOCK_BEGIN_DECLS
  * Called once when a held lock is lost: at its lease deadline if no renewal
  * was confirmed by then (whatever the network does — the signal never waits
  * for I/O), or at once when the store says the hold is no longer ours. It
- * runs on a thread of its own (one per signal), so a slow callback delays
- * neither renewal nor another lock's signal; it may call dlock_lock_free on
- * its own lock. (If no thread can be created it runs on the store's
- * watchdog thread.)
+ * runs on a runner thread of the store, never on the watchdog: the first
+ * runner is made with the store's other threads at the first acquire (which
+ * fails with DLOCK_ENOMEM if it cannot be), and a runner that takes a
+ * callback first makes a spare, so a slow or blocking callback delays
+ * neither renewal nor another lock's signal. (Only if no spare thread can be
+ * made does the next callback wait for a runner; its lock is marked lost on
+ * time all the same.) It may call dlock_lock_free on its own lock.
+ *
+ * A callback still running never holds up its own lock: dlock_release,
+ * dlock_acquire and dlock_lock_free of that lock, and dlock_store_close,
+ * return within their usual bounds without waiting for it. The lock
+ * handle's memory stays valid until the callback returns (it is reference
+ * counted: dlock_lock_free does not wait, the callback's runner frees it
+ * afterwards), so the callback may go on calling dlock_held, dlock_fence or
+ * dlock_lock_name on it. After dlock_store_close the callback's runner ends
+ * when the callback returns and frees the store's memory last; a
+ * dlock_lock_free of its lock then frees memory only (nothing is sent: the
+ * store is closed and the lease ends the hold).
  */
 typedef void (*dlock_lost_fn)(dlock_lock *lock, void *payload);
 
@@ -87,7 +101,9 @@ DLOCK_EXTERN int dlock_lock_new(dlock_lock **out, dlock_store *store, const char
 
 /**
  * Free a handle. A lock still held is released first (all reentrant holds).
- * Accepts NULL. Safe to call from the lock's own on_lost callback.
+ * Accepts NULL. Safe to call from the lock's own on_lost callback. Does not
+ * wait for an on_lost of this lock that is still running: the memory is
+ * freed when that callback returns.
  * In a fork()'s child, of a handle made before the fork: frees memory only
  * (the hold is the parent's and stays held).
  */

@@ -97,7 +97,11 @@ struct dlock_store {
 	dlock__reg *regs;
 	bool renewer_started, watchdog_started, renewer_stop;
 	pthread_t renewer, watchdog;
-	cb_run *cbs;            /* on_lost callbacks running now */
+	cb_run *cbs;            /* on_lost callbacks signalled and not yet returned */
+	pthread_cond_t cb_cv;   /* a callback to run, or the store closed (runners wait on it) */
+	int cb_threads, cb_idle; /* callback runner threads, and how many of them wait */
+	bool mem_handoff;       /* closed while runners were busy: the last one frees s */
+	bool closed;            /* under be_mu: dlock_store_close closed be */
 	dlock__orphan *orphans; /* releases to retry in the background */
 	const char *orphan_busy; /* owner of the orphan the renewer retries now */
 	int64_t orphan_pause_until; /* a retry failed: no other before this */
@@ -130,12 +134,17 @@ struct dlock__reg {
 int dlock__renewer_add(dlock_store *store, dlock__reg *reg);
 /* dlock_backend_renew_now: every hold of the store is due for renewal now. */
 void dlock__renewer_renew_now(dlock_store *store);
-/* Unlink reg; waits while its on_lost callback runs (unless called from it)
- * and while the renewer talks to the store about it. */
-/* Take a hold off the renewer, once its renewal in flight and its on_lost
- * callback are over; false if that is not before `by` (INT64_MAX: wait). */
+/* Take a hold off the renewer, once its renewal in flight is over; false if
+ * that is not before `by` (INT64_MAX: wait). Never waits for its on_lost. */
 bool dlock__renewer_remove(dlock_store *store, dlock__reg *reg, int64_t by);
+/* Stop the renewer and the watchdog and release what they kept (bounded by
+ * the request timeout); on_lost callbacks still running are not waited for. */
 void dlock__renewer_stop(dlock_store *store);
+/* dlock_store_close's last step: free s now, or let the last callback runner
+ * thread free it when it returns (the callbacks still use its mutexes). */
+void dlock__renewer_release_store(dlock_store *s);
+/* Free the memory of a store handle (store.c). */
+void dlock__store_free_mem(dlock_store *s);
 /* dlock_extend's turn on a hold: wait (until `by`) for its renewal in flight
  * and keep the renewer off it until extend_end; false when that renewal is
  * still in flight at `by` (nothing is changed then). A hold not registered
@@ -203,7 +212,11 @@ struct dlock_lock {
 	dlock_request req;       /* what the store sees for this hold */
 	dlock__reg reg;
 	bool registered;
+	atomic_int refs;         /* the handle's owner, plus each on_lost not yet returned */
 };
+
+/* Drop one reference of l; the last frees its memory. */
+void dlock__lock_unref(dlock_lock *l);
 
 /* Fill lock->req from the lock's options and current owner. */
 void dlock__lock_fill_request(dlock_lock *lock);

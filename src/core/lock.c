@@ -64,6 +64,7 @@ int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
 		l->opts.permits = 1;
 	l->ttl_ms = opts->ttl_ms > 0 ? opts->ttl_ms : store->default_ttl_ms;
 	pthread_mutex_init(&l->mu, NULL);
+	atomic_init(&l->refs, 1);
 	*out = l;
 	return 0;
 }
@@ -444,6 +445,13 @@ static int release_in_store(dlock_lock *l)
 {
 	dlock_backend *be = l->store->be;
 	lock_be_by(l->store, INT64_MAX);
+	if (l->store->closed) {
+		/* an on_lost that outlived dlock_store_close frees its lock: the
+		 * store is gone, and what it kept ends with its lease */
+		pthread_mutex_unlock(&l->store->be_mu);
+		l->req.slot = NULL;
+		return 0;
+	}
 	l->req.confirm = l->attached;
 	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
 	dlock__counted(l->store);
@@ -689,6 +697,13 @@ void dlock_lock_free(dlock_lock *l)
 		dlock_release(l);
 	else if (st == DLOCK__LOST)
 		forget_lost(l, INT64_MAX); /* the lock goes away: wait for its renewal */
+	dlock__lock_unref(l); /* an on_lost still running keeps the memory */
+}
+
+void dlock__lock_unref(dlock_lock *l)
+{
+	if (atomic_fetch_sub(&l->refs, 1) != 1)
+		return;
 	pthread_mutex_destroy(&l->mu);
 	free(l->name);
 	free(l);

@@ -17,22 +17,21 @@
  *   and marks a lock lost the moment its deadline passes without a confirmed
  *   renewal, however long the renewer is stuck in the network.
  *
- * on_lost callbacks run on a thread of their own each, so a slow callback
- * delays neither renewal nor another lock's signal.
+ * on_lost callbacks run on runner threads (made before they are needed, see
+ * runner_main), so a slow callback delays neither renewal nor another lock's
+ * signal, nor a release, free or close of its own lock.
  */
 
 #define RETRY_MAX_MS 1000
 #define ORPHAN_RETRY_FIRST_MS 50
 
-/* One running on_lost callback. Keyed by the hold's id, not by its reg: the
- * callback may free the lock (and its reg) before it returns. */
+/* One signalled on_lost callback: queued until a runner takes it, then
+ * running. It keeps a reference of its lock, so that the lock's memory
+ * outlives a dlock_lock_free made while the callback runs. */
 struct dlock__cb_run {
 	cb_run *next;
-	dlock_store *store;
 	dlock_lock *lock;
-	uint64_t reg_id;
-	pthread_t thread;
-	bool inline_run; /* no thread could be made: ran on the watchdog */
+	bool started;
 };
 
 /* A release the store did not confirm, retried in the background. */
@@ -80,21 +79,71 @@ static void cb_done(dlock_store *s, cb_run *c)
 	free(c);
 }
 
-static void *cb_main(void *arg)
+static void *runner_main(void *arg);
+
+/* Under reg_mu: one more callback runner thread, waiting for work. */
+static bool spawn_runner(dlock_store *s)
 {
-	cb_run *c = arg;
-	dlock_store *s = c->store;
-	c->lock->opts.on_lost(c->lock, c->lock->opts.payload);
+	pthread_t t;
+	pthread_attr_t a;
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	int rc = pthread_create(&t, &a, runner_main, s);
+	pthread_attr_destroy(&a);
+	if (rc != 0)
+		return false;
+	s->cb_threads++;
+	s->cb_idle++;
+	return true;
+}
+
+/*
+ * Callback runners: made before they are needed (with the store's other
+ * threads), so that a signal never waits for a thread to be created and never
+ * runs on the watchdog. A runner that takes a callback first makes a spare
+ * when it was the last one idle, so that the next signal finds one waiting
+ * even while this callback blocks; if no spare can be made, the next callback
+ * waits for the first runner free (its lock is already marked lost: only the
+ * call is late). At most one runner stays idle. Runners are detached and may
+ * outlive dlock_store_close: the last one out frees the store's memory.
+ */
+static void *runner_main(void *arg)
+{
+	dlock_store *s = arg;
 	pthread_mutex_lock(&s->reg_mu);
-	cb_done(s, c);
-	pthread_cond_broadcast(&s->reg_cv);
+	for (;;) {
+		cb_run *c = NULL;
+		for (cb_run *p = s->cbs; p; p = p->next)
+			if (!p->started)
+				c = p; /* the oldest: the list is newest first */
+		if (!c) {
+			if (s->renewer_stop || s->cb_idle > 1)
+				break;
+			pthread_cond_wait(&s->cb_cv, &s->reg_mu);
+			continue;
+		}
+		c->started = true;
+		if (--s->cb_idle == 0 && !s->renewer_stop)
+			spawn_runner(s);
+		pthread_mutex_unlock(&s->reg_mu);
+		dlock_lock *l = c->lock;
+		l->opts.on_lost(l, l->opts.payload);
+		dlock__lock_unref(l);
+		pthread_mutex_lock(&s->reg_mu);
+		cb_done(s, c);
+		s->cb_idle++;
+	}
+	s->cb_idle--;
+	bool last = --s->cb_threads == 0 && s->mem_handoff;
 	pthread_mutex_unlock(&s->reg_mu);
+	if (last)
+		dlock__store_free_mem(s);
 	return NULL;
 }
 
 /* Under reg_mu: the lock of reg is gone (if `now` > 0: only if its deadline
  * has passed by then, checked again under its mutex). Mark it lost, unlink it
- * and start its on_lost (on its own thread; inline only if none can be made). */
+ * and hand its on_lost to a runner (never run here). */
 static void lost(dlock_store *s, dlock__reg *reg, int64_t now)
 {
 	dlock_lock *l = reg->lock;
@@ -109,29 +158,13 @@ static void lost(dlock_store *s, dlock__reg *reg, int64_t now)
 	if (!fire)
 		return;
 	cb_run *c = calloc(1, sizeof(*c));
-	if (c) {
-		c->store = s;
-		c->lock = l;
-		c->reg_id = reg->id;
-		c->next = s->cbs;
-		s->cbs = c;
-		pthread_attr_t a;
-		pthread_attr_init(&a);
-		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-		int rc = pthread_create(&c->thread, &a, cb_main, c);
-		pthread_attr_destroy(&a);
-		if (rc == 0)
-			return;
-		c->thread = pthread_self();
-		c->inline_run = true;
-	}
-	/* No thread: run it here, still never inside store I/O. */
-	pthread_mutex_unlock(&s->reg_mu);
-	l->opts.on_lost(l, l->opts.payload);
-	pthread_mutex_lock(&s->reg_mu);
-	if (c)
-		cb_done(s, c);
-	pthread_cond_broadcast(&s->reg_cv);
+	if (!c)
+		return; /* out of memory: the lock is marked lost, the call is skipped */
+	atomic_fetch_add(&l->refs, 1);
+	c->lock = l;
+	c->next = s->cbs;
+	s->cbs = c;
+	pthread_cond_signal(&s->cb_cv);
 }
 
 static int64_t lock_deadline(dlock_lock *l, bool *held)
@@ -497,6 +530,8 @@ void dlock__renewer_renew_now(dlock_store *s)
 /* Under reg_mu. */
 static int start_threads(dlock_store *s)
 {
+	if (s->cb_threads == 0 && !spawn_runner(s))
+		return dlock_error_set(DLOCK_ENOMEM, NULL, NULL, "cannot start the lost-signal thread");
 	if (!s->renewer_started) {
 		if (pthread_create(&s->renewer, NULL, renewer_main, s) != 0)
 			return dlock_error_set(DLOCK_ENOMEM, NULL, NULL, "cannot start the renewal thread");
@@ -537,20 +572,11 @@ int dlock__renewer_add(dlock_store *s, dlock__reg *reg)
 	return 0;
 }
 
-/* Under reg_mu: is the on_lost of hold `id` running on another thread? */
-static bool cb_elsewhere(dlock_store *s, uint64_t id)
-{
-	for (cb_run *c = s->cbs; c; c = c->next)
-		if (id && c->reg_id == id && !pthread_equal(c->thread, pthread_self()))
-			return true;
-	return false;
-}
-
 bool dlock__renewer_remove(dlock_store *s, dlock__reg *reg, int64_t by)
 {
 	pthread_mutex_lock(&s->reg_mu);
 	bool on_renewer = s->renewer_started && pthread_equal(pthread_self(), s->renewer);
-	while (cb_elsewhere(s, reg->id) || (reg->in_batch && !on_renewer)) {
+	while (reg->in_batch && !on_renewer) {
 		if (by == INT64_MAX) {
 			pthread_cond_wait(&s->reg_cv, &s->reg_mu);
 			continue;
@@ -696,8 +722,8 @@ void dlock__renewer_stop(dlock_store *s)
 	if (dog)
 		pthread_join(s->watchdog, NULL);
 	pthread_mutex_lock(&s->reg_mu);
-	while (s->cbs) /* callbacks still running use their lock: wait for them */
-		pthread_cond_wait(&s->reg_cv, &s->reg_mu);
+	/* Idle runners leave; busy ones when their callback returns (not waited for). */
+	pthread_cond_broadcast(&s->cb_cv);
 	pthread_mutex_unlock(&s->reg_mu);
 	/* Locks still held (their handles should have been freed first): release, best effort. */
 	while (s->regs) {
@@ -735,11 +761,22 @@ bool dlock__renewer_forget(dlock_store *s)
 		dlock__forget(o->req.slot); /* a cancel's per-attempt state: the store's */
 		orphan_free(o);
 	}
-	while (s->cbs) { /* their threads are the parent's */
+	while (s->cbs) { /* their runners are the parent's threads */
 		cb_run *c = s->cbs;
 		s->cbs = c->next;
 		free(c);
 	}
 	pthread_mutex_unlock(&s->reg_mu);
 	return true;
+}
+
+void dlock__renewer_release_store(dlock_store *s)
+{
+	pthread_mutex_lock(&s->reg_mu);
+	bool later = s->cb_threads > 0;
+	s->mem_handoff = later;
+	pthread_cond_broadcast(&s->cb_cv);
+	pthread_mutex_unlock(&s->reg_mu);
+	if (!later)
+		dlock__store_free_mem(s);
 }

@@ -122,6 +122,7 @@ static int store_init(dlock_store **out, dlock_backend *be, const char *display_
 	pthread_mutex_init(&s->rbe_mu, NULL);
 	pthread_mutex_init(&s->reg_mu, NULL);
 	dlock__cond_init_monotonic(&s->reg_cv);
+	pthread_cond_init(&s->cb_cv, NULL);
 	*out = s;
 	return 0;
 }
@@ -243,14 +244,23 @@ void dlock_store_close(dlock_store *s)
 	}
 	dlock__renewer_stop(s);
 	dlock__renewer_join_opener(s);
+	pthread_mutex_lock(&s->be_mu);
+	s->closed = true; /* an on_lost still running may free its lock: no I/O then */
+	pthread_mutex_unlock(&s->be_mu);
 	if (s->rbe)
 		s->m->close(s->rbe);
 	s->m->close(s->be);
 	dlock__board_free(s->board);
+	dlock__renewer_release_store(s);
+}
+
+void dlock__store_free_mem(dlock_store *s)
+{
 	pthread_mutex_destroy(&s->be_mu);
 	pthread_mutex_destroy(&s->rbe_mu);
 	pthread_mutex_destroy(&s->reg_mu);
 	pthread_cond_destroy(&s->reg_cv);
+	pthread_cond_destroy(&s->cb_cv);
 	free(s->uri);
 	free_text(s->open_text);
 	free(s);

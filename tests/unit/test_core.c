@@ -554,6 +554,121 @@ static void test_slow_callback(void)
 	dlock_store_close(s);
 }
 
+/* An on_lost that blocks until the test lets it go: on its own lock,
+ * release, acquire, free and the store's close all return at once, another
+ * lock's signal fires on time, and the callback may still use its lock
+ * after the free and the close (the memory waits for it). */
+typedef struct block_box {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int entered, open, returned, held_after;
+} block_box;
+
+static block_box bb = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, -1 };
+
+static void blocking_cb(dlock_lock *lock, void *payload)
+{
+	(void)payload;
+	pthread_mutex_lock(&bb.mu);
+	bb.entered++;
+	pthread_cond_broadcast(&bb.cv);
+	while (!bb.open)
+		pthread_cond_wait(&bb.cv, &bb.mu);
+	pthread_mutex_unlock(&bb.mu);
+	int held = dlock_held(lock); /* after dlock_lock_free and dlock_store_close */
+	pthread_mutex_lock(&bb.mu);
+	bb.held_after = held;
+	bb.returned++;
+	pthread_cond_broadcast(&bb.cv);
+	pthread_mutex_unlock(&bb.mu);
+}
+
+static void wait_entered(int n)
+{
+	pthread_mutex_lock(&bb.mu);
+	while (bb.entered < n)
+		pthread_cond_wait(&bb.cv, &bb.mu);
+	pthread_mutex_unlock(&bb.mu);
+}
+
+/* How late a 10 ms sleep wakes up in this run: the scheduling delay. */
+static long long sched_delay_ms(void)
+{
+	long long worst = 0;
+	for (int i = 0; i < 3; i++) {
+		long long t0 = tu_now_ms();
+		usleep(10000);
+		long long late = tu_now_ms() - t0 - 10;
+		if (late > worst)
+			worst = late;
+	}
+	return worst;
+}
+
+static void test_blocking_callback(void)
+{
+	fake *f = fake_new();
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	dlock_lock_options ox = DLOCK_LOCK_OPTIONS_INIT, oy = DLOCK_LOCK_OPTIONS_INIT;
+	ox.ttl_ms = 60;
+	ox.no_renew = 1;
+	ox.on_lost = blocking_cb;
+	oy.ttl_ms = 600;
+	oy.no_renew = 1;
+	oy.on_lost = on_lost_time;
+	oy.payload = &box;
+	dlock_lock *x, *y;
+	CHECK_RC(dlock_lock_new(&x, s, "x", &ox), 0);
+	CHECK_RC(dlock_lock_new(&y, s, "y", &oy), 0);
+	CHECK_RC(dlock_acquire(x, 0), 0);
+	f->holder[0] = '\0'; /* the fake keeps one name: y is another */
+	fired_at_ms = 0;
+	CHECK_RC(dlock_acquire(y, 0), 0);
+	long long ydeadline = tu_now_ms() + dlock_ttl_left(y);
+	f->holder[0] = '\0';
+	wait_entered(1); /* x is lost; its callback blocks */
+	long long bound = 100 + sched_delay_ms();
+
+	long long t0 = tu_now_ms();
+	CHECK_RC(dlock_release(x), DLOCK_ELOST);
+	long long took = tu_now_ms() - t0;
+	CHECK(took <= bound);
+	if (took > bound)
+		fprintf(stderr, "release of a lost lock took %lld ms (bound %lld)\n", took, bound);
+
+	t0 = tu_now_ms();
+	CHECK_RC(dlock_acquire(x, 0), 0); /* a new hold, lost again at its deadline */
+	took = tu_now_ms() - t0;
+	CHECK(took <= bound);
+	wait_entered(2); /* a second callback of x: a spare runner took it */
+
+	CHECK(wait_lost(&box, 3000) == 1); /* y's signal, while both of x's block */
+	long long late = __atomic_load_n(&fired_at_ms, __ATOMIC_SEQ_CST) - ydeadline;
+	CHECK(late >= -2 && late <= 20 + bound);
+
+	t0 = tu_now_ms();
+	dlock_lock_free(x);
+	took = tu_now_ms() - t0;
+	CHECK(took <= bound);
+	dlock_lock_free(y);
+	t0 = tu_now_ms();
+	dlock_store_close(s);
+	took = tu_now_ms() - t0;
+	CHECK(took <= bound);
+	if (took > bound)
+		fprintf(stderr, "close took %lld ms (bound %lld)\n", took, bound);
+
+	pthread_mutex_lock(&bb.mu); /* the callbacks return after all that */
+	bb.open = 1;
+	pthread_cond_broadcast(&bb.cv);
+	while (bb.returned < 2)
+		pthread_cond_wait(&bb.cv, &bb.mu);
+	CHECK(bb.held_after == 0);
+	pthread_mutex_unlock(&bb.mu);
+}
+
 /* A reentrant acquire after the lease deadline is DLOCK_ELOST, never 0. */
 static void test_reentrant_after_deadline(void)
 {
@@ -745,8 +860,9 @@ int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), v
 	return real(t, a, fn, arg);
 }
 
-/* No renewal thread, no watchdog: the grant is given back, never left
- * unwatched; no callback thread: on_lost still runs. */
+/* No renewal thread, no watchdog, no callback runner: the grant is given
+ * back, never left unwatched; no spare runner: on_lost still runs (on the
+ * runner made with the store's threads, never on the watchdog). */
 static void test_threads_fail(void)
 {
 	fake *f = fake_new();
@@ -760,7 +876,7 @@ static void test_threads_fail(void)
 	o.payload = &box;
 	dlock_lock *l;
 	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
-	atomic_store(&fail_creates, 1); /* the renewal thread */
+	atomic_store(&fail_creates, 1); /* the first of the store's threads */
 	CHECK_RC(dlock_acquire(l, 0), DLOCK_ENOMEM);
 	CHECK(!dlock_held(l) && !fake_holder(f));
 	CHECK(f->releases == 1);
@@ -1156,6 +1272,7 @@ int main(void)
 	test_handles();
 	test_lost_while_renew_hangs();
 	test_slow_callback();
+	test_blocking_callback();
 	test_reentrant_after_deadline();
 	test_lease_from_lost_try();
 	test_late_grant_refused();
