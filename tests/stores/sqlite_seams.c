@@ -428,6 +428,17 @@ static void case_bells_dir(void)
 		fprintf(stderr, "bells_dir: %d files made in another user's directory\n", n);
 		CHECK(n == 0);
 		CHECK(rmdir(bells) == 0);
+		/* but one made by a member of the group that may write the database
+		 * (a 0660 database of group 65534) is shared: its waiters ring there */
+		CHECK(chown(path, 0, 65534) == 0 && chmod(path, 0660) == 0);
+		CHECK(mkdir(bells, 0700) == 0 && chown(bells, 65534, 65534) == 0 && chmod(bells, 01770) == 0);
+		wait_behind_holder(uri, 300);
+		n = entries(bells);
+		fprintf(stderr, "bells_dir: %d files made in a group member's directory\n", n);
+		CHECK(n >= 1);
+		snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", bells, victim);
+		CHECK(system(cmd) == 0);
+		CHECK(chown(path, 0, 0) == 0 && chmod(path, 0600) == 0);
 	}
 
 	/* a 0660 database, a umask of 077: the group keeps its bits */

@@ -177,8 +177,9 @@ typedef struct sqlite_backend {
 					    transaction under way: their bells ring after the commit */
 	bool make_dirs;      /* the default store's file: create its directories */
 	bool foreign_ok;     /* foreign=ok: the file may have another application's tables */
-	uid_t db_uid;        /* the database file's owner and mode (at the last open): what the */
-	mode_t db_mode;      /* bells directory and files follow and are checked against */
+	uid_t db_uid;        /* the database file's owner, group and mode (at the last open): */
+	gid_t db_gid;        /* what the bells directory and files follow and are checked */
+	mode_t db_mode;      /* against */
 	dlock__wq *wq;       /* the writers' line (writeq.h), NULL: none (yet) */
 	bool wq_want;        /* writers collided (the busy handler ran): make or join the line */
 	bool wq_check;       /* someone outside our line held the write lock: is the line still the file's? */
@@ -864,8 +865,10 @@ static mode_t bell_file_mode(mode_t db)
  * writers' line (writeq.c): "<db>.bells" itself not a symbolic link
  * (O_NOFOLLOW: a link another user planted sent root's rings, and its
  * removals of stale bells, into a directory of the link's choosing), a
- * directory, owned by us or by the database's owner, and writable by
- * nobody the database does not let write. With `make`, made first when
+ * directory, owned by someone who may write the database anyway (us, its
+ * owner, its group's members when the group may write it: the directory
+ * has its group; anyone when others may), and writable by nobody the
+ * database does not let write. With `make`, made first when
  * missing, and a directory of ours given the database's bits. A descriptor,
  * or -1 (missing and not made, or not trusted: no bells, the core polls).
  */
@@ -885,8 +888,9 @@ static int bells_dir_open(const sqlite_backend *b, bool make)
 	if (make && st.st_uid == geteuid() && (st.st_mode & 07777) != mode &&
 	    (fchmod(fd, mode) != 0 || fstat(fd, &st) != 0))
 		goto refuse;
-	if (S_ISDIR(st.st_mode) && (st.st_uid == geteuid() || st.st_uid == b->db_uid) &&
-	    !(st.st_mode & 0022 & ~(b->db_mode & 0022)))
+	bool owner_ok = st.st_uid == geteuid() || st.st_uid == b->db_uid ||
+			(b->db_mode & 0020 && st.st_gid == b->db_gid) || b->db_mode & 0002;
+	if (S_ISDIR(st.st_mode) && owner_ok && !(st.st_mode & 0022 & ~(b->db_mode & 0022)))
 		return fd;
 refuse:
 	if (fd >= 0)
@@ -1865,6 +1869,7 @@ static int connect_db(sqlite_backend *b, int64_t deadline)
 		if (i == 0 && b->ids[0].known) {
 			links = st.st_nlink;
 			b->db_uid = st.st_uid;
+			b->db_gid = st.st_gid;
 			b->db_mode = st.st_mode;
 		}
 	}
