@@ -22,10 +22,12 @@ endforeach()
 # test), session expiry, a SIGSTOPped holder, digest ACLs, name escaping and
 # container cleanup. zookeeper_time: the time bounds of every call and the
 # orphan sweep on reconnect, through a proxy that black-holes the link.
-# zookeeper_ensemble: kill each member of 3 in turn.
+# zookeeper_ensemble: kill each member of 3 in turn. zookeeper_chaos: a
+# follower SIGSTOPped, fresh opens get a session from the others in time.
 foreach(t zookeeper_faults:zookeeper-own:zookeeper.sh:${DLOCK_ZK_OWN_DIR}
           zookeeper_time:zookeeper-own:zookeeper.sh:${DLOCK_ZK_OWN_DIR}
-          zookeeper_ensemble:zookeeper3-own:zookeeper.sh:${DLOCK_ZK3_OWN_DIR})
+          zookeeper_ensemble:zookeeper3-own:zookeeper.sh:${DLOCK_ZK3_OWN_DIR}
+          zookeeper_chaos:zookeeper3-own:zookeeper.sh:${DLOCK_ZK3_OWN_DIR})
   string(REPLACE ":" ";" parts ${t})
   list(GET parts 0 exe)
   list(GET parts 1 fx)
@@ -54,7 +56,7 @@ endif()
 
 # LeakSanitizer: the completion entries libzookeeper_mt loses when a session
 # is closed with requests in flight are the library's (zookeeper_lsan.supp).
-foreach(t conformance.zookeeper conformance.zookeeper3 zookeeper.faults zookeeper.time zookeeper.ensemble)
+foreach(t conformance.zookeeper conformance.zookeeper3 zookeeper.faults zookeeper.time zookeeper.ensemble zookeeper.chaos)
   if(TEST ${t})
     set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT
       "LSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/zookeeper_lsan.supp")

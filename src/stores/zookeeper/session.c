@@ -218,6 +218,41 @@ out:
 	return rc;
 }
 
+/* The least time one server gets to take a new session: a round trip. */
+#define SHARE_MIN_MS 250
+
+/* Remove every entry `server` ("addr:port", as the client names it) from
+ * the connect string cs, unless none or all are; *n counts the entries. */
+static bool drop_server(char *cs, const char *server, size_t *n)
+{
+	size_t len = server ? strlen(server) : 0, matches = 0;
+	if (!len)
+		return false;
+	for (const char *p = cs; *p;) {
+		const char *end = strchr(p, ',');
+		size_t plen = end ? (size_t)(end - p) : strlen(p);
+		matches += plen == len && strncmp(p, server, len) == 0;
+		p = end ? end + 1 : p + plen;
+	}
+	if (!matches || matches == *n)
+		return false;
+	for (char *p = cs; *p;) {
+		char *end = strchr(p, ',');
+		size_t plen = end ? (size_t)(end - p) : strlen(p);
+		if (plen == len && strncmp(p, server, len) == 0) {
+			if (end) {
+				memmove(p, end + 1, strlen(end + 1) + 1);
+				continue;
+			}
+			p[p > cs ? -1 : 0] = '\0'; /* the last one: its comma too */
+			break;
+		}
+		p = end ? end + 1 : p + plen;
+	}
+	*n -= matches;
+	return true;
+}
+
 /* A connected session with timeout key `want` (made, or remade after expiry,
  * as needed), by `deadline`. Borrowed: valid while the caller holds the
  * core's store mutex. */
@@ -276,31 +311,64 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 		dlock__zk_unref(st, z);
 		return rrc;
 	}
-	errno = 0;
-	zhandle_t *zh = zookeeper_init2(numeric, dlock__zk_watcher, (int)want, NULL, z, 0, quiet_log);
-	free(numeric);
-	if (!zh) {
-		int e = errno;
-		dlock__zk_unref(st, z);
-		return dlock_error_set(e == EINVAL ? DLOCK_EINVAL : DLOCK_EUNAVAILABLE, KIND, NULL,
-				       "zookeeper: cannot start a session with %s: %s", st->hosts,
-				       strerror(e ? e : EIO));
-	}
-	pthread_mutex_lock(&st->mu);
-	z->zh = zh;
-	pthread_mutex_unlock(&st->mu);
-	if (st->auth) {
-		/* queued: sent with the connect request, answered before CONNECTED */
-		int rc = zoo_add_auth(zh, "digest", st->auth, (int)strlen(st->auth), NULL, NULL);
-		if (rc != ZOK) {
-			dlock__zk_unref(st, z);
-			return dlock__zk_zerr(rc, "add digest auth for", "session");
+	/* The client tries one server at a time and gives a server that takes
+	 * the connection but never answers (SIGSTOPped, hung) two thirds of the
+	 * session timeout before the next: longer than connect_timeout. So each
+	 * handle gets an equal share of the time left among the servers not yet
+	 * tried (at least SHARE_MIN_MS); one that did not connect in its share
+	 * is closed and a new one started without the server it was stuck on.
+	 * The session keeps that shorter list; a server left out was silent
+	 * when the session began (with 3 members, the 2 listed are a quorum
+	 * with either other one). */
+	size_t left_n = 1;
+	for (const char *c = numeric; *c; c++)
+		left_n += *c == ',';
+	bool ok = false, auth = false;
+	for (;;) {
+		int64_t now = dlock_clock_ms(), until = deadline;
+		if (left_n > 1 && deadline - now > SHARE_MIN_MS) {
+			int64_t share = (deadline - now) / (int64_t)left_n;
+			until = now + (share > SHARE_MIN_MS ? share : SHARE_MIN_MS);
 		}
+		pthread_mutex_lock(&st->mu);
+		z->state = ZOO_CONNECTING_STATE; /* before the new handle's first event */
+		pthread_mutex_unlock(&st->mu);
+		errno = 0;
+		zhandle_t *zh = zookeeper_init2(numeric, dlock__zk_watcher, (int)want, NULL, z, 0, quiet_log);
+		if (!zh) {
+			int e = errno;
+			free(numeric);
+			dlock__zk_unref(st, z);
+			return dlock_error_set(e == EINVAL ? DLOCK_EINVAL : DLOCK_EUNAVAILABLE, KIND, NULL,
+					       "zookeeper: cannot start a session with %s: %s", st->hosts,
+					       strerror(e ? e : EIO));
+		}
+		pthread_mutex_lock(&st->mu);
+		z->zh = zh;
+		pthread_mutex_unlock(&st->mu);
+		if (st->auth) {
+			/* queued: sent with the connect request, answered before CONNECTED */
+			int rc = zoo_add_auth(zh, "digest", st->auth, (int)strlen(st->auth), NULL, NULL);
+			if (rc != ZOK) {
+				free(numeric);
+				dlock__zk_unref(st, z);
+				return dlock__zk_zerr(rc, "add digest auth for", "session");
+			}
+		}
+		pthread_mutex_lock(&st->mu);
+		ok = wait_connected_locked(st, z, until);
+		auth = z->auth_failed;
+		bool dead = z->expired;
+		pthread_mutex_unlock(&st->mu);
+		if (ok || dead || until >= deadline || !drop_server(numeric, zoo_get_current_server(zh), &left_n))
+			break;
+		/* Stuck on a silent server: a new handle, without it. */
+		pthread_mutex_lock(&st->mu);
+		z->zh = NULL;
+		pthread_mutex_unlock(&st->mu);
+		zookeeper_close(zh);
 	}
-	pthread_mutex_lock(&st->mu);
-	bool ok = wait_connected_locked(st, z, deadline);
-	bool auth = z->auth_failed;
-	pthread_mutex_unlock(&st->mu);
+	free(numeric);
 	if (!ok) {
 		pthread_mutex_lock(&st->mu);
 		z->current = false;
