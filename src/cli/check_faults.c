@@ -1014,7 +1014,7 @@ static void do_failback(run_ctx *c, fault *f)
 	snprintf(mhost, sizeof mhost, "%s", m);
 	char *mport = strrchr(mhost, ':');
 	if (!rport || !mport) {
-		snprintf(f->note, sizeof f->note, "bad HOST:PORT (%s, %s)", m, o->replica);
+		snprintf(f->note, sizeof f->note, "bad HOST:PORT (%.80s, %.80s)", m, o->replica);
 		f->end_us = check_now_us();
 		return;
 	}
@@ -1041,7 +1041,7 @@ static void do_failback(run_ctx *c, fault *f)
 	f->ok = ok && back;
 	f->count = f->ok;
 	if (f->ok)
-		snprintf(f->note, sizeof f->note, "master %s demoted to a replica of %s, resynced, promoted back", m,
+		snprintf(f->note, sizeof f->note, "master %.64s demoted to a replica of %.64s, resynced, promoted back", m,
 			 o->replica);
 	else
 		snprintf(f->note, sizeof f->note, "failback failed at: %s%s (see server.log)", ok ? "promoting back" : step,
@@ -1059,7 +1059,8 @@ static int worker_ports(pid_t pid, int rport, int *ports, int max)
 	struct dirent *e;
 	while (d && (e = readdir(d)) && ni < 256) {
 		char fp[PATH_MAX];
-		snprintf(fp, sizeof fp, "%s/%s", path, e->d_name);
+		if (snprintf(fp, sizeof fp, "%s/%s", path, e->d_name) >= (int)sizeof fp)
+			continue;
 		ssize_t k = readlink(fp, link, sizeof link - 1);
 		if (k <= 0)
 			continue;
