@@ -18,7 +18,8 @@
  *   etcd_cases chaos     on its own 3-member cluster (issue 31): with the member the
  *                        client talks to SIGSTOPped, open, a try-once acquire and a
  *                        release succeed within their deadlines (the other members
- *                        answer); with the leader killed, a wait of 8 s is granted
+ *                        answer), an open with connect_timeout=30s within one
+ *                        request timeout plus an open of a live member; with the leader killed, a wait of 8 s is granted
  *                        after the election instead of ending "unavailable" after
  *                        its first try. Bounds: the deadline plus the scheduling
  *                        delay measured during the call.
@@ -742,6 +743,26 @@ static void case_chaos_stopped(void)
 	lag = lag_end();
 	printf("  open with the first member stopped: %lld ms (bound %lld + lag %lld)\n", took, connect_ms, lag);
 	CHECK(took <= connect_ms + lag);
+	/* A long connect_timeout: the stopped member gets one request's worth,
+	 * then a member that answers takes as long as an open of it alone. */
+	char ul[700], uok[200];
+	dlock_store *sl = NULL;
+	snprintf(uok, sizeof(uok), "etcd://%s", leader);
+	t = tu_now_ms();
+	CHECK_RC(dlock_store_open(&sl, uok), 0);
+	long long answer_ms = tu_now_ms() - t;
+	dlock_store_close(sl);
+	sl = NULL;
+	snprintf(ul, sizeof(ul), "%s/?connect_timeout=30s", u);
+	lag_start();
+	t = tu_now_ms();
+	CHECK_RC(dlock_store_open(&sl, ul), 0);
+	took = tu_now_ms() - t;
+	lag = lag_end();
+	printf("  open with connect_timeout=30s: %lld ms (bound: one request timeout %lld + an open of a live "
+	       "member %lld + lag %lld)\n", took, request_ms, answer_ms, lag);
+	CHECK(took <= request_ms + answer_ms + lag);
+	dlock_store_close(sl);
 	if (so) {
 		dlock_lock *o = new_lock(so, "chaos-stop-open", 5000);
 		CHECK_RC(dlock_acquire(o, 0), 0);

@@ -343,7 +343,8 @@ static int xfer_finish(etcd *e, xfer *x, json_object **out, rpc_result *res, int
 /*
  * The deadline of one attempt on h when `untried` members (this one
  * included) are still to be tried by `until`: an equal share of the time
- * left, at least SHARE_MIN_MS (a round trip), so that a member that hangs
+ * left, at most one request timeout and at least SHARE_MIN_MS (a round
+ * trip), so that a member that hangs
  * (SIGSTOPped, cut off) leaves time for the next one — an open, an acquire
  * or a release is answered by a healthy member within its deadline. While
  * renewing, also the per-attempt limit (op_timeout_ms).
@@ -354,6 +355,8 @@ static int64_t attempt_until(etcd *e, CURL *h, int64_t until, size_t untried)
 	int64_t now = dlock_clock_ms(), left = until - now, cap = until;
 	if (untried > 1 && left > SHARE_MIN_MS) {
 		int64_t share = left / (int64_t)untried;
+		if (share > e->request_timeout_ms) /* a long connect_timeout: one request's worth */
+			share = e->request_timeout_ms;
 		cap = now + (share > SHARE_MIN_MS ? share : SHARE_MIN_MS);
 	}
 	if ((h == e->cmd || h == e->side) && e->op_timeout_ms > 0 && now + e->op_timeout_ms < cap)

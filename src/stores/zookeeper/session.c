@@ -315,7 +315,7 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 	 * the connection but never answers (SIGSTOPped, hung) two thirds of the
 	 * session timeout before the next: longer than connect_timeout. So each
 	 * handle gets an equal share of the time left among the servers not yet
-	 * tried (at least SHARE_MIN_MS); one that did not connect in its share
+	 * tried (at most one request timeout, at least SHARE_MIN_MS); one that did not connect in its share
 	 * is closed and a new one started without the server it was stuck on.
 	 * The session keeps that shorter list; a server left out was silent
 	 * when the session began (with 3 members, the 2 listed are a quorum
@@ -328,6 +328,8 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 		int64_t now = dlock_clock_ms(), until = deadline;
 		if (left_n > 1 && deadline - now > SHARE_MIN_MS) {
 			int64_t share = (deadline - now) / (int64_t)left_n;
+			if (share > st->request_ms) /* a long connect_timeout: one request's worth */
+				share = st->request_ms;
 			until = now + (share > SHARE_MIN_MS ? share : SHARE_MIN_MS);
 		}
 		pthread_mutex_lock(&st->mu);
