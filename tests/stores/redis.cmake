@@ -206,6 +206,14 @@ add_test(NAME redis.tls COMMAND redis_tls
 set_tests_properties(redis.tls PROPERTIES
   FIXTURES_REQUIRED "server.redis-tls;server.redis-sentinel-tls" RESOURCE_LOCK server.redis-tls
   ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_redis-tls}/uri" TIMEOUT 120)
+# Redlock over TLS with one master of three trickling or stalled (issue 31 row 4):
+# open, a try-once and a held lock's renewals keep their bounds.
+add_executable(redlock_tls_slow redlock_tls_slow.c)
+target_link_libraries(redlock_tls_slow PRIVATE dlock_testutil Threads::Threads)
+add_test(NAME redlock.tls_slow COMMAND redlock_tls_slow)
+set_tests_properties(redlock.tls_slow PROPERTIES
+  FIXTURES_REQUIRED server.redis-tls
+  ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_redis-tls}/uri" TIMEOUT 60)
 
 # Redis Cluster (issue 19 §2): 3 masters + 3 replicas (tests/servers/redis-cluster.sh).
 # The conformance suite over redis+cluster:// (its fault cases put a proxy in

@@ -78,6 +78,13 @@ void dlock__rservers_free(dlock__rserver *s);
  * the server's certificate checked against the CA and srv's host (or sni=),
  * bounded by deadline. @return 0; DLOCK_EUNAVAILABLE (naming the reason). */
 int dlock__rtls_connect(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline);
+/* The same handshake in steps, for a poll loop over several connections
+ * (Redlock): begin puts c's socket in non-blocking mode and gives c its
+ * session (0, or DLOCK_ENOMEM); step drives it: 0 done, 1 wait for *events
+ * on c->fd, else the error set (naming the reason). On failure the caller
+ * frees c with dlock__rfree. */
+int dlock__rtls_begin(redisContext *c, const dlock__rserver *srv);
+int dlock__rtls_step(redisContext *c, const dlock__rserver *srv, const char *kind, short *events);
 /* redisBufferWrite, through the context's TLS session when it has one:
  * every write of a context goes through this. */
 int dlock__rbuffer_write(redisContext *c, int *done);

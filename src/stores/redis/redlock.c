@@ -74,6 +74,9 @@ typedef struct rl_op {
 	bool force;        /* ask even a master that timed out recently (undo) */
 	bool sent;         /* the request went out: it may have been applied */
 	bool answered;     /* the server answered the request (reply or error) */
+	bool hs;           /* a fresh TLS connection still in its handshake (the request not sent yet) */
+	short hs_events;   /* what the handshake waits for */
+	int64_t hs_until;  /* its deadline (connect_timeout) */
 	/* a command of this master's own for this round (NULL: the round's) */
 	int argc;
 	const char **argv;
@@ -308,13 +311,64 @@ static void append_raises(rlock *s, size_t i)
 	}
 }
 
-static bool flush(redisContext *c)
+/* Write c's output buffer. A TLS connection is non-blocking (see rl_round):
+ * its writes wait in poll, until `deadline`. */
+static bool flush(redisContext *c, int64_t deadline)
 {
 	int done = 0;
-	while (!done)
+	for (;;) {
 		if (dlock__rbuffer_write(c, &done) != REDIS_OK)
 			return false;
-	return true;
+		if (done)
+			return true;
+		if (c->flags & REDIS_BLOCK)
+			continue; /* the write waited (SO_SNDTIMEO) */
+		int64_t left = deadline - dlock_clock_ms();
+		if (left <= 0) {
+			c->err = REDIS_ERR_IO;
+			snprintf(c->errstr, sizeof(c->errstr), "timed out writing the request");
+			return false;
+		}
+		struct pollfd p = { c->fd, POLLOUT, 0 };
+		(void)poll(&p, 1, left > 60000 ? 60000 : (int)left);
+	}
+}
+
+/* Master i's request of this round onto its connection: a fresh connection's
+ * AUTH/SELECT first (in the same write), then raises owed, then the command. */
+static void send_op(rlock *s, rl_op *op, size_t i, bool fresh, int script, int argc, const char **argv,
+		    size_t *lens, int64_t deadline)
+{
+	if (fresh) {
+		redisContext *c = s->c[i];
+		/* a fresh connection is often to a restarted master, which has
+		 * lost its scripts: their text, not EVALSHA — a NOSCRIPT answer
+		 * after the round decided would leave the request unsent there */
+		op->eval = true;
+		if (s->srv[i].password) {
+			const char *a[3] = { "AUTH", s->srv[i].user ? s->srv[i].user : s->srv[i].password,
+					     s->srv[i].password };
+			redisAppendCommandArgv(c, s->srv[i].user ? 3 : 2, a, NULL);
+			op->skip++;
+			op->auth = true;
+		}
+		if (s->srv[i].db) {
+			char db[16];
+			snprintf(db, sizeof(db), "%d", s->srv[i].db);
+			const char *a[2] = { "SELECT", db };
+			redisAppendCommandArgv(c, 2, a, NULL);
+			op->skip++;
+		}
+	}
+	append_raises(s, i);
+	if (!s->c[i]) {
+		op_fail_keep(s, op, i, "too many replies owed", true);
+		return;
+	}
+	append_cmd(s, i, op, script, argc, argv, lens);
+	op->sent = true;
+	if (!flush(s->c[i], deadline))
+		op_fail(s, op, i, s->c[i] && s->c[i]->errstr[0] ? s->c[i]->errstr : "write failed");
 }
 
 /* Whether the answers so far decide a round (the rest may be left owed). */
@@ -385,6 +439,7 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 		op->eval = false;
 		op->sent = false;
 		op->answered = false;
+		op->hs = false;
 		op->done = !op->want;
 		if (op->done)
 			continue;
@@ -444,44 +499,30 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 					s->quiet_until[i] = dlock_clock_ms() + QUIET_MS;
 				continue;
 			}
-			if (dlock__rtls_connect(c, &s->srv[i], KIND, tc + ct) != 0) {
-				char what[300];
-				snprintf(what, sizeof(what), "%s", dlock_error_last()->message);
+			/* TLS: the handshake runs in the poll loop below, beside the
+			 * other masters' requests (a stalled master delays none of them);
+			 * the socket stays non-blocking, so a reply that trickles in is
+			 * read as it comes, like plain TCP's, never waited for in SSL_read */
+			if (dlock__rtls_begin(c, &s->srv[i]) != 0) {
 				dlock__rfree(c);
-				op_fail(s, op, i, what);
+				op_fail(s, op, i, "out of memory");
 				continue;
 			}
-			redisSetTimeout(c, ms_tv(s->srv[i].timeout_ms));
+			if (s->srv[i].tls) {
+				c->flags &= ~REDIS_BLOCK;
+				op->hs = true;
+				op->hs_until = tc + ct;
+				op->hs_events = POLLOUT;
+			} else {
+				redisSetTimeout(c, ms_tv(s->srv[i].timeout_ms));
+			}
 			tune_socket(c->fd, s->srv[i].timeout_ms);
 			s->c[i] = c;
-			/* a fresh connection is often to a restarted master, which has
-			 * lost its scripts: their text, not EVALSHA — a NOSCRIPT answer
-			 * after the round decided would leave the request unsent there */
-			op->eval = true;
-			if (s->srv[i].password) {
-				const char *a[3] = { "AUTH", s->srv[i].user ? s->srv[i].user : s->srv[i].password,
-						     s->srv[i].password };
-				redisAppendCommandArgv(c, s->srv[i].user ? 3 : 2, a, NULL);
-				op->skip++;
-				op->auth = true;
-			}
-			if (s->srv[i].db) {
-				char db[16];
-				snprintf(db, sizeof(db), "%d", s->srv[i].db);
-				const char *a[2] = { "SELECT", db };
-				redisAppendCommandArgv(c, 2, a, NULL);
-				op->skip++;
-			}
-		}
-		append_raises(s, i);
-		if (!s->c[i]) {
-			op_fail_keep(s, op, i, "too many replies owed", true);
+			if (!op->hs)
+				send_op(s, op, i, true, script, argc, argv, lens, end);
 			continue;
 		}
-		append_cmd(s, i, op, script, argc, argv, lens);
-		op->sent = true;
-		if (!flush(s->c[i]))
-			op_fail(s, op, i, s->c[i] && s->c[i]->errstr[0] ? s->c[i]->errstr : "write failed");
+		send_op(s, op, i, false, script, argc, argv, lens, end);
 	}
 	free(ad);
 	free(arc);
@@ -502,7 +543,7 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 		for (size_t i = 0; i < s->n; i++)
 			if (!ops[i].done) {
 				pf[np].fd = s->c[i]->fd;
-				pf[np].events = POLLIN;
+				pf[np].events = ops[i].hs ? ops[i].hs_events : POLLIN;
 				pf[np].revents = 0;
 				idx[np++] = i;
 			}
@@ -514,12 +555,19 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 			end = min64(end, after && after->prompt ? t : t + (t - now) + 2);
 		}
 		int64_t left = end - t;
+		for (size_t k = 0; k < np; k++)
+			if (ops[idx[k]].hs && ops[idx[k]].hs_until - t < left)
+				left = ops[idx[k]].hs_until - t > 0 ? ops[idx[k]].hs_until - t : 0;
 		if (left <= 0 && decided && !drained) {
 			drained = true; /* read the answers already there, without waiting */
 			left = 0;
 		} else if (left <= 0 && decided) {
 			for (size_t k = 0; k < np; k++) {
 				size_t i = idx[k];
+				if (ops[i].hs) { /* nothing sent: the connection is not worth keeping */
+					op_fail(s, &ops[i], i, "TLS handshake not finished when the others had answered");
+					continue;
+				}
 				ops[i].rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "EIO",
 							    "redlock master %s:%d: slower than the others", s->srv[i].host,
 							    s->srv[i].port);
@@ -548,11 +596,27 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 				op_fail(s, &ops[idx[k]], idx[k], strerror(errno));
 			break;
 		}
-		for (size_t k = 0; k < np && pr > 0; k++) {
+		for (size_t k = 0; k < np && pr >= 0; k++) {
 			size_t i = idx[k];
 			rl_op *op = &ops[i];
+			if (op->hs && !pf[k].revents && dlock_clock_ms() >= op->hs_until) {
+				op_fail(s, op, i, "TLS handshake timed out");
+				continue;
+			}
 			if (!pf[k].revents)
 				continue;
+			if (op->hs) {
+				int r = dlock__rtls_step(s->c[i], &s->srv[i], KIND, &op->hs_events);
+				if (r < 0) {
+					char what[300];
+					snprintf(what, sizeof(what), "%s", dlock_error_last()->message);
+					op_fail(s, op, i, what);
+				} else if (r == 0) {
+					op->hs = false;
+					send_op(s, op, i, true, script, argc, argv, lens, end);
+				}
+				continue;
+			}
 			if (dlock__rbuffer_read(s->c[i]) != REDIS_OK) {
 				op_fail(s, op, i, s->c[i]->errstr[0] ? s->c[i]->errstr : "connection lost");
 				continue;
@@ -586,7 +650,7 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 					freeReplyObject(r);
 					op->eval = true; /* restarted or flushed master: send the text (caches it again) */
 					append_cmd(s, i, op, script, argc, argv, lens);
-					if (!flush(s->c[i]))
+					if (!flush(s->c[i], end))
 						op_fail(s, op, i, "write failed");
 					continue;
 				}
@@ -1307,6 +1371,18 @@ static void rl_close(dlock_backend *be)
  * all by `deadline`. @return how many masters answered the first round;
  * *err and msg: the first failure (an authentication failure first).
  */
+/* A quorum of masters answered (the open's script loads): one silent master
+ * then costs the open only as long again as the quorum took, not the whole
+ * connect_timeout (a stopped one would take all of it). */
+static bool quorum_answered(const rlock *s, const rl_op *ops, void *arg)
+{
+	(void)arg;
+	size_t n = 0;
+	for (size_t i = 0; i < s->n; i++)
+		n += ops[i].want && ops[i].done && ops[i].reply;
+	return n >= s->quorum;
+}
+
 static size_t load_scripts(rlock *s, int64_t deadline, int *err, char *msg, size_t msglen)
 {
 	rl_op *ops = calloc(s->n, sizeof(*ops));
@@ -1326,7 +1402,8 @@ static size_t load_scripts(rlock *s, int64_t deadline, int *err, char *msg, size
 			any |= ops[i].want = j == 0 || up[i];
 		if (!any)
 			break;
-		rl_round(s, ops, -1, 3, argv, lens, deadline - dlock_clock_ms(), deadline, NULL, NULL, NULL);
+		rl_round(s, ops, -1, 3, argv, lens, deadline - dlock_clock_ms(), deadline, j == 0 ? quorum_answered : NULL,
+			 NULL, NULL);
 		for (size_t i = 0; i < s->n; i++) {
 			redisReply *r = ops[i].reply;
 			if (j == 0 && r) {

@@ -178,7 +178,18 @@ static bool is_ip(const char *host)
 	return inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1;
 }
 
-int dlock__rtls_connect(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline)
+static void tls_register(redisContext *c, SSL *ssl, tls_conn *tc)
+{
+	tc->c = c;
+	tc->ssl = ssl;
+	pthread_mutex_lock(&conns_mu);
+	tc->next = conns;
+	conns = tc;
+	atomic_fetch_add(&nconns, 1);
+	pthread_mutex_unlock(&conns_mu);
+}
+
+int dlock__rtls_begin(redisContext *c, const dlock__rserver *srv)
 {
 	const dlock__rtls *t = srv->tls;
 	if (!t)
@@ -192,6 +203,7 @@ int dlock__rtls_connect(redisContext *c, const dlock__rserver *srv, const char *
 		return dlock__oom();
 	}
 	SSL_set_fd(ssl, c->fd);
+	SSL_set_connect_state(ssl);
 	if (!is_ip(name))
 		SSL_set_tlsext_host_name(ssl, name); /* SNI is for DNS names only */
 	if (!t->insecure) {
@@ -201,60 +213,80 @@ int dlock__rtls_connect(redisContext *c, const dlock__rserver *srv, const char *
 		else
 			X509_VERIFY_PARAM_set1_host(vp, name, 0);
 	}
-	/* the handshake on a non-blocking socket, each wait bounded by the deadline */
 	int fl = fcntl(c->fd, F_GETFL);
 	if (fl >= 0)
 		fcntl(c->fd, F_SETFL, fl | O_NONBLOCK);
-	int rc = 0;
-	for (;;) {
-		ERR_clear_error();
-		dlock__nopipe np;
-		dlock__nopipe_begin(&np);
-		int r = SSL_connect(ssl);
-		dlock__nopipe_end(&np);
-		if (r == 1)
+	tls_register(c, ssl, tc); /* dlock__rfree frees the session from now on */
+	return 0;
+}
+
+int dlock__rtls_step(redisContext *c, const dlock__rserver *srv, const char *kind, short *events)
+{
+	SSL *ssl = ssl_of(c);
+	if (!ssl)
+		return 0;
+	ERR_clear_error();
+	dlock__nopipe np;
+	dlock__nopipe_begin(&np);
+	int r = SSL_connect(ssl);
+	dlock__nopipe_end(&np);
+	if (r == 1)
+		return 0;
+	int e = SSL_get_error(ssl, r);
+	if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+		*events = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
+		return 1;
+	}
+	const char *name = srv->tls->name ? srv->tls->name : srv->host;
+	long v = SSL_get_verify_result(ssl);
+	unsigned long ee = ERR_peek_last_error();
+	char buf[256] = "";
+	if (ee)
+		ERR_error_string_n(ee, buf, sizeof(buf));
+	ERR_clear_error();
+	if (v != X509_V_OK)
+		return dlock_error_set(DLOCK_EUNAVAILABLE, kind, "TLS",
+				       "%s %s:%d: TLS: the server's certificate is not trusted: %s (as %s)", kind,
+				       srv->host, srv->port, X509_verify_cert_error_string(v), name);
+	return dlock_error_set(DLOCK_EUNAVAILABLE, kind, "TLS", "%s %s:%d: TLS handshake failed: %s", kind, srv->host,
+			       srv->port,
+			       buf[0] ? buf : e == SSL_ERROR_SYSCALL ? "the connection was closed" : "no reason given");
+}
+
+static int tls_timed_out(const dlock__rserver *srv, const char *kind)
+{
+	return dlock_error_set(DLOCK_EUNAVAILABLE, kind, "ETIMEDOUT", "%s %s:%d: TLS handshake timed out", kind,
+			       srv->host, srv->port);
+}
+
+int dlock__rtls_connect(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline)
+{
+	if (!srv->tls)
+		return 0;
+	int fl = fcntl(c->fd, F_GETFL);
+	/* the handshake on a non-blocking socket, each wait bounded by the deadline */
+	int rc = dlock__rtls_begin(c, srv);
+	while (!rc) {
+		short ev = 0;
+		int r = dlock__rtls_step(c, srv, kind, &ev);
+		if (r <= 0) {
+			rc = r;
 			break;
-		int e = SSL_get_error(ssl, r);
-		int64_t left = dlock__rms_left(deadline);
-		if ((e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) && left > 0) {
-			struct pollfd p = { c->fd, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, 0 };
-			if (poll(&p, 1, left > 60000 ? 60000 : (int)left) >= 0 || errno == EINTR)
-				continue;
 		}
-		long v = SSL_get_verify_result(ssl);
-		unsigned long ee = ERR_peek_last_error();
-		char buf[256] = "";
-		if (ee)
-			ERR_error_string_n(ee, buf, sizeof(buf));
-		ERR_clear_error();
-		if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
-			rc = dlock_error_set(DLOCK_EUNAVAILABLE, kind, "ETIMEDOUT",
-					     "%s %s:%d: TLS handshake timed out", kind, srv->host, srv->port);
-		else if (v != X509_V_OK)
-			rc = dlock_error_set(DLOCK_EUNAVAILABLE, kind, "TLS",
-					     "%s %s:%d: TLS: the server's certificate is not trusted: %s (as %s)",
-					     kind, srv->host, srv->port, X509_verify_cert_error_string(v), name);
-		else
-			rc = dlock_error_set(DLOCK_EUNAVAILABLE, kind, "TLS", "%s %s:%d: TLS handshake failed: %s", kind,
-					     srv->host, srv->port,
-					     buf[0] ? buf : e == SSL_ERROR_SYSCALL ? "the connection was closed" : "no reason given");
-		break;
+		int64_t left = dlock__rms_left(deadline);
+		if (left <= 0) {
+			rc = tls_timed_out(srv, kind);
+			break;
+		}
+		struct pollfd p = { c->fd, ev, 0 };
+		if (poll(&p, 1, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR) {
+			rc = tls_timed_out(srv, kind);
+			break;
+		}
 	}
 	if (fl >= 0)
 		fcntl(c->fd, F_SETFL, fl);
-	if (rc) {
-		SSL_free(ssl);
-		free(tc);
-		return rc;
-	}
-	tc->c = c;
-	tc->ssl = ssl;
-	pthread_mutex_lock(&conns_mu);
-	tc->next = conns;
-	conns = tc;
-	atomic_fetch_add(&nconns, 1);
-	pthread_mutex_unlock(&conns_mu);
-	return 0;
+	return rc; /* on failure the caller's dlock__rfree frees the session */
 }
 
 /* ---- bytes ---- */
