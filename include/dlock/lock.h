@@ -141,7 +141,10 @@ DLOCK_EXTERN int dlock_acquire(dlock_lock *lock, int64_t wait_ms);
  * acquires.
  * Returns within twice the store's request timeout (URI `timeout=`): its
  * own request, after at most one other request of the store handle in
- * flight (a renewal or a retried release, each bounded by it).
+ * flight (a renewal or a retried release, each bounded by it). Its own
+ * request waits no longer than the hold's lease (a release after the lease
+ * has ended is moot; at least a short try is made), and a renewal in flight
+ * ends by the lease deadline too. Never waits for a running on_lost.
  * @return 0; DLOCK_ENOTHELD (not held by this handle — nothing changes in
  *         the store); DLOCK_ELOST (the lease had ended: the lock was lost);
  *         DLOCK_EUNAVAILABLE (the store did not confirm). After

@@ -74,6 +74,17 @@ DLOCK_EXTERN int dlock_store_open_timeout(dlock_store **out, const char *uri, in
  * Close a store. Locks still held through it are released first (best
  * effort) and stop being renewed. Lock handles made from the store must be
  * freed before it. Accepts NULL.
+ * Bounded: what is left for the store (those releases, and the releases and
+ * waiter cancels the background was still retrying) gets one request
+ * timeout in all, and none if the store left the last request unanswered:
+ * then an unconfirmed release is left to its lease and a cancel to the
+ * waiter queue's TTL (nothing stays held past the lease it had), and close
+ * does not wait on the dead link. The store's own close (its sockets, a
+ * session's end) follows, each store bounding it by its request timeout.
+ * It does not wait for on_lost callbacks still running (see dlock/lock.h):
+ * they finish later on their own threads, which free the handle's memory
+ * last; nor for the renewer's own connection still being opened, which is
+ * closed when it is done.
  * In a fork()'s child, of a store the parent opened: frees this process's
  * copy without a word to the store (no release, no disconnect); the
  * parent's locks and session carry on.

@@ -100,7 +100,9 @@ struct dlock_store {
 	cb_run *cbs;            /* on_lost callbacks signalled and not yet returned */
 	pthread_cond_t cb_cv;   /* a callback to run, or the store closed (runners wait on it) */
 	int cb_threads, cb_idle; /* callback runner threads, and how many of them wait */
-	bool mem_handoff;       /* closed while runners were busy: the last one frees s */
+	int mem_users;          /* detached threads still using s: runners, an orphaned opener */
+	bool opener_orphaned;   /* closed while the opener of rbe was still opening */
+	bool mem_handoff;       /* closed while mem_users > 0: the last of them frees s */
 	bool closed;            /* under be_mu: dlock_store_close closed be */
 	dlock__orphan *orphans; /* releases to retry in the background */
 	const char *orphan_busy; /* owner of the orphan the renewer retries now */
@@ -111,7 +113,33 @@ struct dlock_store {
 	unsigned long fork_gen; /* dlock__fork_gen() at open: the handle is that process's */
 	int opener_pid;
 	_Atomic uint64_t requests; /* dlock_store_requests */
+	/* CLOCK_MONOTONIC ms when the store first left a request of the core
+	 * unanswered since its last answer (0: the last request was answered) */
+	_Atomic int64_t silent_since;
 };
+
+/* How long a courtesy request (the release of a lost hold, close's last
+ * tries) may take while the store is silent: what it would undo ends with
+ * its lease anyway. */
+#define DLOCK__SILENT_TRY_MS 50
+
+/* Note what a request of the core got back (rc); returns rc. */
+static inline int dlock__heard(dlock_store *s, int rc)
+{
+	if (rc == DLOCK_EUNAVAILABLE) {
+		int64_t zero = 0;
+		atomic_compare_exchange_strong(&s->silent_since, &zero, dlock_clock_ms());
+	} else {
+		atomic_store(&s->silent_since, 0);
+	}
+	return rc;
+}
+
+/* Whether the store left the core's last request unanswered. */
+static inline bool dlock__silent(dlock_store *s)
+{
+	return atomic_load(&s->silent_since) != 0;
+}
 
 /* One request of the core to the store (dlock_store_requests). */
 static inline void dlock__counted(dlock_store *s)

@@ -161,7 +161,7 @@ static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t 
 	l->req.lease_from_ms = 0;
 	l->req.nap_ms = 0;
 	dlock__counted(s);
-	int rc = s->m->acquire(s->be, &l->req, fence, retry);
+	int rc = dlock__heard(s, s->m->acquire(s->be, &l->req, fence, retry));
 	pthread_mutex_unlock(&s->be_mu);
 	return rc;
 }
@@ -187,7 +187,7 @@ static void call_cancel(dlock_lock *l, int64_t deadline)
 	dlock__error_restore(&saved);
 }
 
-static int release_in_store(dlock_lock *l);
+static int release_in_store(dlock_lock *l, int64_t deadline);
 
 /* Whether an acquire's answer may hide a grant the server applied. */
 static bool outcome_unknown(int rc)
@@ -211,7 +211,7 @@ static bool undo(dlock_lock *l, int64_t deadline)
 	if (lock_be_by(s, deadline)) {
 		l->req.deadline_ms = deadline;
 		dlock__counted(s);
-		rc = s->m->release(s->be, &l->req);
+		rc = dlock__heard(s, s->m->release(s->be, &l->req));
 		pthread_mutex_unlock(&s->be_mu);
 	}
 	l->req.slot = NULL;
@@ -244,7 +244,7 @@ static int granted(dlock_lock *l, uint64_t fence, int64_t t_lease)
 		/* No renewal and no lost signal would watch this hold: give it back. */
 		dlock__saved_error saved;
 		dlock__error_save(&saved);
-		release_in_store(l);
+		release_in_store(l, INT64_MAX);
 		dlock__error_restore(&saved);
 		pthread_mutex_lock(&l->mu);
 		l->state = DLOCK__IDLE;
@@ -264,7 +264,9 @@ static bool forget_lost(dlock_lock *l, int64_t by)
 		return false;
 	dlock__saved_error saved;
 	dlock__error_save(&saved);
-	release_in_store(l);
+	/* A courtesy (the hold is over): on a silent store, a short one; if it
+	 * is not confirmed, the renewer retries it until the lease has ended. */
+	release_in_store(l, dlock__silent(l->store) ? dlock_clock_ms() + DLOCK__SILENT_TRY_MS : INT64_MAX);
 	dlock__error_restore(&saved);
 	return true;
 }
@@ -320,7 +322,11 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	dlock__lock_fill_request(l);
 	/* A try-once gets one request timeout; a wait, what is left of it. */
 	int64_t try_until = wait_ms == 0 ? INT64_MAX : until;
-	int64_t cleanup_by = until == INT64_MAX ? INT64_MAX : until + slack_ms(wait_ms) / 2;
+	/* A try-once ends within one request timeout, its clean-up included
+	 * (what the clean-up cannot finish, the renewer does in the background). */
+	int64_t cleanup_by = wait_ms == 0	       ? start + l->store->request_timeout_ms
+			     : until == INT64_MAX ? INT64_MAX
+						  : until + slack_ms(wait_ms) / 2;
 	int64_t backoff = BACKOFF_FIRST_MS;
 	bool registered = false;
 	int64_t unknown_t0 = -1; /* start of the earliest try whose outcome is unknown */
@@ -441,7 +447,9 @@ give_up:;
 			       l->name, (long long)wait_ms);
 }
 
-static int release_in_store(dlock_lock *l)
+/* Release l's hold in the store within `deadline` (INT64_MAX: one request
+ * timeout from now). */
+static int release_in_store(dlock_lock *l, int64_t deadline)
 {
 	dlock_backend *be = l->store->be;
 	lock_be_by(l->store, INT64_MAX);
@@ -453,9 +461,20 @@ static int release_in_store(dlock_lock *l)
 		return 0;
 	}
 	l->req.confirm = l->attached;
-	l->req.deadline_ms = request_deadline(l->store, INT64_MAX);
+	pthread_mutex_lock(&l->mu);
+	if (!l->attached && l->state != DLOCK__IDLE) {
+		/* No later than the lease's end (but a short try at least): by then
+		 * the lease has ended the hold, and a release still waiting for a
+		 * silent store would hold up the caller for nothing. */
+		int64_t lease_by = l->deadline > dlock_clock_ms() + DLOCK__SILENT_TRY_MS
+					   ? l->deadline
+					   : dlock_clock_ms() + DLOCK__SILENT_TRY_MS;
+		deadline = min64(deadline, lease_by);
+	}
+	pthread_mutex_unlock(&l->mu);
+	l->req.deadline_ms = request_deadline(l->store, deadline);
 	dlock__counted(l->store);
-	int rc = be->methods->release(be, &l->req);
+	int rc = dlock__heard(l->store, be->methods->release(be, &l->req));
 	pthread_mutex_unlock(&l->store->be_mu);
 	l->req.slot = NULL;
 	if (rc == DLOCK_ENOTHELD) /* the core words it (sys/backend.h) */
@@ -486,7 +505,7 @@ static int release_again(dlock_lock *l)
 	lock_be_by(s, INT64_MAX);
 	req.deadline_ms = request_deadline(s, INT64_MAX);
 	dlock__counted(s);
-	int rc = s->m->release(s->be, &req);
+	int rc = dlock__heard(s, s->m->release(s->be, &req));
 	pthread_mutex_unlock(&s->be_mu);
 	if (rc == 0 || rc == DLOCK_ENOTHELD) {
 		dlock__orphan_free(o);
@@ -532,7 +551,7 @@ int dlock_release(dlock_lock *l)
 	pthread_mutex_unlock(&l->mu);
 
 	dlock__renewer_remove(l->store, &l->reg, INT64_MAX);
-	int rc = release_in_store(l);
+	int rc = release_in_store(l, INT64_MAX);
 	pthread_mutex_lock(&l->mu);
 	l->state = DLOCK__IDLE;
 	l->count = 0;
@@ -595,6 +614,7 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 		if (rc == 0)
 			rc = result;
 	}
+	dlock__heard(s, rc);
 	pthread_mutex_unlock(&s->be_mu);
 	int64_t next_renew = INT64_MAX;
 	pthread_mutex_lock(&l->mu);

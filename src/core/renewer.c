@@ -94,6 +94,7 @@ static bool spawn_runner(dlock_store *s)
 		return false;
 	s->cb_threads++;
 	s->cb_idle++;
+	s->mem_users++;
 	return true;
 }
 
@@ -134,7 +135,8 @@ static void *runner_main(void *arg)
 		s->cb_idle++;
 	}
 	s->cb_idle--;
-	bool last = --s->cb_threads == 0 && s->mem_handoff;
+	s->cb_threads--;
+	bool last = --s->mem_users == 0 && s->mem_handoff;
 	pthread_mutex_unlock(&s->reg_mu);
 	if (last)
 		dlock__store_free_mem(s);
@@ -242,13 +244,26 @@ static void *open_rbe(void *arg)
 		be->methods->close(be); /* another mode than the handle's: not ours to use */
 		be = NULL;
 	}
-	if (be) {
+	pthread_mutex_lock(&s->reg_mu);
+	bool orphaned = s->opener_orphaned;
+	if (be && !orphaned) {
 		dlock__board_attach(be, s->board);
 		pthread_mutex_lock(&s->rbe_mu);
 		s->rbe = be;
 		pthread_mutex_unlock(&s->rbe_mu);
 	}
 	atomic_store(&s->rbe_opening, false);
+	pthread_mutex_unlock(&s->reg_mu);
+	if (!orphaned)
+		return NULL;
+	/* The store was closed while we opened (see dlock__renewer_join_opener). */
+	if (be)
+		be->methods->close(be);
+	pthread_mutex_lock(&s->reg_mu);
+	bool last = --s->mem_users == 0 && s->mem_handoff;
+	pthread_mutex_unlock(&s->reg_mu);
+	if (last)
+		dlock__store_free_mem(s);
 	return NULL;
 }
 
@@ -296,13 +311,25 @@ static dlock_backend *renew_instance(dlock_store *s, pthread_mutex_t **mu)
 	return s->be;
 }
 
-/* After the renewer stopped: the opener too. */
+/* After the renewer stopped: the opener too. One still opening (a connect
+ * to a silent store may take the whole connect_timeout) is not waited for:
+ * it closes what it opens itself, and keeps the store's memory until then. */
 void dlock__renewer_join_opener(dlock_store *s)
 {
-	if (s->rbe_opener_started) {
-		pthread_join(s->rbe_opener, NULL);
-		s->rbe_opener_started = false;
+	if (!s->rbe_opener_started)
+		return;
+	s->rbe_opener_started = false;
+	pthread_mutex_lock(&s->reg_mu);
+	bool opening = atomic_load(&s->rbe_opening);
+	if (opening) {
+		s->opener_orphaned = true;
+		s->mem_users++;
 	}
+	pthread_mutex_unlock(&s->reg_mu);
+	if (opening)
+		pthread_detach(s->rbe_opener);
+	else
+		pthread_join(s->rbe_opener, NULL);
 }
 
 static void renew_batch(dlock_store *s, int64_t now)
@@ -343,13 +370,23 @@ static void renew_batch(dlock_store *s, int64_t now)
 	int64_t t0 = dlock_clock_ms();
 	pthread_mutex_t *mu;
 	dlock_backend *be = renew_instance(s, &mu);
-	for (i = 0; i < n; i++)
+	for (i = 0; i < n; i++) {
+		/* Not past the hold's own deadline: by then the watchdog has called
+		 * it lost, and a renewal still in flight would only hold up a
+		 * release, a free or a close of it. */
+		pthread_mutex_lock(&regs[i]->lock->mu);
+		int64_t d = regs[i]->lock->deadline;
+		pthread_mutex_unlock(&regs[i]->lock->mu);
 		reqs[i]->deadline_ms = t0 + s->request_timeout_ms;
+		if (d > t0 && d < reqs[i]->deadline_ms)
+			reqs[i]->deadline_ms = d;
+	}
 	size_t step = s->m->renew_max ? s->m->renew_max : n;
 	for (i = 0; i < n; i += step) {
 		size_t k = n - i < step ? n - i : step;
 		dlock__counted(s);
 		int all = s->m->renew(be, reqs + i, k, results + i);
+		dlock__heard(s, all ? all : results[i]);
 		for (size_t j = 0; all && j < k; j++)
 			results[i + j] = all;
 	}
@@ -407,19 +444,20 @@ static void orphan_free(dlock__orphan *o)
 	free(o);
 }
 
-/* One try at an orphan (without reg_mu): a cancel is made once (a waiter's
- * registration expires anyway) and answers 0; a release answers the store. */
-static int orphan_call(dlock_store *s, dlock__orphan *o)
+/* One try at an orphan (without reg_mu), by `by` at the latest: a cancel is
+ * made once (a waiter's registration expires anyway) and answers 0; a
+ * release answers the store. */
+static int orphan_call(dlock_store *s, dlock__orphan *o, int64_t by)
 {
 	int rc = 0;
 	pthread_mutex_lock(&s->be_mu);
-	o->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
+	o->req.deadline_ms = min64(dlock_clock_ms() + s->request_timeout_ms, by);
 	dlock__counted(s);
 	if (o->kind == DLOCK__ORPHAN_CANCEL) {
 		s->m->cancel(s->be, &o->req);
 	} else {
 		o->req.slot = NULL;
-		rc = s->m->release(s->be, &o->req);
+		rc = dlock__heard(s, s->m->release(s->be, &o->req));
 	}
 	pthread_mutex_unlock(&s->be_mu);
 	return rc;
@@ -447,7 +485,7 @@ static void retry_orphans(dlock_store *s, int64_t now)
 		pthread_mutex_unlock(&s->reg_mu);
 		dlock__saved_error saved;
 		dlock__error_save(&saved);
-		int rc = orphan_call(s, o);
+		int rc = orphan_call(s, o, INT64_MAX);
 		dlock__error_restore(&saved);
 		pthread_mutex_lock(&s->reg_mu);
 		s->orphan_busy = NULL;
@@ -661,7 +699,9 @@ static dlock__orphan *orphan_new(const dlock_request *req, dlock__orphan_kind ki
 	o->req.confirm = 1;
 	o->until = until;
 	o->backoff = ORPHAN_RETRY_FIRST_MS;
-	o->next_try = dlock_clock_ms();
+	/* Not at once: the caller that just failed to get an answer is likely to
+	 * close the store next, and close would wait for a try in flight. */
+	o->next_try = dlock_clock_ms() + ORPHAN_RETRY_FIRST_MS;
 	return o;
 }
 
@@ -725,14 +765,20 @@ void dlock__renewer_stop(dlock_store *s)
 	/* Idle runners leave; busy ones when their callback returns (not waited for). */
 	pthread_cond_broadcast(&s->cb_cv);
 	pthread_mutex_unlock(&s->reg_mu);
+	/* What is left gets one shared bound: a request timeout; none at all if
+	 * the store left the last request unanswered (it would not answer these
+	 * either: a release is left to its lease, a cancel to the queue's TTL —
+	 * the store is only handed the cancel, with no time left, to free its
+	 * per-attempt state). */
+	int64_t by = dlock_clock_ms() + (dlock__silent(s) ? 0 : s->request_timeout_ms);
 	/* Locks still held (their handles should have been freed first): release, best effort. */
 	while (s->regs) {
 		dlock__reg *r = s->regs;
 		unlink_reg(s, r);
 		pthread_mutex_lock(&s->be_mu);
-		r->lock->req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
+		r->lock->req.deadline_ms = min64(dlock_clock_ms() + s->request_timeout_ms, by);
 		dlock__counted(s);
-		s->m->release(s->be, &r->lock->req);
+		dlock__heard(s, s->m->release(s->be, &r->lock->req));
 		pthread_mutex_unlock(&s->be_mu);
 		pthread_mutex_lock(&r->lock->mu);
 		r->lock->state = DLOCK__IDLE;
@@ -742,9 +788,11 @@ void dlock__renewer_stop(dlock_store *s)
 	while (s->orphans) {
 		dlock__orphan *o = s->orphans;
 		s->orphans = o->next;
-		if (o->kind == DLOCK__ORPHAN_CANCEL || dlock_clock_ms() < o->until) {
-			orphan_call(s, o);
-		}
+		/* A cancel is always handed over (the store frees its slot), with
+		 * no time left if need be; a release only while time is left. */
+		int64_t now = dlock_clock_ms();
+		if (o->kind == DLOCK__ORPHAN_CANCEL || (now < o->until && now < by))
+			orphan_call(s, o, by);
 		orphan_free(o);
 	}
 }
@@ -773,7 +821,7 @@ bool dlock__renewer_forget(dlock_store *s)
 void dlock__renewer_release_store(dlock_store *s)
 {
 	pthread_mutex_lock(&s->reg_mu);
-	bool later = s->cb_threads > 0;
+	bool later = s->mem_users > 0;
 	s->mem_handoff = later;
 	pthread_cond_broadcast(&s->cb_cv);
 	pthread_mutex_unlock(&s->reg_mu);
