@@ -4,7 +4,8 @@
 #  - `run --wait 3s` with the server SIGSTOPped mid-wait ends within
 #    3 s + max(50 ms, 5 %);
 #  - a try-once whose request goes unanswered (the fault proxy drops the
-#    replies of that connection) ends within the URI's timeout=;
+#    replies of that connection) ends within the URI's timeout= (a guard:
+#    redis answers the undo on a fresh connection, so this held before too);
 #  - `run` whose lock is lost (server stopped) exits 76 within 1 s of its
 #    command's death.
 # Each bound adds the scheduling delay measured in this run: what a whole
@@ -24,12 +25,12 @@ export DLOCK_STORE=$URI
 
 # The fixed cost of a `dlock run` in this run (start, open, acquire,
 # release, close and exit on the live store: scheduling, not the bounds
-# under test): the slowest of three.
+# under test): the slowest of five.
 # Measured again after each timed case (the load may have changed).
 sched=0
 measure() {
 	local i t t0
-	for i in 1 2 3; do
+	for i in 1 2 3 4 5; do
 		t0=$(now_ms)
 		"$DLOCK" run --no-wait "base$i" -- true >/dev/null 2>&1
 		t=$(( $(now_ms) - t0 ))
