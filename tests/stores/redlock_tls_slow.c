@@ -120,10 +120,17 @@ static long long tries(dlock_lock *l, long long ms)
 		if (took > worst)
 			worst = took;
 		if (rc) {
+			/* every failure said, with when and how long (a diagnosis aid) */
+			printf("  try failed %lld ms into the loop, took %lld ms: %s: %s\n", t0 + ms - stop, took,
+			       dlock_error_name(rc), dlock_error_last()->message);
 			if (!fails++)
 				CHECK_RC(rc, 0);
 		} else {
-			dlock_release(l);
+			long long r0 = tu_now_ms();
+			int rr = dlock_release(l);
+			if (rr)
+				printf("  release failed after %lld ms: %s\n", tu_now_ms() - r0, dlock_error_last()->message);
+			CHECK_RC(rr, 0);
 		}
 	}
 	return worst;
