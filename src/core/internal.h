@@ -66,6 +66,7 @@ int dlock__pid(void);
 /* ---- the store object (core) ---- */
 typedef struct dlock__reg dlock__reg;
 typedef struct dlock__cb_run cb_run;
+typedef struct dlock__runner dlock__runner;
 typedef struct dlock__orphan dlock__orphan;
 
 struct dlock_store {
@@ -100,6 +101,7 @@ struct dlock_store {
 	cb_run *cbs;            /* on_lost callbacks signalled and not yet returned */
 	pthread_cond_t cb_cv;   /* a callback to run, or the store closed (runners wait on it) */
 	int cb_threads, cb_idle; /* callback runner threads, and how many of them wait */
+	struct dlock__runner *runners; /* joinable runners (renewer.c) */
 	int mem_users;          /* detached threads still using s: runners, an orphaned opener */
 	bool opener_orphaned;   /* closed while the opener of rbe was still opening */
 	bool mem_handoff;       /* closed while mem_users > 0: the last of them frees s */

@@ -79,23 +79,45 @@ static void cb_done(dlock_store *s, cb_run *c)
 	free(c);
 }
 
+/* A callback runner thread. Joinable: dlock_store_close joins the idle
+ * ones (no thread of a closed store is left behind but those still inside a
+ * callback, which close detaches); one that leaves while the store is open
+ * (a second idle one) detaches itself. */
+struct dlock__runner {
+	dlock__runner *next;
+	dlock_store *s;
+	pthread_t t;
+	bool busy, exited, detached;
+};
+
 static void *runner_main(void *arg);
 
 /* Under reg_mu: one more callback runner thread, waiting for work. */
 static bool spawn_runner(dlock_store *s)
 {
-	pthread_t t;
-	pthread_attr_t a;
-	pthread_attr_init(&a);
-	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-	int rc = pthread_create(&t, &a, runner_main, s);
-	pthread_attr_destroy(&a);
-	if (rc != 0)
+	dlock__runner *r = calloc(1, sizeof(*r));
+	if (!r)
 		return false;
+	r->s = s;
+	if (pthread_create(&r->t, NULL, runner_main, r) != 0) {
+		free(r);
+		return false;
+	}
+	r->next = s->runners;
+	s->runners = r;
 	s->cb_threads++;
 	s->cb_idle++;
-	s->mem_users++;
 	return true;
+}
+
+static void unlink_runner(dlock_store *s, dlock__runner *r)
+{
+	for (dlock__runner **p = &s->runners; *p; p = &(*p)->next) {
+		if (*p == r) {
+			*p = r->next;
+			break;
+		}
+	}
 }
 
 /*
@@ -105,12 +127,14 @@ static bool spawn_runner(dlock_store *s)
  * when it was the last one idle, so that the next signal finds one waiting
  * even while this callback blocks; if no spare can be made, the next callback
  * waits for the first runner free (its lock is already marked lost: only the
- * call is late). At most one runner stays idle. Runners are detached and may
- * outlive dlock_store_close: the last one out frees the store's memory.
+ * call is late). At most one runner stays idle. A runner still inside a
+ * callback at dlock_store_close outlives it: the last such frees the store's
+ * memory.
  */
 static void *runner_main(void *arg)
 {
-	dlock_store *s = arg;
+	dlock__runner *me = arg;
+	dlock_store *s = me->s;
 	pthread_mutex_lock(&s->reg_mu);
 	for (;;) {
 		cb_run *c = NULL;
@@ -124,6 +148,7 @@ static void *runner_main(void *arg)
 			continue;
 		}
 		c->started = true;
+		me->busy = true;
 		if (--s->cb_idle == 0 && !s->renewer_stop)
 			spawn_runner(s);
 		pthread_mutex_unlock(&s->reg_mu);
@@ -132,15 +157,48 @@ static void *runner_main(void *arg)
 		dlock__lock_unref(l);
 		pthread_mutex_lock(&s->reg_mu);
 		cb_done(s, c);
+		me->busy = false;
 		s->cb_idle++;
 	}
 	s->cb_idle--;
 	s->cb_threads--;
-	bool last = --s->mem_users == 0 && s->mem_handoff;
+	bool last = false;
+	if (me->detached) { /* by close: the store is gone but for its memory */
+		free(me);
+		last = --s->mem_users == 0 && s->mem_handoff;
+	} else if (!s->renewer_stop) {
+		unlink_runner(s, me);
+		pthread_detach(me->t);
+		free(me);
+	} else {
+		me->exited = true; /* close joins it */
+		pthread_cond_broadcast(&s->reg_cv);
+	}
 	pthread_mutex_unlock(&s->reg_mu);
 	if (last)
 		dlock__store_free_mem(s);
 	return NULL;
+}
+
+/* Under reg_mu, the store stopping: join the runners that leave, detach
+ * those still inside a callback (they keep the store's memory). */
+static void reap_runners(dlock_store *s)
+{
+	while (s->runners) {
+		dlock__runner *r = s->runners;
+		if (r->exited) {
+			unlink_runner(s, r);
+			pthread_join(r->t, NULL);
+			free(r);
+		} else if (r->busy) {
+			unlink_runner(s, r);
+			r->detached = true;
+			s->mem_users++;
+			pthread_detach(r->t);
+		} else {
+			pthread_cond_wait(&s->reg_cv, &s->reg_mu); /* an idle one leaving */
+		}
+	}
 }
 
 /* Under reg_mu: the lock of reg is gone (if `now` > 0: only if its deadline
@@ -762,8 +820,10 @@ void dlock__renewer_stop(dlock_store *s)
 	if (dog)
 		pthread_join(s->watchdog, NULL);
 	pthread_mutex_lock(&s->reg_mu);
-	/* Idle runners leave; busy ones when their callback returns (not waited for). */
+	/* Idle runners leave (joined); busy ones when their callback returns
+	 * (not waited for). */
 	pthread_cond_broadcast(&s->cb_cv);
+	reap_runners(s);
 	pthread_mutex_unlock(&s->reg_mu);
 	/* What is left gets one shared bound: a request timeout; none at all if
 	 * the store left the last request unanswered (it would not answer these
@@ -808,6 +868,11 @@ bool dlock__renewer_forget(dlock_store *s)
 		s->orphans = o->next;
 		dlock__forget(o->req.slot); /* a cancel's per-attempt state: the store's */
 		orphan_free(o);
+	}
+	while (s->runners) { /* the parent's threads */
+		dlock__runner *r = s->runners;
+		s->runners = r->next;
+		free(r);
 	}
 	while (s->cbs) { /* their runners are the parent's threads */
 		cb_run *c = s->cbs;
