@@ -443,6 +443,32 @@ static void gate(fake *f, int on)
 	pthread_mutex_unlock(&f->mu);
 }
 
+/* How late a 10 ms sleep wakes up in this run: the scheduling delay. */
+static long long sched_delay_ms(void)
+{
+	long long worst = 0;
+	for (int i = 0; i < 3; i++) {
+		long long t0 = tu_now_ms();
+		usleep(10000);
+		long long late = tu_now_ms() - t0 - 10;
+		if (late > worst)
+			worst = late;
+	}
+	return worst;
+}
+
+/* How late a lost signal may come: 20 ms and the scheduling delay, or any
+ * time under valgrind (valgrind.unit.core checks memory; it runs one thread
+ * at a time and a thread's creation takes tens of ms there: the bounds are
+ * asserted by unit.core in the other builds). */
+static bool late_ok(long long late)
+{
+	const char *vg = getenv("DLOCK_TEST_VALGRIND");
+	if (vg && *vg)
+		return late >= -2;
+	return late >= -2 && late <= 20 + sched_delay_ms();
+}
+
 /* A renewal that hangs in the network must not delay the lost signal: the
  * watchdog fires on_lost at the deadline while the renew call is still stuck. */
 static void test_lost_while_renew_hangs(void)
@@ -464,7 +490,7 @@ static void test_lost_while_renew_hangs(void)
 	CHECK(wait_lost(&box, 3000) == 1);
 	long long late = __atomic_load_n(&fired_at_ms, __ATOMIC_SEQ_CST) - deadline;
 	printf("lost signal %lld ms after the deadline while renew hangs\n", late);
-	CHECK(late >= -2 && late <= 20);
+	CHECK(late_ok(late));
 	CHECK(f->renew_calls == 0); /* the renewal is still stuck */
 	CHECK(!dlock_held(l) && box.held_in_cb == 0);
 	/* Acquiring again waits for the stuck renewal of the lost hold no longer
@@ -540,7 +566,7 @@ static void test_slow_callback(void)
 	int renewals = f->renew_calls;
 	CHECK(wait_lost(&box, 3000) == 1); /* c's signal, while a's callback still blocks */
 	long long late = __atomic_load_n(&fired_at_ms, __ATOMIC_SEQ_CST) - cdeadline;
-	CHECK(late >= -2 && late <= 20);
+	CHECK(late_ok(late));
 	CHECK(f->renew_calls >= renewals + 2); /* b was renewed meanwhile */
 	CHECK(dlock_held(b));
 	pthread_mutex_lock(&sb.mu);
@@ -589,20 +615,6 @@ static void wait_entered(int n)
 	while (bb.entered < n)
 		pthread_cond_wait(&bb.cv, &bb.mu);
 	pthread_mutex_unlock(&bb.mu);
-}
-
-/* How late a 10 ms sleep wakes up in this run: the scheduling delay. */
-static long long sched_delay_ms(void)
-{
-	long long worst = 0;
-	for (int i = 0; i < 3; i++) {
-		long long t0 = tu_now_ms();
-		usleep(10000);
-		long long late = tu_now_ms() - t0 - 10;
-		if (late > worst)
-			worst = late;
-	}
-	return worst;
 }
 
 static void test_blocking_callback(void)
