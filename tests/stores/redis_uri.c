@@ -57,10 +57,13 @@ int main(void)
 	CHECK_RC(try_open("redis://%s:%d?bogus=1", host, port), DLOCK_EINVAL);
 	CHECK_RC(try_open("redis://%s:%d,%s:%d", host, port, host, port), DLOCK_EINVAL);
 	CHECK_RC(try_open("redis://127.0.0.1:1"), DLOCK_EUNAVAILABLE);
-	/* TLS to a plain server: the handshake gets no answer, bounded by connect_timeout */
+	/* TLS to a plain server: the handshake gets no answer, bounded by
+	 * connect_timeout. The TLS context (CA bundle) is made within the same
+	 * bound, so on a loaded machine the time may run out before the TCP
+	 * connect ("cannot connect ...: timed out"): either way it timed out. */
 	long long t0 = tu_now_ms();
 	CHECK_RC(try_open("rediss://%s:%d/?connect_timeout=700ms", host, port), DLOCK_EUNAVAILABLE);
-	CHECK(strstr(dlock_error_last()->message, "TLS handshake") != NULL);
+	CHECK(strstr(dlock_error_last()->message, "timed out") != NULL);
 	CHECK(tu_now_ms() - t0 < 700 + 300);
 
 	/* AUTH <password> of the default user (requirepass). raw stays logged in. */
