@@ -84,8 +84,6 @@ typedef struct etcd {
 	CURLM *multi;         /* runs cmd and side: one connection cache for both */
 	long op_timeout_ms;   /* per-attempt limit for cmd requests while renewing; 0: none */
 	int64_t deadline;     /* CLOCK_MONOTONIC ms by which the current call (cmd, side) must end */
-	int reached;          /* during the current call a member took a request on cmd or side
-				 (answered, or accepted it and stayed silent): not "no member is there" */
 	lease leases[MAX_LEASES];
 	size_t nleases;
 

@@ -286,14 +286,6 @@ static int xfer_finish(etcd *e, xfer *x, json_object **out, rpc_result *res, int
 {
 	*next = NEXT_DONE;
 	*out = NULL;
-	if (x->h == e->cmd || x->h == e->side) {
-		/* A member took the request (it answered, or its kernel accepted
-		 * the bytes): the cluster is there, if not serving (see e->reached). */
-		long sent = 0;
-		curl_easy_getinfo(x->h, CURLINFO_REQUEST_SIZE, &sent);
-		if (x->c == CURLE_OK || sent > 0)
-			e->reached = 1;
-	}
 	if (x->c != CURLE_OK) {
 		/* curl closes a connection whose transfer it abandoned: a late
 		 * answer cannot be read as the answer to a later request. */
@@ -340,28 +332,15 @@ static int xfer_finish(etcd *e, xfer *x, json_object **out, rpc_result *res, int
 	return rc;
 }
 
-/*
- * The deadline of one attempt on h when `untried` members (this one
- * included) are still to be tried by `until`: an equal share of the time
- * left, at most one request timeout and at least SHARE_MIN_MS (a round
- * trip), so that a member that hangs
- * (SIGSTOPped, cut off) leaves time for the next one — an open, an acquire
- * or a release is answered by a healthy member within its deadline. While
- * renewing, also the per-attempt limit (op_timeout_ms).
- */
-#define SHARE_MIN_MS 250
-static int64_t attempt_until(etcd *e, CURL *h, int64_t until, size_t untried)
+/* The deadline of one attempt on h: the call's, cut to the per-attempt
+ * limit while renewing (so a hung member leaves time for the next one). */
+static int64_t attempt_until(etcd *e, CURL *h, int64_t until)
 {
-	int64_t now = dlock_clock_ms(), left = until - now, cap = until;
-	if (untried > 1 && left > SHARE_MIN_MS) {
-		int64_t share = left / (int64_t)untried;
-		if (share > e->request_timeout_ms) /* a long connect_timeout: one request's worth */
-			share = e->request_timeout_ms;
-		cap = now + (share > SHARE_MIN_MS ? share : SHARE_MIN_MS);
+	if ((h == e->cmd || h == e->side) && e->op_timeout_ms > 0) {
+		int64_t cap = dlock_clock_ms() + e->op_timeout_ms;
+		return cap < until ? cap : until;
 	}
-	if ((h == e->cmd || h == e->side) && e->op_timeout_ms > 0 && now + e->op_timeout_ms < cap)
-		cap = now + e->op_timeout_ms;
-	return cap < until ? cap : until;
+	return until;
 }
 
 #define RPC_NO_TOKEN 1
@@ -390,7 +369,7 @@ static int rpc_ex(etcd *e, CURL *h, const char *path, json_object *body, json_ob
 	while (tries < e->nurls) {
 		xfer x, *xs[1] = { &x };
 		int next;
-		if ((rc = dlock__et_xfer_start(e, &x, h, path, text, attempt_until(e, h, until, e->nurls - tries),
+		if ((rc = dlock__et_xfer_start(e, &x, h, path, text, attempt_until(e, h, until),
 				     !(flags & RPC_NO_TOKEN))) != 0) {
 			bool next_ep = x.unresolved;
 			dlock__et_xfer_end(&x);
@@ -452,10 +431,10 @@ void dlock__et_rpc_pair(etcd *e, const char *path1, json_object *body1, json_obj
 	memset(&x1, 0, sizeof(x1));
 	memset(&x2, 0, sizeof(x2));
 	*out1 = *out2 = NULL;
-	*rc1 = dlock__et_xfer_start(e, &x1, e->cmd, path1, t1 ? t1 : "", attempt_until(e, e->cmd, e->deadline, e->nurls), 1);
+	*rc1 = dlock__et_xfer_start(e, &x1, e->cmd, path1, t1 ? t1 : "", attempt_until(e, e->cmd, e->deadline), 1);
 	*rc2 = *rc1 != 0 ? *rc1
 			 : dlock__et_xfer_start(e, &x2, e->side, path2, t2 ? t2 : "",
-				      attempt_until(e, e->side, e->deadline, e->nurls), 1);
+				      attempt_until(e, e->side, e->deadline), 1);
 	if (*rc1 == 0 && *rc2 == 0 && t1 && t2) {
 		run(e, xs, 2);
 		*rc1 = xfer_finish(e, &x1, out1, res1, &next);

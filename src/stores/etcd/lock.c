@@ -368,7 +368,6 @@ static int drop_key(etcd *e, const dlock_request *req, const char *key, int64_t 
 void dlock__et_call_begin(etcd *e, int64_t deadline)
 {
 	e->deadline = deadline > 0 ? deadline : dlock_clock_ms() + e->request_timeout_ms;
-	e->reached = 0;
 }
 
 static int lease_retired(etcd *e, int64_t id)
@@ -380,9 +379,6 @@ static int lease_retired(etcd *e, int64_t id)
 /* req->slot marks "our key was queued by an earlier try of this acquire":
  * the next try reads instead of writing. Only a hint: the read checks. */
 #define QUEUED(e) ((void *)(e))
-
-/* How soon a waiter looks again after a try no member served in time. */
-#define RETRY_UNSERVED_MS 100
 
 int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
@@ -400,6 +396,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	keyset nm;
 	char *value = NULL;
 	int rc = dlock__et_names_make(e, req, &nm, MK_CREATE);
+	(void)retry_ms;
 	if (rc != 0)
 		return rc;
 	if (!(value = value_json(req))) {
@@ -602,17 +599,6 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		req->slot = QUEUED(e);
 		rc = DLOCK_ELOCKED;
 		break;
-	}
-	if (rc == DLOCK_EUNAVAILABLE && req->waiting && e->reached) {
-		/* A member took our requests but none was served in time: a leader
-		 * election, or the members we reached are hung. The cluster is
-		 * there, so a wait goes on (the core fails a first try fast only
-		 * when nothing answers): "held, look again soon". Our key may have
-		 * been written: the next try reads it (or queues again), and the
-		 * core cancels this waiter if the wait ends first. */
-		req->slot = QUEUED(e);
-		*retry_ms = RETRY_UNSERVED_MS;
-		rc = DLOCK_ELOCKED;
 	}
 	if (rc != 0 && rc != DLOCK_ELOCKED && !was_queued) {
 		/* The core only cancels waiters it saw queued: a failed first try may
