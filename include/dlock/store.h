@@ -83,8 +83,9 @@ DLOCK_EXTERN int dlock_store_open_timeout(dlock_store **out, const char *uri, in
  * session's end) follows, each store bounding it by its request timeout.
  * It does not wait for on_lost callbacks still running (see dlock/lock.h):
  * they finish later on their own threads, which free the handle's memory
- * last; nor for the renewer's own connection still being opened, which is
- * closed when it is done.
+ * last. The renewer's own connection still being opened is waited for
+ * within one request timeout (none if the store left the last request
+ * unanswered); one still opening after that is closed when it is done.
  * In a fork()'s child, of a store the parent opened: frees this process's
  * copy without a word to the store (no release, no disconnect); the
  * parent's locks and session carry on.

@@ -168,8 +168,9 @@ void dlock__renewer_renew_now(dlock_store *store);
  * that is not before `by` (INT64_MAX: wait). Never waits for its on_lost. */
 bool dlock__renewer_remove(dlock_store *store, dlock__reg *reg, int64_t by);
 /* Stop the renewer and the watchdog and release what they kept (bounded by
- * the request timeout); on_lost callbacks still running are not waited for. */
-void dlock__renewer_stop(dlock_store *store);
+ * the request timeout); on_lost callbacks still running are not waited for.
+ * Returns the end of close's bound (CLOCK_MONOTONIC ms). */
+int64_t dlock__renewer_stop(dlock_store *store);
 /* dlock_store_close's last step: free s now, or let the last callback runner
  * thread free it when it returns (the callbacks still use its mutexes). */
 void dlock__renewer_release_store(dlock_store *s);
@@ -182,8 +183,9 @@ void dlock__store_free_mem(dlock_store *s);
 bool dlock__renewer_extend_begin(dlock_store *store, dlock__reg *reg, int64_t by);
 /* The extend is over: the renewer's next renewal of it comes by next_renew. */
 void dlock__renewer_extend_end(dlock_store *store, dlock__reg *reg, int64_t next_renew);
-/* Wait for the thread opening the renewer's own instance (after renewer_stop). */
-void dlock__renewer_join_opener(dlock_store *s);
+/* Wait (until `by`) for the thread opening the renewer's own instance
+ * (after renewer_stop); detach it if it is still opening then. */
+void dlock__renewer_join_opener(dlock_store *s, int64_t by);
 
 /* Releases the store did not confirm: retried by the renewer (slot NULL,
  * confirm set) until 0/ENOTHELD or CLOCK_MONOTONIC `until`. req is copied.

@@ -311,6 +311,7 @@ static void *open_rbe(void *arg)
 		pthread_mutex_unlock(&s->rbe_mu);
 	}
 	atomic_store(&s->rbe_opening, false);
+	pthread_cond_broadcast(&s->reg_cv); /* close may be waiting for us */
 	pthread_mutex_unlock(&s->reg_mu);
 	if (!orphaned)
 		return NULL;
@@ -369,15 +370,24 @@ static dlock_backend *renew_instance(dlock_store *s, pthread_mutex_t **mu)
 	return s->be;
 }
 
-/* After the renewer stopped: the opener too. One still opening (a connect
- * to a silent store may take the whole connect_timeout) is not waited for:
- * it closes what it opens itself, and keeps the store's memory until then. */
-void dlock__renewer_join_opener(dlock_store *s)
+/* After the renewer stopped: the opener too, waited for within what is left
+ * of close's bound (none if the store left the last request unanswered: a
+ * connect to a silent store may take the whole connect_timeout). One still
+ * opening after that is not waited for: it closes what it opens itself, and
+ * keeps the store's memory until then. Waiting is the rule because a thread left
+ * running inside a TLS library when the program exits meets that library's
+ * exit-time clean-up (a crash, seen in conformance.redis-tls). */
+void dlock__renewer_join_opener(dlock_store *s, int64_t by)
 {
 	if (!s->rbe_opener_started)
 		return;
 	s->rbe_opener_started = false;
 	pthread_mutex_lock(&s->reg_mu);
+	for (int64_t now; atomic_load(&s->rbe_opening) && (now = dlock_clock_ms()) < by;) {
+		struct timespec ts;
+		dlock__abstime(&ts, by - now);
+		pthread_cond_timedwait(&s->reg_cv, &s->reg_mu, &ts);
+	}
 	bool opening = atomic_load(&s->rbe_opening);
 	if (opening) {
 		s->opener_orphaned = true;
@@ -808,7 +818,7 @@ void dlock__orphan_free(dlock__orphan *o)
 		orphan_free(o);
 }
 
-void dlock__renewer_stop(dlock_store *s)
+int64_t dlock__renewer_stop(dlock_store *s)
 {
 	pthread_mutex_lock(&s->reg_mu);
 	s->renewer_stop = true;
@@ -855,6 +865,7 @@ void dlock__renewer_stop(dlock_store *s)
 			orphan_call(s, o, by);
 		orphan_free(o);
 	}
+	return by;
 }
 
 bool dlock__renewer_forget(dlock_store *s)

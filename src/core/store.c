@@ -242,8 +242,7 @@ void dlock_store_close(dlock_store *s)
 		}
 		return;
 	}
-	dlock__renewer_stop(s);
-	dlock__renewer_join_opener(s);
+	dlock__renewer_join_opener(s, dlock__renewer_stop(s));
 	pthread_mutex_lock(&s->be_mu);
 	s->closed = true; /* an on_lost still running may free its lock: no I/O then */
 	pthread_mutex_unlock(&s->be_mu);
