@@ -1,12 +1,71 @@
 #include "testutil/testutil.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 int tu_failures;
+
+static _Atomic long long sched_late_us;
+
+/* Naps 10 ms at a time for the life of the process, keeping the latest
+ * wake-up. A forked child keeps what its parent had seen (no thread). */
+static void *sched_sampler(void *arg)
+{
+	(void)arg;
+	struct timespec at;
+	clock_gettime(CLOCK_MONOTONIC, &at);
+	for (;;) {
+		at.tv_nsec += 10 * 1000000L;
+		if (at.tv_nsec >= 1000000000L) {
+			at.tv_sec++;
+			at.tv_nsec -= 1000000000L;
+		}
+		while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR)
+			;
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		long long late = (long long)(now.tv_sec - at.tv_sec) * 1000000 + (now.tv_nsec - at.tv_nsec) / 1000;
+		if (late > atomic_load(&sched_late_us))
+			atomic_store(&sched_late_us, late);
+		at = now; /* the next nap starts from here: one late wake is counted once */
+	}
+	return NULL;
+}
+
+__attribute__((constructor)) static void sched_sampler_start(void)
+{
+	/* Under valgrind (which runs one thread at a time, 20-50x slower) a
+	 * napping thread would only take turns from the test: a second is the
+	 * measure there. */
+	const char *pre = getenv("LD_PRELOAD");
+	if (pre && strstr(pre, "vgpreload")) {
+		atomic_store(&sched_late_us, 1000000);
+		return;
+	}
+	pthread_t t;
+	pthread_attr_t a;
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&a, 64 * 1024);
+	if (pthread_create(&t, &a, sched_sampler, NULL) != 0)
+		atomic_store(&sched_late_us, 1000000); /* unmeasured: a generous second */
+	pthread_attr_destroy(&a);
+}
+
+long long tu_sched_late_ms(void)
+{
+	return (atomic_load(&sched_late_us) + 999) / 1000;
+}
+
+long long tu_sched_grace_ms(void)
+{
+	return 50 + 2 * tu_sched_late_ms();
+}
 
 int tu_done(const char *suite)
 {
