@@ -93,12 +93,19 @@ static int two_holders, fence_back;
 /* b must be refused while a holds; a grant is two holders at once. */
 static void must_refuse(dlock_lock *a, dlock_lock *b, const char *when)
 {
+	uint64_t fa = dlock_fence(a);
 	int rc = dlock_acquire(b, 0);
-	if (rc == 0) {
-		fprintf(stderr, "TWO HOLDERS %s: fences %llu and %llu (a held: %d)\n", when,
-			(unsigned long long)dlock_fence(a), (unsigned long long)dlock_fence(b), dlock_held(a));
+	if (rc == 0 && !dlock_held(a)) {
+		/* a knew it had lost (its renewals failed): no second holder, but
+		 * the hold should have lasted; the caller's dlock_held(a) says so */
+		fprintf(stderr, "%s: a had lost its hold (fence %llu) when b was granted (fence %llu)\n", when,
+			(unsigned long long)fa, (unsigned long long)dlock_fence(b));
+		dlock_release(b);
+	} else if (rc == 0) {
+		fprintf(stderr, "TWO HOLDERS %s: fences %llu and %llu\n", when, (unsigned long long)fa,
+			(unsigned long long)dlock_fence(b));
 		two_holders++;
-		fence_back += dlock_fence(b) <= dlock_fence(a);
+		fence_back += dlock_fence(b) <= fa;
 		dlock_release(b);
 	} else if (rc != DLOCK_ELOCKED) {
 		fprintf(stderr, "%s: b's try returned %s: %s\n", when, dlock_error_name(rc), dlock_error_last()->message);
