@@ -23,22 +23,9 @@ bash "$SERVERS/redis.sh" start "$T/redis" >"$T/redis.out" 2>&1 ||
 URI=$(cat "$T/redis/uri")
 export DLOCK_STORE=$URI
 
-# The fixed cost of a `dlock run` in this run (start, open, acquire,
-# release, close and exit on the live store: scheduling, not the bounds
-# under test): the slowest of five.
-# Measured again after each timed case (the load may have changed).
-sched=0
-measure() {
-	local i t t0
-	for i in 1 2 3 4 5; do
-		t0=$(now_ms)
-		"$DLOCK" run --no-wait "base$i" -- true >/dev/null 2>&1
-		t=$(( $(now_ms) - t0 ))
-		[ "$t" -gt "$sched" ] && sched=$t
-	done
-	echo "measured: fixed cost of a dlock run on the live store, so far $sched ms"
-}
-measure
+# The fixed cost of a `dlock run` on the live store (lib.sh), measured again
+# after each timed case.
+measure_sched
 
 # 1. --wait 3s, the server stopped mid-wait.
 expect_rc 0 "another client holds the lock" "$DLOCK" acquire --ttl 60s w
@@ -55,7 +42,7 @@ wait "$run"
 rc=$?
 took=$(( $(now_ms) - t0 ))
 bash "$SERVERS/redis.sh" resume "$T/redis"
-measure
+measure_sched
 check "--wait 3s with the server stopped: not acquired (exit $rc; $(head -c 300 "$T/w.err"))" \
 	[ "$rc" -eq 75 -o "$rc" -eq 69 ]
 check "--wait 3s with the server stopped ended in $took ms (bound 3150 + $sched)" \
@@ -75,7 +62,7 @@ t0=$(now_ms)
 "$DLOCK" --store "redis://127.0.0.1:$port?timeout=500ms" run --no-wait unanswered-try -- true 2>"$T/t.err"
 rc=$?
 took=$(( $(now_ms) - t0 ))
-measure
+measure_sched
 check "try-once unanswered: exit 69 (got $rc; $(head -c 300 "$T/t.err"))" [ "$rc" -eq 69 ]
 check "try-once unanswered ended in $took ms (bound 500 + 50 + $sched)" [ "$took" -le $((550 + sched)) ]
 echo "measured: run --no-wait, request unanswered, timeout=500ms: $took ms"
@@ -97,7 +84,7 @@ wait "$run"
 rc=$?
 end=$(now_ms)
 bash "$SERVERS/redis.sh" resume "$T/redis"
-measure
+measure_sched
 check "lost: exit 76 (got $rc; $(head -c 300 "$T/l.err"))" [ "$rc" -eq 76 ]
 check "the command was told (SIGTERM)" [ -s "$T/died" ]
 if [ -s "$T/died" ]; then

@@ -57,6 +57,23 @@ expect_rc() {
 
 now_ms() { date +%s%3N; }
 
+# The fixed cost of a `dlock run` in this run (start, open, acquire,
+# release, close and exit on the store in DLOCK_STORE, or the embedded one):
+# scheduling, not a bound under test. measure_sched keeps in $sched the
+# slowest of five runs seen so far; call it again after each timed case, as
+# the load may have changed. A bound on a whole `dlock` process adds $sched.
+sched=0
+measure_sched() {
+	local i t t0
+	for i in 1 2 3 4 5; do
+		t0=$(now_ms)
+		"$DLOCK" run --no-wait "sched-base$i" -- true >/dev/null 2>&1
+		t=$(( $(now_ms) - t0 ))
+		[ "$t" -gt "$sched" ] && sched=$t
+	done
+	echo "measured: fixed cost of a dlock run, so far $sched ms"
+}
+
 # json_num KEY FILE: the first numeric value of "KEY": in FILE.
 json_num() { grep -o "\"$1\":[0-9-]*" "$2" | head -1 | cut -d: -f2; }
 
