@@ -67,6 +67,24 @@ static void unlink_reg(dlock_store *s, dlock__reg *reg)
 	reg->lock->registered = false;
 }
 
+/* Under reg_mu: sleep on reg_cv until it is signalled or CLOCK_MONOTONIC
+ * `until` (INT64_MAX: until signalled); false, without sleeping, once
+ * `until` has come. */
+static bool reg_sleep(dlock_store *s, int64_t until)
+{
+	if (until == INT64_MAX) {
+		pthread_cond_wait(&s->reg_cv, &s->reg_mu);
+		return true;
+	}
+	int64_t now = dlock_clock_ms();
+	if (now >= until)
+		return false;
+	struct timespec ts;
+	dlock__abstime(&ts, until - now);
+	pthread_cond_timedwait(&s->reg_cv, &s->reg_mu, &ts);
+	return true;
+}
+
 /* Under reg_mu: the callback of c has returned; forget it. */
 static void cb_done(dlock_store *s, cb_run *c)
 {
@@ -271,13 +289,7 @@ static void *watchdog_main(void *arg)
 		if (again)
 			continue;
 		s->watchdog_wake = next;
-		if (next == INT64_MAX) {
-			pthread_cond_wait(&s->reg_cv, &s->reg_mu);
-		} else {
-			struct timespec ts;
-			dlock__abstime(&ts, next - now);
-			pthread_cond_timedwait(&s->reg_cv, &s->reg_mu, &ts);
-		}
+		reg_sleep(s, next);
 	}
 	pthread_mutex_unlock(&s->reg_mu);
 	return NULL;
@@ -383,10 +395,7 @@ void dlock__renewer_join_opener(dlock_store *s, int64_t by)
 		return;
 	s->rbe_opener_started = false;
 	pthread_mutex_lock(&s->reg_mu);
-	for (int64_t now; atomic_load(&s->rbe_opening) && (now = dlock_clock_ms()) < by;) {
-		struct timespec ts;
-		dlock__abstime(&ts, by - now);
-		pthread_cond_timedwait(&s->reg_cv, &s->reg_mu, &ts);
+	while (atomic_load(&s->rbe_opening) && reg_sleep(s, by)) {
 	}
 	bool opening = atomic_load(&s->rbe_opening);
 	if (opening) {
@@ -601,13 +610,7 @@ static void *renewer_main(void *arg)
 		if (s->renewer_stop)
 			break;
 		s->renewer_wake = next;
-		if (next == INT64_MAX) {
-			pthread_cond_wait(&s->reg_cv, &s->reg_mu);
-		} else if (next > now) {
-			struct timespec ts;
-			dlock__abstime(&ts, next - now);
-			pthread_cond_timedwait(&s->reg_cv, &s->reg_mu, &ts);
-		}
+		reg_sleep(s, next);
 	}
 	pthread_mutex_unlock(&s->reg_mu);
 	return NULL;
@@ -683,18 +686,10 @@ bool dlock__renewer_remove(dlock_store *s, dlock__reg *reg, int64_t by)
 	pthread_mutex_lock(&s->reg_mu);
 	bool on_renewer = s->renewer_started && pthread_equal(pthread_self(), s->renewer);
 	while (reg->in_batch && !on_renewer) {
-		if (by == INT64_MAX) {
-			pthread_cond_wait(&s->reg_cv, &s->reg_mu);
-			continue;
-		}
-		int64_t now = dlock_clock_ms();
-		if (now >= by) {
+		if (!reg_sleep(s, by)) {
 			pthread_mutex_unlock(&s->reg_mu);
 			return false;
 		}
-		struct timespec ts;
-		dlock__abstime(&ts, by - now);
-		pthread_cond_timedwait(&s->reg_cv, &s->reg_mu, &ts);
 	}
 	if (reg->lock && reg->lock->registered)
 		unlink_reg(s, reg);
@@ -706,14 +701,10 @@ bool dlock__renewer_extend_begin(dlock_store *s, dlock__reg *reg, int64_t by)
 {
 	pthread_mutex_lock(&s->reg_mu);
 	while (reg->lock && reg->lock->registered && reg->in_batch) {
-		int64_t now = dlock_clock_ms();
-		if (now >= by) {
+		if (!reg_sleep(s, by)) {
 			pthread_mutex_unlock(&s->reg_mu);
 			return false;
 		}
-		struct timespec ts;
-		dlock__abstime(&ts, by - now);
-		pthread_cond_timedwait(&s->reg_cv, &s->reg_mu, &ts);
 	}
 	reg->extending = true;
 	pthread_mutex_unlock(&s->reg_mu);
