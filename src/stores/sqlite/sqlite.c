@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <inttypes.h>
 #include <time.h>
+#include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -27,7 +28,7 @@ enum {
 	Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
 	Q_PURGE_HOLDERS, Q_PURGE_WAITERS, Q_HOLDERS, Q_ANY_WAITERS, Q_MYSEQ, Q_AHEAD, Q_EXCL_AHEAD, Q_WRITER_WAITING,
 	Q_ENQUEUE, Q_FENCE_SET, Q_FENCE_NEW, Q_INSERT_HOLDER, Q_DEQUEUE, Q_RELEASE, Q_EXTEND,
-	Q_STATUS_HOLDERS, Q_STATUS_FENCE, Q_STATUS_WAITERS, Q_STATUS_NAMES, Q_HEAD, Q_CUT_HEAD, Q_PEEK,
+	Q_STATUS_HOLDERS, Q_STATUS_FENCE, Q_STATUS_WAITERS, Q_STATUS_NAMES, Q_HEAD, Q_CUT_HEAD, Q_PEEK, Q_FRONT,
 	Q_COUNT
 };
 
@@ -102,6 +103,8 @@ static const char *const sql[Q_COUNT] = {
 		   " q.expires, (SELECT count(*) FROM (SELECT 1 FROM dlock_queue a"
 		   " WHERE a.ns=?1 AND a.name=?2 AND a.seq<q.seq LIMIT 2))"
 		   " FROM dlock_queue q WHERE q.ns=?1 AND q.name=?2 AND q.owner=?3",
+	/* the first ?3 in line (drop_dead_front) */
+	[Q_FRONT] = "SELECT owner FROM dlock_queue WHERE ns=?1 AND name=?2 ORDER BY seq LIMIT ?3",
 };
 
 /*
@@ -474,16 +477,22 @@ static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *
 static int64_t registration_ms(const dlock_request *req, int64_t ahead, bool own_heard)
 {
 	bool far_ok = req->fair && own_heard && req->mode != DLOCK_SHARED && req->permits == 1;
-	return ahead > 0 && far_ok ? req->queue_ttl_ms * FAR_TTL : req->queue_ttl_ms;
+	return ahead >= 2 && far_ok ? req->queue_ttl_ms * FAR_TTL : req->queue_ttl_ms;
 }
 
+static int drop_dead_front(sqlite_backend *b, const dlock_request *req, int64_t *dropped);
+
 /* The queue of req->name moved (inside the transaction, or after a
- * statement of its own): the first two in line into b->front, to ring after
- * it, and the front's registration cut to a front waiter's. */
+ * statement of its own): waiters at its front that are known dead leave
+ * (drop_dead_front), the first two in line go into b->front, to ring after
+ * it, and the front's registration is cut to a front waiter's. */
 static int note_head(sqlite_backend *b, const dlock_request *req, int64_t now)
 {
-	int rc = 0, r, i = 0;
+	int64_t dropped;
+	int rc = drop_dead_front(b, req, &dropped), r = SQLITE_DONE, i = 0;
 	memset(b->front, 0, sizeof b->front);
+	if (rc)
+		return rc;
 	sqlite3_stmt *s = prep(b, Q_HEAD, req->name, NULL);
 	while (i < 2 && (r = sqlite3_step(s)) == SQLITE_ROW) {
 		const unsigned char *o = sqlite3_column_text(s, 0);
@@ -500,14 +509,17 @@ static int note_head(sqlite_backend *b, const dlock_request *req, int64_t now)
 	return rc;
 }
 
-/* Expired waiter registrations of req->name go (the queue's head is noted
- * when it moved). */
+/* Expired waiter registrations of req->name go, and for a fair waiter the
+ * dead at the front (the queue's head is noted when it moved). */
 static int purge_waiters(sqlite_backend *b, const dlock_request *req, int64_t now)
 {
 	sqlite3_stmt *s = prep(b, Q_PURGE_WAITERS, req->name, NULL);
 	sqlite3_bind_int64(s, 3, now);
 	int rc = run(b, s, "expire waiters");
-	if (!rc && sqlite3_changes(b->db) > 0)
+	int64_t moved = rc ? 0 : sqlite3_changes(b->db);
+	if (!rc && !moved && req->fair)
+		rc = drop_dead_front(b, req, &moved);
+	if (!rc && moved > 0)
 		rc = note_head(b, req, now);
 	return rc;
 }
@@ -723,9 +735,12 @@ static int decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *
  * moves up to the front or to second place — by the grant that took the
  * waiter before it out of the queue, by that waiter's leaving, or by the
  * removal of an expired registration ahead (note_head). A waiter learns
- * where it stands from each refused try. If the one before it crashed, it
- * comes back at its registration refresh or when the holder's lease ends,
- * as without bells (a waiter far back naps longer: FAR_TTL). */
+ * where it stands from each refused try. A fair waiter's own bell is also
+ * its presence (presence_take): the waiters at the front whose processes
+ * died leave the queue at the next release, grant, cancel or fair try
+ * (drop_dead_front), and the live one after them is rung. Without a
+ * presence (no bells, an older library) a dead waiter is waited out by its
+ * registration, as before (a waiter far back naps longer: FAR_TTL). */
 #define NBELLS 64
 
 typedef struct bell_watch {
@@ -734,6 +749,7 @@ typedef struct bell_watch {
 	char owner[DLOCK__OWNER_MAX];
 	unsigned bucket;
 	int own_wd;    /* inotify watch of its own bell file, -1: none (yet, or its file was removed) */
+	int live_fd;   /* its own bell file, open with a shared flock: its presence (-1: none) */
 	bool behind;   /* a fair waiter with others ahead: only its own bell wakes it */
 } bell_watch;
 
@@ -932,6 +948,101 @@ static void bell_name(const sqlite_backend *b, const char *owner, char *f, size_
 	snprintf(f, n, "o%016" PRIx64, owner_bell(b, owner));
 }
 
+/*
+ * A fair waiter's presence: its own bell file, made with one byte in it and
+ * held open with a shared flock() for as long as it waits. The kernel lets
+ * go of the lock the moment its process dies (however it dies), so a waiter
+ * at the front of a queue is known dead at once instead of after its
+ * registration: a byte in the file and no lock on it. The file is made
+ * under a temporary name, written, locked, then linked in: nobody sees it at
+ * its name unlocked while its waiter lives. An empty file (an older library
+ * made it, without the lock) or none says nothing: the registration's TTL
+ * decides, as before. A fork()'s child that keeps the descriptor keeps the
+ * lock: its dead parent then counts as alive until its registration ends.
+ */
+static int presence_take(const sqlite_backend *b, int dir, const char *file)
+{
+	char tmp[64];
+	snprintf(tmp, sizeof tmp, "t%s.%d.%08llx", file, (int)getpid(),
+		 (unsigned long long)dlock__rand_between(0, 0xffffffff));
+	int fd = openat(dir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -1;
+	bool ok = fchmod(fd, bell_file_mode(b->db_mode)) == 0 && write(fd, "w", 1) == 1;
+	close(fd);
+	fd = ok ? openat(dir, tmp, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK) : -1;
+	if (fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0) {
+		close(fd);
+		fd = -1;
+	}
+	if (fd >= 0 && linkat(dir, tmp, dir, file, 0) != 0) {
+		bool there = errno == EEXIST; /* made by an earlier watch of this waiter: lock that one */
+		close(fd);
+		fd = there ? openat(dir, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK) : -1;
+		if (fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0) {
+			close(fd);
+			fd = -1;
+		}
+	}
+	unlinkat(dir, tmp, 0);
+	return fd;
+}
+
+/* Is the waiter `owner` known dead (its presence, above, unlocked)? */
+static bool waiter_gone(const sqlite_backend *b, int dir, const char *owner)
+{
+	char f[24];
+	bell_name(b, owner, f, sizeof f);
+	int fd = openat(dir, f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0)
+		return false;
+	struct stat st;
+	bool gone = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+		    flock(fd, LOCK_EX | LOCK_NB) == 0;
+	close(fd); /* and our lock with it */
+	return gone;
+}
+
+/* Waiters at the front of req->name's queue that are known dead leave it
+ * now, however many died there (inside the write transaction): the queue
+ * waits out no dead registration, short or long. *dropped: how many. */
+#define FRONT_BATCH 16
+#define FRONT_MAX 4096
+
+static int drop_dead_front(sqlite_backend *b, const dlock_request *req, int64_t *dropped)
+{
+	*dropped = 0;
+	int dir = bells_dir_open(b, false);
+	if (dir < 0) { /* no bells: no presence either */
+		dlock_error_clear();
+		return 0;
+	}
+	int rc = 0;
+	bool alive = false;
+	while (!rc && !alive && *dropped < FRONT_MAX) {
+		char owners[FRONT_BATCH][DLOCK__OWNER_MAX];
+		int n = 0, r;
+		sqlite3_stmt *s = prep(b, Q_FRONT, req->name, NULL);
+		sqlite3_bind_int(s, 3, FRONT_BATCH);
+		while (n < FRONT_BATCH && (r = sqlite3_step(s)) == SQLITE_ROW) {
+			const unsigned char *o = sqlite3_column_text(s, 0);
+			snprintf(owners[n++], sizeof owners[0], "%s", o ? (const char *)o : "");
+		}
+		if (n < FRONT_BATCH && r != SQLITE_DONE)
+			rc = fail(b, r, "read the queue's front");
+		sqlite3_reset(s);
+		for (int i = 0; i < n && !rc && !alive; i++) {
+			if (!(alive = !waiter_gone(b, dir, owners[i])) &&
+			    !(rc = run(b, prep(b, Q_DEQUEUE, req->name, owners[i]), "drop a dead waiter")))
+				++*dropped;
+		}
+		if (n < FRONT_BATCH)
+			break;
+	}
+	close(dir);
+	return rc;
+}
+
 /* Ring a bell file (best effort; nothing when no waiter made the directory).
  * A waiter's own bell (`own`) is rung only while it exists: its waiter made
  * it, and watches it, before the try that registered it, and removes it when
@@ -1072,10 +1183,16 @@ static void sweep_stale_bells(int dir)
 	time_t now = time(NULL);
 	for (struct dirent *e; (e = readdir(d)) != NULL;) {
 		struct stat st;
-		if (e->d_name[0] == 'o' && strlen(e->d_name) == 17 &&
-		    fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
-		    now - st.st_mtime > STALE_BELL_S)
-			unlinkat(dirfd(d), e->d_name, 0);
+		bool own = e->d_name[0] == 'o' && strlen(e->d_name) == 17, tmp = e->d_name[0] == 't';
+		if ((own || tmp) && fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+		    S_ISREG(st.st_mode) && now - st.st_mtime > STALE_BELL_S) {
+			/* not the bell of a waiter still waiting (its presence locked) */
+			int f = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+			if (f >= 0 && flock(f, LOCK_EX | LOCK_NB) == 0)
+				unlinkat(dirfd(d), e->d_name, 0);
+			if (f >= 0)
+				close(f);
+		}
 	}
 	closedir(d);
 }
@@ -1182,6 +1299,9 @@ static void bells_free(sqlite_backend *b, bool in_parent)
 	while (bl->watches) {
 		bell_watch *w = bl->watches;
 		bl->watches = w->next;
+		/* a fork()'s child only closes its copy: the parent's lock stays */
+		if (w->live_fd >= 0)
+			close(w->live_fd);
 		free(w->name);
 		free(w);
 	}
@@ -1195,13 +1315,19 @@ static void bells_free(sqlite_backend *b, bool in_parent)
  * (the file is created empty if missing, which rings nothing: opened for
  * reading). A watch of the file, not of the directory: a ring wakes only
  * the processes listening to that bell. */
-static int watch_bell(const sqlite_backend *b, const char *file, int *wd)
+static int watch_bell(const sqlite_backend *b, const char *file, int *wd, int *live)
 {
 	if (*wd >= 0)
 		return 0;
 	/* the directory at the path now (made again if it vanished), checked */
 	int dir = bells_dir_open(b, true);
-	int fd = dir >= 0 ? bell_open(b, dir, file, O_RDONLY, true) : -1;
+	int fd = dir < 0 ? -1 : live ? presence_take(b, dir, file) : bell_open(b, dir, file, O_RDONLY, true);
+	if (fd >= 0 && live) { /* kept: the presence of its waiter */
+		if (*live >= 0)
+			close(*live);
+		*live = fd;
+		fd = dup(fd);
+	}
 	if (fd >= 0) {
 		close(fd);
 		/* through the checked directory's descriptor, not its name */
@@ -1222,7 +1348,7 @@ static int watch_bucket(const sqlite_backend *b, unsigned v)
 {
 	char bucket[8];
 	snprintf(bucket, sizeof bucket, "%02x", v);
-	return watch_bell(b, bucket, &b->bells->bucket_wd[v]);
+	return watch_bell(b, bucket, &b->bells->bucket_wd[v], NULL);
 }
 
 /* Does a waiter of this handle listen to bucket v? (under bl->mu) */
@@ -1273,6 +1399,7 @@ static int sq_watch(dlock_backend *be, const dlock_request *req)
 			snprintf(w->owner, sizeof(w->owner), "%s", req->owner);
 			w->bucket = bell_bucket(b, req->name);
 			w->own_wd = -1;
+			w->live_fd = -1;
 			w->next = bl->watches;
 			bl->watches = w;
 		} else {
@@ -1286,7 +1413,7 @@ static int sq_watch(dlock_backend *be, const dlock_request *req)
 		/* only a fair waiter may be rung alone (when it comes to the front) */
 		if (!(rc = watch_bucket(b, w->bucket)) && req->fair) {
 			bell_name(b, w->owner, own, sizeof own);
-			rc = watch_bell(b, own, &w->own_wd);
+			rc = watch_bell(b, own, &w->own_wd, &w->live_fd);
 		}
 	}
 	pthread_mutex_unlock(&bl->mu);
@@ -1304,7 +1431,7 @@ static void sq_unwatch(dlock_backend *be, const dlock_request *req)
 		if (strcmp((*p)->owner, req->owner) == 0) {
 			bell_watch *w = *p;
 			*p = w->next;
-			if (w->own_wd >= 0) { /* its bell was not rung: take it away */
+			if (w->own_wd >= 0) { /* its bell: take it away (its presence with it) */
 				char f[24];
 				bell_name(b, w->owner, f, sizeof f);
 				hub_unwatch(w->own_wd, false);
@@ -1314,6 +1441,8 @@ static void sq_unwatch(dlock_backend *be, const dlock_request *req)
 					close(dir);
 				}
 			}
+			if (w->live_fd >= 0)
+				close(w->live_fd);
 			free(w->name);
 			free(w);
 			break;
@@ -1435,10 +1564,21 @@ static int sq_release(dlock_backend *be, dlock_request *req)
 	 * the queue now (a read failure rings: a spurious ring costs one try). */
 	int err = 0;
 	bool waiters = step_int(b, prep(b, Q_ANY_WAITERS, req->name, NULL), 0, 1, &err) != 0 || err;
+	/* Dead waiters at the front leave now: the live one after them is rung
+	 * (its own bell) instead of waiting out their registrations. */
+	int64_t dropped = 0;
+	memset(b->front, 0, sizeof b->front);
+	if (waiters && !err && (rc = drop_dead_front(b, req, &dropped)) == 0 && dropped > 0)
+		rc = note_head(b, req, dlock_wall_ms());
+	if (rc) { /* only an order: the release stands */
+		dlock_error_clear();
+		rc = 0;
+	}
 	if ((rc = finish(b, 0)))
 		return rc;
 	if (waiters)
 		ring(b, req->name);
+	ring_front(b);
 	dlock_error_clear();
 	return 0;
 }
