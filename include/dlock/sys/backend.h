@@ -384,6 +384,38 @@ DLOCK_EXTERN void dlock_backend_wake_all(dlock_backend *be);
 DLOCK_EXTERN void dlock_backend_renew_now(dlock_backend *be);
 
 /**
+ * Watch a held connection's socket for a hang-up, for a store whose holds
+ * live on their connection (DLOCK_BACKEND_F_SESSION): a session the server
+ * ends (a kill, a restart) frees its locks at once, and another client may
+ * take them; the holder must hear of it now, not at its next renewal.
+ * Call it once the hold is granted, with the socket of the hold's
+ * connection. The core polls the socket (POLLRDHUP; it never reads it, so
+ * the store's statements on it are undisturbed) in a thread of its own; on
+ * a hang-up, an error or a socket closed meanwhile, the socket leaves the
+ * watch and the core calls dlock_backend_renew_now(be) from that thread:
+ * the renewal finds the connection dead and the core reports the hold lost.
+ * A socket already watched for `be` stays watched once.
+ * Thread-safe, never blocks on I/O.
+ * @return 0; DLOCK_EINVAL (be NULL, fd < 0); DLOCK_ENOMEM (not watched: the
+ *         hang-up is then seen at the hold's next renewal).
+ */
+DLOCK_EXTERN int dlock_backend_watch_fd(dlock_backend *be, int fd);
+/**
+ * Stop watching `fd` for `be`: call it before the hold's connection is
+ * released or closed (so that a later socket of the same number is not
+ * taken for it). A hang-up being handled may still renew `be` once.
+ * Nothing for fd < 0 or a socket not watched. Thread-safe, never blocks.
+ */
+DLOCK_EXTERN void dlock_backend_unwatch_fd(dlock_backend *be, int fd);
+/**
+ * Stop watching every socket of `be`, and wait for a renewal that a hang-up
+ * of one of them started: after it returns the core never calls
+ * dlock_backend_renew_now(be) for a watched socket. A store that watches
+ * sockets calls it in `close` before freeing `be`. Thread-safe.
+ */
+DLOCK_EXTERN void dlock_backend_unwatch_all(dlock_backend *be);
+
+/**
  * Holds live only as long as this process's session or connection
  * (ZooKeeper ephemeral nodes, MySQL GET_LOCK, PostgreSQL advisory locks):
  * dlock_lock_detach cannot hand them to another process.

@@ -6,9 +6,6 @@
  */
 #include "my.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 /* ================= mode=get_lock ================= */
 
 /*
@@ -47,110 +44,21 @@ static void pool_put(mysql_be *b, MYSQL *c)
 		mysql_close(c);
 }
 
-/*
- * The hang-up watcher. A session the server ends while its holder runs (KILL,
- * a restart) frees its GET_LOCKs at once, and another client may take them;
- * the holder must hear of it now, not at its next renewal. A thread polls the
- * held connections' sockets for a hang-up (POLLRDHUP; never reading them,
- * their statements run on other threads); on one (or on a socket closed
- * meanwhile: POLLNVAL) the socket leaves the set and every hold of the store
- * handle is renewed at once: the renewal finds the connection dead and the
- * core reports the loss.
- */
-static void *hw_main(void *arg)
-{
-	mysql_be *b = arg;
-	pthread_mutex_lock(&b->hw_mu);
-	while (!b->hw_stop) {
-		struct pollfd p[1 + HW_MAX] = { { b->hw_pipe[0], POLLIN, 0 } };
-		int n = b->hw_n;
-		for (int i = 0; i < n; i++)
-			p[1 + i] = (struct pollfd){ b->hw_fds[i], POLLRDHUP, 0 };
-		pthread_mutex_unlock(&b->hw_mu);
-		int r = poll(p, (nfds_t)(1 + n), -1);
-		pthread_mutex_lock(&b->hw_mu);
-		if (r < 0 && errno != EINTR)
-			break;
-		if (p[0].revents) {
-			char buf[16];
-			while (read(b->hw_pipe[0], buf, sizeof buf) > 0) {
-			}
-		}
-		int hung = 0;
-		for (int i = 0; r > 0 && i < n; i++) {
-			if (!p[1 + i].revents)
-				continue;
-			for (int k = 0; k < b->hw_n; k++)
-				if (b->hw_fds[k] == p[1 + i].fd) {
-					b->hw_fds[k] = b->hw_fds[--b->hw_n];
-					break;
-				}
-			hung = 1;
-		}
-		if (hung && !b->hw_stop) {
-			pthread_mutex_unlock(&b->hw_mu);
-			dlock_backend_renew_now(&b->base);
-			pthread_mutex_lock(&b->hw_mu);
-		}
-	}
-	pthread_mutex_unlock(&b->hw_mu);
-	return NULL;
-}
-
-/* Watch (add) or stop watching a held connection's socket. */
-static void hw_watch(mysql_be *b, MYSQL *c, int add)
+/* A held connection's socket is watched for a hang-up (dlock_backend_watch_fd):
+ * a session the server ends (KILL, a restart) frees its GET_LOCKs at once,
+ * and the holder hears of it then, not at its next renewal. */
+static void hang_watch(mysql_be *b, MYSQL *c, int add)
 {
 	int fd = c ? (int)mysql_get_socket(c) : -1;
-	if (fd < 0)
-		return;
-	pthread_mutex_lock(&b->hw_mu);
-	for (int k = 0; k < b->hw_n; k++)
-		if (b->hw_fds[k] == fd) {
-			b->hw_fds[k] = b->hw_fds[--b->hw_n];
-			break;
-		}
-	if (add && b->hw_n < HW_MAX)
-		b->hw_fds[b->hw_n++] = fd;
-	if (add && !b->hw_on && !b->hw_stop && pipe2(b->hw_pipe, O_CLOEXEC | O_NONBLOCK) == 0) {
-		if (pthread_create(&b->hw_thread, NULL, hw_main, b) == 0) {
-			b->hw_on = 1;
-		} else {
-			close(b->hw_pipe[0]);
-			close(b->hw_pipe[1]);
-			b->hw_pipe[0] = b->hw_pipe[1] = -1;
-		}
-	}
-	int wfd = b->hw_pipe[1];
-	pthread_mutex_unlock(&b->hw_mu);
-	if (wfd >= 0) {
-		ssize_t w = write(wfd, "x", 1); /* the thread polls the new set */
-		(void)w;
-	}
-}
-
-void dlock__my_hw_stop(mysql_be *b)
-{
-	pthread_mutex_lock(&b->hw_mu);
-	int on = b->hw_on;
-	b->hw_stop = 1;
-	b->hw_on = 0;
-	pthread_mutex_unlock(&b->hw_mu);
-	if (on) {
-		ssize_t w = write(b->hw_pipe[1], "x", 1);
-		(void)w;
-		pthread_join(b->hw_thread, NULL);
-	}
-	if (b->hw_pipe[0] >= 0) {
-		close(b->hw_pipe[0]);
-		close(b->hw_pipe[1]);
-		b->hw_pipe[0] = b->hw_pipe[1] = -1;
-	}
-	/* hw_mu stays usable: freeing the holds after this takes it. */
+	if (add)
+		(void)dlock_backend_watch_fd(&b->base, fd);
+	else
+		dlock_backend_unwatch_fd(&b->base, fd);
 }
 
 void dlock__my_hold_free(mysql_be *b, gl_hold *h, int reuse)
 {
-	hw_watch(b, h->conn, 0);
+	hang_watch(b, h->conn, 0);
 	for (gl_hold **p = &b->holds; *p; p = &(*p)->next)
 		if (*p == h) {
 			*p = h->next;
@@ -340,7 +248,7 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	h->next = b->holds;
 	b->holds = h;
 	req->slot = h;
-	hw_watch(b, c, 1);
+	hang_watch(b, c, 1);
 	return 0;
 }
 

@@ -35,8 +35,6 @@
 
 enum { MODE_TABLE, MODE_GET_LOCK };
 
-#define HW_MAX 64 /* held connections watched for a hang-up; more are seen at renewal */
-
 /* One GET_LOCK hold: its own connection (req->slot). */
 typedef struct gl_hold {
 	struct gl_hold *next;
@@ -66,17 +64,8 @@ typedef struct mysql_be {
 	pthread_mutex_t wait_mu;
 	MYSQL *wait_pool[POOL_MAX];
 	size_t nwait_pool;
-	/* get_lock: held connections' sockets, watched for a hang-up by a thread
-	 * of their own (get_lock.c); under hw_mu */
-	pthread_mutex_t hw_mu;
-	int hw_fds[HW_MAX];
-	int hw_n, hw_on, hw_stop;
-	int hw_pipe[2];
-	pthread_t hw_thread;
 } mysql_be;
 
-/* get_lock.c: stop the hang-up watcher (close), before the holds are freed. */
-void dlock__my_hw_stop(mysql_be *b);
 
 
 /* ---- what the files of this store share ---- */

@@ -18,7 +18,7 @@ void dlock__my_be_close(dlock_backend *be)
 	mysql_be *b = (mysql_be *)be;
 	if (!b)
 		return;
-	dlock__my_hw_stop(b);
+	dlock_backend_unwatch_all(be);
 	while (b->holds)
 		dlock__my_hold_free(b, b->holds, 0);
 	for (size_t i = 0; i < b->nwait_pool; i++)
@@ -158,8 +158,6 @@ int dlock__mysql_open(dlock_backend **out, dlock_uri *uri)
 	if (!b)
 		return DLOCK_ENOMEM;
 	pthread_mutex_init(&b->wait_mu, NULL);
-	pthread_mutex_init(&b->hw_mu, NULL);
-	b->hw_pipe[0] = b->hw_pipe[1] = -1;
 	int rc = parse(b, uri);
 	int64_t deadline = dlock_clock_ms() + b->connect_timeout_ms;
 	if (rc == 0) {

@@ -375,7 +375,7 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 		h->sem_permits = permits;
 		req->slot = h;
 		*fence = f;
-		dlock__pg_held_watch(be, PQsocket(c), 1);
+		(void)dlock_backend_watch_fd(base, PQsocket(c)); /* a killed session is reported at once */
 		return 0;
 	}
 	if (wait_key && !ss->wait_key) {
@@ -445,7 +445,7 @@ static int adv_release(dlock_backend *base, dlock_request *req)
 		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL,
 				       "the lock's connection was closed earlier (and the lock with it)");
 	}
-	dlock__pg_held_watch(be, PQsocket(h->conn), 0);
+	dlock_backend_unwatch_fd(base, PQsocket(h->conn));
 	int64_t deadline = req->deadline_ms;
 	char k[24];
 	dlock__pg_i64s(k, sizeof k, h->key);

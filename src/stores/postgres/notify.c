@@ -39,24 +39,13 @@ static int listen_connect(pg_backend *be, int64_t deadline, PGconn **out)
  * The LISTEN thread. It reconnects without lmu, each connect bounded by
  * connect_timeout; after each (re)connect and each broken connection every
  * waiter tries again (notifications may have been missed meanwhile).
- *
- * In advisory mode it also watches the held connections' sockets for a
- * hang-up, never reading them (their statements run on other threads): a
- * session the server ended (pg_terminate_backend, a restart) frees its keys
- * at once, and another client may take them; the holder must hear of it now,
- * not at its next renewal. On POLLRDHUP/POLLHUP/POLLERR (or a socket closed
- * meanwhile: POLLNVAL) the socket leaves the set and every hold is renewed at
- * once; the renewal finds the connection dead and the core reports the loss.
  */
 static void *listener(void *arg)
 {
 	pg_backend *be = arg;
 	pthread_mutex_lock(&be->lmu);
 	while (!be->lstop) {
-		struct pollfd p[2 + HELD_MAX] = { { be->wakefd[0], POLLIN, 0 }, { -1, POLLIN, 0 } };
-		int nh = be->nheld;
-		for (int i = 0; i < nh; i++)
-			p[2 + i] = (struct pollfd){ be->held[i], POLLRDHUP, 0 };
+		struct pollfd p[2] = { { be->wakefd[0], POLLIN, 0 }, { -1, POLLIN, 0 } };
 		PGconn *lc = be->lconn;
 		if (lc)
 			p[1].fd = PQsocket(lc);
@@ -73,7 +62,7 @@ static void *listener(void *arg)
 			pthread_mutex_unlock(&be->lmu);
 		}
 		/* Without a connection, try again in a second (or when closed). */
-		int n = poll(p, (nfds_t)(2 + nh), lc ? -1 : 1000);
+		int n = poll(p, 2, lc ? -1 : 1000);
 		pthread_mutex_lock(&be->lmu);
 		if (be->lstop)
 			break;
@@ -83,22 +72,6 @@ static void *listener(void *arg)
 			char buf[16];
 			while (read(be->wakefd[0], buf, sizeof buf) > 0) {
 			}
-		}
-		bool hung = false;
-		for (int i = 0; n > 0 && i < nh; i++) {
-			if (!p[2 + i].revents)
-				continue;
-			for (int k = 0; k < be->nheld; k++)
-				if (be->held[k] == p[2 + i].fd) {
-					be->held[k] = be->held[--be->nheld];
-					break;
-				}
-			hung = true;
-		}
-		if (hung) {
-			pthread_mutex_unlock(&be->lmu);
-			dlock_backend_renew_now(&be->base);
-			pthread_mutex_lock(&be->lmu);
 		}
 		if (lc && be->lconn == lc && p[1].revents) {
 			if (!PQconsumeInput(be->lconn) || PQstatus(be->lconn) != CONNECTION_OK) {
@@ -126,25 +99,6 @@ static int listener_start(pg_backend *be)
 	}
 	pthread_mutex_unlock(&be->lmu);
 	return rc;
-}
-
-void dlock__pg_held_watch(pg_backend *be, int fd, int add)
-{
-	if (fd < 0)
-		return;
-	pthread_mutex_lock(&be->lmu);
-	for (int k = 0; k < be->nheld; k++)
-		if (be->held[k] == fd) {
-			be->held[k] = be->held[--be->nheld];
-			break;
-		}
-	if (add && be->nheld < HELD_MAX)
-		be->held[be->nheld++] = fd;
-	pthread_mutex_unlock(&be->lmu);
-	ssize_t w = write(be->wakefd[1], "x", 1); /* the thread polls the new set */
-	(void)w;
-	if (add)
-		(void)listener_start(be);
 }
 
 /*

@@ -38,7 +38,6 @@
 #define TCP_USER_TIMEOUT_MS 10000
 /* pg_advisory_xact_lock key that serialises schema creation ("dlockSCH"). */
 #define SCHEMA_LOCK_KEY "7236281174070608712"
-#define HELD_MAX 64 /* held connections watched for a hang-up; more are seen at renewal */
 
 typedef struct pg_backend {
 	dlock_backend base;
@@ -57,10 +56,6 @@ typedef struct pg_backend {
 	int lthread_on, lstop;
 	pthread_t lthread;
 	int wakefd[2];
-	/* advisory mode: the sockets of held connections, which the LISTEN
-	 * thread watches for a hang-up (a session killed on the server) */
-	int held[HELD_MAX];
-	int nheld;
 
 	/* advisory mode: idle connections, and the sessions waiters keep (intent) */
 	PGconn *pool[POOL_MAX];
@@ -144,11 +139,6 @@ int64_t dlock__pg_adv_key(const char *ns, const char *name, const char *slot);
 int dlock__pg_watch(dlock_backend *base, const dlock_request *req);
 
 void dlock__pg_unwatch(dlock_backend *base, const dlock_request *req);
-
-/* Advisory mode: watch (add) or stop watching a held connection's socket for
- * a hang-up; on one, the LISTEN thread has every hold renewed at once
- * (dlock_backend_renew_now), so a killed session is reported lost at once. */
-void dlock__pg_held_watch(pg_backend *be, int fd, int add);
 
 /* Decimal text of v into buf. */
 void dlock__pg_i64s(char *buf, size_t n, int64_t v);

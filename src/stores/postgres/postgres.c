@@ -18,6 +18,7 @@ void dlock__pg_close(dlock_backend *base)
 	pg_backend *be = (pg_backend *)base;
 	if (!be)
 		return;
+	dlock_backend_unwatch_all(base);
 	if (be->lthread_on) {
 		pthread_mutex_lock(&be->lmu);
 		be->lstop = 1;
