@@ -160,6 +160,7 @@ static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t 
 	l->req.deadline_ms = request_deadline(s, until);
 	l->req.lease_from_ms = 0;
 	l->req.nap_ms = 0;
+	l->req.reached = 0;
 	dlock__counted(s);
 	int rc = dlock__heard(s, s->m->acquire(s->be, &l->req, fence, retry));
 	pthread_mutex_unlock(&s->be_mu);
@@ -379,9 +380,11 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		}
 		registered |= rc == DLOCK_ELOCKED && l->req.waiting;
 		contended |= rc == DLOCK_ELOCKED;
-		/* No answer on a first try: the caller hears at once that the store is
-		 * unreachable; later in a wait it is ridden out until the wait ends. */
-		bool transient = rc == DLOCK_EUNAVAILABLE && attempt > 0;
+		/* No answer on a first try that no server of the store took: the
+		 * caller hears at once that the store is unreachable; later in a
+		 * wait, or when a server took it (req.reached: an election, a
+		 * failover), it is ridden out until the wait ends. */
+		bool transient = rc == DLOCK_EUNAVAILABLE && (attempt > 0 || l->req.reached);
 		if (l->opts.on_unreachable && wait_ms != 0) {
 			if (transient) {
 				unreachable = true;

@@ -15,6 +15,16 @@
  *   etcd_cases cluster   on its own 3-member cluster: kill the member the client
  *                        talks to (the leader) while a lock is held; the lock stays
  *                        held, renewal fails over, release works.
+ *   etcd_cases chaos     on its own 3-member cluster (issue 31): with the member the
+ *                        client talks to SIGSTOPped, open, a try-once acquire and a
+ *                        release succeed within the stopped member's share of their
+ *                        deadline plus what the call costs on a healthy cluster (the
+ *                        request races to the next member: gateway.c "Hedging"), an
+ *                        open with connect_timeout=30s within one
+ *                        request timeout plus an open of a live member; with the leader killed, a wait of 8 s is granted
+ *                        after the election instead of ending "unavailable" after
+ *                        its first try. Bounds: the deadline plus the scheduling
+ *                        delay measured during the call.
  *   etcd_cases tls       on its own member with TLS and client certificates:
  *                        etcds:// with cacert/cert/key works; without the client
  *                        certificate, or over plain HTTP, open fails.
@@ -30,6 +40,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -629,6 +641,215 @@ static void case_cluster_failover(void)
 	server_stop();
 }
 
+/* ---- chaos: a member stopped, the leader killed ---- */
+
+/* The scheduling delay of this run: a thread that naps 5 ms at a time and
+ * records how late it woke, at most, while `lag_on`. */
+static atomic_int lag_on, lag_quit;
+static atomic_llong lag_max;
+
+static void *lag_thread(void *p)
+{
+	(void)p;
+	while (!atomic_load(&lag_quit)) {
+		long long t = tu_now_ms();
+		nap_ms(5);
+		long long late = tu_now_ms() - t - 5;
+		if (atomic_load(&lag_on) && late > atomic_load(&lag_max))
+			atomic_store(&lag_max, late);
+	}
+	return NULL;
+}
+
+static void lag_start(void)
+{
+	atomic_store(&lag_max, 0);
+	atomic_store(&lag_on, 1);
+}
+
+/* The scheduling delay seen since lag_start (twice: the call and our clock reads). */
+static long long lag_end(void)
+{
+	atomic_store(&lag_on, 0);
+	return 2 * atomic_load(&lag_max) + 5;
+}
+
+/* The leader's host:port, and the others' as ",h:p,h:p", from etcdctl. */
+static int find_leader(char *leader, size_t nl, char *others, size_t no)
+{
+	const char *hosts = uri + strlen("etcd://");
+	char cmd[1400], line[512];
+	leader[0] = others[0] = '\0';
+	snprintf(cmd, sizeof(cmd), "ETCDCTL_API=3 etcdctl --endpoints=%s endpoint status", hosts);
+	FILE *f = popen(cmd, "r");
+	while (f && fgets(line, sizeof(line), f)) {
+		char ep[64];
+		if (sscanf(line, "%63[^,],", ep) != 1)
+			continue;
+		const char *hp = strncmp(ep, "http://", 7) == 0 ? ep + 7 : ep;
+		if (strstr(line, ", true, false,"))
+			snprintf(leader, nl, "%s", hp);
+		else
+			snprintf(others + strlen(others), no - strlen(others), ",%s", hp);
+	}
+	if (f)
+		pclose(f);
+	CHECK(leader[0] && others[0]);
+	return leader[0] && others[0];
+}
+
+static void case_chaos_stopped(void)
+{
+	/* A follower first in the URI: where every handle starts. (A stopped
+	 * leader stops writes everywhere until an election: case_chaos_leader.) */
+	char leader[64], others[256], u[600], f1[64];
+	if (!find_leader(leader, sizeof(leader), others, sizeof(others)))
+		return;
+	snprintf(f1, sizeof(f1), "%.*s", (int)strcspn(others + 1, ","), others + 1);
+	snprintf(u, sizeof(u), "etcd://%s,%s%s", f1, leader, others + 1 + strlen(f1));
+	int pid1 = member_pid(strrchr(f1, ':') + 1);
+	CHECK(pid1 > 0);
+	if (pid1 <= 0)
+		return;
+	const long long request_ms = 2000, connect_ms = 5000; /* the URI defaults */
+	dlock_store *sa = open_uri(u), *sb = open_uri(u);
+	dlock_lock *held = new_lock(sb, "chaos-stop-rel", 10000);
+	CHECK_RC(dlock_acquire(held, 0), 0);
+	dlock_lock *a = new_lock(sa, "chaos-stop-acq", 7000); /* a new TTL: a lease grant too */
+	/* What the same calls cost on a live member, through a store handle of
+	 * its own (a new connection, a lease grant, a write): the part of a
+	 * bound that is not the stopped member's share. The slowest of five. */
+	long long base_ms = 0;
+	char ulive[200];
+	snprintf(ulive, sizeof(ulive), "etcd://%s", leader);
+	for (int i = 0; i < 5; i++) {
+		dlock_store *sw = open_uri(ulive);
+		dlock_lock *w = new_lock(sw, "chaos-stop-warm", 9000);
+		long long t0 = tu_now_ms();
+		CHECK_RC(dlock_acquire(w, 0), 0);
+		long long t1 = tu_now_ms();
+		CHECK_RC(dlock_release(w), 0);
+		long long t2 = tu_now_ms();
+		if (t1 - t0 > base_ms)
+			base_ms = t1 - t0;
+		if (t2 - t1 > base_ms)
+			base_ms = t2 - t1;
+		dlock_lock_free(w);
+		dlock_store_close(sw);
+	}
+	/* The stopped member's share of a call (gateway.c "Hedging"): the
+	 * deadline over the three members. */
+	const long long share_ms = request_ms / 3, open_share_ms = connect_ms / 3;
+	kill(pid1, SIGSTOP);
+	printf("  follower %s, first in %s, stopped\n", f1, u);
+
+	lag_start();
+	long long t = tu_now_ms();
+	CHECK_RC(dlock_release(held), 0);
+	long long took = tu_now_ms() - t, lag = lag_end();
+	printf("  release through the stopped member: %lld ms (bound: share %lld + healthy call %lld + lag %lld)\n",
+	       took, share_ms, base_ms, lag);
+	CHECK(took <= share_ms + base_ms + lag);
+
+	lag_start();
+	t = tu_now_ms();
+	CHECK_RC(dlock_acquire(a, 0), 0);
+	took = tu_now_ms() - t;
+	lag = lag_end();
+	printf("  try-once acquire through the stopped member: %lld ms (bound: share %lld + healthy call %lld + "
+	       "lag %lld)\n", took, share_ms, base_ms, lag);
+	CHECK(took <= share_ms + base_ms + lag);
+	if (dlock_held(a))
+		CHECK_RC(dlock_release(a), 0);
+
+	dlock_store *so = NULL;
+	lag_start();
+	t = tu_now_ms();
+	CHECK_RC(dlock_store_open(&so, u), 0);
+	took = tu_now_ms() - t;
+	lag = lag_end();
+	/* An open of a member that answers, alone: the rest of the bound. */
+	char ul[700], uok[200];
+	dlock_store *sl = NULL;
+	snprintf(uok, sizeof(uok), "etcd://%s", leader);
+	long long t3 = tu_now_ms();
+	CHECK_RC(dlock_store_open(&sl, uok), 0);
+	long long answer_ms = tu_now_ms() - t3;
+	dlock_store_close(sl);
+	sl = NULL;
+	printf("  open with the first member stopped: %lld ms (bound: share %lld + an open of a live member %lld "
+	       "+ lag %lld)\n", took, open_share_ms, answer_ms, lag);
+	CHECK(took <= open_share_ms + answer_ms + lag);
+	/* A long connect_timeout: the stopped member gets one request's worth,
+	 * then a member that answers takes as long as an open of it alone. */
+	snprintf(ul, sizeof(ul), "%s/?connect_timeout=30s", u);
+	lag_start();
+	t = tu_now_ms();
+	CHECK_RC(dlock_store_open(&sl, ul), 0);
+	took = tu_now_ms() - t;
+	lag = lag_end();
+	printf("  open with connect_timeout=30s: %lld ms (bound: one request timeout %lld + an open of a live "
+	       "member %lld + lag %lld)\n", took, request_ms, answer_ms, lag);
+	CHECK(took <= request_ms + answer_ms + lag);
+	dlock_store_close(sl);
+	if (so) {
+		dlock_lock *o = new_lock(so, "chaos-stop-open", 5000);
+		CHECK_RC(dlock_acquire(o, 0), 0);
+		CHECK_RC(dlock_release(o), 0);
+		dlock_lock_free(o);
+		dlock_store_close(so);
+	}
+	kill(pid1, SIGCONT);
+	dlock_lock_free(held);
+	dlock_lock_free(a);
+	dlock_store_close(sa);
+	dlock_store_close(sb);
+}
+
+static void case_chaos_leader(void)
+{
+	char leader[64], others[256];
+	if (!find_leader(leader, sizeof(leader), others, sizeof(others)))
+		return;
+	/* The leader first; a request timeout of 1 s, shorter than any
+	 * election (a follower campaigns after 1-2 s without a heartbeat), so
+	 * the first try cannot be served: the wait must ride the election out. */
+	char u1[512];
+	snprintf(u1, sizeof(u1), "etcd://%s%s/?timeout=1s", leader, others);
+	dlock_store *s = open_uri(u1);
+	dlock_lock *l = new_lock(s, "chaos-leader", 6000);
+	int pid = member_pid(strrchr(leader, ':') + 1);
+	CHECK(pid > 0);
+	if (pid <= 0)
+		return;
+	kill(pid, SIGKILL);
+	printf("  leader %s killed\n", leader);
+	const long long wait_ms = 8000;
+	lag_start();
+	long long t = tu_now_ms();
+	CHECK_RC(dlock_acquire(l, wait_ms), 0);
+	long long took = tu_now_ms() - t, lag = lag_end();
+	printf("  a wait of %lld ms started as the leader died: %s after %lld ms (lag %lld)\n", wait_ms,
+	       dlock_held(l) ? "granted" : dlock_error_name(dlock_error_last()->code), took, lag);
+	CHECK(took <= wait_ms + lag);
+	if (dlock_held(l))
+		CHECK_RC(dlock_release(l), 0);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
+static void case_chaos(void)
+{
+	pthread_t th;
+	server_start(3, "", 0);
+	CHECK(pthread_create(&th, NULL, lag_thread, NULL) == 0);
+	case_chaos_stopped();
+	case_chaos_leader();
+	atomic_store(&lag_quit, 1);
+	pthread_join(th, NULL);
+	server_stop();
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -663,10 +884,12 @@ int main(int argc, char **argv)
 		case_auth();
 	} else if (strcmp(what, "cluster") == 0) {
 		case_cluster_failover();
+	} else if (strcmp(what, "chaos") == 0) {
+		case_chaos();
 	} else if (strcmp(what, "tls") == 0) {
 		case_tls();
 	} else {
-		fprintf(stderr, "usage: etcd_cases single|auth|cluster|tls\n");
+		fprintf(stderr, "usage: etcd_cases single|auth|cluster|chaos|tls\n");
 		return 64;
 	}
 	return tu_done(what);

@@ -233,6 +233,16 @@ typedef struct dlock_request {
 				    itself when it must look sooner (a fair waiter far
 				    back in its queue). The wait's end and the store's
 				    wake-ups still come first */
+	int reached;           /**< out, acquire: 0 (the core clears it before each
+				    try); a store that fails a try with
+				    DLOCK_EUNAVAILABLE sets 1 when a server of it took
+				    the try's requests (answered, or accepted them and
+				    stayed silent) though none served it in time — the
+				    store is there but not serving yet (a leader
+				    election, a failover, a slot migration). A first try
+				    that no server took fails a wait at once; one a
+				    server took is ridden out like a later try's
+				    failure, until the wait's deadline */
 } dlock_request;
 
 typedef struct dlock_backend dlock_backend;

@@ -21,7 +21,8 @@
  *
  * Threading: everything except wait runs under the core's store mutex and
  * uses `cmd` (and `side`, for a keepalive in parallel), reused curl handles
- * on one multi handle (keep-alive connections). wait runs concurrently on
+ * on one multi handle (keep-alive connections), and `hedge`, the handles
+ * that race their request on the next members (gateway.c "Hedging"). wait runs concurrently on
  * handle pairs (watch + read) from a small pool; `mu` guards the pool, the
  * token, the current endpoint and the key slots.
  */
@@ -55,6 +56,9 @@ static void etcd_close(dlock_backend *be)
 	curl_multi_cleanup(e->multi);
 	curl_easy_cleanup(e->cmd);
 	curl_easy_cleanup(e->side);
+	for (size_t i = 0; e->hedge && i < 2 * e->nurls; i++)
+		curl_easy_cleanup(e->hedge[i]);
+	free(e->hedge);
 	for (size_t i = 0; i < e->npool; i++)
 		dlock__et_kit_free(e->pool[i]);
 	for (size_t i = 0; i < e->nurls; i++)
@@ -179,7 +183,8 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 		goto fail;
 	/* The whole open (authentication and the first answer) within connect_timeout. */
 	e->deadline = start + e->connect_timeout_ms;
-	curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS, 8L);
+	/* cmd, side and their hedges (gateway.c "Hedging") keep a connection each */
+	curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS, (long)(e->nurls * 2 + 2 > 8 ? e->nurls * 2 + 2 : 8));
 	dlock_free(hp);
 	hp = NULL;
 	/* Check now that a member answers (and that the credentials work), so a

@@ -84,6 +84,12 @@ typedef struct etcd {
 	CURLM *multi;         /* runs cmd and side: one connection cache for both */
 	long op_timeout_ms;   /* per-attempt limit for cmd requests while renewing; 0: none */
 	int64_t deadline;     /* CLOCK_MONOTONIC ms by which the current call (cmd, side) must end */
+	CURL **hedge;         /* 2 x nurls handles (made when first needed) that race cmd's
+				 [0..nurls) and side's [nurls..2 nurls) request on the next
+				 members: gateway.c "Hedging" */
+	int reached;          /* during the current call a member took a request on cmd or side
+				 (answered, or accepted it and stayed silent): the cluster is
+				 there, if not serving (dlock_request.reached) */
 	lease leases[MAX_LEASES];
 	size_t nleases;
 

@@ -121,15 +121,6 @@ static int curl_not_sent(CURLcode c)
 	return c == CURLE_COULDNT_CONNECT || c == CURLE_COULDNT_RESOLVE_HOST;
 }
 
-static char *endpoint_url(etcd *e, size_t *idx, const char *path)
-{
-	pthread_mutex_lock(&e->mu);
-	*idx = e->cur;
-	char *url = dlock__sprintf("%s%s", e->urls[*idx], path);
-	pthread_mutex_unlock(&e->mu);
-	return url;
-}
-
 void dlock__et_endpoint_failed(etcd *e, size_t idx)
 {
 	pthread_mutex_lock(&e->mu);
@@ -182,15 +173,16 @@ static int pin_endpoint(etcd *e, xfer *x, CURL *h, int64_t until)
 
 /* Prepare one exchange that must end by `until` (CLOCK_MONOTONIC ms): curl's
  * limits are cut to the time left, and nothing is sent when none is left. */
-int dlock__et_xfer_start(etcd *e, xfer *x, CURL *h, const char *path, const char *text, int64_t until,
-		      int with_token)
+static int xfer_start_at(etcd *e, xfer *x, CURL *h, size_t idx, const char *path, const char *text,
+			 int64_t until, int with_token)
 {
 	int64_t left = until - dlock_clock_ms();
 	memset(x, 0, sizeof(*x));
 	if (left <= 0)
 		return timed_out(path);
 	x->h = h;
-	x->url = endpoint_url(e, &x->idx, path);
+	x->idx = idx;
+	x->url = dlock__sprintf("%s%s", e->urls[idx], path);
 	int rc = pin_endpoint(e, x, h, until);
 	if (rc)
 		return rc;
@@ -226,6 +218,16 @@ int dlock__et_xfer_start(etcd *e, xfer *x, CURL *h, const char *path, const char
 	return 0;
 }
 
+int dlock__et_xfer_start(etcd *e, xfer *x, CURL *h, const char *path, const char *text, int64_t until,
+		      int with_token)
+{
+	size_t idx;
+	pthread_mutex_lock(&e->mu);
+	idx = e->cur;
+	pthread_mutex_unlock(&e->mu);
+	return xfer_start_at(e, x, h, idx, path, text, until, with_token);
+}
+
 void dlock__et_xfer_end(xfer *x)
 {
 	if (x->h) {
@@ -239,43 +241,12 @@ void dlock__et_xfer_end(xfer *x)
 	memset(x, 0, sizeof(*x));
 }
 
-/*
- * Run transfers. The command handles go through one multi handle so they
- * share its connection cache (keep-alive across both, and two requests can
- * be in flight at once); a waiter's pool handle runs on its own.
- */
-static void run(etcd *e, xfer **xs, int n)
+/* Run a waiter's transfer (its pool handle, on its own; the command
+ * handles race through e->multi: "Hedging" below). */
+static void run_one(xfer *x)
 {
-	if (n == 1 && xs[0]->h != e->cmd && xs[0]->h != e->side) {
-		xs[0]->c = curl_easy_perform(xs[0]->h);
-	} else {
-		int left = n;
-		for (int i = 0; i < n; i++) {
-			xs[i]->c = CURLE_FAILED_INIT;
-			if (curl_multi_add_handle(e->multi, xs[i]->h) != CURLM_OK)
-				left--;
-		}
-		while (left > 0) {
-			int running = 0, q;
-			if (curl_multi_perform(e->multi, &running) != CURLM_OK)
-				break;
-			CURLMsg *m;
-			while ((m = curl_multi_info_read(e->multi, &q))) {
-				for (int i = 0; m->msg == CURLMSG_DONE && i < n; i++) {
-					if (m->easy_handle == xs[i]->h) {
-						xs[i]->c = m->data.result;
-						left--;
-					}
-				}
-			}
-			if (left > 0 && curl_multi_poll(e->multi, NULL, 0, 1000, NULL) != CURLM_OK)
-				break;
-		}
-		for (int i = 0; i < n; i++)
-			curl_multi_remove_handle(e->multi, xs[i]->h);
-	}
-	for (int i = 0; i < n; i++)
-		curl_easy_getinfo(xs[i]->h, CURLINFO_RESPONSE_CODE, &xs[i]->status);
+	x->c = curl_easy_perform(x->h);
+	curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &x->status);
 }
 
 
@@ -332,24 +303,267 @@ static int xfer_finish(etcd *e, xfer *x, json_object **out, rpc_result *res, int
 	return rc;
 }
 
-/* The deadline of one attempt on h: the call's, cut to the per-attempt
- * limit while renewing (so a hung member leaves time for the next one). */
-static int64_t attempt_until(etcd *e, CURL *h, int64_t until)
+/* The deadline of one attempt of the current call: the call's, cut to the
+ * per-attempt limit while renewing (so a hung member leaves time for the
+ * next one even with the whole deadline given to it). */
+static int64_t attempt_until(etcd *e, int64_t until)
 {
-	if ((h == e->cmd || h == e->side) && e->op_timeout_ms > 0) {
+	if (e->op_timeout_ms > 0) {
 		int64_t cap = dlock_clock_ms() + e->op_timeout_ms;
 		return cap < until ? cap : until;
 	}
 	return until;
 }
 
+/* ------------------------------------------------------------------ */
+/* Hedging */
+
+/*
+ * A request of the current call (on cmd or side, under the store mutex)
+ * races over the members instead of waiting on one. Attempt 0 goes to the
+ * current member with the whole deadline. When it has not answered within
+ * its share of the time left (time left / members not yet tried, at least
+ * HEDGE_MIN_MS, at most one request timeout), the same request goes to the
+ * next member too, WITHOUT giving up the first: the first answer wins, and
+ * the attempts still in flight are abandoned (curl closes their
+ * connections, so no late answer is ever read as another request's). A
+ * member that fails (refused, reset, 5xx, no leader, its own timeout)
+ * starts the next one at once, as a fail-over. So a stopped member costs
+ * one share, while a slow but healthy network keeps every attempt's whole
+ * deadline: nothing is cut short, a 800 ms round trip still answers.
+ *
+ * The member that answered becomes the current one. A loser may still be
+ * applied after the winner's answer (it was sent), so a race with more
+ * than one attempt sent reports its outcome ambiguous, as a fail-over
+ * does; every request the store sends is safe to apply twice: reads and
+ * keepalives change nothing; a Txn that puts our key compares its
+ * create_revision to 0 (a second put finds it); deletes and revokes are
+ * by our own key or lease (a second one finds nothing); a lease grant
+ * applied twice leaves one lease that nobody keeps alive, which etcd
+ * drops after its TTL with nothing on it.
+ */
+#define HEDGE_MIN_MS 250
+
+typedef struct race {
+	int which;           /* 0: cmd's request, 1: side's */
+	const char *path, *text;
+	int with_token;
+	int64_t until;
+	size_t first;        /* endpoint of attempt 0 */
+	size_t n;            /* attempts made: x[0..n) (started, skipped or over) */
+	size_t live;         /* attempts in flight */
+	int64_t hedge_at;    /* start the next member then if none answered */
+	xfer *x;             /* e->nurls */
+	bool *on;            /* x[k] in flight on e->multi */
+	bool done;
+	int rc, next;
+	unsigned gen;        /* token generation the deciding attempt sent */
+	json_object *out;
+	rpc_result res;
+} race;
+
+static int race_init(etcd *e, race *r, int which, const char *path, const char *text, int64_t until,
+		     int with_token)
+{
+	memset(r, 0, sizeof(*r));
+	r->which = which;
+	r->path = path;
+	r->text = text;
+	r->until = until;
+	r->with_token = with_token;
+	r->rc = DLOCK_EUNAVAILABLE;
+	pthread_mutex_lock(&e->mu);
+	r->first = e->cur;
+	pthread_mutex_unlock(&e->mu);
+	r->x = calloc(e->nurls, sizeof(*r->x));
+	r->on = calloc(e->nurls, sizeof(*r->on));
+	if (!r->x || !r->on) {
+		free(r->x);
+		free(r->on);
+		r->x = NULL;
+		r->on = NULL;
+		r->done = true;
+		return r->rc = dlock__oom();
+	}
+	return 0;
+}
+
+/* The handle of attempt k: cmd or side first, then one of e->hedge. */
+static CURL *race_handle(etcd *e, const race *r, size_t k)
+{
+	if (k == 0)
+		return r->which ? e->side : e->cmd;
+	if (!e->hedge && !(e->hedge = calloc(2 * e->nurls, sizeof(CURL *))))
+		return NULL;
+	CURL **slot = &e->hedge[(size_t)r->which * e->nurls + k];
+	if (!*slot)
+		*slot = dlock__et_handle_new(e);
+	return *slot;
+}
+
+static int64_t hedge_share(const etcd *e, int64_t now, int64_t until, size_t untried)
+{
+	int64_t share = (until - now) / (int64_t)(untried ? untried : 1);
+	if (share > e->request_timeout_ms)
+		share = e->request_timeout_ms;
+	return share < HEDGE_MIN_MS ? HEDGE_MIN_MS : share;
+}
+
+/* Stop every attempt of r still in flight, and free them all. */
+static void race_end(etcd *e, race *r)
+{
+	for (size_t k = 0; r->x && k < r->n; k++) {
+		if (r->on[k]) {
+			curl_multi_remove_handle(e->multi, r->x[k].h);
+			r->on[k] = false;
+			r->live--;
+		}
+		dlock__et_xfer_end(&r->x[k]);
+	}
+}
+
+static void race_free(etcd *e, race *r)
+{
+	race_end(e, r);
+	free(r->x);
+	free(r->on);
+	r->x = NULL;
+	r->on = NULL;
+}
+
+/* Start the next member's attempt (skipping names that do not resolve). */
+static void race_start(etcd *e, race *r)
+{
+	while (!r->done && r->n < e->nurls) {
+		size_t k = r->n++;
+		xfer *x = &r->x[k];
+		CURL *h = race_handle(e, r, k);
+		int rc = h ? xfer_start_at(e, x, h, (r->first + k) % e->nurls, r->path, r->text,
+					   attempt_until(e, r->until), r->with_token)
+			   : dlock__oom();
+		if (rc == 0 && curl_multi_add_handle(e->multi, h) != CURLM_OK)
+			rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "%s: curl_multi_add_handle failed",
+					     r->path);
+		if (rc == 0) {
+			int64_t now = dlock_clock_ms();
+			r->on[k] = true;
+			r->live++;
+			r->hedge_at = now + hedge_share(e, now, r->until, e->nurls - k);
+			return;
+		}
+		bool next_ep = x->unresolved;
+		dlock__et_xfer_end(x);
+		r->rc = rc;
+		if (!next_ep) { /* no time left or no memory: start nothing more */
+			r->n = e->nurls;
+			break;
+		}
+	}
+	if (!r->live)
+		r->done = true; /* nothing in flight and nothing left: r->rc says why */
+}
+
+/* Attempt k of r ended with c: decide r, or go on with the others. */
+static void race_finish(etcd *e, race *r, size_t k, CURLcode c)
+{
+	xfer *x = &r->x[k];
+	json_object *out = NULL;
+	rpc_result res;
+	long sent = 0;
+	int next;
+	memset(&res, 0, sizeof(res));
+	curl_multi_remove_handle(e->multi, x->h);
+	r->on[k] = false;
+	r->live--;
+	x->c = c;
+	curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &x->status);
+	curl_easy_getinfo(x->h, CURLINFO_REQUEST_SIZE, &sent);
+	if (c == CURLE_OK || sent > 0)
+		e->reached = 1; /* it answered, or its kernel took the bytes */
+	r->rc = xfer_finish(e, x, &out, &res, &next);
+	r->res.ambiguous |= res.ambiguous;
+	if (next == NEXT_ENDPOINT) {
+		dlock__et_xfer_end(x);
+		if (!r->live)
+			race_start(e, r); /* failed over: the next member at once */
+		return;
+	}
+	r->done = true;
+	r->out = out;
+	r->next = next;
+	r->gen = x->gen;
+	r->res.grpc = res.grpc;
+	if (r->live) /* another attempt went out and may still be applied */
+		r->res.ambiguous = 1;
+	pthread_mutex_lock(&e->mu);
+	e->cur = x->idx; /* it answered: the next calls start there */
+	pthread_mutex_unlock(&e->mu);
+	race_end(e, r);
+}
+
+/* Run races (one request each, at most two: cmd's and side's) to their end. */
+static void races_run(etcd *e, race **rs, int nr)
+{
+	for (int i = 0; i < nr; i++)
+		if (!rs[i]->done)
+			race_start(e, rs[i]);
+	for (;;) {
+		int64_t now = dlock_clock_ms(), wake = now + 1000;
+		int pending = 0;
+		for (int i = 0; i < nr; i++) {
+			race *r = rs[i];
+			if (!r->done && r->n < e->nurls && now >= r->hedge_at)
+				race_start(e, r); /* no answer within the share: the next member too */
+			if (r->done)
+				continue;
+			pending++;
+			if (r->n < e->nurls && r->hedge_at < wake)
+				wake = r->hedge_at;
+		}
+		if (!pending)
+			break;
+		int running = 0, q;
+		if (curl_multi_perform(e->multi, &running) != CURLM_OK)
+			break;
+		CURLMsg *m;
+		while ((m = curl_multi_info_read(e->multi, &q))) {
+			CURL *done_h = m->easy_handle;
+			CURLcode c = m->data.result;
+			if (m->msg != CURLMSG_DONE)
+				continue;
+			for (int i = 0; i < nr; i++)
+				for (size_t k = 0; !rs[i]->done && k < rs[i]->n; k++)
+					if (rs[i]->on[k] && rs[i]->x[k].h == done_h)
+						race_finish(e, rs[i], k, c);
+		}
+		now = dlock_clock_ms();
+		pending = 0;
+		for (int i = 0; i < nr; i++)
+			pending += !rs[i]->done;
+		if (!pending)
+			break;
+		int64_t ms = wake - now;
+		if (curl_multi_poll(e->multi, NULL, 0, (int)(ms < 0 ? 0 : ms > 1000 ? 1000 : ms), NULL) != CURLM_OK)
+			break;
+	}
+	for (int i = 0; i < nr; i++) {
+		if (!rs[i]->done) {
+			rs[i]->done = true;
+			rs[i]->rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "%s: curl multi failed",
+						    rs[i]->path);
+		}
+		race_end(e, rs[i]);
+	}
+}
+
 #define RPC_NO_TOKEN 1
 
 /*
- * POST body to path on the current endpoint; on a connection failure (or a
- * member that cannot answer) try the next endpoints, each once, all by
- * `until`. A 401 "invalid auth token" re-authenticates and retries once.
- * Takes ownership of body; *out gets the answer object.
+ * POST body to path: on the command handles a race over the members
+ * ("Hedging"), on a waiter's handle the current endpoint and, on a
+ * connection failure (or a member that cannot answer), the next ones, each
+ * once; all by `until`. A 401 "invalid auth token" re-authenticates and
+ * retries once. Takes ownership of body; *out gets the answer object.
  */
 static int rpc_ex(etcd *e, CURL *h, const char *path, json_object *body, json_object **out,
 		  rpc_result *res, int64_t until, int flags)
@@ -366,11 +580,31 @@ static int rpc_ex(etcd *e, CURL *h, const char *path, json_object *body, json_ob
 		json_object_put(body);
 		return dlock__oom();
 	}
+	if (h == e->cmd || h == e->side) {
+		for (;;) {
+			race r, *rs[1] = { &r };
+			if (race_init(e, &r, h == e->side, path, text, until, !(flags & RPC_NO_TOKEN)) == 0)
+				races_run(e, rs, 1);
+			rc = r.rc;
+			*out = r.out;
+			res->grpc = r.res.grpc;
+			res->ambiguous |= r.res.ambiguous;
+			race_free(e, &r);
+			if (r.next == NEXT_REAUTH && !reauthed && !(flags & RPC_NO_TOKEN)) {
+				reauthed = 1;
+				if ((rc = dlock__et_authenticate(e, h, r.gen, until)) != 0)
+					break;
+				continue;
+			}
+			break;
+		}
+		json_object_put(body);
+		return rc;
+	}
 	while (tries < e->nurls) {
-		xfer x, *xs[1] = { &x };
+		xfer x;
 		int next;
-		if ((rc = dlock__et_xfer_start(e, &x, h, path, text, attempt_until(e, h, until),
-				     !(flags & RPC_NO_TOKEN))) != 0) {
+		if ((rc = dlock__et_xfer_start(e, &x, h, path, text, until, !(flags & RPC_NO_TOKEN))) != 0) {
 			bool next_ep = x.unresolved;
 			dlock__et_xfer_end(&x);
 			if (next_ep) { /* its name did not resolve: try the next endpoint */
@@ -379,7 +613,7 @@ static int rpc_ex(etcd *e, CURL *h, const char *path, json_object *body, json_ob
 			}
 			break;
 		}
-		run(e, xs, 1);
+		run_one(&x);
 		rc = xfer_finish(e, &x, out, res, &next);
 		unsigned gen = x.gen;
 		dlock__et_xfer_end(&x);
@@ -413,9 +647,10 @@ int dlock__et_rpc(etcd *e, CURL *h, const char *path, json_object *body, json_ob
 }
 
 /*
- * Two requests at once on the command handles (cmd and side), one attempt.
- * rc1 and rc2 get each one's outcome; a caller that needs one to succeed
- * repeats it with dlock__et_rpc(), which fails over and re-authenticates.
+ * Two requests at once on the command handles (cmd and side), each a race
+ * over the members ("Hedging"), no re-authentication. rc1 and rc2 get each
+ * one's outcome; a caller that needs one to succeed repeats it with
+ * dlock__et_rpc(), which re-authenticates.
  */
 void dlock__et_rpc_pair(etcd *e, const char *path1, json_object *body1, json_object **out1, int *rc1,
 		     rpc_result *res1, const char *path2, json_object *body2, json_object **out2,
@@ -423,27 +658,24 @@ void dlock__et_rpc_pair(etcd *e, const char *path1, json_object *body1, json_obj
 {
 	const char *t1 = json_object_to_json_string_ext(body1, JSON_C_TO_STRING_PLAIN);
 	const char *t2 = json_object_to_json_string_ext(body2, JSON_C_TO_STRING_PLAIN);
-	xfer x1, x2, *xs[2] = { &x1, &x2 };
-	rpc_result r2;
-	int next;
+	race r1, r2, *rs[2] = { &r1, &r2 };
 	memset(res1, 0, sizeof(*res1));
-	memset(&r2, 0, sizeof(r2));
-	memset(&x1, 0, sizeof(x1));
-	memset(&x2, 0, sizeof(x2));
 	*out1 = *out2 = NULL;
-	*rc1 = dlock__et_xfer_start(e, &x1, e->cmd, path1, t1 ? t1 : "", attempt_until(e, e->cmd, e->deadline), 1);
-	*rc2 = *rc1 != 0 ? *rc1
-			 : dlock__et_xfer_start(e, &x2, e->side, path2, t2 ? t2 : "",
-				      attempt_until(e, e->side, e->deadline), 1);
-	if (*rc1 == 0 && *rc2 == 0 && t1 && t2) {
-		run(e, xs, 2);
-		*rc1 = xfer_finish(e, &x1, out1, res1, &next);
-		*rc2 = xfer_finish(e, &x2, out2, &r2, &next);
-	} else if (*rc1 == 0 || *rc2 == 0 || !t1 || !t2) {
+	if (!t1 || !t2) {
 		*rc1 = *rc2 = dlock__oom();
+	} else {
+		int i1 = race_init(e, &r1, 0, path1, t1, e->deadline, 1);
+		int i2 = race_init(e, &r2, 1, path2, t2, e->deadline, 1);
+		if (i1 == 0 && i2 == 0)
+			races_run(e, rs, 2);
+		*rc1 = i2 ? i2 : r1.rc;
+		*rc2 = i1 ? i1 : r2.rc;
+		*out1 = r1.out;
+		*out2 = r2.out;
+		*res1 = r1.res;
+		race_free(e, &r1);
+		race_free(e, &r2);
 	}
-	dlock__et_xfer_end(&x1);
-	dlock__et_xfer_end(&x2);
 	json_object_put(body1);
 	json_object_put(body2);
 }

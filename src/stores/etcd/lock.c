@@ -368,6 +368,7 @@ static int drop_key(etcd *e, const dlock_request *req, const char *key, int64_t 
 void dlock__et_call_begin(etcd *e, int64_t deadline)
 {
 	e->deadline = deadline > 0 ? deadline : dlock_clock_ms() + e->request_timeout_ms;
+	e->reached = 0;
 }
 
 static int lease_retired(etcd *e, int64_t id)
@@ -610,6 +611,10 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		drop_key(e, req, nm.key, NULL, NULL);
 		dlock__error_restore(&saved);
 	}
+	/* A member took our requests but none was served in time (a leader
+	 * election): the cluster is there, so a wait goes on (sys/backend.h). */
+	if (rc == DLOCK_EUNAVAILABLE && e->reached)
+		req->reached = 1;
 	free(value);
 	dlock__et_names_free(&nm);
 	if (rc == DLOCK_ELOCKED)
