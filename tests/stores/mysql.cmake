@@ -3,11 +3,8 @@
 dlock_store_suite(mysql mysql.sh)
 
 # The same suite once more in mode=get_lock (same server, URI + "?mode=get_lock").
-add_test(NAME conformance.mysql_get_lock
-  COMMAND sh -c "exec \"$0\" \"$(cat \"$1\")?mode=get_lock\"" $<TARGET_FILE:conformance>
-          ${DLOCK_SERVER_DIR_mysql}/uri)
-set_tests_properties(conformance.mysql_get_lock PROPERTIES
-  FIXTURES_REQUIRED server.mysql TIMEOUT ${DLOCK_TEST_TIMEOUT} RUN_SERIAL ON)
+dlock_conformance(mysql_get_lock FIXTURE server.mysql URI_FILE ${DLOCK_SERVER_DIR_mysql}/uri
+  SUFFIX ?mode=get_lock)
 
 add_executable(mysql_store mysql_store.c)
 target_link_libraries(mysql_store PRIVATE dlock_testutil)

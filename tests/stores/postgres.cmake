@@ -4,11 +4,8 @@
 dlock_store_suite(postgres postgres.sh)
 
 # The same suite in mode=advisory (same server, URI + "?mode=advisory").
-add_test(NAME conformance.postgres_advisory
-  COMMAND sh -c "f=$1; shift; uri=$(cat \"$f\") && exec \"$0\" \"$uri?mode=advisory\" \"$@\""
-          $<TARGET_FILE:conformance> ${DLOCK_SERVER_DIR_postgres}/uri)
-set_tests_properties(conformance.postgres_advisory PROPERTIES
-  FIXTURES_REQUIRED server.postgres TIMEOUT ${DLOCK_TEST_TIMEOUT} RUN_SERIAL ON)
+dlock_conformance(postgres_advisory FIXTURE server.postgres URI_FILE ${DLOCK_SERVER_DIR_postgres}/uri
+  SUFFIX ?mode=advisory)
 
 # postgres.advisory: pg_terminate_backend of a holder's connection gives the
 # lost signal; a killed holder frees at once; a hung one at idle_session_timeout;

@@ -3,10 +3,8 @@
 dlock_store_suite(redis redis.sh)
 
 # The same suite with release=pipelined (releases not waiting for their reply).
-add_test(NAME conformance.redis_pipelined
-  COMMAND sh -c "exec \"$0\" \"$(cat \"$1\")?release=pipelined\"" $<TARGET_FILE:conformance> ${DLOCK_SERVER_DIR_redis}/uri)
-set_tests_properties(conformance.redis_pipelined PROPERTIES
-  FIXTURES_REQUIRED server.redis TIMEOUT ${DLOCK_TEST_TIMEOUT} RUN_SERIAL ON)
+dlock_conformance(redis_pipelined FIXTURE server.redis URI_FILE ${DLOCK_SERVER_DIR_redis}/uri
+  SUFFIX ?release=pipelined)
 
 # The store's own tests run on a server of their own ("redis-own"): they count
 # commands server-wide and kill/restart it, which must not disturb other tests.

@@ -56,7 +56,11 @@ endif()
 
 # LeakSanitizer: the completion entries libzookeeper_mt loses when a session
 # is closed with requests in flight are the library's (zookeeper_lsan.supp).
-foreach(t conformance.zookeeper conformance.zookeeper3 zookeeper.faults zookeeper.time zookeeper.ensemble zookeeper.chaos)
+set(zk_lsan_tests zookeeper.faults zookeeper.time zookeeper.ensemble zookeeper.chaos)
+foreach(c ${DLOCK_CONFORMANCE_CASES})
+  list(APPEND zk_lsan_tests conformance.zookeeper.${c} conformance.zookeeper3.${c})
+endforeach()
+foreach(t ${zk_lsan_tests})
   if(TEST ${t})
     set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT
       "LSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/zookeeper_lsan.supp")
