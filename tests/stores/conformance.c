@@ -1408,6 +1408,50 @@ static void net_on_lost(dlock_lock *l, void *p)
 	atomic_compare_exchange_strong(&net_lost_at, &zero, tu_now_ms());
 }
 
+/* A hold through the fault proxy: the link, a store through it (faulty) and
+ * one direct, and lock `a` on faulty whose on_lost is net_on_lost. */
+typedef struct net_hold {
+	net nt;
+	dlock_store *direct, *faulty;
+	dlock_lock *a;
+} net_hold;
+
+/* Set up h for lock `name` (ttl, the proxied client's timeout and connect
+ * timeout) and clear net_lost_at. false, with nothing to stop, when the
+ * proxy did not start (a failed check) or, when `no_link` is given, on a
+ * store with no link to fault (sqlite): `no_link` says why. */
+static bool net_hold_start(net_hold *h, const char *name, long ttl, long timeout, long connect,
+			   const char *no_link)
+{
+	if (net_start(&h->nt, timeout, connect) != 0) {
+		CHECK(!"fault proxy did not start");
+		return false;
+	}
+	if (no_link && !h->nt.px) {
+		printf("  (%s)\n", no_link);
+		net_stop(&h->nt);
+		return false;
+	}
+	h->direct = open_store();
+	h->faulty = open_uri(h->nt.uri);
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = ttl;
+	o.on_lost = net_on_lost;
+	if (dlock_lock_new(&h->a, h->faulty, name, &o) != 0)
+		die("lock_new");
+	net_lost_at = 0;
+	return true;
+}
+
+/* Free h's lock (every other lock on its stores freed first), its stores and its link. */
+static void net_hold_stop(net_hold *h)
+{
+	dlock_lock_free(h->a);
+	dlock_store_close(h->faulty);
+	dlock_store_close(h->direct);
+	net_stop(&h->nt);
+}
+
 /* Open, acquire (mid-wait and from the start) and release while the network
  * is a black hole: each returns within its bound. */
 static void case_net_bounds(void)
@@ -1512,22 +1556,13 @@ static void case_net_lost_signal(void)
 	const long ttl = 1500;
 	char name[128];
 	lock_name(name, sizeof(name), "net-lost");
-	net nt;
-	if (net_start(&nt, NET_TIMEOUT_MS, NET_CONNECT_MS) != 0) {
-		CHECK(!"fault proxy did not start");
+	net_hold h;
+	if (!net_hold_start(&h, name, ttl, NET_TIMEOUT_MS, NET_CONNECT_MS, NULL))
 		return;
-	}
-	dlock_store *direct = open_store();
-	dlock_store *faulty = open_uri(nt.uri);
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	o.on_lost = net_on_lost;
-	dlock_lock *a;
-	if (dlock_lock_new(&a, faulty, name, &o) != 0)
-		die("lock_new");
-	net_lost_at = 0;
+	dlock_store *direct = h.direct;
+	dlock_lock *a = h.a;
 	CHECK_RC(dlock_acquire(a, 5000), 0);
-	CHECK(net_set(&nt, "blackhole") == 0);
+	CHECK(net_set(&h.nt, "blackhole") == 0);
 	long long deadline = tu_now_ms() + dlock_ttl_left(a); /* nothing is confirmed from here on */
 	dlock_lock *b = new_lock(direct, name, DLOCK_EXCLUSIVE, 1, 0, 10000);
 	timed_acquire tb = { b, 4 * ttl + 30000, 0, 0, 0, 0, true, false };
@@ -1535,7 +1570,7 @@ static void case_net_lost_signal(void)
 	long long until = tu_now_ms() + 4 * ttl;
 	while (!atomic_load(&net_lost_at) && tu_now_ms() < until)
 		usleep(1000);
-	CHECK(net_set(&nt, "pass") == 0); /* sqlite: the hung peer lets go only now */
+	CHECK(net_set(&h.nt, "pass") == 0); /* sqlite: the hung peer lets go only now */
 	pthread_join(tb.t, NULL);
 	int rc = tb.rc;
 	long long granted = tb.ended;
@@ -1547,11 +1582,8 @@ static void case_net_lost_signal(void)
 	CHECK(lost <= deadline + TU_SCHED_GRACE_MS);
 	CHECK(lost <= granted);
 	CHECK(!dlock_held(a));
-	dlock_lock_free(a);
 	dlock_lock_free(b);
-	dlock_store_close(faulty);
-	dlock_store_close(direct);
-	net_stop(&nt);
+	net_hold_stop(&h);
 }
 
 /* Does status show a holder of name whose owner is of client `id`? */
@@ -1767,25 +1799,12 @@ static void case_net_delay(void)
 	const long ttl = 2000;
 	char name[128];
 	lock_name(name, sizeof(name), "net-delay");
-	net nt;
-	if (net_start(&nt, 3000, 10000) != 0) {
-		CHECK(!"fault proxy did not start");
+	net_hold h;
+	if (!net_hold_start(&h, name, ttl, 3000, 10000,
+			    "a local file has no link to slow down: not applicable to sqlite"))
 		return;
-	}
-	if (!nt.px) {
-		printf("  (a local file has no link to slow down: not applicable to sqlite)\n");
-		net_stop(&nt);
-		return;
-	}
-	dlock_store *direct = open_store();
-	dlock_store *faulty = open_uri(nt.uri);
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	o.on_lost = net_on_lost;
-	dlock_lock *a;
-	if (dlock_lock_new(&a, faulty, name, &o) != 0)
-		die("lock_new");
-	net_lost_at = 0;
+	dlock_store *direct = h.direct;
+	dlock_lock *a = h.a;
 	CHECK_RC(dlock_acquire(a, 5000), 0);
 	char mode[32];
 	/* libzookeeper drops a connection that received nothing for 2/3 of the
@@ -1793,7 +1812,7 @@ static void case_net_delay(void)
 	 * ttl/3 loses the session's locks (docs/stores/zookeeper.md, "Slow link") */
 	long div = strncmp(uri, "zk:", 3) == 0 ? 8 : 5;
 	snprintf(mode, sizeof(mode), "delay %ld", ttl / div);
-	CHECK(net_set(&nt, mode) == 0);
+	CHECK(net_set(&h.nt, mode) == 0);
 	dlock_lock *b = new_lock(direct, name, DLOCK_EXCLUSIVE, 1, 0, 10000);
 	long long until = tu_now_ms() + 3 * ttl;
 	int tries = 0, stolen = 0;
@@ -1818,7 +1837,7 @@ static void case_net_delay(void)
 	 * lock. What must still hold is safety: the holder hears of the loss
 	 * before anyone else is granted. */
 	snprintf(mode, sizeof(mode), "delay %ld", ttl / 4);
-	CHECK(net_set(&nt, mode) == 0);
+	CHECK(net_set(&h.nt, mode) == 0);
 	long long granted_at = 0;
 	until = tu_now_ms() + 5 * ttl;
 	while (!granted_at && tu_now_ms() < until) {
@@ -1834,15 +1853,12 @@ static void case_net_delay(void)
 	       lost_at ? "fired" : "did not fire", granted_at && lost_at ? granted_at - lost_at : -1);
 	CHECK(!granted_at || (lost_at && lost_at <= granted_at));
 	CHECK(!granted_at || !dlock_held(a));
-	CHECK(net_set(&nt, "pass") == 0);
+	CHECK(net_set(&h.nt, "pass") == 0);
 	dlock_release(a); /* ELOST if it was lost */
 	CHECK_RC(dlock_acquire(b, 5000), 0);
 	dlock_release(b);
-	dlock_lock_free(a);
 	dlock_lock_free(b);
-	dlock_store_close(faulty);
-	dlock_store_close(direct);
-	net_stop(&nt);
+	net_hold_stop(&h);
 }
 
 /* Bytes the proxied client has sent, over every route. */
@@ -1872,26 +1888,13 @@ static void net_extend_renewal(long timeout)
 	const long ttl = 3000, lag = 800;
 	char name[128];
 	lock_name(name, sizeof(name), "net-extend");
-	net nt;
-	if (net_start(&nt, timeout, 2000) != 0) {
-		CHECK(!"fault proxy did not start");
+	net_hold h;
+	if (!net_hold_start(&h, name, ttl, timeout, 2000,
+			    "a local file has no link to slow down: sqlite's case is its own test"))
 		return;
-	}
-	if (!nt.px) {
-		printf("  (a local file has no link to slow down: sqlite's case is its own test)\n");
-		net_stop(&nt);
-		return;
-	}
-	dlock_store *direct = open_store();
-	dlock_store *faulty = open_uri(nt.uri);
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = ttl;
-	o.on_lost = net_on_lost;
-	dlock_lock *a;
-	if (dlock_lock_new(&a, faulty, name, &o) != 0)
-		die("lock_new");
+	dlock_store *direct = h.direct, *faulty = h.faulty;
+	dlock_lock *a = h.a;
 	dlock_lock *b = new_lock(direct, name, DLOCK_EXCLUSIVE, 1, 0, 10000);
-	net_lost_at = 0;
 	CHECK_RC(dlock_acquire(a, 5000), 0);
 	/* Renewals come every ttl/3. The first opens the renewer's own
 	 * connection (Redis) while it goes on the handle's: let two pass, each
@@ -1908,16 +1911,16 @@ static void net_extend_renewal(long timeout)
 	}
 	/* Lag the link from before the next renewal until the proxy has read
 	 * it; then everything else passes (and overtakes it). */
-	long long up0 = net_up(&nt);
+	long long up0 = net_up(&h.nt);
 	char mode[32];
 	snprintf(mode, sizeof(mode), "lag %ld", lag);
-	CHECK(net_set(&nt, mode) == 0);
+	CHECK(net_set(&h.nt, mode) == 0);
 	until = tu_now_ms() + ttl;
-	while (net_up(&nt) == up0 && tu_now_ms() < until)
+	while (net_up(&h.nt) == up0 && tu_now_ms() < until)
 		usleep(2000);
-	CHECK(net_up(&nt) > up0);
+	CHECK(net_up(&h.nt) > up0);
 	usleep(5000); /* a renewal written in several pieces: all of it lagged */
-	CHECK(net_set(&nt, "pass") == 0);
+	CHECK(net_set(&h.nt, "pass") == 0);
 	long long t_ext = tu_now_ms();
 	int rc = dlock_extend(a, 60000);
 	if (dlock_store_session_bound(faulty) && (rc == DLOCK_ELOST || rc == DLOCK_EINVAL)) {
@@ -1974,11 +1977,8 @@ static void net_extend_renewal(long timeout)
 	CHECK(stolen == 0);
 	CHECK(rc != 0 || dlock_held(a));
 	dlock_release(a);
-	dlock_lock_free(a);
 	dlock_lock_free(b);
-	dlock_store_close(faulty);
-	dlock_store_close(direct);
-	net_stop(&nt);
+	net_hold_stop(&h);
 }
 
 static void case_net_extend_renewal_unknown(void)

@@ -37,17 +37,10 @@
 static char uri[2048], script[1024], dir[1024];
 static int ports[6];
 
-static redisContext *at(int port)
-{
-	char u[64];
-	snprintf(u, sizeof(u), "redis://127.0.0.1:%d", port);
-	return rt_raw(u);
-}
-
 /* The slot of a key, asked of the cluster. */
 static int keyslot(const char *key)
 {
-	redisContext *c = at(ports[0]);
+	redisContext *c = rt_raw_port(ports[0]);
 	redisReply *r = redisCommand(c, "CLUSTER KEYSLOT %s", key);
 	int v = r && r->type == REDIS_REPLY_INTEGER ? (int)r->integer : -1;
 	if (r)
@@ -65,7 +58,7 @@ static int master_of(int slot, char *id)
 		snprintf(path, sizeof(path), "%s/dead-%d", dir, ports[i]);
 		if (access(path, F_OK) == 0)
 			continue;
-		redisContext *c = at(ports[i]);
+		redisContext *c = rt_raw_port(ports[i]);
 		redisReply *r = redisCommand(c, "CLUSTER SLOTS");
 		int port = -1;
 		for (size_t k = 0; r && r->type == REDIS_REPLY_ARRAY && k < r->elements; k++) {
@@ -87,7 +80,7 @@ static int master_of(int slot, char *id)
 /* EXISTS key on one node: 1, 0, or -2 when the node redirects (MOVED). */
 static long long exists_at(int port, const char *key)
 {
-	redisContext *c = at(port);
+	redisContext *c = rt_raw_port(port);
 	redisReply *r = redisCommand(c, "EXISTS %s", key);
 	long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
 	if (r && r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "MOVED ", 6))
@@ -179,7 +172,7 @@ static void low_slot_name(char *name, size_t n, int *slot, int *src, char *src_i
 {
 	/* the lowest slot of each master: from CLUSTER SLOTS */
 	int lows[3], nl = 0;
-	redisContext *c = at(ports[0]);
+	redisContext *c = rt_raw_port(ports[0]);
 	redisReply *r = redisCommand(c, "CLUSTER SLOTS");
 	for (size_t k = 0; r && k < r->elements && nl < 3; k++)
 		lows[nl++] = (int)r->element[k]->element[0]->integer;
@@ -247,7 +240,7 @@ static void case_reshard(void)
 	 * moves 10 keys per MIGRATE): the lock's keys are split between the two
 	 * masters for part of it, while the holder renews */
 	{
-		redisContext *c = at(src);
+		redisContext *c = rt_raw_port(src);
 		enum { FILL = 20000 };
 		for (int i = 0; i < FILL; i++)
 			redisAppendCommand(c, "SET %s:fill:%d x", key, i);
@@ -332,25 +325,13 @@ static void case_reshard(void)
 	dlock_store_close(s);
 }
 
-/* INFO replication of the node on port: does it say `line`? */
-static int repl_says(int port, const char *line)
-{
-	redisContext *c = at(port);
-	redisReply *r = redisCommand(c, "INFO replication");
-	int yes = r && r->type == REDIS_REPLY_STRING && strstr(r->str, line) != NULL;
-	if (r)
-		freeReplyObject(r);
-	redisFree(c);
-	return yes;
-}
-
 /* Look every 50 ms, at most 60 s, until `port` is a replica with its link
  * up (to the master the slot map names: over TLS its master_port is the
  * TLS port, so that is not compared). */
 static int await_replica(int port)
 {
 	for (long long until = tu_now_ms() + 60000;
-	     !repl_says(port, "role:slave") || !repl_says(port, "master_link_status:up");) {
+	     !rt_repl_says(port, "role:slave") || !rt_repl_says(port, "master_link_status:up");) {
 		if (tu_now_ms() > until)
 			return 0;
 		usleep(50000);
@@ -361,7 +342,7 @@ static int await_replica(int port)
 /* A command on the node at port whose answer must not be an error. */
 static void node_ok(int port, const char *cmd, const char *arg)
 {
-	redisContext *c = at(port);
+	redisContext *c = rt_raw_port(port);
 	redisReply *r = arg ? redisCommand(c, cmd, arg) : redisCommand(c, cmd);
 	if (!r || r->type == REDIS_REPLY_ERROR) {
 		fprintf(stderr, "%d: '%s' failed: %s\n", port, cmd, r ? r->str : "no reply");
@@ -375,7 +356,7 @@ static void node_ok(int port, const char *cmd, const char *arg)
 /* The first replica of the master serving slot (CLUSTER SLOTS): its port; -1. */
 static int replica_of_slot(int slot)
 {
-	redisContext *c = at(master_of(slot, NULL));
+	redisContext *c = rt_raw_port(master_of(slot, NULL));
 	redisReply *r = redisCommand(c, "CLUSTER SLOTS");
 	int port = -1;
 	for (size_t k = 0; r && r->type == REDIS_REPLY_ARRAY && k < r->elements; k++) {
@@ -442,9 +423,9 @@ static void case_failback(void)
 	node_ok(m, "WAIT 1 5000", NULL);
 	node_ok(r, "CONFIG SET masterauth not-the-password", NULL);
 	node_ok(m, "CLIENT KILL TYPE replica", NULL);
-	for (long long until = tu_now_ms() + 10000; !repl_says(r, "master_link_status:down") && tu_now_ms() < until;)
+	for (long long until = tu_now_ms() + 10000; !rt_repl_says(r, "master_link_status:down") && tu_now_ms() < until;)
 		usleep(20000);
-	CHECK(repl_says(r, "master_link_status:down"));
+	CHECK(rt_repl_says(r, "master_link_status:down"));
 	f = take_fence(s, name);
 	CHECK(f > top);
 	top = f;
@@ -455,7 +436,7 @@ static void case_failback(void)
 	CHECK(master_of(slot, NULL) == r);
 	node_ok(r, "CONFIG SET masterauth %s", "");
 	CHECK(await_replica(m));
-	redisContext *c = at(m);
+	redisContext *c = rt_raw_port(m);
 	redisReply *rep = redisCommand(c, "READONLY");
 	if (rep)
 		freeReplyObject(rep);
@@ -484,14 +465,7 @@ static void case_failback(void)
 	       (unsigned long long)top, kept, m, tu_now_ms() - t0, (unsigned long long)f);
 	CHECK(f > top);
 	top = f > top ? f : top;
-	dlock_store *s2 = NULL;
-	CHECK_RC(dlock_store_open(&s2, u), 0);
-	if (s2) {
-		f = take_fence(s2, name);
-		printf(", %llu (new handle)", (unsigned long long)f);
-		CHECK(f > top);
-		dlock_store_close(s2);
-	}
+	rt_fence_new_handle(u, name, &top, take_fence);
 	printf("\n");
 	dlock_store_close(s);
 }
@@ -634,7 +608,7 @@ static void *mclient_main(void *p)
  * passed, then SETSLOT NODE on both and on the other masters. */
 static void move_slot(int slot, int from, const char *from_id, int to, const char *to_id, long long window_ms)
 {
-	redisContext *src = at(from), *dst = at(to);
+	redisContext *src = rt_raw_port(from), *dst = rt_raw_port(to);
 	long long t0 = tu_now_ms();
 	must(dst, "CLUSTER SETSLOT %d IMPORTING %s", slot, from_id);
 	must(src, "CLUSTER SETSLOT %d MIGRATING %s", slot, to_id);
@@ -667,7 +641,7 @@ static void move_slot(int slot, int from, const char *from_id, int to, const cha
 	must(src, "CLUSTER SETSLOT %d NODE %s", slot, to_id);
 	for (int i = 0; i < 6; i++)
 		if (ports[i] != from && ports[i] != to) {
-			redisContext *o = at(ports[i]);
+			redisContext *o = rt_raw_port(ports[i]);
 			redisReply *r = redisCommand(o, "CLUSTER SETSLOT %d NODE %s", slot, to_id);
 			if (r) /* a replica refuses: its master tells it */
 				freeReplyObject(r);
@@ -758,7 +732,7 @@ static void case_migrate(void)
 	memcpy(mv.from_id, src_id, 41);
 	memcpy(mv.to_id, dst_id, 41);
 	pthread_create(&mv.t, NULL, mover_main, &mv);
-	redisContext *rc = at(src);
+	redisContext *rc = rt_raw_port(src);
 	for (int i = 0; i < 500; i++) { /* until every key is on the new master */
 		redisReply *r = redisCommand(rc, "CLUSTER COUNTKEYSINSLOT %d", slot);
 		long long keys = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;

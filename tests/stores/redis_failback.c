@@ -19,43 +19,6 @@
 
 #include <time.h>
 
-static int port_of(const char *dir, int i)
-{
-	char path[1100];
-	snprintf(path, sizeof(path), "%s/%d/port", dir, i);
-	FILE *f = fopen(path, "r");
-	int v = 0;
-	if (!f || fscanf(f, "%d", &v) != 1) {
-		fprintf(stderr, "no port in %s\n", path);
-		exit(1);
-	}
-	fclose(f);
-	return v;
-}
-
-static redisContext *raw_port(int port)
-{
-	char u[64];
-	snprintf(u, sizeof(u), "redis://127.0.0.1:%d", port);
-	return rt_raw(u);
-}
-
-/* Send a command whose answer must be +OK. */
-static void ok(redisContext *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void ok(redisContext *c, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	redisReply *r = redisvCommand(c, fmt, ap);
-	va_end(ap);
-	if (!r || r->type != REDIS_REPLY_STATUS) {
-		fprintf(stderr, "'%s' failed: %s\n", fmt, r && r->type == REDIS_REPLY_ERROR ? r->str : "no reply");
-		tu_failures++;
-	}
-	if (r)
-		freeReplyObject(r);
-}
-
 /* A field of INFO replication (e.g. "master_link_status") into out. */
 static void repl_field(redisContext *c, const char *field, char *out, size_t n)
 {
@@ -105,15 +68,15 @@ int main(int argc, char **argv)
 	if (argc != 3)
 		return 64;
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	int pa = port_of(argv[2], 0), pb = port_of(argv[2], 1);
-	redisContext *a = raw_port(pa), *b = raw_port(pb);
+	int pa = rt_file_int(argv[2], "0/port"), pb = rt_file_int(argv[2], "1/port");
+	redisContext *a = rt_raw_port(pa), *b = rt_raw_port(pb);
 	const char *name = "failback";
 
 	/* full resyncs at once (Redis 7 waits 5 s for more replicas by default) */
-	ok(a, "CONFIG SET repl-diskless-sync-delay 0");
-	ok(b, "CONFIG SET repl-diskless-sync-delay 0");
+	rt_ok(a, "CONFIG SET repl-diskless-sync-delay 0");
+	rt_ok(b, "CONFIG SET repl-diskless-sync-delay 0");
 	/* 1. B replicates A; fences on A */
-	ok(b, "REPLICAOF 127.0.0.1 %d", pa);
+	rt_ok(b, "REPLICAOF 127.0.0.1 %d", pa);
 	await_link(b);
 	char u[256];
 	snprintf(u, sizeof(u), "redis://127.0.0.1:%d/?fence_replicas=1&wait_replicas=0", pa);
@@ -133,7 +96,7 @@ int main(int argc, char **argv)
 		freeReplyObject(r);
 
 	/* 2. B promoted; A grants a fence B never sees */
-	ok(b, "REPLICAOF NO ONE");
+	rt_ok(b, "REPLICAOF NO ONE");
 	f = take(s, name);
 	CHECK(f > top);
 	top = f;
@@ -141,15 +104,15 @@ int main(int argc, char **argv)
 	repl_field(a, "master_replid", replid, sizeof(replid));
 
 	/* 3. failback: A resyncs from B and is promoted again */
-	ok(a, "REPLICAOF 127.0.0.1 %d", pb);
+	rt_ok(a, "REPLICAOF 127.0.0.1 %d", pb);
 	await_link(a);
 	r = redisCommand(a, "GET {dlock:%s}:f", name);
 	long long counter = r && r->type == REDIS_REPLY_STRING ? atoll(r->str) : 0;
 	if (r)
 		freeReplyObject(r);
 	CHECK(counter < (long long)top); /* the last fence is lost: the case to prove */
-	ok(a, "REPLICAOF NO ONE");
-	ok(b, "REPLICAOF 127.0.0.1 %d", pa);
+	rt_ok(a, "REPLICAOF NO ONE");
+	rt_ok(b, "REPLICAOF 127.0.0.1 %d", pa);
 	await_link(b);
 	char replid2[64];
 	repl_field(a, "master_replid", replid2, sizeof(replid2));
@@ -162,21 +125,13 @@ int main(int argc, char **argv)
 	       (unsigned long long)top, counter, (unsigned long long)again);
 	CHECK(again > top);
 	top = again > top ? again : top;
-	dlock_store *s2 = NULL;
-	CHECK_RC(dlock_store_open(&s2, u), 0);
-	if (s2) {
-		f = take(s2, name);
-		printf(", %llu (new handle)", (unsigned long long)f);
-		CHECK(f > top);
-		top = f > top ? f : top;
-		dlock_store_close(s2);
-	}
+	rt_fence_new_handle(u, name, &top, take);
 	f = take(s, name);
 	printf(", %llu (next)\n", (unsigned long long)f);
 	CHECK(f > top);
 
 	dlock_store_close(s);
-	ok(b, "REPLICAOF NO ONE");
+	rt_ok(b, "REPLICAOF NO ONE");
 	redisFree(a);
 	redisFree(b);
 	return tu_done("redis_failback");

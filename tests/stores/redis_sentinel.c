@@ -19,47 +19,11 @@
  * so that it does not depend on the scheme table naming "redis+sentinel".
  * Usage: redis_sentinel SERVER_SCRIPT SERVER_DIR
  */
-#include "stores/redis_common_test.h"
-#include "core/internal.h"
+#include "stores/redis_sentinel_test.h"
 
 #include <signal.h>
-#include <stdarg.h>
 #include <unistd.h>
 #include <time.h>
-
-static int open_sentinel(dlock_store **out, const char *text)
-{
-	dlock_uri *u = NULL;
-	dlock_backend *be = NULL;
-	int rc = dlock__uri_parse(&u, text);
-	if (!rc)
-		rc = dlock__redis_open(&be, u);
-	if (!rc && (rc = dlock__uri_check_unused(u)) != 0)
-		be->methods->close(be);
-	dlock__uri_free(u);
-	if (rc)
-		return rc;
-	return dlock_store_open_backend(out, be, text, 30000);
-}
-
-static int file_int(const char *dir, const char *name)
-{
-	char path[1024];
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	FILE *f = fopen(path, "r");
-	int v = 0;
-	if (!f || fscanf(f, "%d", &v) != 1)
-		exit(1);
-	fclose(f);
-	return v;
-}
-
-static redisContext *raw_port(int port)
-{
-	char u[64];
-	snprintf(u, sizeof(u), "redis://127.0.0.1:%d", port);
-	return rt_raw(u);
-}
 
 static long long raw_int(redisContext *c, const char *cmd)
 {
@@ -79,7 +43,7 @@ static void sentinel_untilted(const char *uri)
 	int port = 0;
 	if (sscanf(uri, "redis+sentinel://127.0.0.1:%d", &port) != 1)
 		return;
-	redisContext *c = raw_port(port);
+	redisContext *c = rt_raw_port(port);
 	long long until = tu_now_ms() + 60000;
 	for (;;) {
 		redisReply *r = redisCommand(c, "INFO sentinel");
@@ -93,39 +57,11 @@ static void sentinel_untilted(const char *uri)
 	redisFree(c);
 }
 
-/* Send a command to c whose answer must not be an error. */
-static void cmd_ok(redisContext *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void cmd_ok(redisContext *c, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	redisReply *r = redisvCommand(c, fmt, ap);
-	va_end(ap);
-	if (!r || r->type == REDIS_REPLY_ERROR) {
-		fprintf(stderr, "'%s' failed: %s\n", fmt, r ? r->str : "no reply");
-		tu_failures++;
-	}
-	if (r)
-		freeReplyObject(r);
-}
-
-/* INFO replication of the server on port: does it say `line`? */
-static int repl_says(int port, const char *line)
-{
-	redisContext *c = raw_port(port);
-	redisReply *r = redisCommand(c, "INFO replication");
-	int yes = r && r->type == REDIS_REPLY_STRING && strstr(r->str, line) != NULL;
-	if (r)
-		freeReplyObject(r);
-	redisFree(c);
-	return yes;
-}
-
 /* Look every 50 ms, at most ms, until the server on port says line: 1, or 0. */
 static int await_repl(int port, const char *line, long ms)
 {
 	long long until = tu_now_ms() + ms;
-	while (!repl_says(port, line)) {
+	while (!rt_repl_says(port, line)) {
 		if (tu_now_ms() > until)
 			return 0;
 		nanosleep(&(struct timespec){ 0, 50000000 }, NULL);
@@ -142,7 +78,7 @@ static int sentinel_failover(const char *uri, int to, int from)
 	if (sscanf(uri, "redis+sentinel://127.0.0.1:%d", &sport) != 1)
 		return 0;
 	sentinel_untilted(uri);
-	redisContext *c = raw_port(sport);
+	redisContext *c = rt_raw_port(sport);
 	long long until = tu_now_ms() + 60000;
 	int started = 0, named = 0;
 	while (!started && tu_now_ms() < until) {
@@ -163,8 +99,8 @@ static int sentinel_failover(const char *uri, int to, int from)
 	}
 	redisFree(c);
 	if (named) { /* what Sentinel does once it looks at the old master again (every 10 s) */
-		c = raw_port(from);
-		cmd_ok(c, "REPLICAOF 127.0.0.1 %d", to);
+		c = rt_raw_port(from);
+		rt_ok(c, "REPLICAOF 127.0.0.1 %d", to);
 		redisFree(c);
 	}
 	char line[64];
@@ -177,7 +113,7 @@ static double pair_us(const char *u, int n)
 {
 	dlock_store *s = NULL;
 	dlock_lock *l = NULL;
-	if (open_sentinel(&s, u) != 0 || dlock_lock_new(&l, s, "sentinel-cost", NULL) != 0)
+	if (rt_open_sentinel(&s, u) != 0 || dlock_lock_new(&l, s, "sentinel-cost", NULL) != 0)
 		exit(1);
 	CHECK_RC(dlock_acquire(l, 5000), 0);
 	CHECK_RC(dlock_release(l), 0);
@@ -199,7 +135,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	char uri[4096], cmd[2048], u[4200];
 	rt_read_uri(uri, sizeof(uri));
-	int replica = file_int(argv[2], "replica"), master = file_int(argv[2], "master");
+	int replica = rt_file_int(argv[2], "replica"), master = rt_file_int(argv[2], "master");
 	char rpid_path[1100];
 	snprintf(rpid_path, sizeof(rpid_path), "%s/r/redis.pid", argv[2]);
 	FILE *pf = fopen(rpid_path, "r");
@@ -210,7 +146,7 @@ int main(int argc, char **argv)
 
 	dlock_store *s = NULL;
 	dlock_lock *l = NULL;
-	CHECK_RC(open_sentinel(&s, uri), 0);
+	CHECK_RC(rt_open_sentinel(&s, uri), 0);
 	if (!s)
 		return tu_done("redis_sentinel");
 	CHECK(!strcmp(dlock_store_kind(s), "redis"));
@@ -222,11 +158,11 @@ int main(int argc, char **argv)
 	dlock_store *bad = NULL;
 	char wrong[4200];
 	snprintf(wrong, sizeof(wrong), "%s-nosuchmaster?connect_timeout=300ms", uri);
-	CHECK_RC(open_sentinel(&bad, wrong), DLOCK_EUNAVAILABLE);
+	CHECK_RC(rt_open_sentinel(&bad, wrong), DLOCK_EUNAVAILABLE);
 	snprintf(wrong, sizeof(wrong), "redis+sentinel://127.0.0.1:1");
-	CHECK_RC(open_sentinel(&bad, wrong), DLOCK_EINVAL);
+	CHECK_RC(rt_open_sentinel(&bad, wrong), DLOCK_EINVAL);
 	snprintf(wrong, sizeof(wrong), "%s?wait_replicas=x", uri);
-	CHECK_RC(open_sentinel(&bad, wrong), DLOCK_EINVAL);
+	CHECK_RC(rt_open_sentinel(&bad, wrong), DLOCK_EINVAL);
 
 	/* the cost of waiting for the replica */
 	snprintf(u, sizeof(u), "%s?wait_replicas=0&fence_replicas=0", uri);
@@ -239,11 +175,11 @@ int main(int argc, char **argv)
 	       off, guard, on);
 
 	/* the replica stopped: a grant that cannot reach it is not handed out */
-	redisContext *m = raw_port(master);
+	redisContext *m = rt_raw_port(master);
 	snprintf(u, sizeof(u), "%s?timeout=500ms", uri);
 	dlock_store *w = NULL;
 	dlock_lock *wl = NULL;
-	CHECK_RC(open_sentinel(&w, u), 0);
+	CHECK_RC(rt_open_sentinel(&w, u), 0);
 	CHECK_RC(dlock_lock_new(&wl, w, "sentinel-wait", NULL), 0);
 	kill(rpid, SIGSTOP);
 	long long t0 = tu_now_ms();
@@ -267,7 +203,7 @@ int main(int argc, char **argv)
 	snprintf(u, sizeof(u), "%s?wait_replicas=0", uri);
 	dlock_store *g = NULL;
 	dlock_lock *gl = NULL;
-	CHECK_RC(open_sentinel(&g, u), 0);
+	CHECK_RC(rt_open_sentinel(&g, u), 0);
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
 	o.no_renew = 1;
 	o.ttl_ms = 3000; /* if the grant did reach the replica after all, it ends soon */
@@ -301,7 +237,7 @@ int main(int argc, char **argv)
 	/* open during the failover: the sentinels still name the dead master */
 	snprintf(u, sizeof(u), "%s?connect_timeout=40s&wait_replicas=0&fence_replicas=0", uri);
 	dlock_store *n = NULL;
-	rc = open_sentinel(&n, u);
+	rc = rt_open_sentinel(&n, u);
 	printf("open during the failover: %s after %lld ms\n", dlock_error_name(rc), tu_now_ms() - t0);
 	CHECK_RC(rc, 0);
 	dlock_store_close(n);
@@ -311,7 +247,7 @@ int main(int argc, char **argv)
 	 * before that would be the replica's master again, and its full resync
 	 * would empty the replica (the fences it kept with it) */
 	{
-		redisContext *rc2 = raw_port(replica);
+		redisContext *rc2 = rt_raw_port(replica);
 		long long promoted_by = tu_now_ms() + 40000;
 		for (;;) {
 			redisReply *rr = redisCommand(rc2, "ROLE");
@@ -327,16 +263,16 @@ int main(int argc, char **argv)
 	}
 	snprintf(cmd, sizeof(cmd), "redis-server '%s/m/redis.conf' --replicaof 127.0.0.1 %d", argv[2], replica);
 	CHECK(system(cmd) == 0);
-	redisContext *nm = raw_port(replica);
+	redisContext *nm = rt_raw_port(replica);
 	while (raw_int(nm, "WAIT 1 100") < 1 && tu_now_ms() - t0 < 30000)
 		;
 	redisFree(nm);
 	n = NULL;
-	CHECK_RC(open_sentinel(&n, uri), 0);
+	CHECK_RC(rt_open_sentinel(&n, uri), 0);
 	if (n) {
 		dlock_lock *nl = NULL;
 		CHECK_RC(dlock_lock_new(&nl, n, "sentinel-lost", NULL), 0);
-		redisContext *nm2 = raw_port(replica);
+		redisContext *nm2 = rt_raw_port(replica);
 		long long kept = raw_int(nm2, "GET {dlock:sentinel-lost}:f");
 		redisFree(nm2);
 		rc = dlock_acquire(nl, 20000);
@@ -366,7 +302,7 @@ int main(int argc, char **argv)
 	CHECK_RC(dlock_release(l), 0);
 
 	/* it is the former replica that serves now */
-	redisContext *c = raw_port(replica);
+	redisContext *c = rt_raw_port(replica);
 	r = redisCommand(c, "ROLE");
 	CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements > 0 && !strcmp(r->element[0]->str, "master"));
 	if (r)
@@ -381,13 +317,13 @@ int main(int argc, char **argv)
 	 * above every earlier one: with the run_id alone as the guard's epoch R
 	 * found its own id in the data and handed out the lost fence again. */
 	{
-		redisContext *rr = raw_port(replica), *mm = raw_port(master);
-		cmd_ok(rr, "CONFIG SET repl-diskless-sync-delay 0");
-		cmd_ok(mm, "CONFIG SET repl-diskless-sync-delay 0");
+		redisContext *rr = rt_raw_port(replica), *mm = rt_raw_port(master);
+		rt_ok(rr, "CONFIG SET repl-diskless-sync-delay 0");
+		rt_ok(mm, "CONFIG SET repl-diskless-sync-delay 0");
 		snprintf(u, sizeof(u), "%s?wait_replicas=0", uri);
 		dlock_store *fb = NULL;
 		dlock_lock *fl = NULL;
-		CHECK_RC(open_sentinel(&fb, u), 0);
+		CHECK_RC(rt_open_sentinel(&fb, u), 0);
 		CHECK_RC(dlock_lock_new(&fl, fb, "sentinel-failback", NULL), 0);
 		uint64_t top = 0;
 		for (int i = 0; i < 2; i++) {
@@ -397,8 +333,13 @@ int main(int argc, char **argv)
 			CHECK_RC(dlock_release(fl), 0);
 		}
 		CHECK(raw_int(rr, "WAIT 1 5000") == 1);
-		cmd_ok(mm, "CONFIG SET masterauth not-the-password");
-		cmd_ok(rr, "CLIENT KILL TYPE replica");
+		rt_ok(mm, "CONFIG SET masterauth not-the-password");
+		{
+			redisReply *k = redisCommand(rr, "CLIENT KILL TYPE replica");
+			CHECK(k && k->type == REDIS_REPLY_INTEGER);
+			if (k)
+				freeReplyObject(k);
+		}
 		CHECK(await_repl(master, "master_link_status:down", 10000));
 		CHECK_RC(dlock_acquire(fl, 10000), 0);
 		CHECK(dlock_fence(fl) > top);
@@ -408,10 +349,10 @@ int main(int argc, char **argv)
 		redisFree(mm);
 		t0 = tu_now_ms();
 		CHECK(sentinel_failover(uri, master, replica));
-		mm = raw_port(master);
-		cmd_ok(mm, "CONFIG SET masterauth %s", "");
+		mm = rt_raw_port(master);
+		rt_ok(mm, "CONFIG SET masterauth %s", "");
 		redisFree(mm);
-		rr = raw_port(replica);
+		rr = rt_raw_port(replica);
 		long long kept = raw_int(rr, "GET {dlock:sentinel-failback}:f");
 		redisFree(rr);
 		CHECK(kept < (long long)top); /* the last fence is lost: the case to prove */

@@ -13,8 +13,7 @@
  * Opened through the backend (as redis_sentinel.c). Usage:
  * redis_sentinel_wait SERVER_SCRIPT SERVER_DIR
  */
-#include "stores/redis_common_test.h"
-#include "core/internal.h"
+#include "stores/redis_sentinel_test.h"
 
 #include <netinet/in.h>
 #include <pthread.h>
@@ -23,35 +22,6 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-
-static int open_sentinel(dlock_store **out, const char *text)
-{
-	dlock_uri *u = NULL;
-	dlock_backend *be = NULL;
-	int rc = dlock__uri_parse(&u, text);
-	if (!rc)
-		rc = dlock__redis_open(&be, u);
-	if (!rc && (rc = dlock__uri_check_unused(u)) != 0)
-		be->methods->close(be);
-	dlock__uri_free(u);
-	if (rc)
-		return rc;
-	return dlock_store_open_backend(out, be, text, 30000);
-}
-
-static int file_int(const char *dir, const char *name)
-{
-	char path[1100];
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	FILE *f = fopen(path, "r");
-	int v = 0;
-	if (!f || fscanf(f, "%d", &v) != 1) {
-		fprintf(stderr, "cannot read %s\n", path);
-		exit(1);
-	}
-	fclose(f);
-	return v;
-}
 
 /* A listening socket nobody accepts on: the kernel completes the TCP
  * handshake, and nothing ever answers (a hung server). */
@@ -116,7 +86,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "no sentinel set-up: %s\n", path);
 		return 1;
 	}
-	replica_port = file_int(dir, "replica");
+	replica_port = rt_file_int(dir, "replica");
 	int hfd, hung = hung_port(&hfd);
 	snprintf(two, sizeof(two), "redis+sentinel://127.0.0.1:%d,%s", hung, uri + 17);
 
@@ -126,7 +96,7 @@ int main(int argc, char **argv)
 	long long t0 = tu_now_ms();
 	/* no replica left after the failover: grants are not waited for on one */
 	snprintf(two + strlen(two), sizeof(two) - strlen(two), "?wait_replicas=0&fence_replicas=0");
-	CHECK_RC(open_sentinel(&s, two), 0);
+	CHECK_RC(rt_open_sentinel(&s, two), 0);
 	long long open_ms = tu_now_ms() - t0;
 	printf("open with a hung sentinel first: %lld ms (connect_timeout 5 s, request timeout 2 s)\n", open_ms);
 	CHECK(open_ms < 1000 + 500); /* half a request timeout on the hung one, and slack */

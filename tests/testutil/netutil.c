@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 atomic_llong nu_lost_at;
@@ -125,4 +126,70 @@ void nu_bg_start(nu_bg *b)
 void nu_bg_join(nu_bg *b)
 {
 	pthread_join(b->t, NULL);
+}
+
+static long long admin_rtt_ms(const nu_session_killer *k)
+{
+	long long worst = 0;
+	for (int i = 0; i < 5; i++) {
+		long long t0 = tu_now_ms();
+		k->ping();
+		long long t = tu_now_ms() - t0;
+		worst = t > worst ? t : worst;
+	}
+	return worst;
+}
+
+static long long nap_oversleep_ms(void)
+{
+	long long worst = 0;
+	for (int i = 0; i < 20; i++) {
+		long long t0 = tu_now_ms();
+		struct timespec ts = { 0, 1000000 };
+		nanosleep(&ts, NULL);
+		long long t = tu_now_ms() - t0 - 1;
+		worst = t > worst ? t : worst;
+	}
+	return worst;
+}
+
+void nu_session_kill(const nu_session_killer *k, int nholds)
+{
+	const int64_t ttl = 30000;
+	char name[4][96];
+	dlock_lock *l[4];
+	if (nholds < 1 || nholds > 4) {
+		fprintf(stderr, "nu_session_kill: 1 to 4 holds\n");
+		exit(1);
+	}
+	dlock_store *s = nu_open(k->uri);
+	for (int i = 0; i < nholds; i++) {
+		snprintf(name[i], sizeof name[i], "%s-%d-%d-%d", k->tag, (int)getpid(), nholds, i);
+		l[i] = nu_lock(s, name[i], ttl, i == nholds - 1 ? NU_LOST : 0);
+		CHECK_RC(dlock_acquire(l[i], 0), 0);
+	}
+	atomic_store(&nu_lost_at, 0);
+	long long rtt = admin_rtt_ms(k), sched = nap_oversleep_ms();
+	long long t0 = 0;
+	k->kill(l[nholds - 1], name[nholds - 1], &t0);
+	long long killed = tu_now_ms() - t0;
+	long long bound = killed + 3 * rtt + 10 * sched + 100;
+	long long lost = nu_wait_lost(ttl);
+	long long took = lost ? lost - t0 : -1;
+	printf("  %d hold(s), session of one killed: on_lost after %lld ms (bound %lld: %s %lld, "
+	       "rtt %lld, sched %lld; next renewal was due in ~%lld ms)\n",
+	       nholds, took, bound, k->waits, killed, rtt, sched, (long long)(ttl / 3));
+	CHECK(t0 != 0);
+	CHECK(lost != 0);
+	CHECK(took <= bound);
+	CHECK(!dlock_held(l[nholds - 1]));
+	/* The other holds (sessions of their own) are still held. */
+	for (int i = 0; i < nholds - 1; i++)
+		CHECK(dlock_held(l[i]));
+	for (int i = 0; i < nholds; i++) {
+		int rc = dlock_release(l[i]);
+		CHECK(i == nholds - 1 ? (rc == DLOCK_ELOST || rc == DLOCK_ENOTHELD) : rc == 0);
+		dlock_lock_free(l[i]);
+	}
+	dlock_store_close(s);
 }

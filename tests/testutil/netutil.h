@@ -68,4 +68,31 @@ typedef struct nu_bg {
 void nu_bg_start(nu_bg *b);
 void nu_bg_join(nu_bg *b);
 
+/*
+ * A session the server ends while its holder runs frees the lock at once, so
+ * the holder must hear of it at once too, not at its next renewal (TTL/3
+ * later: 10 s here): postgres.session_kill (mode=advisory,
+ * pg_terminate_backend) and mysql.session_kill (mode=get_lock, KILL).
+ * nu_session_kill takes `nholds` locks (ttl 30 s) on k->uri, has k->kill
+ * end the last one's session, and checks that its on_lost comes within a
+ * bound made of what this run measures: k->kill's own time (from *t0 until
+ * the server is done with the session), three admin round trips (k->ping:
+ * the renewal that finds the connection dead is one) and ten times the
+ * scheduling delay (oversleep of 1 ms naps: the watching thread, the
+ * renewer and the on_lost thread wake in turn), plus 100 ms. The other
+ * holds (sessions of their own) stay held; everything is released after.
+ */
+typedef struct nu_session_killer {
+	const char *uri;   /* the store the holds are taken on */
+	const char *tag;   /* lock names: "<tag>-<pid>-<nholds>-<i>" */
+	const char *waits; /* what kill's time is, in the report ("kill", "free") */
+	void (*ping)(void); /* one round trip of the test's admin connection */
+	/* End the session holding `l` (named `name`): set *t0 = tu_now_ms() when
+	 * the kill is sent; return once the server is done with the session
+	 * (CHECKs its own steps). */
+	void (*kill)(dlock_lock *l, const char *name, long long *t0);
+} nu_session_killer;
+
+void nu_session_kill(const nu_session_killer *k, int nholds);
+
 #endif
