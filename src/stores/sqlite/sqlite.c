@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -188,6 +189,75 @@ typedef struct sqlite_backend {
 	bool wq_check;       /* someone outside our line held the write lock: is the line still the file's? */
 	int64_t wq_next;     /* dlock_clock_ms before which no line is made again after a failure */
 } sqlite_backend;
+
+/*
+ * fork(): SQLite keeps state per process (its mutexes, its table of open
+ * files with their lock bookkeeping, shared-memory mappings), and a child
+ * gets a copy of it as it was at the fork. A child may use SQLite only when
+ * no thread of this library was inside SQLite at the fork: a mutex it held
+ * stays locked in the child (a child's open hung in
+ * sqlite3WalBeginReadTransaction), and what it was changing is half
+ * changed. Otherwise the child's open is refused with an error naming
+ * fork(). (A connection inherited and not closed shares its lock
+ * bookkeeping with the child's new ones to the same file: documented in
+ * docs/stores/sqlite.md.) The prepare handler holds new calls back and
+ * waits up to FORK_WAIT_MS for those running to end, so that a fork rarely
+ * meets one; the child handler takes the snapshot.
+ */
+#define FORK_WAIT_MS 100
+
+static atomic_int sq_calls;      /* threads inside SQLite through a store (counted around each method) */
+static atomic_bool sq_busy_fork; /* in a fork()'s child: a call was inside SQLite at the fork */
+static atomic_bool sq_fork_pending;
+static pthread_once_t sq_fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_prepare(void)
+{
+	atomic_store(&sq_fork_pending, true);
+	for (int64_t until = dlock_clock_ms() + FORK_WAIT_MS; atomic_load(&sq_calls) > 0 && dlock_clock_ms() < until;)
+		dlock__sleep_ms(1);
+}
+
+static void fork_parent(void)
+{
+	atomic_store(&sq_fork_pending, false);
+}
+
+static void fork_child(void)
+{
+	if (atomic_load(&sq_calls) > 0)
+		atomic_store(&sq_busy_fork, true);
+	atomic_store(&sq_calls, 0);
+	atomic_store(&sq_fork_pending, false);
+}
+
+static void watch_forks(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+static void calls_enter(void)
+{
+	while (atomic_load(&sq_fork_pending))
+		dlock__sleep_ms(1);
+	atomic_fetch_add(&sq_calls, 1);
+}
+
+static void calls_leave(void)
+{
+	atomic_fetch_sub(&sq_calls, 1);
+}
+
+/* In a fork()'s child made during a call inside SQLite: the error; else 0. */
+static int fork_check(void)
+{
+	if (atomic_load(&sq_busy_fork))
+		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
+				       "sqlite: this process is a fork() child made while a store call of its parent was "
+				       "inside SQLite (its mutexes and files may be half changed here): SQLite cannot be "
+				       "used in this process; fork while no store call runs, or exec");
+	return 0;
+}
 
 /* Leave the writers' line for good (writeq.h). */
 static void line_drop(sqlite_backend *b)
@@ -1517,7 +1587,7 @@ static bool peek_held(sqlite_backend *b, dlock_request *req, int64_t now, int64_
 	return held;
 }
 
-static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int acquire_in(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
 	set_deadline(b, req->deadline_ms);
@@ -1543,7 +1613,7 @@ static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	return rc;
 }
 
-static int sq_release(dlock_backend *be, dlock_request *req)
+static int release_in(dlock_backend *be, dlock_request *req)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
 	set_deadline(b, req->deadline_ms);
@@ -1597,7 +1667,7 @@ static int extend_one(sqlite_backend *b, dlock_request *req, int64_t ttl_ms, int
 	return 0;
 }
 
-static int sq_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
+static int extend_in(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
 	set_deadline(b, req->deadline_ms);
@@ -1609,7 +1679,7 @@ static int sq_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 	return rc;
 }
 
-static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+static int renew_in(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
 	if (n == 0)
@@ -1632,7 +1702,7 @@ static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 	return finish(b, 0);
 }
 
-static int sq_cancel(dlock_backend *be, dlock_request *req)
+static int cancel_in(dlock_backend *be, dlock_request *req)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
 	set_deadline(b, req->deadline_ms);
@@ -1696,7 +1766,7 @@ static int status_one(sqlite_backend *b, const char *name, int64_t now, dlock_lo
 	return rc;
 }
 
-static int sq_status(dlock_backend *be, const char *const *names, size_t nnames,
+static int status_in(dlock_backend *be, const char *const *names, size_t nnames,
 		     dlock_lock_status **out, size_t *count)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
@@ -1708,7 +1778,7 @@ static int sq_status(dlock_backend *be, const char *const *names, size_t nnames,
 	return rc;
 }
 
-static int sq_list(dlock_backend *be, char ***names, size_t *count)
+static int list_in(dlock_backend *be, char ***names, size_t *count)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
 	set_deadline(b, dlock_clock_ms() + b->request_timeout_ms);
@@ -1746,7 +1816,13 @@ static void sq_close(dlock_backend *be)
 	/* A close after the files moved must not checkpoint and delete the
 	 * -wal and -shm by name either. (A fork()'s child never gets here with
 	 * the parent's connection: the core does not call an inherited store.) */
-	disconnect(b, b->db && files_moved(b));
+	if (b->db) {
+		calls_enter();
+		disconnect(b, files_moved(b));
+		calls_leave();
+	} else {
+		disconnect(b, false);
+	}
 	bells_free(b, true);
 	for (int i = 0; i < NFILES; i++)
 		free(b->paths[i]);
@@ -1763,6 +1839,13 @@ static void sq_close(dlock_backend *be)
 static void sq_forget(dlock_backend *be)
 {
 	sqlite_backend *b = (sqlite_backend *)be;
+	if (b->db && atomic_load(&sq_busy_fork)) {
+		/* SQLite's state may be half changed: not touched (the process
+		 * cannot use SQLite any more; fork_check says so) */
+		b->db = NULL;
+		for (int i = 0; i < Q_COUNT; i++)
+			b->st[i] = NULL;
+	}
 	disconnect(b, true);
 	bells_free(b, false); /* its thread is the parent's */
 	sq_close(be); /* now only frees */
@@ -2035,6 +2118,64 @@ out:
 	return rc;
 }
 
+/* The methods that call into SQLite, counted (fork_check). */
+static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+{
+	calls_enter();
+	int rc = acquire_in(be, req, fence, retry_ms);
+	calls_leave();
+	return rc;
+}
+
+static int sq_release(dlock_backend *be, dlock_request *req)
+{
+	calls_enter();
+	int rc = release_in(be, req);
+	calls_leave();
+	return rc;
+}
+
+static int sq_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
+{
+	calls_enter();
+	int rc = extend_in(be, req, ttl_ms);
+	calls_leave();
+	return rc;
+}
+
+static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+{
+	calls_enter();
+	int rc = renew_in(be, reqs, n, results);
+	calls_leave();
+	return rc;
+}
+
+static int sq_cancel(dlock_backend *be, dlock_request *req)
+{
+	calls_enter();
+	int rc = cancel_in(be, req);
+	calls_leave();
+	return rc;
+}
+
+static int sq_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
+		     size_t *count)
+{
+	calls_enter();
+	int rc = status_in(be, names, nnames, out, count);
+	calls_leave();
+	return rc;
+}
+
+static int sq_list(dlock_backend *be, char ***names, size_t *count)
+{
+	calls_enter();
+	int rc = list_in(be, names, count);
+	calls_leave();
+	return rc;
+}
+
 /* Not DLOCK_BACKEND_F_RENEW_APART: each instance watches its own file for
  * being moved or replaced (reopen_if_moved), which a second one opened
  * later by path would not see the same way. */
@@ -2058,6 +2199,10 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 	if (uri->hosts && *uri->hosts)
 		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
 				       "sqlite URIs name a file, not a host: use sqlite:///abs/path.db or sqlite:rel.db");
+	pthread_once(&sq_fork_once, watch_forks);
+	int forked = fork_check();
+	if (forked)
+		return forked;
 	int64_t deadline = dlock_clock_ms() + uri->connect_timeout_ms;
 	/* The default store's path (its directories are created), if there is one. */
 	char *dflt = NULL;
@@ -2109,7 +2254,10 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 	for (int i = 0; i < NFILES; i++)
 		if (!(b->paths[i] = dlock__sprintf("%s%s", path, file_suffix[i])))
 			goto fail;
-	if ((rc = connect_db(b, deadline)))
+	calls_enter();
+	rc = connect_db(b, deadline);
+	calls_leave();
+	if (rc)
 		goto fail;
 	free(dflt);
 	*out = &b->base;
