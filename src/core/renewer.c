@@ -355,7 +355,10 @@ static void rbe_tend(dlock_store *s)
 	pthread_mutex_lock(&s->rbe_mu);
 	bool have = s->rbe != NULL;
 	pthread_mutex_unlock(&s->rbe_mu);
-	if (have || dlock_clock_ms() < s->rbe_retry_at)
+	/* Not while the store leaves requests unanswered: such an open would
+	 * only wait out its connect_timeout, and close could not wait for it
+	 * (a thread left inside a client library at exit meets its clean-up). */
+	if (have || dlock_clock_ms() < s->rbe_retry_at || dlock__silent(s))
 		return;
 	atomic_store(&s->rbe_opening, true);
 	if (pthread_create(&s->rbe_opener, NULL, open_rbe, s) == 0) {
