@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#define WATCH_REPOLL_MS 1000
+
 typedef struct {
 	dlock_backend *be;
 	int fd;
@@ -111,7 +113,10 @@ static void *watcher(void *arg)
 			of[1 + i] = set[i].be;
 		}
 		pthread_mutex_unlock(&mu);
-		int r = poll(p, (nfds_t)(n + 1), -1);
+		/* Not without end: a socket closed while watched (a store that
+		 * gave up its connection without unwatching it) stays open in the
+		 * kernel while a poll holds it; each return lets go of it. */
+		int r = poll(p, (nfds_t)(n + 1), WATCH_REPOLL_MS);
 		pthread_mutex_lock(&mu);
 		if (r < 0 && errno != EINTR) {
 			nset = 0;

@@ -56,6 +56,14 @@ static void hang_watch(mysql_be *b, MYSQL *c, int add)
 		dlock_backend_unwatch_fd(&b->base, fd);
 }
 
+/* Give up a hold's connection (its lock ends with it), out of the hang-up
+ * watch first: a socket the watch still polls stays open in the kernel. */
+static void hold_conn_drop(mysql_be *b, gl_hold *h)
+{
+	hang_watch(b, h->conn, 0);
+	dlock__my_conn_drop(&h->conn);
+}
+
 void dlock__my_hold_free(mysql_be *b, gl_hold *h, int reuse)
 {
 	hang_watch(b, h->conn, 0);
@@ -442,7 +450,7 @@ static int g_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 		if (dlock__my_conn_dead(h->conn)) {
 			/* Out of time, or the session ended: either way no reply can be
 			 * trusted on it, and the lock ends with it. */
-			dlock__my_conn_drop(&h->conn);
+			hold_conn_drop(b, h);
 			return conn_lost(req);
 		}
 		return rc;
@@ -478,7 +486,7 @@ static int g_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int 
 		} else {
 			if (st < 0)
 				mariadb_cancel(h->conn);
-			dlock__my_conn_drop(&h->conn);
+			hold_conn_drop(b, h);
 		}
 		free(s.p);
 	}
@@ -496,7 +504,7 @@ static int g_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int 
 			/* The connection is gone (killed, server restart), or gave no answer
 			 * in time and was closed: the lock ends with it. */
 			if (dlock__my_conn_dead(h->conn))
-				dlock__my_conn_drop(&h->conn);
+				hold_conn_drop(b, h);
 			else
 				results[i] = DLOCK_ESTORE;
 			continue;

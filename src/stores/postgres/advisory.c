@@ -426,6 +426,14 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	return DLOCK_ELOCKED;
 }
 
+/* Give up a hold's connection (its keys end with it), out of the hang-up
+ * watch first: a socket the watch still polls stays open in the kernel. */
+static void hold_drop(dlock_backend *base, adv_hold *h, int cancel)
+{
+	dlock_backend_unwatch_fd(base, PQsocket(h->conn));
+	dlock__pg_drop_conn(&h->conn, cancel);
+}
+
 /*
  * A release that cannot be confirmed (timeout, broken connection, any error)
  * closes the hold's session: the server then frees every key it held, so
@@ -573,7 +581,7 @@ static int adv_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, 
 		if (PQsendQueryParams(h->conn, sql, 2, NULL, v, NULL, NULL, 0))
 			pd[i].state = 1;
 		else
-			dlock__pg_drop_conn(&h->conn, 0);
+			hold_drop(base, h, 0);
 	}
 	for (;;) {
 		nfds_t np = 0;
@@ -591,7 +599,7 @@ static int adv_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, 
 			} else {
 				pd[i].state = s == 1 ? 2 : 0;
 				if (s < 0)
-					dlock__pg_drop_conn(&h->conn, 0);
+					hold_drop(base, h, 0);
 			}
 		}
 		int ms = dlock__pg_poll_ms(deadline);
@@ -605,7 +613,7 @@ static int adv_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, 
 		PGresult *last = pd[i].last;
 		if (pd[i].state == 1) {
 			/* No answer in time: the session is given up, and the lock with it. */
-			dlock__pg_drop_conn(&h->conn, 1);
+			hold_drop(base, h, 1);
 			results[i] = DLOCK_ENOTHELD;
 		} else if (pd[i].state == 2 && !pd[i].code && last && PQntuples(last) == 1) {
 			results[i] = atoi(PQgetvalue(last, 0, 0)) > 0 ? 0 : DLOCK_ENOTHELD;
