@@ -1640,6 +1640,17 @@ static int release_in(dlock_backend *be, dlock_request *req)
 	memset(b->front, 0, sizeof b->front);
 	if (waiters && !err && (rc = drop_dead_front(b, req, &dropped)) == 0 && dropped > 0)
 		rc = note_head(b, req, dlock_wall_ms());
+	else if (waiters && !err && !rc) {
+		/* the front is rung on its own bell too, not only through the
+		 * bucket: a fair front waiter whose bucket watch was missing when
+		 * the bucket rang slept a whole nap (issue 31, 5b) */
+		sqlite3_stmt *s2 = prep(b, Q_HEAD, req->name, NULL);
+		if (sqlite3_step(s2) == SQLITE_ROW) {
+			const unsigned char *o = sqlite3_column_text(s2, 0);
+			snprintf(b->front[0], sizeof b->front[0], "%s", o ? (const char *)o : "");
+		}
+		sqlite3_reset(s2);
+	}
 	if (rc) { /* only an order: the release stands */
 		dlock_error_clear();
 		rc = 0;
