@@ -23,7 +23,10 @@ endforeach()
 # container cleanup. zookeeper_time: the time bounds of every call and the
 # orphan sweep on reconnect, through a proxy that black-holes the link.
 # zookeeper_ensemble: kill each member of 3 in turn. zookeeper_chaos: a
-# follower SIGSTOPped, fresh opens get a session from the others in time.
+# follower SIGSTOPped, fresh opens get a session from the others in time; the
+# follower a connected session is on SIGSTOPped, its calls keep their bounds
+# and its lock stays held; the leader SIGKILLed (restarted by the test), a
+# wait rides the election out.
 foreach(t zookeeper_faults:zookeeper-own:zookeeper.sh:${DLOCK_ZK_OWN_DIR}
           zookeeper_time:zookeeper-own:zookeeper.sh:${DLOCK_ZK_OWN_DIR}
           zookeeper_ensemble:zookeeper3-own:zookeeper.sh:${DLOCK_ZK3_OWN_DIR}

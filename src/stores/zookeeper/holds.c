@@ -368,7 +368,7 @@ int dlock__zk_delete_owned(zk_store *st, zhandle_t *zh, const char *dir, const c
 		ops[n++] = dlock__zk_op_sent(st, op, op ? zoo_adelete(zh, p, -1, dlock__zk_cb_void, op) : ZSYSTEMERROR);
 		free(p);
 	}
-	dlock__zk_ops_wait(st, ops, (size_t)n, deadline);
+	dlock__zk_ops_wait(st, zh, ops, (size_t)n, deadline);
 	int first = ZOK;
 	for (int i = 0; i < n; i++) {
 		int r = dlock__zk_op_rc(st, ops[i]);
@@ -409,7 +409,7 @@ static int make_parents(zk_store *st, zsess *z, const char *dir, int64_t deadlin
 		if (save == '\0')
 			break;
 	}
-	dlock__zk_ops_wait(st, ops, n, deadline);
+	dlock__zk_ops_wait(st, z->zh, ops, n, deadline);
 	int rc = ZOK;
 	for (size_t i = 0; i < n; i++) {
 		int r = dlock__zk_op_rc(st, ops[i]);
@@ -529,7 +529,7 @@ int dlock__zk_place_node(zk_store *st, hold *h, dlock_request *req, int64_t dead
 			dlock__zk_op_sent(st, op,
 				op ? zoo_acreate2(zh, prefix, data, dlen, &st->acl, ZOO_EPHEMERAL_SEQUENTIAL, dlock__zk_cb_created, op)
 				   : ZSYSTEMERROR);
-			r = dlock__zk_op_wait1(st, op, deadline);
+			r = dlock__zk_op_wait1(st, zh, op, deadline);
 			if (r == ZOK) {
 				h->node = op->value;
 				h->czxid = op->stat.czxid;
@@ -664,7 +664,7 @@ int dlock__zk_create_and_list(zk_store *st, hold *h, dlock_request *req, int64_t
 	dlock__zk_op_sent(st, ops[1], r == ZOK ? zoo_aget_children2(zh, h->dir, 0, dlock__zk_cb_kids, ops[1]) : r);
 	free(path);
 	free(data);
-	dlock__zk_ops_wait(st, ops, 2, deadline);
+	dlock__zk_ops_wait(st, zh, ops, 2, deadline);
 	int create_rc = dlock__zk_op_rc(st, ops[0]), list_rc = dlock__zk_op_rc(st, ops[1]);
 	int out;
 	if (create_rc == ZOK) {

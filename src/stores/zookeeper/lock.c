@@ -3,10 +3,41 @@
 
 /* ---------------------------------------------------------------- methods */
 
+/*
+ * A waiting acquire whose try the ensemble did not serve (no session
+ * connected within the try, or its connection lost meanwhile: a leader
+ * election, a member that stopped and is being left) although it was
+ * reachable before: "held, look again soon", so that the wait rides the
+ * election out until its deadline instead of ending as unavailable on a
+ * first try. A node whose create was in doubt went to the sweep, which the
+ * next try's claim of the orphan waits for (and adopts the node).
+ */
+static int ride_out(zk_store *st, dlock_request *req, int rc, int64_t *retry_ms)
+{
+	if (rc != DLOCK_EUNAVAILABLE || !req->waiting)
+		return rc;
+	pthread_mutex_lock(&st->mu);
+	bool seen = st->ever_connected;
+	pthread_mutex_unlock(&st->mu);
+	if (!seen)
+		return rc;
+	*retry_ms = 50;
+	char why[256]; /* the error is rewritten below: its text copied first */
+	snprintf(why, sizeof(why), "%s", dlock_error_last()->message);
+	return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s': not served in this try (%s); trying again",
+			       req->name, why);
+}
+
+static int acquire_try(zk_store *st, dlock_request *req, uint64_t *fence);
+
 int dlock__zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
 	zk_store *st = (zk_store *)be;
-	(void)retry_ms;
+	return ride_out(st, req, acquire_try(st, req, fence), retry_ms);
+}
+
+static int acquire_try(zk_store *st, dlock_request *req, uint64_t *fence)
+{
 	int64_t start = dlock_clock_ms();
 	int64_t deadline = req->deadline_ms;
 	if (st->recipe != RECIPE_DLOCK && (req->permits > 1 || (st->recipe == RECIPE_CURATOR &&
@@ -260,7 +291,7 @@ static void renew_session(zk_store *st, zsess *z, dlock_request *const *reqs, si
 		ops[k] = dlock__zk_op_sent(st, op, op ? zoo_aexists(z->zh, h->node, 0, dlock__zk_cb_stat, op) : ZSYSTEMERROR);
 		idx[k++] = i;
 	}
-	dlock__zk_ops_wait(st, ops, k, deadline);
+	dlock__zk_ops_wait(st, z->zh, ops, k, deadline);
 	for (size_t j = 0; j < k; j++) {
 		int r = dlock__zk_op_rc(st, ops[j]);
 		results[idx[j]] = r == ZOK ? 0

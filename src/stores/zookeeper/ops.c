@@ -179,9 +179,22 @@ zop *dlock__zk_op_sent(zk_store *st, zop *op, int r)
 	return op;
 }
 
-/* Wait until every op is done or the deadline passes. @return all done. */
-bool dlock__zk_ops_wait(zk_store *st, zop *const *ops, size_t n, int64_t deadline)
+/* Wait until every op is done or the deadline passes. @return all done.
+ * ops were sent on zh (NULL: none to check). A request still out after a
+ * quarter of the wait has its server checked (dlock__zk_check_server): one
+ * that says nothing until half the wait (at least PROBE_MIN_MS later) is
+ * left, within the wait, for the session's other servers. */
+bool dlock__zk_ops_wait(zk_store *st, zhandle_t *zh, zop *const *ops, size_t n, int64_t deadline)
 {
+	int64_t start = dlock_clock_ms();
+	/* The server gets at least PROBE_MIN_MS to answer (a loaded machine's
+	 * JVM may be slow; it is not silent), and never the wait's last eighth. */
+	int64_t check_at = start + (deadline - start) / 4, decide_by = start + (deadline - start) / 2;
+	if (decide_by < check_at + PROBE_MIN_MS)
+		decide_by = check_at + PROBE_MIN_MS;
+	if (decide_by > deadline - (deadline - start) / 8)
+		decide_by = deadline - (deadline - start) / 8;
+	bool checked = !zh || deadline - start < 4 * CHECK_MIN_MS;
 	pthread_mutex_lock(&st->mu);
 	for (;;) {
 		size_t i = 0;
@@ -189,11 +202,18 @@ bool dlock__zk_ops_wait(zk_store *st, zop *const *ops, size_t n, int64_t deadlin
 			i++;
 		if (i == n)
 			break;
-		int64_t left = deadline - dlock_clock_ms();
-		if (left <= 0)
+		int64_t now = dlock_clock_ms();
+		if (deadline - now <= 0)
 			break;
+		if (!checked && now >= check_at) {
+			checked = true;
+			pthread_mutex_unlock(&st->mu);
+			dlock__zk_check_server(st, zh, ops, n, decide_by);
+			pthread_mutex_lock(&st->mu);
+			continue;
+		}
 		struct timespec ts;
-		dlock__abstime(&ts, left);
+		dlock__abstime(&ts, (checked ? deadline : check_at) - now);
 		pthread_cond_timedwait(&st->cv, &st->mu, &ts);
 	}
 	bool all = true;
@@ -224,9 +244,9 @@ void dlock__zk_op_put(zk_store *st, zop *op)
 	pthread_mutex_unlock(&st->mu);
 }
 
-int dlock__zk_op_wait1(zk_store *st, zop *op, int64_t deadline)
+int dlock__zk_op_wait1(zk_store *st, zhandle_t *zh, zop *op, int64_t deadline)
 {
-	dlock__zk_ops_wait(st, &op, 1, deadline);
+	dlock__zk_ops_wait(st, zh, &op, 1, deadline);
 	return dlock__zk_op_rc(st, op);
 }
 
@@ -236,7 +256,7 @@ int dlock__zk_z_children(zk_store *st, zhandle_t *zh, const char *path, int64_t 
 {
 	zop *op = dlock__zk_op_new(st);
 	dlock__zk_op_sent(st, op, op ? zoo_aget_children2(zh, path, 0, dlock__zk_cb_kids, op) : ZSYSTEMERROR);
-	int rc = dlock__zk_op_wait1(st, op, deadline);
+	int rc = dlock__zk_op_wait1(st, zh, op, deadline);
 	if (rc == ZOK) {
 		*out = op->kids;
 		op->kids = (struct String_vector){ 0, NULL };
@@ -251,7 +271,7 @@ int dlock__zk_z_exists(zk_store *st, zhandle_t *zh, const char *path, int64_t de
 {
 	zop *op = dlock__zk_op_new(st);
 	dlock__zk_op_sent(st, op, op ? zoo_aexists(zh, path, 0, dlock__zk_cb_stat, op) : ZSYSTEMERROR);
-	int rc = dlock__zk_op_wait1(st, op, deadline);
+	int rc = dlock__zk_op_wait1(st, zh, op, deadline);
 	if (rc == ZOK && stat)
 		*stat = op->stat;
 	dlock__zk_op_put(st, op);
@@ -262,7 +282,7 @@ int dlock__zk_z_delete(zk_store *st, zhandle_t *zh, const char *path, int64_t de
 {
 	zop *op = dlock__zk_op_new(st);
 	dlock__zk_op_sent(st, op, op ? zoo_adelete(zh, path, -1, dlock__zk_cb_void, op) : ZSYSTEMERROR);
-	int rc = dlock__zk_op_wait1(st, op, deadline);
+	int rc = dlock__zk_op_wait1(st, zh, op, deadline);
 	dlock__zk_op_put(st, op);
 	return rc;
 }

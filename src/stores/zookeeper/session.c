@@ -2,6 +2,13 @@
  * referenced by holds, orphans and waits (zk.h). */
 #include "zk.h"
 
+#include <dirent.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 void dlock__zk_watcher(zhandle_t *zh, int type, int state, const char *path, void *ctx)
 {
 	zsess *z = ctx;
@@ -9,8 +16,10 @@ void dlock__zk_watcher(zhandle_t *zh, int type, int state, const char *path, voi
 	pthread_mutex_lock(&st->mu);
 	if (type == ZOO_SESSION_EVENT) {
 		z->state = state;
-		if (state == ZOO_CONNECTED_STATE)
+		if (state == ZOO_CONNECTED_STATE) {
 			z->negotiated = zoo_recv_timeout(zh);
+			st->ever_connected = true;
+		}
 		if (state == ZOO_EXPIRED_SESSION_STATE)
 			z->expired = true;
 		if (state == ZOO_AUTH_FAILED_STATE)
@@ -78,6 +87,7 @@ void dlock__zk_close_sess(zsess *z)
 		return;
 	if (z->zh)
 		zookeeper_close(z->zh);
+	free(z->servers);
 	free(z);
 }
 
@@ -253,6 +263,172 @@ static bool drop_server(char *cs, const char *server, size_t *n)
 	return true;
 }
 
+/* ------------------------------------------------ a member gone silent */
+
+/* A probe's answer: the server's, none yet (silent), or the ops it was for done. */
+enum { PROBE_ANSWERED, PROBE_SILENT, PROBE_MOOT };
+
+static bool ops_all_done(zk_store *st, zop *const *ops, size_t n)
+{
+	bool all = true;
+	pthread_mutex_lock(&st->mu);
+	for (size_t i = 0; i < n && all; i++)
+		all = !ops[i] || ops[i]->done;
+	pthread_mutex_unlock(&st->mu);
+	return all;
+}
+
+/* "addr:port" as the client names a server (numeric; IPv6 without
+ * brackets, or with them as our connect string writes it) to an address. */
+static bool server_addr(const char *server, struct sockaddr_storage *out, socklen_t *len)
+{
+	char host[128];
+	const char *colon = strrchr(server, ':');
+	if (!colon || colon == server || (size_t)(colon - server) >= sizeof(host))
+		return false;
+	snprintf(host, sizeof(host), "%.*s", (int)(colon - server), server);
+	if (host[0] == '[') {
+		memmove(host, host + 1, strlen(host));
+		host[strcspn(host, "]")] = '\0';
+	}
+	struct addrinfo hints = { .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM };
+	struct addrinfo *ai = NULL;
+	if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || !ai)
+		return false;
+	bool ok = ai->ai_addrlen <= sizeof(*out);
+	if (ok) {
+		memcpy(out, ai->ai_addr, ai->ai_addrlen);
+		*len = ai->ai_addrlen;
+	}
+	freeaddrinfo(ai);
+	return ok;
+}
+
+static int probe(const char *server, int64_t until, zk_store *st, zop *const *ops, size_t n)
+{
+	struct sockaddr_storage sa;
+	socklen_t salen;
+	if (!server_addr(server, &sa, &salen))
+		return PROBE_ANSWERED; /* nothing to ask: do nothing */
+	int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	int r = fd < 0 ? -1 : connect(fd, (struct sockaddr *)&sa, salen);
+	if (fd < 0 || (r != 0 && errno != EINPROGRESS)) {
+		if (fd >= 0)
+			close(fd);
+		return PROBE_ANSWERED; /* refused: dead, which the client sees by itself */
+	}
+	bool sent = false;
+	int res = PROBE_SILENT;
+	for (;;) {
+		if (ops && ops_all_done(st, ops, n)) {
+			res = PROBE_MOOT;
+			break;
+		}
+		int64_t left = until - dlock_clock_ms();
+		if (left <= 0)
+			break;
+		struct pollfd p = { .fd = fd, .events = sent ? POLLIN : POLLOUT };
+		int pr = poll(&p, 1, (int)(left < 10 ? left : 10));
+		if (pr < 0 && errno != EINTR)
+			break;
+		if (pr <= 0)
+			continue;
+		if (!sent && !(p.revents & (POLLERR | POLLHUP))) {
+			int err = 0;
+			socklen_t len = sizeof(err);
+			if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0 &&
+			    send(fd, "srvr", 4, MSG_NOSIGNAL) == 4) {
+				sent = true;
+				continue;
+			}
+		}
+		res = PROBE_ANSWERED; /* an answer, a close, a reset or a failed connect */
+		break;
+	}
+	close(fd);
+	return res;
+}
+
+bool dlock__zk_server_silent(const char *server, int64_t until)
+{
+	return probe(server, until, NULL, NULL, 0) == PROBE_SILENT;
+}
+
+/*
+ * Shut down every TCP connection of this process to `server` (stopped):
+ * each libzookeeper handle on it sees its connection closed at once, fails
+ * the requests out on it as ZCONNECTIONLOSS and reconnects — with the same
+ * session — to the next server of its list. Only ZooKeeper clients talk to
+ * a ZooKeeper client port, and every session on a silent server is better
+ * off elsewhere. shutdown(), not close(): the descriptors stay the
+ * library's.
+ */
+static void cut_link(int fd, const struct sockaddr_storage *sa)
+{
+	struct sockaddr_storage peer;
+	socklen_t plen = sizeof(peer);
+	if (getpeername(fd, (struct sockaddr *)&peer, &plen) != 0 || peer.ss_family != sa->ss_family)
+		return;
+	bool same = false;
+	if (sa->ss_family == AF_INET) {
+		const struct sockaddr_in *x = (const void *)sa, *y = (const void *)&peer;
+		same = x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+	} else if (sa->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *x = (const void *)sa, *y = (const void *)&peer;
+		same = x->sin6_port == y->sin6_port && memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
+	}
+	if (same)
+		shutdown(fd, SHUT_RDWR);
+}
+
+static void cut_links(const char *server)
+{
+	struct sockaddr_storage sa;
+	socklen_t salen;
+	if (!server_addr(server, &sa, &salen))
+		return;
+	DIR *d = opendir("/proc/self/fd");
+	if (!d) {
+		for (int fd = 0; fd < 4096; fd++)
+			cut_link(fd, &sa);
+		return;
+	}
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL)
+		if (e->d_name[0] >= '0' && e->d_name[0] <= '9')
+			cut_link(atoi(e->d_name), &sa);
+	closedir(d);
+}
+
+void dlock__zk_check_server(zk_store *st, zhandle_t *zh, zop *const *ops, size_t n, int64_t until)
+{
+	char *list = NULL;
+	pthread_mutex_lock(&st->mu);
+	for (zsess *z = st->sessions; z; z = z->next)
+		if (z->zh == zh && !z->expired && z->state == ZOO_CONNECTED_STATE && z->servers &&
+		    strchr(z->servers, ','))
+			list = strdup(z->servers);
+	pthread_mutex_unlock(&st->mu);
+	if (!list)
+		return; /* one server, or not connected: nowhere to move, or moving already */
+	char cur[160];
+	const char *c = zoo_get_current_server(zh);
+	snprintf(cur, sizeof(cur), "%s", c ? c : "");
+	size_t count = 1;
+	for (const char *p = list; *p; p++)
+		count += *p == ',';
+	if (probe(cur, until, st, ops, n) == PROBE_SILENT && drop_server(list, cur, &count)) {
+		/* The client closes the connection and takes another server of the
+		 * list; the wake-up request makes its I/O thread do it now. */
+		/* The next connection takes another server of the list... */
+		zoo_set_servers(zh, list);
+		/* ...and this one is ended now: libzookeeper keeps a connected
+		 * socket whatever the list says, until its own 2/3 timeout. */
+		cut_links(cur);
+	}
+	free(list);
+}
+
 /* A connected session with timeout key `want` (made, or remade after expiry,
  * as needed), by `deadline`. Borrowed: valid while the caller holds the
  * core's store mutex. */
@@ -323,7 +499,11 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 	size_t left_n = 1;
 	for (const char *c = numeric; *c; c++)
 		left_n += *c == ',';
+	pthread_mutex_lock(&st->mu);
+	z->servers = dlock__strdup(numeric); /* NULL: the session is never moved */
+	pthread_mutex_unlock(&st->mu);
 	bool ok = false, auth = false;
+	zhandle_t *zh = NULL;
 	for (;;) {
 		int64_t now = dlock_clock_ms(), until = deadline;
 		if (left_n > 1 && deadline - now > SHARE_MIN_MS) {
@@ -332,29 +512,31 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 				share = st->request_ms;
 			until = now + (share > SHARE_MIN_MS ? share : SHARE_MIN_MS);
 		}
-		pthread_mutex_lock(&st->mu);
-		z->state = ZOO_CONNECTING_STATE; /* before the new handle's first event */
-		pthread_mutex_unlock(&st->mu);
-		errno = 0;
-		zhandle_t *zh = zookeeper_init2(numeric, dlock__zk_watcher, (int)want, NULL, z, 0, quiet_log);
 		if (!zh) {
-			int e = errno;
-			free(numeric);
-			dlock__zk_unref(st, z);
-			return dlock_error_set(e == EINVAL ? DLOCK_EINVAL : DLOCK_EUNAVAILABLE, KIND, NULL,
-					       "zookeeper: cannot start a session with %s: %s", st->hosts,
-					       strerror(e ? e : EIO));
-		}
-		pthread_mutex_lock(&st->mu);
-		z->zh = zh;
-		pthread_mutex_unlock(&st->mu);
-		if (st->auth) {
-			/* queued: sent with the connect request, answered before CONNECTED */
-			int rc = zoo_add_auth(zh, "digest", st->auth, (int)strlen(st->auth), NULL, NULL);
-			if (rc != ZOK) {
+			pthread_mutex_lock(&st->mu);
+			z->state = ZOO_CONNECTING_STATE; /* before the new handle's first event */
+			pthread_mutex_unlock(&st->mu);
+			errno = 0;
+			zh = zookeeper_init2(numeric, dlock__zk_watcher, (int)want, NULL, z, 0, quiet_log);
+			if (!zh) {
+				int e = errno;
 				free(numeric);
 				dlock__zk_unref(st, z);
-				return dlock__zk_zerr(rc, "add digest auth for", "session");
+				return dlock_error_set(e == EINVAL ? DLOCK_EINVAL : DLOCK_EUNAVAILABLE, KIND, NULL,
+						       "zookeeper: cannot start a session with %s: %s", st->hosts,
+						       strerror(e ? e : EIO));
+			}
+			pthread_mutex_lock(&st->mu);
+			z->zh = zh;
+			pthread_mutex_unlock(&st->mu);
+			if (st->auth) {
+				/* queued: sent with the connect request, answered before CONNECTED */
+				int rc = zoo_add_auth(zh, "digest", st->auth, (int)strlen(st->auth), NULL, NULL);
+				if (rc != ZOK) {
+					free(numeric);
+					dlock__zk_unref(st, z);
+					return dlock__zk_zerr(rc, "add digest auth for", "session");
+				}
 			}
 		}
 		pthread_mutex_lock(&st->mu);
@@ -362,13 +544,24 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 		auth = z->auth_failed;
 		bool dead = z->expired;
 		pthread_mutex_unlock(&st->mu);
-		if (ok || dead || until >= deadline || !drop_server(numeric, zoo_get_current_server(zh), &left_n))
+		if (ok || dead || until >= deadline)
 			break;
-		/* Stuck on a silent server: a new handle, without it. */
+		/* Not connected in its share. Stuck on a server that took the
+		 * connection and says nothing (stopped)? Then a new handle without
+		 * it. Servers that refuse or close (dead, or electing a leader) the
+		 * client cycles through by itself: the same handle waits on. */
+		char cur[160];
+		const char *c = zoo_get_current_server(zh);
+		snprintf(cur, sizeof(cur), "%s", c ? c : "");
+		now = dlock_clock_ms();
+		if (!dlock__zk_server_silent(cur, now + 2 * CHECK_MIN_MS < deadline ? now + 2 * CHECK_MIN_MS : deadline) ||
+		    !drop_server(numeric, cur, &left_n))
+			continue;
 		pthread_mutex_lock(&st->mu);
 		z->zh = NULL;
 		pthread_mutex_unlock(&st->mu);
 		zookeeper_close(zh);
+		zh = NULL;
 	}
 	free(numeric);
 	if (!ok) {

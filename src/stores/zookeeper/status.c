@@ -40,7 +40,7 @@ static int status_one(zk_store *st, zhandle_t *zh, const char *name, int64_t dea
 		free(p);
 	}
 	if (!rc)
-		dlock__zk_ops_wait(st, ops, n, deadline);
+		dlock__zk_ops_wait(st, zh, ops, n, deadline);
 	/* Who holds: the same rule acquire applies, node by node. */
 	size_t sems = 0;
 	bool writer_seen = false, reader_seen = false;

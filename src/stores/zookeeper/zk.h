@@ -42,6 +42,7 @@ typedef struct zsess {
 	bool auth_failed;
 	bool current;     /* new holds with this key go here */
 	int64_t probed;   /* when the sweeper last sent a probe */
+	char *servers;    /* every server of the connect string (a move leaves one out) */
 	int refs;
 } zsess;
 
@@ -108,6 +109,7 @@ struct zk_store {
 	int64_t connect_ms;
 	int64_t request_ms;     /* bound of status and list (timeout=) */
 	bool closing;           /* dlock__zk_close is closing the sessions */
+	bool ever_connected;    /* some session was connected: the ensemble was reachable */
 	bool sweeper_started;   /* the sweeper thread (see dlock__zk_sweeper_main) */
 	pthread_t sweeper;
 	int64_t default_ttl;
@@ -197,8 +199,42 @@ void dlock__zk_cb_data(int rc, const char *value, int len, const struct Stat *st
 /* After zoo_a*: a request the library refused will have no completion. */
 zop *dlock__zk_op_sent(zk_store *st, zop *op, int r);
 
-/* Wait until every op is done or the deadline passes. @return all done. */
-bool dlock__zk_ops_wait(zk_store *st, zop *const *ops, size_t n, int64_t deadline);
+/* Wait until every op (sent on zh) is done or the deadline passes; a
+ * server that went silent meanwhile is left (dlock__zk_check_server).
+ * @return all done. */
+bool dlock__zk_ops_wait(zk_store *st, zhandle_t *zh, zop *const *ops, size_t n, int64_t deadline);
+
+/* The least wait whose server is checked is 4 x CHECK_MIN_MS (a new
+ * session's handle: 2 x, to answer); a connected session's server gets
+ * PROBE_MIN_MS to show it is alive, or the wait's first 7/8 if shorter. */
+#define CHECK_MIN_MS 100
+#define PROBE_MIN_MS 500
+
+/*
+ * A request on zh is still out by a quarter of its wait. Is its server
+ * alive? A process that stopped (SIGSTOP, a hung JVM, a frozen VM) keeps
+ * taking connections in its kernel but never answers: libzookeeper notices
+ * only after 2/3 of the session timeout with nothing received, longer than a
+ * request's wait, and meanwhile every call and renewal of the session fails
+ * although the other members could serve. So a second, plain connection
+ * asks the server "srvr" (a four-letter word; one refused by the whitelist
+ * is answered too, with a refusal). Any answer, a close or a reset by
+ * `until` shows a live (or dead, which the client sees itself) server and
+ * nothing is done: a slow link or a slow write is waited for. No answer: the
+ * session is moved to its other servers — zoo_set_servers without this one,
+ * and every connection of the process to it shut down (libzookeeper keeps a
+ * connected socket whatever the list says): the client reconnects with the
+ * same session id, which lives on as long as its timeout has not passed,
+ * ephemeral nodes included; the requests out on the old connection fail as
+ * lost, which every caller handles as an outcome in doubt. Returns early
+ * when every op is done.
+ */
+void dlock__zk_check_server(zk_store *st, zhandle_t *zh, zop *const *ops, size_t n, int64_t until);
+
+/* The same question for a server (as zoo_get_current_server names it),
+ * answered by `until`: true when it took the connection (or it is still
+ * pending) and said nothing. */
+bool dlock__zk_server_silent(const char *server, int64_t until);
 
 /* The op's result (ZDEADLINE if it is still out), after dlock__zk_ops_wait. A done op
  * is no longer touched by its completion: its fields may be read freely. */
@@ -206,7 +242,7 @@ int dlock__zk_op_rc(zk_store *st, zop *op);
 
 void dlock__zk_op_put(zk_store *st, zop *op);
 
-int dlock__zk_op_wait1(zk_store *st, zop *op, int64_t deadline);
+int dlock__zk_op_wait1(zk_store *st, zhandle_t *zh, zop *op, int64_t deadline);
 
 /* The bounded forms of the synchronous calls. */
 int dlock__zk_z_children(zk_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct String_vector *out,
