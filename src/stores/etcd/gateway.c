@@ -20,7 +20,7 @@ static size_t buf_write(char *data, size_t size, size_t nmemb, void *ud)
 }
 
 /* A peer that vanished (host down, link cut) fails the connection after
- * this long with data unacknowledged, or dlock__et_keepalive probes unanswered.
+ * this long with data unacknowledged, or keepalive probes unanswered.
  * Close-on-exec: a program the caller starts (dlock run's COMMAND) never
  * inherits a connection of ours (curl makes its sockets without it). */
 static int sockopt(void *ud, curl_socket_t fd, curlsocktype purpose)

@@ -38,7 +38,7 @@ json_object *dlock__et_keepalive_body(int64_t id)
 	return body;
 }
 
-/* Read a dlock__et_keepalive answer (consumed) for lease `id` sent at `sent`. */
+/* Read a keepalive answer (consumed) for lease `id` sent at `sent`. */
 int dlock__et_keepalive_read(etcd *e, int64_t id, json_object *resp, int64_t sent, int64_t *ttl_s)
 {
 	int rc = 0;
@@ -64,7 +64,7 @@ int dlock__et_keepalive_read(etcd *e, int64_t id, json_object *resp, int64_t sen
 
 /*
  * Keep lease `id` alive now. *ttl_s gets what etcd says is left (0: the
- * lease is gone, its keys deleted). The gateway answers a dlock__et_keepalive of an
+ * lease is gone, its keys deleted). The gateway answers a keepalive of an
  * unknown lease with a result without TTL, not an error.
  */
 int dlock__et_keepalive(etcd *e, int64_t id, int64_t *ttl_s)

@@ -54,7 +54,7 @@ static void lease_retire(etcd *e, int64_t id)
 
 /*
  * The delete of req's key failed (a release, a cancel, an undo): the key may
- * still be there. Nobody wants it, but every dlock__et_keepalive of its lease would
+ * still be there. Nobody wants it, but every keepalive of its lease would
  * keep it, and the name blocked, alive. So its lease is retired: never kept
  * alive again and given no new key; rescue() moves our live keys off it and
  * then revokes it, which deletes the orphan. The entry stays (marked) so a
@@ -229,7 +229,7 @@ static int rescue(etcd *e)
 			char *key = hold_key(e, h);
 			int r = key ? dlock__et_lease_get(e, old.ttl_s * 1000, &to) : DLOCK_ENOMEM;
 			/* The hold's deadline in the core may rest on the old lease's last
-			 * dlock__et_keepalive: the new lease must last at least as long. */
+			 * keepalive: the new lease must last at least as long. */
 			if (r == 0 && to->alive_until < old.alive_until) {
 				int64_t left = 0;
 				int64_t id = to->id;
@@ -298,7 +298,7 @@ static int rescue(etcd *e)
 }
 
 /*
- * Whether `me` dlock__et_holds given the keys of the name sorted by create revision
+ * Whether `me` holds given the keys of the name sorted by create revision
  * (all of them, or at least the first `permits` for exclusive mode). The
  * permits rule of every store (dlock/lock.h): holders + 1 <= the smallest
  * permits among the holders and the caller.
@@ -333,7 +333,7 @@ int dlock__et_holds(const kv *keys, size_t n, const kv *me, dlock_mode mode, uns
 			*watch = prev;
 		return older == 0;
 	}
-	/* The key at queue position `older` dlock__et_holds while older + 1 <= the smallest
+	/* The key at queue position `older` holds while older + 1 <= the smallest
 	 * permits of the keys up to it: the holders are a prefix of the queue, as
 	 * many as every one of them allows (a mutex ahead admits nobody). */
 	return older < limit;
@@ -431,7 +431,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 			 * (a) if this member shows our key first at revision R, no older key
 			 * exists at R and none can appear later (create revisions only grow),
 			 * and (b) the grant also needs the lease confirmed alive after t0
-			 * below (a dlock__et_keepalive the leader answers, or a grant), so our key still
+			 * below (a keepalive the leader answers, or a grant), so our key still
 			 * exists now. A lagging member only makes us wait longer. */
 			json_object_array_add(ok, dlock__et_op_range(nm.key, NULL, 0, 0, R_SERIALIZABLE));
 			json_object_array_add(ok, dlock__et_op_range(nm.dir, nm.end, 1, limit, R_SERIALIZABLE));
@@ -463,7 +463,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 				 dlock__et_keepalive_body(lease_id), &ka_resp, &ka_rc);
 			if (ka_rc == 0 && dlock__et_keepalive_read(e, lease_id, ka_resp, ka_sent, &ka_left) != 0)
 				ka_left = -1;
-			/* One attempt only: fail over or re-dlock__et_authenticate through dlock__et_rpc(). The
+			/* One attempt only: fail over or re-authenticate through dlock__et_rpc(). The
 			 * Txn may be repeated safely: its compare makes the write happen once. */
 			if (rc != 0 && res.grpc != GRPC_NOT_FOUND &&
 			    (rc == DLOCK_EUNAVAILABLE || res.grpc == GRPC_UNAUTHENTICATED))
@@ -518,7 +518,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 				attempt--;
 				continue;
 			}
-			/* Only the try-once compare leaves us without a key: someone dlock__et_holds it. */
+			/* Only the try-once compare leaves us without a key: someone holds it. */
 			hold_forget(e, req);
 			rc = DLOCK_ELOCKED;
 			break;
@@ -544,7 +544,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 			lease *kl = dlock__et_lease_find_id(e, key_lease);
 			int64_t left;
 			if (key_lease == lease_id && ka_left >= 0) {
-				left = ka_left; /* the parallel dlock__et_keepalive covered it */
+				left = ka_left; /* the parallel keepalive covered it */
 			} else if (kl && kl->alive_until >= alive_enough) {
 				left = kl->granted_s; /* granted or kept alive lately */
 				if (kl->alive_until < t0 + req->ttl_ms)
@@ -768,12 +768,12 @@ int dlock__et_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 	int64_t cap = min_ttl / 5 * 3;
 	e->op_timeout_ms = e->nurls < 2 ? 0 : cap < 500 ? 500 : (long)cap;
 	/* One Txn reads every hold's key (which lease it rides on, whether it is
-	 * still there); one dlock__et_keepalive per distinct lease covers them all. The
-	 * dlock__et_keepalive of the lease our dlock__et_holds are known to ride on goes in
+	 * still there); one keepalive per distinct lease covers them all. The
+	 * keepalive of the lease our holds are known to ride on goes in
 	 * parallel with the read (one round trip, so a link as slow as TTL/2
 	 * keeps its locks); a lease the read finds unexpected gets its own.
 	 * The read is serializable so that it needs no leader (it must not eat
-	 * the lease during an election); the dlock__et_keepalive, which the leader
+	 * the lease during an election); the keepalive, which the leader
 	 * answers, is what proves the lease. */
 	int64_t ka_id = 0, ka_left = -1;
 	pthread_mutex_lock(&e->mu);
@@ -811,7 +811,7 @@ int dlock__et_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 				 dlock__et_keepalive_body(ka_id), &ka_resp, &ka_rc);
 			if (ka_rc != 0 || dlock__et_keepalive_read(e, ka_id, ka_resp, sent, &ka_left) != 0)
 				ka_left = -1;
-			/* One attempt only: fail over or re-dlock__et_authenticate through dlock__et_rpc(). */
+			/* One attempt only: fail over or re-authenticate through dlock__et_rpc(). */
 			if (rc != 0 && (rc == DLOCK_EUNAVAILABLE || res.grpc == GRPC_UNAUTHENTICATED))
 				rc = dlock__et_rpc(e, e->cmd, "/v3/kv/txn", body, &resp, NULL);
 			else

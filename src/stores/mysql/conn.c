@@ -504,7 +504,7 @@ int dlock__my_schema_ensure(mysql_be *b, int64_t deadline)
 		return rc;
 	MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
 	if (!row) {
-		/* Only now DDL: a user without CREATE can dlock__my_run on tables an admin made. */
+		/* Only now DDL: a user without CREATE can run on tables an admin made. */
 		mysql_free_result(res);
 		res = NULL;
 		if ((rc = dlock__my_exec(b, b->conn, schema_sql, sizeof(schema_sql) - 1, &res, "creating the schema", deadline)) != 0)

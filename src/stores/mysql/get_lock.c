@@ -14,7 +14,7 @@
  * and %2F (so prefix=a/x + name y is not prefix=a + name x/y), or when that
  * is over 64 characters (MySQL's limit) its first 23 characters, '~' and
  * the first 40 hex digits of its
- * SHA-256. The server computes it, so an operator can dlock__my_run the same SQL to find
+ * SHA-256. The server computes it, so an operator can run the same SQL to find
  * a lock in IS_USED_LOCK or the metadata lock views.
  */
 void dlock__my_sb_key(sbuf *s, const mysql_be *b, const char *name_sql)

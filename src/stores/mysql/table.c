@@ -50,7 +50,7 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	} else {
 		/* A writer (or one of N semaphore permits), none a reader, and the
 		 * permits rule (dlock/lock.h): holders + 1 <= the smallest permits
-		 * among the holders and dlock__my_us (a mutex holder, 1, admits nobody). */
+		 * among the holders and us (a mutex holder, 1, admits nobody). */
 		sb_add(&s, " AND (SELECT COUNT(*) FROM dlock_holder WHERE ");
 		dlock__my_where_name(&s, b, req->name);
 		sb_add(&s, ") < LEAST(%u, COALESCE((SELECT MIN(permits) FROM dlock_holder WHERE ", permits);
@@ -60,7 +60,7 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 		sb_add(&s, " AND mode = 1)");
 	}
 	if (req->fair) {
-		/* FIFO: nobody registered before dlock__my_us is still waiting (a newcomer is behind everyone). */
+		/* FIFO: nobody registered before us is still waiting (a newcomer is behind everyone). */
 		sb_add(&s, " AND NOT EXISTS (SELECT 1 FROM dlock_waiter w WHERE w.ns = %s AND w.name = ", b->ns_hex);
 		dlock__my_sb_hex(&s, req->name);
 		sb_add(&s, " AND w.owner <> ");
@@ -116,7 +116,7 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	sb_add(&s, "SET @dl_left = (SELECT TIMESTAMPDIFF(MICROSECOND, @dl_now, MIN(expires)) FROM dlock_holder WHERE ");
 	dlock__my_where_name(&s, b, req->name);
 	/* The answer before COMMIT: once the grant or the waiter row is visible to
-	 * others, only the COMMIT's OK is still on its way to dlock__my_us. */
+	 * others, only the COMMIT's OK is still on its way to us. */
 	sb_add(&s, ");SELECT @dl_ok, @dl_f, @dl_left, @dl_ahead;COMMIT");
 
 	MYSQL_RES *res;

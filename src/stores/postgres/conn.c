@@ -61,8 +61,8 @@ static int query_error(PGconn *c, PGresult *res, const char *what)
 
 /* ------------------------------------------------------------ connections */
 
-/* A timed-out statement may still dlock__pg_run on the server (or a stopped backend
- * may dlock__pg_run it when it wakes): ask the server to cancel it. libpq 15's
+/* A timed-out statement may still run on the server (or a stopped backend
+ * may run it when it wakes): ask the server to cancel it. libpq 15's
  * PQcancel blocks (connect, send, wait for the close) with no time limit, so
  * it runs on a detached thread of its own that owns nothing but the PGcancel;
  * the caller never waits for it. A few at most at a time (a black-holed

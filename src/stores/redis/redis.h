@@ -140,7 +140,7 @@ int dlock__rbuffer_read(redisContext *c);
 int dlock__rget_reply(redisContext *c, void **reply);
 
 /* TCP keepalive (idle about timeout_ms) and TCP_USER_TIMEOUT on c's socket
- * (dlock__rconnect and dlock__rconnect_by already do it). */
+ * (dlock__rconnect() and dlock__rconnect_by() already do it). */
 void dlock__rsock_setup(redisContext *c, int64_t timeout_ms);
 
 /* Turn a Redis error reply into a dlock error (EAUTH, ESTORE, ...). */

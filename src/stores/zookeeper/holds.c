@@ -211,7 +211,7 @@ static void probe_done(int rc, const struct Stat *stat, const void *data)
  * than the request timeout, the sweeper sends a probe (exists of "/") on
  * its session: if the link works, the probe's answer arrives ahead of the
  * lost one, libzookeeper takes that for a broken connection and reconnects,
- * and the session dlock__zk_watcher sweeps again. A probe lost too is followed by
+ * and the session watcher sweeps again. A probe lost too is followed by
  * another one request timeout later. It also restarts sweeps that
  * failed while the session stayed connected.
  */
@@ -398,7 +398,7 @@ static int make_parents(zk_store *st, zsess *z, const char *dir, int64_t deadlin
 			continue;
 		char save = *c;
 		*c = '\0';
-		/* Inside the chroot only the prefix and the name are ours to dlock__zk_reap. */
+		/* Inside the chroot only the prefix and the name are ours to reap. */
 		bool ours = strlen(p) > chroot_len;
 		zop *op = dlock__zk_op_new(st);
 		ops[n++] = dlock__zk_op_sent(st, op,

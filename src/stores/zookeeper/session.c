@@ -479,7 +479,7 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 	z->next = st->sessions;
 	st->sessions = z;
 	pthread_mutex_unlock(&st->mu);
-	/* zh is assigned before anything but the dlock__zk_watcher can see z; the dlock__zk_watcher
+	/* zh is assigned before anything but the watcher can see z; the watcher
 	 * only uses the handle it is given. */
 	char *numeric = NULL;
 	int rrc = resolve_hosts(st, deadline, &numeric);

@@ -37,7 +37,7 @@ typedef struct zsess {
 	zhandle_t *zh;
 	int64_t want_ms;  /* requested timeout: the table key */
 	int negotiated;   /* timeout the server granted, ms */
-	int state;        /* last session state the dlock__zk_watcher saw */
+	int state;        /* last session state the watcher saw */
 	bool expired;     /* expired, auth failed or closed: never usable again */
 	bool auth_failed;
 	bool current;     /* new holds with this key go here */
@@ -46,7 +46,7 @@ typedef struct zsess {
 	int refs;
 } zsess;
 
-/* A wait() in progress: the dlock__zk_watcher marks it when its path fires. */
+/* A wait() in progress: the watcher marks it when its path fires. */
 typedef struct watch_wait {
 	struct watch_wait *next;
 	zsess *sess;
@@ -57,7 +57,7 @@ typedef struct watch_wait {
 /* The nodes of one owner under one name whose create or delete outcome is
  * unknown (a reply that never came, a call whose deadline passed), and
  * that no hold of ours uses: deleted by a sweep as soon as the session is
- * connected (the session dlock__zk_watcher starts it; no call of the user is needed),
+ * connected (the session watcher starts it; no call of the user is needed),
  * or gone with the session if it expires. A retry of the same owner claims
  * it instead (dlock__zk_find_own adopts the node). Under st->mu, like the sweep's
  * completions, which run on libzookeeper's completion thread. */
@@ -316,7 +316,7 @@ bool dlock__zk_lease_set(zk_store *st, hold *h, int64_t since, int64_t ttl_ms, b
  * than the request timeout, the sweeper sends a probe (exists of "/") on
  * its session: if the link works, the probe's answer arrives ahead of the
  * lost one, libzookeeper takes that for a broken connection and reconnects,
- * and the session dlock__zk_watcher sweeps again. A probe lost too is followed by
+ * and the session watcher sweeps again. A probe lost too is followed by
  * another one request timeout later. It also restarts sweeps that
  * failed while the session stayed connected.
  */
