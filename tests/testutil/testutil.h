@@ -13,7 +13,8 @@ extern int tu_failures;
  * every test program (started before main) naps 10 ms at a time from the
  * start and records how late it woke; the grace is 50 ms plus twice the
  * latest wake-up seen so far, so that a loaded machine gets the room it
- * showed and an idle one keeps tight bounds. */
+ * showed and an idle one keeps tight bounds. Under ThreadSanitizer (no
+ * thread before a fork's child makes its own) three naps at each call. */
 long long tu_sched_grace_ms(void);
 /* The latest wake-up of that thread so far, ms (for the tests' reports). */
 long long tu_sched_late_ms(void);
