@@ -22,9 +22,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
-#include <dirent.h>
 #include <sys/file.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -964,49 +962,6 @@ static void case_two_handles(void)
 		}                                                                              \
 	} while (0)
 
-/* Before a fork: every other thread of this process asleep (state S in
- * /proc/self/task) for a few looks in a row, so that none of them is inside
- * malloc. The ASan runtime of clang before 18 does not lock its allocator
- * across fork(): a child that allocates could wait forever on a lock that a
- * parent thread held at the fork (a renewal thread still starting up). The
- * library's rule does not depend on it; the test's child would hang. */
-static bool others_asleep(void)
-{
-	DIR *d = opendir("/proc/self/task");
-	if (!d)
-		return true;
-	bool quiet = true;
-	struct dirent *e;
-	char self[32];
-	snprintf(self, sizeof(self), "%ld", (long)syscall(SYS_gettid));
-	while (quiet && (e = readdir(d))) {
-		if (e->d_name[0] == '.' || strcmp(e->d_name, self) == 0)
-			continue;
-		char p[300], buf[512] = "";
-		snprintf(p, sizeof(p), "/proc/self/task/%s/stat", e->d_name);
-		FILE *f = fopen(p, "r");
-		if (!f)
-			continue;
-		size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-		fclose(f);
-		buf[n] = '\0';
-		const char *st = strrchr(buf, ')');
-		if (st && st[1] == ' ' && st[2] != 'S')
-			quiet = false;
-	}
-	closedir(d);
-	return quiet;
-}
-
-static void quiesce_before_fork(void)
-{
-	long long until = tu_now_ms() + 5000;
-	for (int quiet = 0; quiet < 5 && tu_now_ms() < until;) {
-		quiet = others_asleep() ? quiet + 1 : 0;
-		usleep(1000);
-	}
-	fflush(NULL);
-}
 
 /* ThreadSanitizer refuses new threads in the child of a multi-threaded
  * fork (it dies: die_after_fork): there a child does not take a lock of
@@ -1156,7 +1111,7 @@ static void case_fork(void)
 	dlock_lock *l = new_lock(s, name, DLOCK_EXCLUSIVE, 1, 0, ttl);
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	uint64_t fence = dlock_fence(l);
-	quiesce_before_fork();
+	tu_quiesce_before_fork();
 	pid_t p = fork();
 	if (p < 0)
 		die("fork");
@@ -1189,7 +1144,7 @@ static void case_fork(void)
 	lock_name(name, sizeof(name), "fork-idle");
 	l = new_lock(s, name, DLOCK_EXCLUSIVE, 1, 0, ttl);
 	write_long("fork-fence", 0);
-	quiesce_before_fork();
+	tu_quiesce_before_fork();
 	p = fork();
 	if (p < 0)
 		die("fork");

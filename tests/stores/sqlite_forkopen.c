@@ -17,12 +17,10 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -106,46 +104,6 @@ static int fork_child(dlock_store *s, dlock_lock *l, const char *name, bool take
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-/* Before the quiet fork: every other thread asleep (state S) for a few
- * looks in a row, so that none is inside malloc: the ASan runtime of clang
- * before 18 does not lock its allocator across fork() (as in
- * conformance.c's fork case; the library's rule does not depend on it). */
-static bool others_asleep(void)
-{
-	DIR *d = opendir("/proc/self/task");
-	if (!d)
-		return true;
-	bool quiet = true;
-	struct dirent *e;
-	char self[32];
-	snprintf(self, sizeof(self), "%ld", (long)syscall(SYS_gettid));
-	while (quiet && (e = readdir(d))) {
-		if (e->d_name[0] == '.' || strcmp(e->d_name, self) == 0)
-			continue;
-		char p[300], buf[512] = "";
-		snprintf(p, sizeof(p), "/proc/self/task/%s/stat", e->d_name);
-		FILE *f = fopen(p, "r");
-		if (!f)
-			continue;
-		size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-		fclose(f);
-		buf[n] = '\0';
-		const char *st = strrchr(buf, ')');
-		if (st && st[1] == ' ' && st[2] != 'S')
-			quiet = false;
-	}
-	closedir(d);
-	return quiet;
-}
-
-static void quiesce(void)
-{
-	long long until = tu_now_ms() + 5000;
-	for (int quiet = 0; quiet < 5 && tu_now_ms() < until;) {
-		quiet = others_asleep() ? quiet + 1 : 0;
-		usleep(1000);
-	}
-}
 
 int main(int argc, char **argv)
 {
@@ -167,7 +125,7 @@ int main(int argc, char **argv)
 	/* Forked while no call runs: the child opens its own and is granted. */
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	long long took = 0;
-	quiesce();
+	tu_quiesce_before_fork();
 	int rc = fork_child(s, l, "quiet-child", true, CONNECT_MS + 3000 + TU_SCHED_GRACE_MS, &took);
 	printf("forked with no call running: child exit %d after %lld ms\n", rc, took);
 	CHECK(rc == 0);

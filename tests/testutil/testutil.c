@@ -1,10 +1,12 @@
 #include "testutil/testutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -204,4 +206,43 @@ int tu_reap(pid_t pid)
 		if (errno != EINTR)
 			return -1;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Whether every other thread of this process is asleep (state S). */
+static bool others_asleep(void)
+{
+	DIR *d = opendir("/proc/self/task");
+	if (!d)
+		return true;
+	bool quiet = true;
+	struct dirent *e;
+	char self[32];
+	snprintf(self, sizeof(self), "%ld", (long)syscall(SYS_gettid));
+	while (quiet && (e = readdir(d))) {
+		if (e->d_name[0] == '.' || strcmp(e->d_name, self) == 0)
+			continue;
+		char p[300], buf[512] = "";
+		snprintf(p, sizeof(p), "/proc/self/task/%s/stat", e->d_name);
+		FILE *f = fopen(p, "r");
+		if (!f)
+			continue;
+		size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[n] = '\0';
+		const char *st = strrchr(buf, ')');
+		if (st && st[1] == ' ' && st[2] != 'S')
+			quiet = false;
+	}
+	closedir(d);
+	return quiet;
+}
+
+void tu_quiesce_before_fork(void)
+{
+	long long until = tu_now_ms() + 5000;
+	for (int quiet = 0; quiet < 5 && tu_now_ms() < until;) {
+		quiet = others_asleep() ? quiet + 1 : 0;
+		usleep(1000);
+	}
+	fflush(NULL);
 }

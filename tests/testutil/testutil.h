@@ -75,6 +75,15 @@ void tu_server_dir(char *out, size_t n);
 #include <sys/types.h>
 pid_t tu_spawn_self(char *const argv[], void (*in_child)(void *ctx), void *ctx);
 
+/* Before a test's own fork() (no exec): wait (up to 5 s) until every other
+ * thread of this process is asleep (state S in /proc/self/task) for a few
+ * looks in a row, so that none of them is inside malloc, then flush stdio.
+ * The ASan runtime of clang before 18 does not lock its allocator across
+ * fork(): a child that allocates could wait forever on a lock a parent
+ * thread held at the fork (a renewal thread starting up). The library's
+ * fork rules do not depend on it; the test's child would hang. */
+void tu_quiesce_before_fork(void);
+
 /* Wait for pid (through EINTR): its exit status, 128 + the signal that
  * ended it, or -1 when it cannot be waited for. */
 int tu_reap(pid_t pid);
