@@ -643,37 +643,6 @@ static void case_cluster_failover(void)
 
 /* ---- chaos: a member stopped, the leader killed ---- */
 
-/* The scheduling delay of this run: a thread that naps 5 ms at a time and
- * records how late it woke, at most, while `lag_on`. */
-static atomic_int lag_on, lag_quit;
-static atomic_llong lag_max;
-
-static void *lag_thread(void *p)
-{
-	(void)p;
-	while (!atomic_load(&lag_quit)) {
-		long long t = tu_now_ms();
-		nap_ms(5);
-		long long late = tu_now_ms() - t - 5;
-		if (atomic_load(&lag_on) && late > atomic_load(&lag_max))
-			atomic_store(&lag_max, late);
-	}
-	return NULL;
-}
-
-static void lag_start(void)
-{
-	atomic_store(&lag_max, 0);
-	atomic_store(&lag_on, 1);
-}
-
-/* The scheduling delay seen since lag_start (twice: the call and our clock reads). */
-static long long lag_end(void)
-{
-	atomic_store(&lag_on, 0);
-	return 2 * atomic_load(&lag_max) + 5;
-}
-
 /* The leader's host:port, and the others' as ",h:p,h:p", from etcdctl. */
 static int find_leader(char *leader, size_t nl, char *others, size_t no)
 {
@@ -743,19 +712,19 @@ static void case_chaos_stopped(void)
 	kill(pid1, SIGSTOP);
 	printf("  follower %s, first in %s, stopped\n", f1, u);
 
-	lag_start();
+	tu_lag_start();
 	long long t = tu_now_ms();
 	CHECK_RC(dlock_release(held), 0);
-	long long took = tu_now_ms() - t, lag = lag_end();
+	long long took = tu_now_ms() - t, lag = tu_lag_ms();
 	printf("  release through the stopped member: %lld ms (bound: share %lld + healthy call %lld + lag %lld)\n",
 	       took, share_ms, base_ms, lag);
 	CHECK(took <= share_ms + base_ms + lag);
 
-	lag_start();
+	tu_lag_start();
 	t = tu_now_ms();
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	took = tu_now_ms() - t;
-	lag = lag_end();
+	lag = tu_lag_ms();
 	printf("  try-once acquire through the stopped member: %lld ms (bound: share %lld + healthy call %lld + "
 	       "lag %lld)\n", took, share_ms, base_ms, lag);
 	CHECK(took <= share_ms + base_ms + lag);
@@ -763,11 +732,11 @@ static void case_chaos_stopped(void)
 		CHECK_RC(dlock_release(a), 0);
 
 	dlock_store *so = NULL;
-	lag_start();
+	tu_lag_start();
 	t = tu_now_ms();
 	CHECK_RC(dlock_store_open(&so, u), 0);
 	took = tu_now_ms() - t;
-	lag = lag_end();
+	lag = tu_lag_ms();
 	/* An open of a member that answers, alone: the rest of the bound. */
 	char ul[700], uok[200];
 	dlock_store *sl = NULL;
@@ -783,11 +752,11 @@ static void case_chaos_stopped(void)
 	/* A long connect_timeout: the stopped member gets one request's worth,
 	 * then a member that answers takes as long as an open of it alone. */
 	snprintf(ul, sizeof(ul), "%s/?connect_timeout=30s", u);
-	lag_start();
+	tu_lag_start();
 	t = tu_now_ms();
 	CHECK_RC(dlock_store_open(&sl, ul), 0);
 	took = tu_now_ms() - t;
-	lag = lag_end();
+	lag = tu_lag_ms();
 	printf("  open with connect_timeout=30s: %lld ms (bound: one request timeout %lld + an open of a live "
 	       "member %lld + lag %lld)\n", took, request_ms, answer_ms, lag);
 	CHECK(took <= request_ms + answer_ms + lag);
@@ -825,10 +794,10 @@ static void case_chaos_leader(void)
 	kill(pid, SIGKILL);
 	printf("  leader %s killed\n", leader);
 	const long long wait_ms = 8000;
-	lag_start();
+	tu_lag_start();
 	long long t = tu_now_ms();
 	CHECK_RC(dlock_acquire(l, wait_ms), 0);
-	long long took = tu_now_ms() - t, lag = lag_end();
+	long long took = tu_now_ms() - t, lag = tu_lag_ms();
 	printf("  a wait of %lld ms started as the leader died: %s after %lld ms (lag %lld)\n", wait_ms,
 	       dlock_held(l) ? "granted" : dlock_error_name(dlock_error_last()->code), took, lag);
 	CHECK(took <= wait_ms + lag);
@@ -840,13 +809,9 @@ static void case_chaos_leader(void)
 
 static void case_chaos(void)
 {
-	pthread_t th;
 	server_start(3, "", 0);
-	CHECK(pthread_create(&th, NULL, lag_thread, NULL) == 0);
 	case_chaos_stopped();
 	case_chaos_leader();
-	atomic_store(&lag_quit, 1);
-	pthread_join(th, NULL);
 	server_stop();
 }
 

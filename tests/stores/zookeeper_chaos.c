@@ -33,27 +33,12 @@
 #include <time.h>
 #include <unistd.h>
 
-static atomic_int lag_on, lag_quit;
-static atomic_llong lag_max;
 
 static void nap_ms(long ms)
 {
 	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
 	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
 		;
-}
-
-static void *lag_thread(void *p)
-{
-	(void)p;
-	while (!atomic_load(&lag_quit)) {
-		long long t = tu_now_ms();
-		nap_ms(5);
-		long long late = tu_now_ms() - t - 5;
-		if (atomic_load(&lag_on) && late > atomic_load(&lag_max))
-			atomic_store(&lag_max, late);
-	}
-	return NULL;
 }
 
 /* "follower", "leader" or "" for the member on 127.0.0.1:port (srvr). */
@@ -169,18 +154,6 @@ static void on_lost(dlock_lock *l, void *p)
 	atomic_fetch_add(&lost_count, 1);
 }
 
-static void lag_start(void)
-{
-	atomic_store(&lag_max, 0);
-	atomic_store(&lag_on, 1);
-}
-
-/* twice the worst lateness of the 5 ms ticker since lag_start, plus a tick */
-static long long lag_now(void)
-{
-	return 2 * atomic_load(&lag_max) + 5;
-}
-
 #define REQ_MS 2000LL /* the URI's default request timeout: min(connect_timeout, 2 s) */
 #define TTL_MS 3000LL /* a 4 s session: the client leaves a silent server after 2.7 s */
 
@@ -241,17 +214,17 @@ static void case_connected_follower(const char *uri, const char *dir)
 	dlock_lock *b = NULL;
 	snprintf(name, sizeof(name), "moved-b-%d", (int)getpid());
 	CHECK_RC(dlock_lock_new(&b, s, name, &o), 0);
-	lag_start();
+	tu_lag_start();
 	long long t = tu_now_ms();
 	int rc = dlock_acquire(b, 0);
 	long long acq = tu_now_ms() - t;
 	if (rc)
 		printf("  try-once: %s after %lld ms: %s\n", dlock_error_name(rc), acq, dlock_error_last()->message);
 	CHECK_RC(rc, 0);
-	CHECK(acq <= REQ_MS + lag_now());
+	CHECK(acq <= REQ_MS + tu_lag_ms());
 	long long rel = -1;
 	if (rc == 0) {
-		lag_start();
+		tu_lag_start();
 		t = tu_now_ms();
 		rc = dlock_release(b);
 		rel = tu_now_ms() - t;
@@ -259,7 +232,7 @@ static void case_connected_follower(const char *uri, const char *dir)
 			printf("  release: %s after %lld ms: %s\n", dlock_error_name(rc), rel,
 			       dlock_error_last()->message);
 		CHECK_RC(rc, 0);
-		CHECK(rel <= REQ_MS + lag_now());
+		CHECK(rel <= REQ_MS + tu_lag_ms());
 	}
 	dlock_lock_free(b);
 	/* the hold made before the stop, renewed across it */
@@ -267,12 +240,12 @@ static void case_connected_follower(const char *uri, const char *dir)
 		nap_ms(50);
 	bool kept = dlock_held(a) && atomic_load(&lost_count) == 0;
 	CHECK(kept);
-	lag_start();
+	tu_lag_start();
 	t = tu_now_ms();
 	rc = dlock_release(a);
 	long long rel_a = tu_now_ms() - t;
 	CHECK_RC(rc, 0);
-	CHECK(rel_a <= REQ_MS + lag_now());
+	CHECK(rel_a <= REQ_MS + tu_lag_ms());
 	printf("  connected follower stopped: try-once %lld ms, release %lld ms, held lock %s for %lld ms, "
 	       "its release %lld ms (bound %lld + lag each)\n",
 	       acq, rel, kept ? "kept" : "LOST", 2 * TTL_MS, rel_a, REQ_MS);
@@ -364,7 +337,7 @@ static void case_leader_killed(const char *uri, const char *script, const char *
 	snprintf(w.name, sizeof(w.name), "elect-w-%d", (int)getpid());
 	pthread_t wt;
 	CHECK(pthread_create(&wt, NULL, wait_thread, &w) == 0);
-	lag_start();
+	tu_lag_start();
 	dlock_store *fresh = NULL;
 	long long t = tu_now_ms();
 	int rc = dlock_store_open(&fresh, uri);
@@ -372,24 +345,24 @@ static void case_leader_killed(const char *uri, const char *script, const char *
 	if (rc)
 		printf("  open: %s after %lld ms: %s\n", dlock_error_name(rc), open_ms, dlock_error_last()->message);
 	CHECK_RC(rc, 0);
-	CHECK(open_ms <= 5000 + lag_now());
+	CHECK(open_ms <= 5000 + tu_lag_ms());
 	dlock_store_close(fresh);
 	pthread_join(wt, NULL);
 	CHECK_RC(w.rc, 0);
-	CHECK(w.took <= w.wait_ms + lag_now());
+	CHECK(w.took <= w.wait_ms + tu_lag_ms());
 	/* the election is over (a session was made): the held lock was renewed */
 	while (tu_now_ms() - t0 < 2 * TTL_MS && dlock_held(h) && atomic_load(&lost_count) == 0)
 		nap_ms(50);
 	bool kept = dlock_held(h) && atomic_load(&lost_count) == 0;
 	CHECK(kept);
-	lag_start();
+	tu_lag_start();
 	t = tu_now_ms();
 	rc = dlock_release(h);
 	long long rel = tu_now_ms() - t;
 	if (rc)
 		printf("  release: %s after %lld ms: %s\n", dlock_error_name(rc), rel, dlock_error_last()->message);
 	CHECK_RC(rc, 0);
-	CHECK(rel <= REQ_MS + lag_now());
+	CHECK(rel <= REQ_MS + tu_lag_ms());
 	printf("  leader killed: open %lld ms (bound 5000 + lag), wait %s after %lld ms (bound %lld), held lock "
 	       "%s, release %lld ms (bound %lld + lag)\n",
 	       open_ms, w.rc == 0 ? "granted" : "failed", w.took, w.wait_ms, kept ? "kept" : "LOST", rel, REQ_MS);
@@ -440,8 +413,6 @@ int main(int argc, char **argv)
 	CHECK(pid > 0);
 	if (pid <= 0)
 		return tu_done("zookeeper_chaos");
-	pthread_t th;
-	CHECK(pthread_create(&th, NULL, lag_thread, NULL) == 0);
 	kill(pid, SIGSTOP);
 	printf("  follower on port %d (pid %d) stopped\n", port, pid);
 	const long long connect_ms = 5000; /* the URI default */
@@ -449,13 +420,11 @@ int main(int argc, char **argv)
 	int failed = 0;
 	for (int i = 0; i < 8; i++) {
 		dlock_store *s = NULL;
-		atomic_store(&lag_max, 0);
-		atomic_store(&lag_on, 1);
+		tu_lag_start();
 		long long t = tu_now_ms();
 		int rc = dlock_store_open(&s, uri);
 		long long took = tu_now_ms() - t;
-		atomic_store(&lag_on, 0);
-		long long lag = 2 * atomic_load(&lag_max) + 5;
+		long long lag = tu_lag_ms();
 		if (rc != 0) {
 			failed++;
 			printf("  open %d: %s after %lld ms: %s\n", i, dlock_error_name(rc), took,
@@ -485,7 +454,5 @@ int main(int argc, char **argv)
 	kill(pid, SIGCONT);
 	case_connected_follower(uri, argv[2]);
 	case_leader_killed(uri, argv[1], argv[2]);
-	atomic_store(&lag_quit, 1);
-	pthread_join(th, NULL);
 	return tu_done("zookeeper_chaos");
 }

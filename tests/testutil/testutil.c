@@ -14,6 +14,7 @@
 int tu_failures;
 
 static _Atomic long long sched_late_us;
+static _Atomic long long window_late_us; /* since tu_lag_start */
 static bool sampled_on_call; /* no sampler thread: measure at each call */
 
 /* Naps 10 ms at a time for the life of the process, keeping the latest
@@ -36,6 +37,8 @@ static void *sched_sampler(void *arg)
 		long long late = (long long)(now.tv_sec - at.tv_sec) * 1000000 + (now.tv_nsec - at.tv_nsec) / 1000;
 		if (late > atomic_load(&sched_late_us))
 			atomic_store(&sched_late_us, late);
+		if (late > atomic_load(&window_late_us))
+			atomic_store(&window_late_us, late);
 		at = now; /* the next nap starts from here: one late wake is counted once */
 	}
 	return NULL;
@@ -82,8 +85,22 @@ long long tu_sched_late_ms(void)
 		long long late = (long long)(b.tv_sec - a.tv_sec) * 1000000 + (b.tv_nsec - a.tv_nsec) / 1000 - 10000;
 		if (late > atomic_load(&sched_late_us))
 			atomic_store(&sched_late_us, late);
+		if (late > atomic_load(&window_late_us))
+			atomic_store(&window_late_us, late);
 	}
 	return (atomic_load(&sched_late_us) + 999) / 1000;
+}
+
+void tu_lag_start(void)
+{
+	atomic_store(&window_late_us, 0);
+}
+
+long long tu_lag_ms(void)
+{
+	if (sampled_on_call)
+		tu_sched_late_ms(); /* three naps now */
+	return 2 * ((atomic_load(&window_late_us) + 999) / 1000) + 10;
 }
 
 long long tu_sched_grace_ms(void)

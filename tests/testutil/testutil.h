@@ -19,6 +19,11 @@ long long tu_sched_grace_ms(void);
 /* The latest wake-up of that thread so far, ms (for the tests' reports). */
 long long tu_sched_late_ms(void);
 #define TU_SCHED_GRACE_MS tu_sched_grace_ms()
+/* The same measure over a window, for a bound tighter than the run's: the
+ * window starts at tu_lag_start(); tu_lag_ms() is twice the latest wake-up
+ * seen since, plus one nap (10 ms). */
+void tu_lag_start(void);
+long long tu_lag_ms(void);
 
 #define CHECK(cond)                                                                        \
 	do {                                                                               \
