@@ -24,31 +24,7 @@
 
 static char path[600], uri[700];
 
-static long long wall_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
-/* How long the registration at place `k` (0: the front) of "q" has left, ms. */
-static long long left_at(int k)
-{
-	sqlite3 *db = NULL;
-	sqlite3_stmt *st = NULL;
-	long long left = -1;
-	if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
-	    sqlite3_prepare_v2(db, "SELECT expires FROM dlock_queue WHERE name='q' ORDER BY seq LIMIT 1 OFFSET ?1",
-			       -1, &st, NULL) == SQLITE_OK) {
-		sqlite3_busy_timeout(db, 5000);
-		sqlite3_bind_int(st, 1, k);
-		if (sqlite3_step(st) == SQLITE_ROW)
-			left = sqlite3_column_int64(st, 0) - wall_ms();
-	}
-	sqlite3_finalize(st);
-	sqlite3_close(db);
-	return left;
-}
 
 /* The parent's store and its hold of "q". */
 static dlock_store *s;
@@ -126,7 +102,8 @@ static void second_registration(void)
 		return unhold();
 	sp_child w[3];
 	int n = queue_up(w, 3);
-	long long first = left_at(0), second = left_at(1), third = left_at(2);
+	long long first = sp_queue_left(path, "q", 0), second = sp_queue_left(path, "q", 1);
+	long long third = sp_queue_left(path, "q", 2);
 	printf("registrations: the front's %lld ms left, the second's %lld ms, the third's %lld ms\n", first,
 	       second, third);
 	CHECK(first > 0 && first <= QUEUE_TTL_MS);

@@ -35,12 +35,6 @@ static long long mono_ms(void)
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static long long wall_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* A fair waiter in a thread with a store handle of its own: waits up to
  * wait_ms; when granted, holds until `go` is written, then releases. */
@@ -102,24 +96,6 @@ static bool granted_by(waiter *w, int ms)
 	return false;
 }
 
-/* How long the registration at place `k` (0: the front) of "far" has left, ms. */
-static long long left_at(int k)
-{
-	sqlite3 *db = NULL;
-	sqlite3_stmt *st = NULL;
-	long long left = -1;
-	if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
-	    sqlite3_prepare_v2(db, "SELECT expires FROM dlock_queue WHERE name='far' ORDER BY seq LIMIT 1 OFFSET ?1",
-			       -1, &st, NULL) == SQLITE_OK) {
-		sqlite3_busy_timeout(db, 5000);
-		sqlite3_bind_int(st, 1, k);
-		if (sqlite3_step(st) == SQLITE_ROW)
-			left = sqlite3_column_int64(st, 0) - wall_ms();
-	}
-	sqlite3_finalize(st);
-	sqlite3_close(db);
-	return left;
-}
 
 int main(int argc, char **argv)
 {
@@ -143,13 +119,13 @@ int main(int argc, char **argv)
 		CHECK(waiter_start(&w[i], 20000));
 		CHECK(tu_await_waiters(s, "far", (size_t)i + 1, 10000));
 	}
-	long long front_left = left_at(0);
+	long long front_left = sp_queue_left(path, "far", 0);
 
 	/* A third waits 2.5 s with two ahead: its first try and its cancel. */
 	waiter far;
 	CHECK(waiter_start(&far, 2500));
 	CHECK(tu_await_waiters(s, "far", 3, 10000));
-	long long far_left = left_at(2);
+	long long far_left = sp_queue_left(path, "far", 2);
 	waiter_end(&far);
 	printf("registrations: the front's %lld ms left, the third's %lld ms\n", front_left, far_left);
 	printf("a waiter two places back, 2.5 s: %s after %llu requests\n", dlock_strerror(far.rc),
@@ -166,7 +142,7 @@ int main(int argc, char **argv)
 	CHECK(tu_await_waiters(s, "far", 3, 10000));
 	CHECK(waiter_start(&w[2], 20000));
 	CHECK(tu_await_waiters(s, "far", 4, 10000));
-	long long dead_left = left_at(2);
+	long long dead_left = sp_queue_left(path, "far", 2);
 	kill(dead.pid, SIGKILL);
 	CHECK(sp_finish(&dead) == 128 + SIGKILL);
 	CHECK(dead_left > 15000);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -217,4 +218,26 @@ void sp_remove_db(const char *path)
 		snprintf(p, sizeof(p), "%s%s", path, sfx[i]);
 		unlink(p);
 	}
+}
+
+long long sp_queue_left(const char *path, const char *name, int k)
+{
+	sqlite3 *db = NULL;
+	sqlite3_stmt *st = NULL;
+	long long left = -1;
+	if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+	    sqlite3_prepare_v2(db, "SELECT expires FROM dlock_queue WHERE name=?1 ORDER BY seq LIMIT 1 OFFSET ?2",
+			       -1, &st, NULL) == SQLITE_OK) {
+		sqlite3_busy_timeout(db, 5000);
+		sqlite3_bind_text(st, 1, name, -1, SQLITE_TRANSIENT);
+		sqlite3_bind_int(st, 2, k);
+		if (sqlite3_step(st) == SQLITE_ROW) {
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			left = sqlite3_column_int64(st, 0) - ((long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+		}
+	}
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+	return left;
 }

@@ -44,4 +44,9 @@ int sp_line(sp_child *c, char *buf, size_t len, int timeout_ms);
 /* Close its stdin and wait for it; its exit code. */
 int sp_finish(sp_child *c);
 
+/* How long the waiter registration at place `k` (0: the front) of lock
+ * `name` in the SQLite file at `path` has left, ms (its `expires` against
+ * the wall clock); -1 when there is none or the file cannot be read. */
+long long sp_queue_left(const char *path, const char *name, int k);
+
 #endif
