@@ -41,12 +41,11 @@ static void nap_ms(long ms)
 		;
 }
 
-/* "follower", "leader" or "" for the member on 127.0.0.1:port (srvr). */
-static void member_mode(int port, char *out, size_t n)
+/* The answer of the member on 127.0.0.1:port to "srvr" into buf ("" if none). */
+static void srvr(int port, char *buf, size_t len)
 {
-	char buf[4096] = "";
 	size_t got = 0;
-	out[0] = '\0';
+	buf[0] = '\0';
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -54,40 +53,32 @@ static void member_mode(int port, char *out, size_t n)
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && write(fd, "srvr", 4) == 4) {
 		ssize_t r;
-		while (got < sizeof(buf) - 1 && (r = read(fd, buf + got, sizeof(buf) - 1 - got)) > 0)
+		while (got < len - 1 && (r = read(fd, buf + got, len - 1 - got)) > 0)
 			got += (size_t)r;
 		buf[got] = '\0';
-		const char *m = strstr(buf, "Mode: ");
-		if (m)
-			snprintf(out, n, "%.*s", (int)strcspn(m + 6, "\r\n"), m + 6);
 	}
 	if (fd >= 0)
 		close(fd);
 }
 
+/* "follower", "leader" or "" for the member on 127.0.0.1:port (srvr). */
+static void member_mode(int port, char *out, size_t n)
+{
+	char buf[4096];
+	srvr(port, buf, sizeof(buf));
+	const char *m = strstr(buf, "Mode: ");
+	out[0] = '\0';
+	if (m)
+		snprintf(out, n, "%.*s", (int)strcspn(m + 6, "\r\n"), m + 6);
+}
+
 /* "Connections: N" of the member on 127.0.0.1:port (srvr), -1 if none. */
 static int member_conns(int port)
 {
-	char buf[4096] = "";
-	size_t got = 0;
-	int n = -1;
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	struct timeval tv = { 2, 0 };
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && write(fd, "srvr", 4) == 4) {
-		ssize_t r;
-		while (got < sizeof(buf) - 1 && (r = read(fd, buf + got, sizeof(buf) - 1 - got)) > 0)
-			got += (size_t)r;
-		buf[got] = '\0';
-		const char *m = strstr(buf, "Connections: ");
-		if (m)
-			n = atoi(m + 13);
-	}
-	if (fd >= 0)
-		close(fd);
-	return n;
+	char buf[4096];
+	srvr(port, buf, sizeof(buf));
+	const char *m = strstr(buf, "Connections: ");
+	return m ? atoi(m + 13) : -1;
 }
 
 typedef struct member {
