@@ -389,9 +389,9 @@ static dlock_backend *renew_instance(dlock_store *s, pthread_mutex_t **mu)
  * of close's bound (none if the store left the last request unanswered: a
  * connect to a silent store may take the whole connect_timeout). One still
  * opening after that is not waited for: it closes what it opens itself, and
- * keeps the store's memory until then. Waiting is the rule because a thread left
- * running inside a TLS library when the program exits meets that library's
- * exit-time clean-up (a crash, seen in conformance.redis-tls). */
+ * keeps the store's memory until then. Waiting is the rule because a thread
+ * left running inside a TLS library when the program exits meets that
+ * library's exit-time clean-up (a crash, seen in conformance.redis-tls). */
 void dlock__renewer_join_opener(dlock_store *s, int64_t by)
 {
 	if (!s->rbe_opener_started)
