@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
@@ -15,64 +14,22 @@ int tu_failures;
 
 static _Atomic long long sched_late_us;
 static _Atomic long long window_late_us; /* since tu_lag_start */
-static bool sampled_on_call; /* no sampler thread: measure at each call */
+static bool sampled_on_call; /* measure at each call (not under valgrind) */
 
-/* Naps 10 ms at a time for the life of the process, keeping the latest
- * wake-up. A forked child keeps what its parent had seen (no thread). */
-static void *sched_sampler(void *arg)
+/* Before main: under valgrind (one thread at a time, 20-50x slower) a
+ * second is the measure; elsewhere each call measures three naps now and
+ * keeps the latest wake-up of the run. Not a thread napping in the
+ * background: a test program that forks without exec (sqlite.fresh_file,
+ * the fork cases) then had its children hang in ASan's allocator 3 times in
+ * 6 here (clang 14), and ThreadSanitizer forbids threads in such children. */
+__attribute__((constructor)) static void sched_measure_init(void)
 {
-	(void)arg;
-	struct timespec at;
-	clock_gettime(CLOCK_MONOTONIC, &at);
-	for (;;) {
-		at.tv_nsec += 10 * 1000000L;
-		if (at.tv_nsec >= 1000000000L) {
-			at.tv_sec++;
-			at.tv_nsec -= 1000000000L;
-		}
-		while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR)
-			;
-		struct timespec now;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		long long late = (long long)(now.tv_sec - at.tv_sec) * 1000000 + (now.tv_nsec - at.tv_nsec) / 1000;
-		if (late > atomic_load(&sched_late_us))
-			atomic_store(&sched_late_us, late);
-		if (late > atomic_load(&window_late_us))
-			atomic_store(&window_late_us, late);
-		at = now; /* the next nap starts from here: one late wake is counted once */
-	}
-	return NULL;
-}
-
-__attribute__((constructor)) static void sched_sampler_start(void)
-{
-	/* Under valgrind (which runs one thread at a time, 20-50x slower) a
-	 * napping thread would only take turns from the test: a second is the
-	 * measure there. */
 	const char *pre = getenv("LD_PRELOAD");
 	if (pre && strstr(pre, "vgpreload")) {
 		atomic_store(&sched_late_us, 1000000);
 		return;
 	}
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TU_TSAN 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__) || defined(TU_TSAN)
-	/* ThreadSanitizer forbids a child forked from a threaded process to make
-	 * threads (the fork cases do): measured at each call instead. */
 	sampled_on_call = true;
-	return;
-#endif
-	pthread_t t;
-	pthread_attr_t a;
-	pthread_attr_init(&a);
-	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-	pthread_attr_setstacksize(&a, 64 * 1024);
-	if (pthread_create(&t, &a, sched_sampler, NULL) != 0)
-		atomic_store(&sched_late_us, 1000000); /* unmeasured: a generous second */
-	pthread_attr_destroy(&a);
 }
 
 long long tu_sched_late_ms(void)
@@ -94,6 +51,8 @@ long long tu_sched_late_ms(void)
 void tu_lag_start(void)
 {
 	atomic_store(&window_late_us, 0);
+	if (sampled_on_call)
+		tu_sched_late_ms(); /* three naps at the window's start too */
 }
 
 long long tu_lag_ms(void)

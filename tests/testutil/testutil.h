@@ -9,19 +9,18 @@
 extern int tu_failures;
 
 /* How late a timer-driven event (on_lost at the lease deadline) may be seen
- * in this run: scheduling, not the library. Not a fixed grace: a thread of
- * every test program (started before main) naps 10 ms at a time from the
- * start and records how late it woke; the grace is 50 ms plus twice the
- * latest wake-up seen so far, so that a loaded machine gets the room it
- * showed and an idle one keeps tight bounds. Under ThreadSanitizer (no
- * thread before a fork's child makes its own) three naps at each call. */
+ * in this run: scheduling, not the library. Not a fixed grace: each call
+ * naps 10 ms three times and keeps the latest wake-up of the run; the grace
+ * is 50 ms plus twice that, so that a loaded machine gets the room it
+ * showed and an idle one keeps tight bounds (under valgrind: a second).
+ * Each call takes ~30 ms: call it after the timed part, not inside it. */
 long long tu_sched_grace_ms(void);
-/* The latest wake-up of that thread so far, ms (for the tests' reports). */
+/* The latest wake-up seen so far (three naps now), ms. */
 long long tu_sched_late_ms(void);
 #define TU_SCHED_GRACE_MS tu_sched_grace_ms()
 /* The same measure over a window, for a bound tighter than the run's: the
- * window starts at tu_lag_start(); tu_lag_ms() is twice the latest wake-up
- * seen since, plus one nap (10 ms). */
+ * window starts at tu_lag_start() (three naps); tu_lag_ms() (three more)
+ * is twice the latest wake-up seen since, plus one nap (10 ms). */
 void tu_lag_start(void);
 long long tu_lag_ms(void);
 
