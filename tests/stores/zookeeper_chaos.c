@@ -161,7 +161,7 @@ static void case_connected_follower(const char *uri, const char *dir)
 	dlock_lock *a = NULL;
 	int on = -1;
 	char name[64], mode[32];
-	for (int tries = 0; tries < 12 && on < 0; tries++) {
+	for (int tries = 0; tries < 40 && on < 0; tries++) {
 		int before[3];
 		for (int i = 0; i < nm; i++)
 			before[i] = member_conns(m[i].port);
