@@ -985,28 +985,6 @@ static bool fork_error(void)
 	       strstr(m, "open a new store in the child");
 }
 
-/* The exit code of child p, within ms (killed after: a hung child fails). */
-static int fork_reap(pid_t p, long long ms)
-{
-	long long until = tu_now_ms() + ms;
-	int st = 0;
-	for (;;) {
-		pid_t r = waitpid(p, &st, WNOHANG);
-		if (r == p)
-			break;
-		if (r < 0 && errno != EINTR)
-			return 201;
-		if (tu_now_ms() > until) {
-			fprintf(stderr, "fork child %d still running after %lld ms: killed\n", (int)p, ms);
-			kill(p, SIGKILL);
-			waitpid(p, &st, 0);
-			return 200;
-		}
-		usleep(5000);
-	}
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static int fork_exit_code(int bad)
 {
 	return bad > 100 ? 100 : bad;
@@ -1117,7 +1095,7 @@ static void case_fork(void)
 		die("fork");
 	if (p == 0)
 		_exit(fork_exit_code(fork_child_held(s, l, name)));
-	int code = fork_reap(p, 60000);
+	int code = tu_reap_within(p, 60000);
 	if (code)
 		fprintf(stderr, "fork after open, held: the child exited with %d\n", code);
 	CHECK(code == 0);
@@ -1150,7 +1128,7 @@ static void case_fork(void)
 		die("fork");
 	if (p == 0)
 		_exit(fork_exit_code(fork_child_idle(s, l, name)));
-	code = fork_reap(p, 60000);
+	code = tu_reap_within(p, 60000);
 	if (code)
 		fprintf(stderr, "fork after open, idle: the child exited with %d\n", code);
 	CHECK(code == 0);
@@ -1179,7 +1157,7 @@ static void case_fork(void)
 		_exit(fork_exit_code(fork_rounds(name, "fork-ids")));
 	int bad = fork_rounds(name, "fork-ids");
 	CHECK(bad == 0);
-	code = fork_reap(p, 120000);
+	code = tu_reap_within(p, 120000);
 	if (code)
 		fprintf(stderr, "fork before open: the child exited with %d\n", code);
 	CHECK(code == 0);

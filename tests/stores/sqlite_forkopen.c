@@ -85,23 +85,9 @@ static int fork_child(dlock_store *s, dlock_lock *l, const char *name, bool take
 		_exit(child(s, l, name, take));
 	if (p < 0)
 		return -1;
-	int st = 0;
-	for (;;) {
-		pid_t r = waitpid(p, &st, WNOHANG);
-		if (r == p)
-			break;
-		if (r < 0 && errno != EINTR)
-			return -1;
-		if (tu_now_ms() - t0 > ms) {
-			kill(p, SIGKILL);
-			waitpid(p, &st, 0);
-			*took = tu_now_ms() - t0;
-			return 200;
-		}
-		usleep(2000);
-	}
+	int rc = tu_reap_within(p, ms);
 	*took = tu_now_ms() - t0;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return rc;
 }
 
 

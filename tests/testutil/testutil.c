@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
@@ -181,6 +182,27 @@ int tu_reap(pid_t pid)
 	while (waitpid(pid, &st, 0) < 0)
 		if (errno != EINTR)
 			return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int tu_reap_within(pid_t pid, long long ms)
+{
+	long long until = tu_now_ms() + ms;
+	int st = 0;
+	for (;;) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+		if (r == pid)
+			break;
+		if (r < 0 && errno != EINTR)
+			return -1;
+		if (tu_now_ms() > until) {
+			fprintf(stderr, "child %d still running after %lld ms: killed\n", (int)pid, ms);
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0);
+			return 200;
+		}
+		usleep(2000);
+	}
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 

@@ -92,6 +92,10 @@ void tu_quiesce_before_fork(void);
  * ended it, or -1 when it cannot be waited for. */
 int tu_reap(pid_t pid);
 
+/* The same within `ms`: a child still running then is killed and 200 is
+ * returned (a hung child fails); -1 when it cannot be waited for. */
+int tu_reap_within(pid_t pid, long long ms);
+
 /* A program's cases: run those named in argv[first..argc) (every one when
  * none is named), each printed with ok/FAILED (by tu_failures) and its time.
  * Returns how many ran. */
