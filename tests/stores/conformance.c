@@ -451,7 +451,7 @@ static void case_paused_holder(void)
 	ev_b = event_new();
 	pid_t p = spawn(paused_holder, ttl);
 	CHECK(event_wait(ev_a));
-	kill(p, SIGSTOP);
+	tu_stop(p);
 	dlock_store *s = open_store();
 	dlock_lock *l = new_lock(s, name, DLOCK_EXCLUSIVE, 1, 0, 5000);
 	CHECK_RC(dlock_acquire(l, ttl + 4000), 0); /* granted once the stopped holder's lease ends */

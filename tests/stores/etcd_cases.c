@@ -222,7 +222,7 @@ static void case_stopped_waiter(void)
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	pid_t p = spawn("wait", name, ttl, &rd);
 	CHECK(tu_await_waiters(s, name, 1, 10000));
-	kill(p, SIGSTOP);
+	tu_stop(p);
 	/* Its lease runs out while it is stopped: its queue key goes. */
 	CHECK(tu_await_waiters(s, name, 0, ttl + 5000));
 	CHECK_RC(dlock_release(a), 0);
@@ -709,7 +709,7 @@ static void case_chaos_stopped(void)
 	/* The stopped member's share of a call (gateway.c "Hedging"): the
 	 * deadline over the three members. */
 	const long long share_ms = request_ms / 3, open_share_ms = connect_ms / 3;
-	kill(pid1, SIGSTOP);
+	tu_stop(pid1);
 	printf("  follower %s, first in %s, stopped\n", f1, u);
 
 	tu_lag_start();

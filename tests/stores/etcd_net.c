@@ -175,7 +175,7 @@ static void case_bounds(void)
 
 	/* The member hung before the call. */
 	long long t0 = tu_now_ms();
-	kill(server_pid, SIGSTOP);
+	tu_stop(server_pid);
 	int rc = dlock_acquire(a, 1000);
 	long long took = tu_now_ms() - t0;
 	printf("  acquire(wait 1000), member stopped: %s after %lld ms\n", dlock_error_name(rc), took);
@@ -189,7 +189,7 @@ static void case_bounds(void)
 		kill(server_pid, SIGCONT);
 		dlock_store *s2 = nu_open(u2);
 		dlock_lock *a2 = nu_lock(s2, name, 10000, 0);
-		kill(server_pid, SIGSTOP);
+		tu_stop(server_pid);
 		t0 = tu_now_ms();
 		rc = dlock_acquire(a2, 1000);
 		took = tu_now_ms() - t0;
@@ -200,7 +200,7 @@ static void case_bounds(void)
 		dlock_lock_free(a2);
 		kill(server_pid, SIGCONT);
 		dlock_store_close(s2);
-		kill(server_pid, SIGSTOP);
+		tu_stop(server_pid);
 	}
 
 	/* Status: within timeout=. */
@@ -252,7 +252,7 @@ static void case_bounds(void)
 	pid_t pid = fork();
 	if (pid == 0) {
 		nap_ms(400);
-		kill(server_pid, SIGSTOP);
+		kill(server_pid, SIGSTOP); /* a forked child: no allocation here */
 		_exit(0);
 	}
 	rc = dlock_acquire(a, 1000);

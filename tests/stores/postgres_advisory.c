@@ -143,7 +143,7 @@ static void test_hung_holder_session_ends(void)
 	int fd[2];
 	pid_t p = spawn_holder(name, ttl, fd);
 	long long t0 = tu_now_ms();
-	kill(p, SIGSTOP);
+	tu_stop(p);
 	dlock_store *s = nu_open(adv_uri);
 	dlock_lock *l = nu_lock(s, name, 5000, 0);
 	CHECK_RC(dlock_acquire(l, 0), DLOCK_ELOCKED);

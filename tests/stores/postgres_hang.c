@@ -67,7 +67,7 @@ static void stop_pid(int pid)
 {
 	pthread_mutex_lock(&stop_mu);
 	int n = atomic_load(&nstopped);
-	if (n < (int)(sizeof stopped / sizeof stopped[0]) && kill(pid, SIGSTOP) == 0) {
+	if (n < (int)(sizeof stopped / sizeof stopped[0]) && tu_stop(pid) >= 0) {
 		stopped[n] = pid;
 		atomic_store(&nstopped, n + 1);
 	}

@@ -181,7 +181,7 @@ int main(int argc, char **argv)
 	dlock_lock *wl = NULL;
 	CHECK_RC(rt_open_sentinel(&w, u), 0);
 	CHECK_RC(dlock_lock_new(&wl, w, "sentinel-wait", NULL), 0);
-	kill(rpid, SIGSTOP);
+	tu_stop(rpid);
 	long long t0 = tu_now_ms();
 	int rc = dlock_acquire(wl, 300);
 	long long took = tu_now_ms() - t0;
@@ -219,7 +219,7 @@ int main(int argc, char **argv)
 	fclose(pf);
 	/* cut the replica off (stopped for a few ms, so that it cannot reconnect),
 	 * grant, and kill the master at once: the grant never reaches the replica */
-	kill(rpid, SIGSTOP);
+	tu_stop(rpid);
 	redisReply *r = redisCommand(m, "CLIENT KILL TYPE replica");
 	CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer >= 1);
 	if (r)

@@ -197,7 +197,7 @@ static void case_connected_follower(const char *uri, const char *dir)
 	if (on < 0)
 		return;
 	atomic_store(&lost_count, 0);
-	kill(m[on].pid, SIGSTOP);
+	tu_stop(m[on].pid);
 	printf("  session on follower %s (port %d) stopped\n", m[on].name, m[on].port);
 	long long t0 = tu_now_ms();
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
@@ -404,7 +404,7 @@ int main(int argc, char **argv)
 	CHECK(pid > 0);
 	if (pid <= 0)
 		return tu_done("zookeeper_chaos");
-	kill(pid, SIGSTOP);
+	tu_stop(pid);
 	printf("  follower on port %d (pid %d) stopped\n", port, pid);
 	const long long connect_ms = 5000; /* the URI default */
 	long long slowest = 0;

@@ -595,7 +595,7 @@ static void case_stopped_holder(void)
 		_exit(stopped_child(name));
 	char c;
 	CHECK(read(pipe_a[0], &c, 1) == 1);
-	kill(p, SIGSTOP);
+	tu_stop(p);
 	long long t0 = tu_now_ms();
 	dlock_store *s = nu_openf("%s", direct_uri);
 	dlock_lock *l = nu_lock_cb(s, name, 4000, NULL);

@@ -206,21 +206,28 @@ int tu_reap_within(pid_t pid, long long ms)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-/* Whether every other thread of this process is asleep (state S). */
-static bool others_asleep(void)
+/* Whether every thread of process `pid` (0: this one, less the calling
+ * thread) is in one of the states `states` (letters of /proc's stat). */
+static bool tasks_in(pid_t pid, const char *states)
 {
-	DIR *d = opendir("/proc/self/task");
+	char dir[64];
+	if (pid)
+		snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+	else
+		snprintf(dir, sizeof(dir), "/proc/self/task");
+	DIR *d = opendir(dir);
 	if (!d)
 		return true;
-	bool quiet = true;
+	bool all = true;
 	struct dirent *e;
-	char self[32];
-	snprintf(self, sizeof(self), "%ld", (long)syscall(SYS_gettid));
-	while (quiet && (e = readdir(d))) {
+	char self[32] = "";
+	if (!pid)
+		snprintf(self, sizeof(self), "%ld", (long)syscall(SYS_gettid));
+	while (all && (e = readdir(d))) {
 		if (e->d_name[0] == '.' || strcmp(e->d_name, self) == 0)
 			continue;
-		char p[300], buf[512] = "";
-		snprintf(p, sizeof(p), "/proc/self/task/%s/stat", e->d_name);
+		char p[400], buf[512] = "";
+		snprintf(p, sizeof(p), "%s/%s/stat", dir, e->d_name);
 		FILE *f = fopen(p, "r");
 		if (!f)
 			continue;
@@ -228,18 +235,33 @@ static bool others_asleep(void)
 		fclose(f);
 		buf[n] = '\0';
 		const char *st = strrchr(buf, ')');
-		if (st && st[1] == ' ' && st[2] != 'S')
-			quiet = false;
+		if (st && st[1] == ' ' && !strchr(states, st[2]))
+			all = false;
 	}
 	closedir(d);
-	return quiet;
+	return all;
+}
+
+int tu_stop(pid_t pid)
+{
+	if (kill(pid, SIGSTOP) != 0)
+		return -1;
+	long long until = tu_now_ms() + 5000;
+	while (!tasks_in(pid, "tTZX")) {
+		if (tu_now_ms() > until) {
+			fprintf(stderr, "process %d not stopped 5 s after SIGSTOP\n", (int)pid);
+			return 1;
+		}
+		usleep(500);
+	}
+	return 0;
 }
 
 void tu_quiesce_before_fork(void)
 {
 	long long until = tu_now_ms() + 5000;
 	for (int quiet = 0; quiet < 5 && tu_now_ms() < until;) {
-		quiet = others_asleep() ? quiet + 1 : 0;
+		quiet = tasks_in(0, "S") ? quiet + 1 : 0;
 		usleep(1000);
 	}
 	fflush(NULL);

@@ -88,6 +88,14 @@ pid_t tu_spawn_self(char *const argv[], void (*in_child)(void *ctx), void *ctx);
  * fork rules do not depend on it; the test's child would hang. */
 void tu_quiesce_before_fork(void);
 
+/* SIGSTOP pid and wait (up to 5 s) until every thread of it is stopped
+ * (state T in /proc/PID/task): the signal stops one thread first and the
+ * others after it, and on a loaded machine a thread still running can
+ * answer a request sent after kill() returned. 0 once stopped; 1 when the
+ * signal was sent but a thread still ran 5 s later (a message says so); -1
+ * when the signal could not be sent. */
+int tu_stop(pid_t pid);
+
 /* Wait for pid (through EINTR): its exit status, 128 + the signal that
  * ended it, or -1 when it cannot be waited for. */
 int tu_reap(pid_t pid);
