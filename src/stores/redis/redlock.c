@@ -558,8 +558,11 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 		for (size_t k = 0; k < np; k++)
 			if (ops[idx[k]].hs && ops[idx[k]].hs_until - t < left)
 				left = ops[idx[k]].hs_until - t > 0 ? ops[idx[k]].hs_until - t : 0;
-		if (left <= 0 && decided && !drained) {
-			drained = true; /* read the answers already there, without waiting */
+		if (left <= 0 && !drained) {
+			/* read the answers already there, without waiting: also those
+			 * that came while a blocking connect of another master took
+			 * the round's time (they count; they are not timed out) */
+			drained = true;
 			left = 0;
 		} else if (left <= 0 && decided) {
 			for (size_t k = 0; k < np; k++) {
@@ -580,8 +583,7 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 					owe(s, i, after ? after->grant : NULL);
 			}
 			break;
-		}
-		if (left <= 0 && !decided) {
+		} else if (left <= 0) {
 			for (size_t k = 0; k < np; k++) {
 				char what[80];
 				snprintf(what, sizeof(what), "timed out (no answer within %lld ms)",
@@ -708,9 +710,13 @@ static int64_t drift_ms(const rlock *s, int64_t ttl_ms)
 
 /*
  * acquire: a quorum granted, or so many refused that none can. Not while
- * every grant so far counted 1: to each of those masters the name is new
- * (a new name, or masters that came back without their data), and the fence
- * must then come from any master that kept its counter: wait for them all.
+ * every grant so far counted 1 from a bare quorum: to each of those masters
+ * the name is new (a new name, or masters that came back without their
+ * data), and the fence must then come from any master that kept its counter.
+ * One more grant settles it: a quorum and one overlap the quorum of any
+ * earlier grant in two masters at least, so one master that lost its data
+ * cannot hide an earlier fence (with three masters that is all of them; with
+ * five, one silent master no longer holds up the first grant of a name).
  */
 static bool acquire_decided(const rlock *s, const rl_op *ops, void *arg)
 {
@@ -728,7 +734,7 @@ static bool acquire_decided(const rlock *s, const rl_op *ops, void *arg)
 		if (r == 0 && f > top)
 			top = f;
 	}
-	return (grants >= s->quorum && top > 1) || s->n - refused < s->quorum;
+	return (grants >= s->quorum && (top > 1 || grants > s->quorum)) || s->n - refused < s->quorum;
 }
 
 /* raise: a quorum confirmed the token. */
@@ -773,16 +779,31 @@ static bool renew_decided(const rlock *s, const rl_op *ops, void *arg)
 	return true;
 }
 
+/* undo: every master that granted the try (it answered: it is alive) has
+ * answered the undo too; the silent ones are not waited for. */
+static bool undo_decided(const rlock *s, const rl_op *ops, void *arg)
+{
+	const bool *granted = arg;
+	for (size_t i = 0; i < s->n; i++)
+		if (ops[i].want && granted[i] && !ops[i].done)
+			return false;
+	return true;
+}
+
 /*
  * Undo a try of owner req->owner on the masters marked in `maybe` (those that
  * granted it, and those whose answer never came: the request may have been
  * applied there). Quiet (wakes nobody: nobody was granted), sent even to a
- * master that just timed out, bounded by `deadline`. @return the
- * number of marked masters that did not confirm (their copy, if any, stays
- * until its TTL unless the core's retried release reaches them).
+ * master that just timed out, bounded by `deadline`. The round waits for the
+ * masters that granted (`granted`); a silent master gets the undo on the
+ * connection that carries the try, after it (a master that wakes up applies
+ * both, in that order), and is not waited for: a SIGSTOPped master would
+ * otherwise cost every refused try its whole timeout. @return the number of
+ * marked masters that did not confirm (their copy, if any, stays until its
+ * TTL unless the undo reaches them).
  */
 static size_t undo(rlock *s, rl_op *ops, const dlock__rkeys *k, const dlock_request *req, const bool *maybe,
-		   int64_t tmo, int64_t deadline)
+		   const bool *granted, int64_t tmo, int64_t deadline)
 {
 	dlock__rargs r;
 	dlock__rargs_owner(&r, k, req);
@@ -796,7 +817,8 @@ static size_t undo(rlock *s, rl_op *ops, const dlock__rkeys *k, const dlock_requ
 	}
 	if (!want)
 		return 0;
-	rl_round(s, ops, DLOCK__RS_RELEASE, r.argc, r.argv, r.lens, tmo, deadline, NULL, NULL, NULL);
+	rl_round(s, ops, DLOCK__RS_RELEASE, r.argc, r.argv, r.lens, tmo, deadline, undo_decided, (void *)granted,
+		 &PROMPT);
 	size_t left = 0;
 	for (size_t i = 0; i < s->n; i++)
 		left += maybe[i] && !ops[i].answered;
@@ -811,7 +833,7 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	if (rc)
 		return rc;
 	rl_op *ops = calloc(s->n, sizeof(*ops));
-	bool *maybe = calloc(s->n, sizeof(*maybe));
+	bool *maybe = calloc(2 * s->n, sizeof(*maybe)), *granted = maybe ? maybe + s->n : NULL;
 	if (!ops || !maybe) {
 		free(ops);
 		free(maybe);
@@ -873,7 +895,7 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		int r = dlock__racquire_reply(ops[i].reply, &f, &retry, KIND);
 		if (r == 0) {
 			grants++;
-			maybe[i] = true;
+			maybe[i] = granted[i] = true;
 			if (f > top) {
 				top = f;
 				at_top = 0;
@@ -921,7 +943,7 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	}
 	/* Not granted: undo everywhere it may have landed, a grant we saw or a
 	 * request whose answer never came (even when every master timed out). */
-	size_t stuck = grants || unknown ? undo(s, ops, &k, req, maybe, tmo, deadline) : 0;
+	size_t stuck = grants || unknown ? undo(s, ops, &k, req, maybe, granted, tmo, deadline) : 0;
 	free(ops);
 	free(maybe);
 	if (grants + refused < s->quorum)
@@ -1223,6 +1245,8 @@ static int rl_cancel(dlock_backend *be, dlock_request *req)
 }
 
 /* Status of one name: holders seen on a quorum of masters (min TTL, max fence). */
+static bool quorum_answered(const rlock *s, const rl_op *ops, void *arg);
+
 static int status_one(rlock *s, const char *name, dlock_lock_status **out, size_t *count, int64_t deadline)
 {
 	rl_op *ops = calloc(s->n, sizeof(*ops));
@@ -1233,7 +1257,10 @@ static int status_one(rlock *s, const char *name, dlock_lock_status **out, size_
 	dlock__rkeys_make(&k, s->prefix, name);
 	dlock__rargs_status(&a, &k);
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_STATUS, a.argc, a.argv, a.lens, master_timeout(s), deadline, NULL, NULL, NULL);
+	/* a quorum's answers, and as long again for the others (a stopped
+	 * master does not cost the whole timeout) */
+	rl_round(s, ops, DLOCK__RS_STATUS, a.argc, a.argv, a.lens, master_timeout(s), deadline, quorum_answered, NULL,
+		 NULL);
 	dlock_lock_status *per = NULL;
 	size_t nper = 0;
 	int rc = 0;
