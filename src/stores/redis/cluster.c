@@ -20,6 +20,7 @@
 #define NODE_MAX 128       /* addresses ever seen by one handle (masters and replicas) */
 #define REMAP_MAX 64
 #define ADDR_MAX 300       /* host:port */
+#define CHECK_MS 250       /* a node silent this long: is it still the slot's master? */
 
 typedef struct cnode {
 	redisContext *c;       /* non-blocking; NULL: not connected */
@@ -46,6 +47,8 @@ typedef struct cstore {
 	char sha[DLOCK__RS_COUNT][41];
 	dlock__rnotify *nt;
 	int wait_replicas, fence_replicas;
+	bool stale;            /* a node timed out: read the map before the next request */
+	bool silent;           /* the last exec met a node that took a request and said nothing */
 	bool retried;          /* the last exec sent its command a second time */
 	int busy;              /* the last exec failed while the slot was in transition: BUSY_* */
 	bool unknown;          /* the last exec sent a request whose reply it never read */
@@ -221,23 +224,24 @@ static int map_from(cstore *s, int i, int64_t deadline)
 /*
  * Read the slot map again: from the nodes we are connected to first (no
  * connect to wait for), then the seeds, then every other node met, each with
- * a fair share of the time left (one dead node does not use it all).
+ * a fair share of the time left (one dead node does not use it all). Not
+ * from node `skip` (-1: none): one whose reply to a request is still out.
  */
-static int map_refresh(cstore *s, int64_t deadline)
+static int map_refresh_skip(cstore *s, int64_t deadline, int skip)
 {
 	int rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "no node of the cluster answered CLUSTER SLOTS");
 	int order[NODE_MAX + 64];
 	size_t n = 0;
 	for (size_t i = 0; i < s->nnodes; i++)
-		if (s->conn[i].c)
+		if (s->conn[i].c && (int)i != skip)
 			order[n++] = (int)i;
 	for (size_t i = 0; i < s->nseeds && n < sizeof(order) / sizeof(order[0]); i++) {
 		int m = node_find(s, s->seeds[i].host, s->seeds[i].port);
-		if (m >= 0 && !s->conn[m].c)
+		if (m >= 0 && !s->conn[m].c && m != skip)
 			order[n++] = m;
 	}
 	for (size_t i = 0; i < s->nnodes && n < sizeof(order) / sizeof(order[0]); i++) {
-		bool seen = false;
+		bool seen = (int)i == skip;
 		for (size_t k = 0; k < n && !seen; k++)
 			seen = order[k] == (int)i;
 		if (!seen)
@@ -254,6 +258,11 @@ static int map_refresh(cstore *s, int64_t deadline)
 			return 0;
 	}
 	return rc;
+}
+
+static int map_refresh(cstore *s, int64_t deadline)
+{
+	return map_refresh_skip(s, deadline, -1);
 }
 
 /* "MOVED 3999 127.0.0.1:6381" / "ASK ...": the slot and the node (an empty
@@ -305,7 +314,9 @@ static void pause_ms(int64_t deadline, int64_t ms)
  * the slot's master gets at most half the time left (at least 250 ms), so
  * that a stopped master leaves time to find its replica promoted. Every
  * script is safe to repeat (see redis.c run_argv); a timed-out request is
- * never repeated and its connection is dropped. argv[0..1] are filled here.
+ * never repeated and its connection is dropped, and the map is read again
+ * before the next request (s->stale); a request unanswered for CHECK_MS
+ * while the cluster names another master for its slot goes there. argv[0..1] are filled here.
  * flags: EXEC_SID, the last argument is the node's run_id (fence guard);
  * EXEC_EVAL, send the text at once (the node just said NOSCRIPT). *node gets
  * the node that answered. @return the reply; NULL (*rc). After NULL,
@@ -340,7 +351,10 @@ static redisReply *exec(cstore *s, int script, int slot, int argc, const char **
 	s->retried = false;
 	s->busy = BUSY_NONE;
 	s->unknown = false;
+	s->silent = false;
 	bool sent = false;
+	if (s->stale && map_refresh(s, dlock_clock_ms() + dlock__rms_left(deadline) / 2) == 0)
+		s->stale = false; /* its replica may have taken over: the map says */
 	for (;;) {
 		if (dlock__rms_left(deadline) < 3) {
 			if (s->busy != BUSY_NONE)
@@ -389,8 +403,9 @@ static redisReply *exec(cstore *s, int script, int slot, int argc, const char **
 		if (with_sid) {
 			if ((*rc = node_server_id(s, i, deadline)) != 0) {
 				/* a connection that broke since its last use (a node gone) */
-				if (!strcmp(dlock_error_last()->store_code, "ETIMEDOUT") || *rc != DLOCK_EUNAVAILABLE ||
-				    dlock__rms_left(deadline) <= 0)
+				bool timeout = !strcmp(dlock_error_last()->store_code, "ETIMEDOUT");
+				s->silent = s->stale = timeout; /* a stopped master: its replica takes over */
+				if (timeout || *rc != DLOCK_EUNAVAILABLE || dlock__rms_left(deadline) <= 0)
 					return NULL;
 				ask = -1;
 				if (map_refresh(s, deadline) == 0)
@@ -420,14 +435,34 @@ static redisReply *exec(cstore *s, int script, int slot, int argc, const char **
 			freeReplyObject(r); /* +OK */
 			r = NULL;
 		}
-		if (!*rc)
+		if (!*rc && ask < 0) {
+			/* A node silent for a while (a quarter of the time left, at
+			 * most CHECK_MS): does the cluster still name it the slot's
+			 * master? A replica promoted in its place (this handle's map
+			 * was older than the failover) takes the request now — the
+			 * scripts are safe to repeat — instead of after the deadline. */
+			int64_t left = dlock__rms_left(deadline), q = left / 4 < CHECK_MS ? left / 4 : CHECK_MS;
+			*rc = dlock__rread_by(s->conn[i].c, &s->node[i], KIND, dlock_clock_ms() + q, &r);
+			if (*rc && !strcmp(dlock_error_last()->store_code, "ETIMEDOUT") && dlock__rms_left(deadline) > 0) {
+				if (map_refresh_skip(s, dlock_clock_ms() + dlock__rms_left(deadline) / 2, i) == 0 &&
+				    slot_node(s, slot) >= 0 && slot_node(s, slot) != i) {
+					node_drop(s, i);
+					s->unknown = s->silent = true; /* it may apply it if it wakes */
+					s->busy = BUSY_FAILOVER;
+					continue;
+				}
+				*rc = dlock__rread_by(s->conn[i].c, &s->node[i], KIND, deadline, &r);
+			}
+		} else if (!*rc) {
 			*rc = dlock__rread_by(s->conn[i].c, &s->node[i], KIND, deadline, &r);
+		}
 		bool asked = ask >= 0;
 		ask = -1;
 		if (*rc) {
 			bool timeout = !strcmp(dlock_error_last()->store_code, "ETIMEDOUT");
 			node_drop(s, i);
 			s->unknown = true; /* sent, and no reply read */
+			s->silent = s->stale = timeout; /* a stopped master: its replica takes over */
 			if (timeout || *rc == DLOCK_ENOMEM || dlock__rms_left(deadline) <= 0)
 				return NULL;
 			map_refresh(s, deadline); /* the node may be gone: find the slot's master */
@@ -557,18 +592,15 @@ static int c_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 				       req->name);
 	int rc, node = -1;
 	redisReply *r = run(s, DLOCK__RS_ACQUIRE, &a, &k, s->fence_replicas > 0, deadline, &rc, &node);
-	if (!r && rc == DLOCK_EUNAVAILABLE && req->waiting && s->busy != BUSY_NONE && !s->unknown) {
-		/* The cluster answers but did not serve the lock's slot within this
-		 * try (a migration, a failover) and nothing was applied: a wait goes
-		 * on, as for a lock held, instead of ending as "unavailable". */
-		*retry_ms = 50;
-		rc = dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s': its slot %s; trying again", req->name,
-				     busy_what[s->busy]);
-		dlock__racquire_done(req, rc);
+	if (!r) {
+		/* The cluster answered but did not serve the lock's slot within
+		 * this try (a migration, a failover), or a node took the request
+		 * and stayed silent (stopped, or failing over): the store is there,
+		 * and a wait rides it out (dlock_request.reached). */
+		if (rc == DLOCK_EUNAVAILABLE && (s->busy != BUSY_NONE || s->unknown || s->silent))
+			req->reached = 1;
 		return rc;
 	}
-	if (!r)
-		return rc;
 	rc = dlock__racquire_reply(r, fence, retry_ms, KIND);
 	long long reserve = 0;
 	if (rc == 0 && r->elements == 3)
@@ -976,16 +1008,28 @@ int dlock__redis_cluster_open(dlock_backend **out, dlock_uri *uri)
 	if ((rc = map_refresh(s, deadline)) != 0)
 		goto fail;
 	/* every master caches the scripts now (one that fails here gets them
-	 * with its first EVAL); at least one must answer */
-	unsigned char done[NODE_MAX] = { 0 };
+	 * with its first EVAL); at least one must answer. Those connected
+	 * first (the one that gave the map answered a moment ago), each with a
+	 * share of the time left; once one has them, the others get at most a
+	 * quarter of a request's time each: a stopped master does not hold up
+	 * the open. */
+	int masters[NODE_MAX], nm = 0;
+	unsigned char seen[NODE_MAX] = { 0 };
+	for (int pass = 0; pass < 2; pass++)
+		for (int sl = 0; sl < SLOTS; sl++) {
+			int m = slot_node(s, sl);
+			if (m >= 0 && !seen[m] && (pass || s->conn[m].c)) {
+				seen[m] = 1;
+				masters[nm++] = m;
+			}
+		}
 	int loaded = 0;
 	rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "the slot map names no master");
-	for (int sl = 0; sl < SLOTS; sl++) {
-		int m = slot_node(s, sl);
-		if (m < 0 || done[m])
-			continue;
-		done[m] = 1;
-		int e = load_scripts(s, m, deadline);
+	for (int k = 0; k < nm; k++) {
+		int64_t share = dlock__rms_left(deadline) / (nm - k);
+		if (loaded && share > s->seeds[0].timeout_ms / 4)
+			share = s->seeds[0].timeout_ms / 4;
+		int e = load_scripts(s, masters[k], dlock_clock_ms() + share);
 		if (!e)
 			loaded++;
 		else if (!loaded)
