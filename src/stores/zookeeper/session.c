@@ -228,9 +228,6 @@ out:
 	return rc;
 }
 
-/* The least time one server gets to take a new session: a round trip. */
-#define SHARE_MIN_MS 250
-
 /* Remove every entry `server` ("addr:port", as the client names it) from
  * the connect string cs, unless none or all are; *n counts the entries. */
 static bool drop_server(char *cs, const char *server, size_t *n)
@@ -489,16 +486,21 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 	}
 	/* The client tries one server at a time and gives a server that takes
 	 * the connection but never answers (SIGSTOPped, hung) two thirds of the
-	 * session timeout before the next: longer than connect_timeout. So each
-	 * handle gets an equal share of the time left among the servers not yet
-	 * tried (at most one request timeout, at least SHARE_MIN_MS); one that did not connect in its share
-	 * is closed and a new one started without the server it was stuck on.
-	 * The session keeps that shorter list; a server left out was silent
-	 * when the session began (with 3 members, the 2 listed are a quorum
-	 * with either other one). */
+	 * session timeout before the next: longer than connect_timeout. So
+	 * while more than a majority of the servers is left, a handle not
+	 * connected after CHECK_MIN_MS has its server asked (srvr,
+	 * dlock__zk_server_silent): one silent for PROBE_MIN_MS more (a loaded
+	 * JVM is slow, not silent) is left — the handle closed, a new one
+	 * started without it — and one that answers (refusing clients while it
+	 * elects a leader, say: the client cycles through those by itself) is
+	 * asked again CHECK_MIN_MS later. A stopped server costs a new session
+	 * about CHECK_MIN_MS + PROBE_MIN_MS. The session keeps the shorter list
+	 * for its life, a majority of the servers at least (with 3 members, the
+	 * 2 listed are a quorum with either other one). */
 	size_t left_n = 1;
 	for (const char *c = numeric; *c; c++)
 		left_n += *c == ',';
+	const size_t keep_n = left_n / 2 + 1;
 	pthread_mutex_lock(&st->mu);
 	z->servers = dlock__strdup(numeric); /* NULL: the session is never moved */
 	pthread_mutex_unlock(&st->mu);
@@ -506,12 +508,8 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 	zhandle_t *zh = NULL;
 	for (;;) {
 		int64_t now = dlock_clock_ms(), until = deadline;
-		if (left_n > 1 && deadline - now > SHARE_MIN_MS) {
-			int64_t share = (deadline - now) / (int64_t)left_n;
-			if (share > st->request_ms) /* a long connect_timeout: one request's worth */
-				share = st->request_ms;
-			until = now + (share > SHARE_MIN_MS ? share : SHARE_MIN_MS);
-		}
+		if (left_n > keep_n) /* one may be left out: ask this one soon */
+			until = now + CHECK_MIN_MS < deadline ? now + CHECK_MIN_MS : deadline;
 		if (!zh) {
 			pthread_mutex_lock(&st->mu);
 			z->state = ZOO_CONNECTING_STATE; /* before the new handle's first event */
@@ -546,15 +544,15 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 		pthread_mutex_unlock(&st->mu);
 		if (ok || dead || until >= deadline)
 			break;
-		/* Not connected in its share. Stuck on a server that took the
-		 * connection and says nothing (stopped)? Then a new handle without
-		 * it. Servers that refuse or close (dead, or electing a leader) the
-		 * client cycles through by itself: the same handle waits on. */
+		/* Not connected yet. Stuck on a server that took the connection
+		 * and says nothing (stopped)? Then a new handle without it. Servers
+		 * that refuse or close (dead, or electing a leader) the client
+		 * cycles through by itself: the same handle waits on. */
 		char cur[160];
 		const char *c = zoo_get_current_server(zh);
 		snprintf(cur, sizeof(cur), "%s", c ? c : "");
 		now = dlock_clock_ms();
-		if (!dlock__zk_server_silent(cur, now + 2 * CHECK_MIN_MS < deadline ? now + 2 * CHECK_MIN_MS : deadline) ||
+		if (!dlock__zk_server_silent(cur, now + PROBE_MIN_MS < deadline ? now + PROBE_MIN_MS : deadline) ||
 		    !drop_server(numeric, cur, &left_n))
 			continue;
 		pthread_mutex_lock(&st->mu);
