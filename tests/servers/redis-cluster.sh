@@ -4,7 +4,8 @@
 # master's replica takes over within a few seconds), for redis+cluster://:
 #   redis-cluster.sh start DIR      writes DIR/uri = redis+cluster://h:p1,...,h:p6
 #                                   (every node: the fault proxy fronts each one)
-#                                   and DIR/<i>/port for node i = 0..5
+#                                   and DIR/<i>/port for node i = 0..5;
+#                                   DIR/members: "NAME PORT PID_FILE" per node
 #   redis-cluster.sh stop DIR
 #   redis-cluster.sh kill DIR PORT  SIGKILL the node on PORT (a crash)
 #   redis-cluster.sh restart DIR PORT  start that node again (it rejoins as a
@@ -116,6 +117,10 @@ start)
 	else
 		(IFS=,; echo "redis+cluster://${hosts[*]}") >"$dir/uri"
 	fi
+	: >"$dir/members"
+	for i in 0 1 2 3 4 5; do
+		echo "n$i $(cat "$dir/$i/port") $dir/$i/redis.pid" >>"$dir/members"
+	done
 	;;
 stop)
 	for d in "$dir"/[0-9]/; do

@@ -3,7 +3,8 @@
 #
 #   redis.sh start DIR [COUNT]   start COUNT servers (default 1) under DIR/<i>/ and write
 #                                DIR/uri: redis://127.0.0.1:PORT for one server,
-#                                redlock://127.0.0.1:P1,127.0.0.1:P2,... for several
+#                                redlock://127.0.0.1:P1,127.0.0.1:P2,... for several,
+#                                then also DIR/members: "NAME PORT PID_FILE" per server
 #   redis.sh stop DIR            stop every server of DIR
 #   redis.sh kill DIR [I]        SIGKILL server I (default 0) — a crash
 #   redis.sh restart DIR [I]     start server I again on the same port and data dir
@@ -95,6 +96,10 @@ start)
 		echo "redis://${hosts[0]}" >"$dir/uri"
 	else
 		(IFS=,; echo "redlock://${hosts[*]}") >"$dir/uri"
+		: >"$dir/members"
+		for i in $(seq 0 $((count - 1))); do
+			echo "m$i ${hosts[$i]##*:} $dir/$i/redis.pid" >>"$dir/members"
+		done
 	fi
 	;;
 stop)

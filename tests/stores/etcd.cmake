@@ -1,7 +1,7 @@
 # etcd: the conformance suite against one member and against a 3-member
 # cluster, plus etcd's own failure cases.
 dlock_store_suite(etcd etcd.sh)
-dlock_store_suite(etcd3 etcd3.sh)
+dlock_store_suite(etcd3 etcd3.sh CHAOS)
 dlock_store_suite(etcd_tls etcd_tls.sh)
 
 add_executable(etcd_cases etcd_cases.c)

@@ -54,7 +54,7 @@ set_tests_properties(redis.failback PROPERTIES
 
 # redlock: the same suite against five independent masters.
 if(DLOCK_WITH_REDLOCK)
-  dlock_store_suite(redlock redlock.sh)
+  dlock_store_suite(redlock redlock.sh CHAOS)
   # one server named twice (or by an alias) is refused, not counted twice
   add_executable(redlock_dup redlock_dup.c)
   target_link_libraries(redlock_dup PRIVATE dlock_testutil)
@@ -218,7 +218,8 @@ set_tests_properties(redlock.tls_slow PROPERTIES
 # front of every node: the proxied URI remaps the addresses the nodes
 # announce), and on a cluster of its own redis.cluster: names spread over all
 # masters, a held lock's slot resharded while renewed, a master killed.
-dlock_store_suite(redis-cluster redis-cluster.sh)
+dlock_store_suite(redis-cluster redis-cluster.sh CHAOS
+  CHAOS_ENV "DLOCK_TEST_CHAOS_OPTIONS=wait_replicas=0&fence_replicas=0")
 set(DLOCK_REDIS_CLUSTER_OWN_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-redis-cluster-own)
 add_test(NAME server.redis-cluster-own.start
   COMMAND bash ${PROJECT_SOURCE_DIR}/tests/servers/redis-cluster.sh start ${DLOCK_REDIS_CLUSTER_OWN_DIR})

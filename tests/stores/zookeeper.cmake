@@ -3,7 +3,7 @@
 # own (they cut connections, stop processes and kill members, which must not
 # disturb the conformance runs).
 dlock_store_suite(zookeeper zookeeper.sh)
-dlock_store_suite(zookeeper3 zookeeper3.sh)
+dlock_store_suite(zookeeper3 zookeeper3.sh CHAOS)
 
 set(DLOCK_ZK_OWN_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-zookeeper-own)
 set(DLOCK_ZK3_OWN_DIR ${CMAKE_CURRENT_BINARY_DIR}/server-zookeeper3-own)
