@@ -88,6 +88,20 @@ static bool wait_key(int i, const char *key, long long limit_ms)
 	return has_key(i, key);
 }
 
+/* Wait the same way until master i's fence counter `key` is at least `min`
+ * (a repair raises it; a refused try's undo may still be on its way there). */
+static bool wait_counter(int i, const char *key, long long min, long long limit_ms)
+{
+	long long end = tu_now_ms() + limit_ms;
+	while (tu_now_ms() < end) {
+		if (master_int(i, "GET %s", key) >= min)
+			return true;
+		struct timespec ts = { 0, 20 * 1000000 };
+		nanosleep(&ts, NULL);
+	}
+	return master_int(i, "GET %s", key) >= min;
+}
+
 static int two_holders, fence_back;
 
 /* b must be refused while a holds; a grant is two holders at once. */
@@ -328,7 +342,7 @@ static void case_restarts(dlock_store *s1, dlock_store *s2)
 			snprintf(when, sizeof(when), "after master %d restarted empty", m);
 			must_refuse(a, b, when);
 			repaired += wait_key(m, "{dlock:restart}", 2 * o.ttl_ms);
-			CHECK(master_int(m, "GET %s", "{dlock:restart}:f") >= (long long)fa);
+			CHECK(wait_counter(m, "{dlock:restart}:f", (long long)fa, 2 * o.ttl_ms));
 			must_refuse(a, b, when);
 			CHECK(dlock_held(a));
 			CHECK_RC(dlock_release(a), 0);
