@@ -487,7 +487,7 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 	/* The client tries one server at a time and gives a server that takes
 	 * the connection but never answers (SIGSTOPped, hung) two thirds of the
 	 * session timeout before the next: longer than connect_timeout. So
-	 * while more than a majority of the servers is left, a handle not
+	 * while more than half of the servers is left, a handle not
 	 * connected after CHECK_MIN_MS has its server asked (srvr,
 	 * dlock__zk_server_silent): one silent for PROBE_MIN_MS more (a loaded
 	 * JVM is slow, not silent) is left — the handle closed, a new one
@@ -495,12 +495,12 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 	 * elects a leader, say: the client cycles through those by itself) is
 	 * asked again CHECK_MIN_MS later. A stopped server costs a new session
 	 * about CHECK_MIN_MS + PROBE_MIN_MS. The session keeps the shorter list
-	 * for its life, a majority of the servers at least (with 3 members, the
-	 * 2 listed are a quorum with either other one). */
+	 * for its life, half of the servers at least (with 3 members, the 2
+	 * listed are a quorum with either other one; with 2 listed, 1). */
 	size_t left_n = 1;
 	for (const char *c = numeric; *c; c++)
 		left_n += *c == ',';
-	const size_t keep_n = left_n / 2 + 1;
+	const size_t keep_n = (left_n + 1) / 2;
 	pthread_mutex_lock(&st->mu);
 	z->servers = dlock__strdup(numeric); /* NULL: the session is never moved */
 	pthread_mutex_unlock(&st->mu);
