@@ -2215,8 +2215,9 @@ static long long uri_ms(const char *key, long long dflt)
 	return dflt;
 }
 
-/* Names per round: a Redis Cluster spreads them over its masters (about
- * 0.04 % of rounds have none on the stopped one, of three). */
+/* Names per round: a Redis Cluster spreads them over its masters (a round
+ * has none on the stopped one of three (2/3)^8, about 4 %, of the time; the
+ * rounds stop each master in turn). */
 #define CHAOS_NAMES 8
 
 static void chaos_round(const chaos_member *m, long long connect_ms, long long request_ms)
