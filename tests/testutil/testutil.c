@@ -176,13 +176,19 @@ pid_t tu_spawn_self(char *const argv[], void (*in_child)(void *ctx), void *ctx)
 	_exit(98);
 }
 
+/* A wait status as tu_reap reports it. */
+static int reaped(int st)
+{
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 int tu_reap(pid_t pid)
 {
 	int st;
 	while (waitpid(pid, &st, 0) < 0)
 		if (errno != EINTR)
 			return -1;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return reaped(st);
 }
 
 int tu_reap_within(pid_t pid, long long ms)
@@ -203,7 +209,7 @@ int tu_reap_within(pid_t pid, long long ms)
 		}
 		usleep(2000);
 	}
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return reaped(st);
 }
 
 /* Whether every thread of process `pid` (0: this one, less the calling

@@ -1244,9 +1244,9 @@ static int rl_cancel(dlock_backend *be, dlock_request *req)
 	return 0;
 }
 
-/* Status of one name: holders seen on a quorum of masters (min TTL, max fence). */
 static bool quorum_answered(const rlock *s, const rl_op *ops, void *arg);
 
+/* Status of one name: holders seen on a quorum of masters (min TTL, max fence). */
 static int status_one(rlock *s, const char *name, dlock_lock_status **out, size_t *count, int64_t deadline)
 {
 	rl_op *ops = calloc(s->n, sizeof(*ops));
