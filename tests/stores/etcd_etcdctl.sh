@@ -84,8 +84,13 @@ echo "after the dlock holder was killed, etcdctl got the lock in $(( ($(date +%s
 
 # 4. waits wake without polling, both sides, shown by counting the server's
 #    Range and Txn requests (etcd's /metrics) while a waiter waits 3 s: a
-#    dlock waiter sends only its 1 s heartbeat (a poller with back-off would
-#    send hundreds), and is woken by its watch; etcdctl's waiter watches.
+#    dlock waiter sends only its heartbeat, a try every third of the TTL
+#    (1 s here) that keeps its queue key alive — up to 4 tries of at most 4
+#    requests (Txn, Range, the re-read when the watch started at a later
+#    revision) in the window: 16 — where a poller retrying every 100 ms
+#    would send 60 or more; it is woken by its watch. etcdctl's waiter
+#    watches and sends nothing; the dlock holder it waits behind renews
+#    every second (up to 12 requests allowed).
 kv_requests() {
 	python3 - "$ep" <<'PY'
 import sys, urllib.request
@@ -96,18 +101,23 @@ for l in urllib.request.urlopen("http://%s/metrics" % sys.argv[1], timeout=5).re
 print(int(n))
 PY
 }
+# the waiter has queued: a second key under the lock's prefix (both
+# recipes keep one key per contender there)
+queued() {
+	[ "$(ctl get --prefix "$lockname/" --keys-only 2>/dev/null | grep -c .)" -ge 2 ]
+}
 hold_until='echo held >"$1"; while [ ! -e "$2" ]; do sleep 0.02; done'
 ctl lock --ttl=3 "$lockname" -- sh -c "$hold_until" sh "$work/h4a" "$work/r4a" >/dev/null 2>&1 &
 pids+=($!)
 "$dlock" run --store "$uri" --wait 30s job -- sh -c 'echo got >"$1"' sh "$work/g4a" &
 pids+=($!)
-waits_quietly kv_requests 12 "Range/Txn requests" 10 "dlock behind etcdctl" "$work/h4a" "$work/r4a" "$work/g4a"
+waits_quietly kv_requests 16 "Range/Txn requests" 10 "dlock behind etcdctl" "$work/h4a" "$work/r4a" "$work/g4a" queued
 "$dlock" run --store "$uri" job -- sh -c "$hold_until" sh "$work/h4b" "$work/r4b" &
 pids+=($!)
 wait_line "$work/h4b" held 30
 ctl lock --ttl=3 "$lockname" -- sh -c 'echo got >"$1"' sh "$work/g4b" >/dev/null 2>&1 &
 pids+=($!)
-waits_quietly kv_requests 12 "Range/Txn requests" 10 "etcdctl behind dlock" "$work/h4b" "$work/r4b" "$work/g4b"
+waits_quietly kv_requests 12 "Range/Txn requests" 10 "etcdctl behind dlock" "$work/h4b" "$work/r4b" "$work/g4b" queued
 wait
 
 # 3. refusals

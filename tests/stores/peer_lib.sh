@@ -11,15 +11,23 @@ wait_line() {
 	return 1
 }
 
-# waits_quietly COUNT_FN MAX WHAT GOT_SECONDS WHO HELD_FILE RELEASE_FILE GOT_FILE:
+# waits_quietly COUNT_FN MAX WHAT GOT_SECONDS WHO HELD_FILE RELEASE_FILE GOT_FILE [QUEUED_FN]:
 # with a holder holding (HELD_FILE says held) and a waiter started, count the
 # server's WHAT with COUNT_FN over 3 s of waiting — at most MAX, where a
 # poller would send hundreds — then release (RELEASE_FILE) and see the waiter
-# get the lock (GOT_FILE written within GOT_SECONDS).
+# get the lock (GOT_FILE written within GOT_SECONDS). The count starts once
+# QUEUED_FN succeeds (the waiter is in the queue: its queueing requests are
+# not the point; up to 30 s), or, without one, half a second after the
+# holder said held.
 waits_quietly() {
 	local count=$1 max=$2 what=$3 secs=$4 who=$5 i c0 c1
 	wait_line "$6" held 30 || { fail "$who: the holder did not start"; return; }
-	sleep 0.5 # the waiter's first requests (queueing) are not the point
+	if [ -n "${9:-}" ]; then
+		for ((i = 0; i < 600; i++)); do "$9" && break; sleep 0.05; done
+		"$9" || { fail "$who: the waiter did not queue"; return; }
+	else
+		sleep 0.5
+	fi
 	c0=$($count)
 	sleep 3
 	c1=$($count)
