@@ -2,6 +2,7 @@
 # Start/stop etcd (Debian etcd-server 3.4) on free loopback ports.
 #   etcd.sh start DIR [MEMBERS]   MEMBERS members (default 1) as one cluster
 #   etcd.sh stop DIR
+#   etcd.sh restart-member DIR NAME   start member NAME again (after a test killed it)
 # Writes DIR/uri (etcd://every client endpoint) and DIR/members, one line per
 # member: "NAME CLIENT_PORT PID_FILE", for tests that kill or pause a member.
 # DLOCK_ETCD_ARGS: extra etcd flags for every member (e.g. --auth-token-ttl=1).
@@ -11,8 +12,8 @@
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 
-cmd=${1:?usage: etcd.sh start|stop DIR [MEMBERS]}
-dir=${2:?usage: etcd.sh start|stop DIR [MEMBERS]}
+cmd=${1:?usage: etcd.sh start|stop|restart-member DIR [MEMBERS|NAME]}
+dir=${2:?usage: etcd.sh start|stop|restart-member DIR [MEMBERS|NAME]}
 
 stop_all() {
 	local f
@@ -20,6 +21,15 @@ stop_all() {
 		[ -e "$f" ] && stop_pidfile "$f"
 	done
 	rm -rf "$dir"/m*.data
+}
+
+# run_member NAME: start member NAME with the flags it was first started
+# with (DIR/NAME.args); its data dir makes a restarted member rejoin.
+run_member() {
+	local args
+	mapfile -d '' args <"$dir/$1.args"
+	etcd "${args[@]}" </dev/null >>"$dir/$1.log" 2>&1 &
+	echo $! >"$dir/$1.pid"
 }
 
 case $cmd in
@@ -69,15 +79,16 @@ start)
 			eps+="${eps:+,}$scheme://127.0.0.1:${cps[$i]}"
 		done
 		for i in $(seq 1 "$n"); do
-			etcd --name "m$i" --data-dir "$dir/m$i.data" \
+			# shellcheck disable=SC2086 # DLOCK_ETCD_ARGS: several flags
+			printf '%s\0' --name "m$i" --data-dir "$dir/m$i.data" \
 				--listen-client-urls "$scheme://127.0.0.1:${cps[$i]}" \
 				--advertise-client-urls "$scheme://127.0.0.1:${cps[$i]}" "${tlsflags[@]}" \
 				--listen-peer-urls "http://127.0.0.1:${pps[$i]}" \
 				--initial-advertise-peer-urls "http://127.0.0.1:${pps[$i]}" \
 				--initial-cluster "$cluster" --initial-cluster-state new \
-				--initial-cluster-token "dlock-test-$$-$try" ${DLOCK_ETCD_ARGS:-} \
-				</dev/null >"$dir/m$i.log" 2>&1 &
-			echo $! >"$dir/m$i.pid"
+				--initial-cluster-token "dlock-test-$$-$try" ${DLOCK_ETCD_ARGS:-} >"$dir/m$i.args"
+			: >"$dir/m$i.log"
+			run_member "m$i"
 			echo "m$i ${cps[$i]} $dir/m$i.pid" >>"$dir/members"
 		done
 		# Healthy, or a member gone (it could not bind), or 60 s.
@@ -108,11 +119,32 @@ start)
 		echo "etcd://$clients" >"$dir/uri"
 	fi
 	;;
+restart-member)
+	name=${3:?usage: etcd.sh restart-member DIR NAME}
+	[ -r "$dir/$name.args" ] || { echo "no member $name in $dir" >&2; exit 1; }
+	stop_pidfile "$dir/$name.pid"
+	run_member "$name"
+	port=$(awk -v m="$name" '$1 == m { print $2 }' "$dir/members")
+	scheme=http ctlflags=()
+	if [ -r "$dir/client.pem" ]; then
+		scheme=https ctlflags=(--cacert "$dir/ca.pem" --cert "$dir/client.pem" --key "$dir/client-key.pem")
+	fi
+	# Healthy (back in the cluster, with a leader), or gone, or 60 s.
+	for _ in $(seq 1 600); do
+		ETCDCTL_API=3 etcdctl --endpoints="$scheme://127.0.0.1:$port" --dial-timeout=1s --command-timeout=2s \
+			"${ctlflags[@]}" endpoint health >/dev/null 2>&1 && exit 0
+		kill -0 "$(cat "$dir/$name.pid")" 2>/dev/null || break
+		sleep 0.1
+	done
+	echo "etcd member $name did not come back:" >&2
+	tail -5 "$dir/$name.log" >&2
+	exit 1
+	;;
 stop)
 	stop_all
 	;;
 *)
-	echo "usage: etcd.sh start|stop DIR [MEMBERS]" >&2
+	echo "usage: etcd.sh start|stop|restart-member DIR [MEMBERS|NAME]" >&2
 	exit 64
 	;;
 esac

@@ -10,6 +10,7 @@
 #   redis-cluster.sh kill DIR PORT  SIGKILL the node on PORT (a crash)
 #   redis-cluster.sh restart DIR PORT  start that node again (it rejoins as a
 #                                   replica of the master that replaced it)
+#   redis-cluster.sh restart-member DIR nI  the same for node I (its name in DIR/members)
 #   redis-cluster.sh wait-ok DIR    wait until every node says cluster_state:ok
 # REDIS_TLS=1: every node also listens with TLS (a CA of its own in DIR/tls,
 # lib.sh make_test_certs), the cluster bus and replication go over TLS, and
@@ -139,8 +140,13 @@ kill)
 		touch "$dir/dead-$port"
 	done
 	;;
-restart)
-	port=${3:?usage: redis-cluster.sh restart DIR PORT}
+restart | restart-member)
+	if [ "$cmd" = restart ]; then
+		port=${3:?usage: redis-cluster.sh restart DIR PORT}
+	else
+		name=${3:?usage: redis-cluster.sh restart-member DIR NAME}
+		port=$(cat "$dir/${name#n}/port") || exit 1
+	fi
 	for d in "$dir"/[0-9]/; do
 		[ "$(cat "$d/port")" = "$port" ] || continue
 		redis-server "$d/redis.conf"

@@ -8,6 +8,7 @@
 #   redis.sh stop DIR            stop every server of DIR
 #   redis.sh kill DIR [I]        SIGKILL server I (default 0) — a crash
 #   redis.sh restart DIR [I]     start server I again on the same port and data dir
+#   redis.sh restart-member DIR mI  the same, by its name in DIR/members
 #   redis.sh pause DIR [I]       SIGSTOP server I (hangs, does not refuse)
 #   redis.sh resume DIR [I]      SIGCONT server I
 #
@@ -117,6 +118,10 @@ kill)
 	;;
 restart)
 	launch "${3:-0}"
+	;;
+restart-member)
+	name=${3:?usage: redis.sh restart-member DIR NAME}
+	launch "${name#m}"
 	;;
 pause)
 	kill -STOP "$(cat "$dir/${3:-0}/redis.pid")"

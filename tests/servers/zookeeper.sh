@@ -3,7 +3,7 @@
 # free loopback ports.
 #   zookeeper.sh start DIR [MEMBERS]   MEMBERS servers (default 1; 3 = ensemble)
 #   zookeeper.sh stop DIR
-#   zookeeper.sh restart-member DIR I  start member I again (after a test killed it)
+#   zookeeper.sh restart-member DIR I  start member I (or mI) again (after a test killed it)
 # Writes DIR/uri (zk://every client endpoint) and DIR/members, one line per
 # member: "NAME CLIENT_PORT PID_FILE", for tests that kill or pause a member.
 #
@@ -130,6 +130,7 @@ start)
 	;;
 restart-member)
 	i=${3:?usage: zookeeper.sh restart-member DIR I}
+	i=${i#m}
 	port=$(awk -v m="m$i" '$1 == m { print $2 }' "$dir/members")
 	[ -n "$port" ] || { echo "no member m$i in $dir/members" >&2; exit 1; }
 	stop_pidfile "$dir/m$i.pid"

@@ -2116,18 +2116,22 @@ static void case_names(void)
  *
  * Stores of several members (etcd and ZooKeeper clusters, Redlock masters,
  * Redis Cluster nodes): their fixture lists the members in DIR/members, one
- * "NAME PORT PID_FILE" line each. One member at a time is SIGSTOPped (it
- * hangs: connects succeed, nothing is answered; a leader's stop makes the
- * others elect, a Cluster master's stop makes its replica take over): an
- * acquire that may wait, on a store opened before, is granted before its
- * wait ends (riding out the election or failover); then, the store serving
- * again, a fresh open takes at most half its connect_timeout, and a
- * try-once by another client, the holder's release and the grant to a
- * waiter it wakes each at most half the request timeout: none waits for the
- * stopped member. The member is resumed, and the next one stopped only
- * once it serves again (a store of that member alone opens and answers).
- * The chaos cases run only for the suites whose fixture has members
- * (tests/stores/CMakeLists.txt, CHAOS). */
+ * "NAME PORT PID_FILE" line each, and starts a killed member again with
+ * `SCRIPT restart-member DIR NAME` ($DLOCK_TEST_FIXTURE is the script).
+ * One member at a time fails (chaos_member_stopped: SIGSTOP, it hangs:
+ * connects succeed, nothing is answered; chaos_member_killed: SIGKILL, a
+ * crash: connects are refused, the leader's death ends its term at once).
+ * A leader's failure makes the others elect, a Cluster master's makes its
+ * replica take over: an acquire that may wait, on a store opened before,
+ * is granted before its wait ends (riding out the election or failover);
+ * then, the store serving again, a fresh open takes at most half its
+ * connect_timeout, and a try-once by another client, the holder's release
+ * and the grant to a waiter it wakes each at most half the request
+ * timeout: none waits for the failed member. The member is resumed (or
+ * started again), and the next one fails only once it serves again (a
+ * store of that member alone opens and answers). The chaos cases run only
+ * for the suites whose fixture has members (tests/stores/CMakeLists.txt,
+ * CHAOS). */
 
 #define CHAOS_MAX 8
 #define CHAOS_WAIT_MS 15000
@@ -2220,7 +2224,27 @@ static long long uri_ms(const char *key, long long dflt)
  * rounds stop each master in turn). */
 #define CHAOS_NAMES 8
 
-static void chaos_round(const chaos_member *m, long long connect_ms, long long request_ms)
+/* The failed member back: resumed, or (killed) started again by its
+ * fixture; then it must serve on its own. */
+static bool chaos_member_back(const chaos_member *m, bool killed)
+{
+	if (!killed) {
+		chaos_resume();
+	} else {
+		const char *script = getenv("DLOCK_TEST_FIXTURE");
+		char dir[512], cmd[1500];
+		tu_server_dir(dir, sizeof dir);
+		snprintf(cmd, sizeof cmd, "bash '%s' restart-member '%s' '%s' >&2", script ? script : "", dir, m->name);
+		int rc = script ? system(cmd) : -1;
+		if (rc != 0) {
+			fprintf(stderr, "%s: exit %d (DLOCK_TEST_FIXTURE %s)\n", cmd, rc, script ? "set" : "not set");
+			return false;
+		}
+	}
+	return chaos_member_serves(m->port);
+}
+
+static void chaos_round(const chaos_member *m, bool kill_it, long long connect_ms, long long request_ms)
 {
 	char what[48], name[CHAOS_NAMES][128];
 	dlock_store *s1 = open_store(), *s2 = open_store(), *s3 = NULL;
@@ -2231,9 +2255,13 @@ static void chaos_round(const chaos_member *m, long long connect_ms, long long r
 		a[k] = new_lock(s1, name[k], DLOCK_EXCLUSIVE, 1, 0, 10000);
 		b[k] = new_lock(s2, name[k], DLOCK_EXCLUSIVE, 1, 0, 10000);
 	}
-	atomic_store(&chaos_stopped, m->pid);
-	CHECK(tu_stop(m->pid) == 0);
-	printf("  %s stopped:\n", m->name);
+	if (kill_it) {
+		CHECK(tu_kill(m->pid) == 0);
+	} else {
+		atomic_store(&chaos_stopped, m->pid);
+		CHECK(tu_stop(m->pid) == 0);
+	}
+	printf("  %s %s:\n", m->name, kill_it ? "killed" : "stopped");
 
 	/* a store opened before: its wait rides out the store's own recovery
 	 * (an election, a replica taking over) */
@@ -2325,14 +2353,14 @@ static void chaos_round(const chaos_member *m, long long connect_ms, long long r
 	dlock_store_close(s1);
 	dlock_store_close(s2);
 	dlock_store_close(s3);
-	chaos_resume();
 	t0 = tu_now_ms();
-	bool back = chaos_member_serves(m->port);
-	printf("    resumed: %s after %lld ms\n", back ? "serves again" : "NOT serving", tu_now_ms() - t0);
+	bool back = chaos_member_back(m, kill_it);
+	printf("    %s: %s after %lld ms\n", kill_it ? "started again" : "resumed", back ? "serves" : "NOT serving",
+	       tu_now_ms() - t0);
 	CHECK(back);
 }
 
-static void chaos_member_stopped(void)
+static void chaos_members_fail(bool kill_it)
 {
 	chaos_member m[CHAOS_MAX];
 	int n = chaos_members(m, CHAOS_MAX);
@@ -2351,7 +2379,17 @@ static void chaos_member_stopped(void)
 	/* up to three members in turn: all of a 3-member cluster (its leader
 	 * among them), a Cluster's three masters (its nodes 0-2) */
 	for (int i = 0; i < n && i < 3; i++)
-		chaos_round(&m[i], connect_ms, request_ms);
+		chaos_round(&m[i], kill_it, connect_ms, request_ms);
+}
+
+static void chaos_member_stopped(void)
+{
+	chaos_members_fail(false);
+}
+
+static void chaos_member_killed(void)
+{
+	chaos_members_fail(true);
 }
 
 static const struct child_entry children[] = {
@@ -2410,6 +2448,7 @@ static const tu_case cases[] = {
 /* Run only when named (CHAOS suites); the pattern in CMakeLists.txt reads them. */
 static const tu_case chaos_cases[] = {
 	{ "chaos_member_stopped", chaos_member_stopped },
+	{ "chaos_member_killed", chaos_member_killed },
 };
 
 int main(int argc, char **argv)

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -261,6 +262,39 @@ int tu_stop(pid_t pid)
 		usleep(500);
 	}
 	return 0;
+}
+
+int tu_kill(pid_t pid)
+{
+	/* a pidfd turns readable when the process has ended (an event); where
+	 * there is none, its end is polled for */
+#ifdef SYS_pidfd_open
+	int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+	int fd = -1;
+#endif
+	if (kill(pid, SIGKILL) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	long long until = tu_now_ms() + 5000;
+	int gone = 0;
+	while (!gone && tu_now_ms() < until) {
+		if (fd >= 0) {
+			struct pollfd p = { fd, POLLIN, 0 };
+			gone = poll(&p, 1, (int)(until - tu_now_ms())) == 1;
+		} else {
+			gone = kill(pid, 0) != 0 && errno == ESRCH;
+			if (!gone)
+				usleep(1000);
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	if (!gone)
+		fprintf(stderr, "process %d still there 5 s after SIGKILL\n", (int)pid);
+	return gone ? 0 : 1;
 }
 
 void tu_quiesce_before_fork(void)
