@@ -122,18 +122,22 @@ use() {
 	local rc; rc=$(cat "$T/$1.rc")
 	if [ "$rc" = "$2" ]; then ok; else fail "$3: exit $rc, want $2; stderr: $(head -c 400 "$T/$1.err")"; fi
 }
+# Runs with faults last 4 s, as long as the longest: eight runs of three
+# workers share the machine, and on a loaded one a 2.5-3 s run had room for
+# no pause, no kill or one file deletion only (a requested kind that never
+# ran makes the run incomplete).
 bg clean --duration 1500ms --seed 7
-bg pon --duration 3s --faults pause --seed 11
-bg poff --duration 3s --faults pause --fencing off --seed 11
+bg pon --duration 4s --faults pause --seed 11
+bg poff --duration 4s --faults pause --fencing off --seed 11
 bg s1 --duration 4s --faults pause,kill --seed 5
 bg s2 --duration 4s --faults pause,kill --seed 5
-bg kill --duration 2500ms --faults kill --seed 3
+bg kill --duration 4s --faults kill --seed 3
 # Deleting the database under a holder: the others open the store again (as
 # processes started afterwards would) and make a new file. The holder must
 # learn that its lock is gone (at its next renewal: holds of 150 ms see one)
 # and rejoin; a store that keeps granting on the deleted file runs two
 # worlds side by side, each with its own holder, until the run ends.
-bg fdel --duration 3s --hold 150ms --faults file-delete --fault-every 900ms --seed 4
+bg fdel --duration 4s --hold 150ms --faults file-delete --fault-every 900ms --seed 4
 ( "$DLOCK_BROKEN" --store "$BROKEN" "${O[@]}" --clients 2 --duration 3s --faults partition,lose-reply,delay \
 	--fault-every 500ms --pause 300ms --seed 6 >"$T/bnet.out" 2>"$T/bnet.err"; echo $? >"$T/bnet.rc" ) &
 wait
