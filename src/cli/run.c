@@ -33,7 +33,7 @@ extern char **environ;
 static const char help[] =
 	"Usage: dlock run [OPTIONS] NAME [--] COMMAND [ARG...]\n"
 	"       dlock run [OPTIONS] NAME -c 'COMMAND STRING'\n"
-	"       dlock run [OPTIONS] NAME                  (hold until interrupted)\n"
+	"       dlock run [OPTIONS] --hold NAME           (hold until interrupted)\n"
 	"       dlock run [OPTIONS] -- NAME [--] COMMAND [ARG...]   (NAME starting with '-')\n"
 	"\n"
 	"Acquire lock NAME, run COMMAND while holding it (renewing the lease in the\n"
@@ -47,9 +47,10 @@ static const char help[] =
 	"dies of the signal it received (so a shell loop around it stops). Signals\n"
 	"that were ignored when dlock started stay ignored.\n"
 	"\n"
-	"With no COMMAND (and no '--'), dlock takes the lock, prints its fencing\n"
-	"token on stdout (with --json: {\"name\",\"fence\",\"ttl_ms\"}), holds it\n"
-	"until SIGINT, SIGTERM, SIGHUP or SIGQUIT, releases it and dies of that signal.\n"
+	"With --hold and no COMMAND, dlock takes the lock, prints its fencing token on\n"
+	"stdout (with --json: {\"name\",\"fence\",\"ttl_ms\"}), holds it until\n"
+	"SIGINT, SIGTERM, SIGHUP or SIGQUIT, releases it and dies of that signal.\n"
+	"Without --hold a missing COMMAND is a usage error (64).\n"
 	"\n"
 	"COMMAND's whole process group is gone before the lease can end on the store.\n"
 	"Once the lease is at risk (less than a third of the TTL left unconfirmed:\n"
@@ -70,6 +71,7 @@ static const char help[] =
 	"  -E, --conflict-exit-code N\n"
 	"                  exit N (0-255) instead of 75 when the lock was not acquired\n"
 	"  -c, --command S run S with /bin/sh -c instead of COMMAND [ARG...]\n"
+	"  --hold          no COMMAND: hold the lock until interrupted\n"
 	"  --shared        shared (read) lock: many shared holders, no exclusive one\n"
 	"  --permits N     semaphore: up to N holders at once\n"
 	"  --fair          first come, first served among waiters\n"
@@ -82,7 +84,7 @@ static const char help[] =
 	"not acquired in time; 76 lock lost while COMMAND ran; 126/127 COMMAND could\n"
 	"not be run / not found; 1 other failures.\n";
 
-enum { OPT_KILL_AFTER = 1, OPT_CONFLICT, OPT_COMMAND };
+enum { OPT_KILL_AFTER = 1, OPT_CONFLICT, OPT_COMMAND, OPT_HOLD };
 
 static const cli_opt opts[] = {
 	{ "ttl", 0, true, CLI_OPT_TTL },
@@ -94,6 +96,7 @@ static const cli_opt opts[] = {
 	{ "kill-after", 0, true, OPT_KILL_AFTER },
 	{ "conflict-exit-code", 'E', true, OPT_CONFLICT },
 	{ "command", 'c', true, OPT_COMMAND },
+	{ "hold", 0, false, OPT_HOLD },
 	{ NULL, 0, false, 0 },
 };
 
@@ -103,6 +106,7 @@ typedef struct ctx {
 	int64_t kill_after_ms;
 	int conflict_code;     /* exit code for "not acquired" */
 	const char *shell_cmd; /* -c */
+	bool hold;             /* --hold: no COMMAND, hold until interrupted */
 } ctx;
 
 static int on_opt(void *p, int id, const char *value)
@@ -118,6 +122,10 @@ static int on_opt(void *p, int id, const char *value)
 			return cli_usage_error(c->g, "--conflict-exit-code: expected 0 to 255, got '%s'",
 					       value);
 		c->conflict_code = (int)v;
+		return 0;
+	}
+	if (id == OPT_HOLD) {
+		c->hold = true;
 		return 0;
 	}
 	if (id == OPT_COMMAND) {
@@ -851,10 +859,17 @@ static int parse_args(ctx *c, int argc, char **argv, run_args *ra)
 		return cli_usage_error(c->g, "missing lock NAME");
 	if (c->shell_cmd && ra->ncmd > 0)
 		return cli_usage_error(c->g, "-c and COMMAND exclude each other (got '%s')", ra->cmd[0]);
-	if (!c->shell_cmd && ra->ncmd == 0 && ra->dashdash)
-		return cli_usage_error(c->g, "missing COMMAND after '%s' (to hold the lock until "
-					     "interrupted, give no '--' and no COMMAND)",
-				       ra->name);
+	if (c->hold && (c->shell_cmd || ra->ncmd > 0))
+		return cli_usage_error(c->g, "--hold takes no COMMAND (got '%s')",
+				       c->shell_cmd ? c->shell_cmd : ra->cmd[0]);
+	if (c->hold && ra->dashdash)
+		return cli_usage_error(c->g, "--hold takes no '--' and no COMMAND");
+	/* A script's `dlock run job "$@"` with an empty "$@" would hold the
+	 * lock forever: holding without a command is asked for by name. */
+	if (!c->hold && !c->shell_cmd && ra->ncmd == 0)
+		return cli_usage_error(c->g, "missing COMMAND after '%s' (to hold the lock until interrupted, "
+					     "use --hold: dlock run --hold %s)",
+				       ra->name, ra->name);
 	return 0;
 }
 
@@ -897,7 +912,7 @@ static int die_of(int sig)
 
 int cli_run(cli_global *g, int argc, char **argv)
 {
-	ctx c = { g, CLI_LOCKOPTS_INIT, 10000, CLI_EXIT_NOTACQUIRED, NULL };
+	ctx c = { g, CLI_LOCKOPTS_INIT, 10000, CLI_EXIT_NOTACQUIRED, NULL, false };
 	note_inherited(); /* before anything of ours is open */
 	run_args ra;
 	int rc = parse_args(&c, argc, argv, &ra);
@@ -1010,6 +1025,9 @@ int cli_run(cli_global *g, int argc, char **argv)
 			printf("%llu\n", (unsigned long long)fence);
 		}
 		fflush(stdout);
+		if (isatty(STDERR_FILENO))
+			cli_info(g, "holding '%s' (fence %llu) until interrupted: Ctrl-C, or kill -TERM %d", name,
+				 (unsigned long long)fence, (int)getpid());
 		cli_debug(g, "holding '%s' until SIGINT/SIGTERM", name);
 		if (hold(g, name, &lost, &sig) != 0) {
 			cli_error(g, "poll: %s", strerror(errno));

@@ -1,8 +1,9 @@
 #!/bin/bash
 # The forms of `dlock run` that flock users type: COMMAND without `--`,
 # -c 'command string' (/bin/sh -c), -E/--conflict-exit-code for "not
-# acquired", a NAME starting with '-' after `--`, and the hold form with no
-# COMMAND. Every older form keeps working.
+# acquired", a NAME starting with '-' after `--`, and the hold form
+# (`--hold`, no COMMAND). A missing COMMAND without `--hold` is a usage
+# error: `dlock run job "$@"` with an empty "$@" must not hold job forever.
 . "$(dirname "$0")/lib.sh" "$@"
 
 # Optional `--`: the first word after NAME that is not an option is COMMAND;
@@ -46,7 +47,7 @@ expect_rc 42 "-E does not change the command's status" "$DLOCK" run -E 3 g -c 'e
 
 # The hold form: prints the fence, holds (renewing) until interrupted.
 : >"$T/hold.out"
-"$DLOCK" --json run --ttl 2s h >"$T/hold.out" 2>"$T/hold.err" &
+"$DLOCK" --json run --hold --ttl 2s h >"$T/hold.out" 2>"$T/hold.err" &
 hold=$!
 for _ in $(seq 1 400); do [ -s "$T/hold.out" ] && break; sleep 0.025; done
 check "--json line ($(cat "$T/hold.out"))" grep -Eq '^\{"name":"h","fence":[1-9][0-9]*,"ttl_ms":[0-9]+\}$' "$T/hold.out"
@@ -60,6 +61,17 @@ wait "$hold"
 rc=$?
 check "ended by SIGHUP: 129 (got $rc)" [ "$rc" -eq 129 ]
 expect_rc 0 "released" "$DLOCK" run --no-wait h true
+
+# No COMMAND without --hold: a usage error that says how to hold, and
+# nothing is taken (another takes the name at once).
+expect_rc 64 "NAME alone" "$DLOCK" run f
+check "says to use --hold" grep -q "use --hold: dlock run --hold f" "$T/err"
+expect_rc 0 "NAME alone took nothing" "$DLOCK" run --no-wait f true
+set --
+expect_rc 64 "a script's empty \"\$@\"" "$DLOCK" run --wait 1s f "$@"
+expect_rc 64 "--hold with a COMMAND" "$DLOCK" run --hold f true
+check "says --hold takes no COMMAND" grep -q -- "--hold takes no COMMAND (got 'true')" "$T/err"
+expect_rc 64 "--hold with -c" "$DLOCK" run --hold f -c true
 
 # Usage errors that stay errors.
 expect_rc 64 "NAME -- with nothing after" "$DLOCK" run f --

@@ -4,7 +4,7 @@
 # and the lock is released, dies of SIGINT itself, so the shell sees a death
 # by signal (not "exit 130") and ends its loop. A SIGINT that was ignored
 # when dlock started (a script's background job) stays ignored while dlock
-# waits for the lock. The hold form (`dlock run NAME`) dies of the signal
+# waits for the lock. The hold form (`dlock run --hold NAME`) dies of the signal
 # that ended it, after releasing the lock.
 . "$(dirname "$0")/lib.sh" "$@"
 
@@ -71,7 +71,7 @@ check "the waiter then ran its command (exit $rc: $(cat "$T/bg.err"))" grep -q r
 # 4. The hold form: prints the fence, holds until SIGTERM, releases, and dies
 #    of SIGTERM (bash reports "Terminated" only for a death by signal).
 : >"$T/hold.out"
-bash -c "'$DLOCK' run hold >'$T/hold.out'; echo \"status \$?\"" >"$T/bash.out" 2>"$T/bash.err" &
+bash -c "'$DLOCK' run --hold hold >'$T/hold.out'; echo \"status \$?\"" >"$T/bash.out" 2>"$T/bash.err" &
 sh_pid=$!
 check "the hold form printed the fence" wait_for "$T/hold.out"
 check "the fence is a number ($(cat "$T/hold.out"))" grep -Eqx '[1-9][0-9]*' "$T/hold.out"
