@@ -7,11 +7,18 @@
 
 set -eu
 
-# free_port: print a TCP port on 127.0.0.1 that nothing listens on now.
+# free_port: print a TCP port on 127.0.0.1 that nothing listens on now. It is
+# drawn from below the kernel's ephemeral range, so an outgoing connection of
+# some other test cannot take it between this look and the server's bind; a
+# server started on it may still lose it to another fixture, so callers retry
+# when the server dies at start (see wait_up).
 free_port() {
-	local p
+	local lo p span
+	read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
+	span=$(( lo - 10000 ))
+	[ "$span" -ge 1000 ] || { lo=61000; span=4000; }
 	for _ in $(seq 1 200); do
-		p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
+		p=$(( lo - 1 - (RANDOM * 32768 + RANDOM) % span ))
 		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 			echo "$p"
 			return 0
@@ -28,6 +35,23 @@ wait_port() {
 		if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
 			return 0
 		fi
+		sleep 0.1
+	done
+	echo "nothing listening on 127.0.0.1:$port after ${secs}s" >&2
+	return 1
+}
+
+# wait_up PORT PID [SECONDS]: wait until 127.0.0.1:PORT accepts. Returns 0 once
+# it does, 2 as soon as process PID has gone (it failed to start, typically
+# because the port was taken: the caller picks another and retries), 1 when
+# SECONDS pass with the process alive and the port still closed.
+wait_up() {
+	local port=$1 pid=$2 secs=${3:-30} i
+	for i in $(seq 1 $((secs * 10))); do
+		if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+			return 0
+		fi
+		kill -0 "$pid" 2>/dev/null || return 2
 		sleep 0.1
 	done
 	echo "nothing listening on 127.0.0.1:$port after ${secs}s" >&2

@@ -29,12 +29,9 @@ start)
 		pid=$!
 		echo "$pid" >"$dir/memcached.pid"
 		up=0
-		for i in $(seq 1 100); do
-			if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then up=1; break; fi
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.1
-		done
-		[ $up = 1 ] && break
+		rc=0
+		wait_up "$port" "$pid" 10 || rc=$?
+		[ $rc = 0 ] && { up=1; break; }
 		stop_pidfile "$dir/memcached.pid"
 	done
 	[ $up = 1 ] || { cat "$dir/memcached.log" >&2; exit 1; }

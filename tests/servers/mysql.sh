@@ -24,8 +24,9 @@ find_prog() {
 }
 
 # run_server PORT: start mariadbd on the data dir of $dir and wait for it.
+# Returns 2 when the server died at start (its port taken: pick another).
 run_server() {
-	local port=$1 server userarg=()
+	local port=$1 server userarg=() rc=0
 	server=$(find_prog mariadbd mysqld)
 	[ "$(id -u)" -eq 0 ] && userarg=(--user=root)
 	# Small buffers: the test server shares 2 cores and little memory with others.
@@ -36,11 +37,12 @@ run_server() {
 		--ssl-ca="$dir/ca.pem" --ssl-cert="$dir/server.pem" --ssl-key="$dir/server-key.pem" \
 		"${userarg[@]}" >>"$dir/stderr.log" 2>&1 &
 	echo $! >"$dir/pid"
-	if ! wait_port "$port" 60; then
-		cat "$dir/stderr.log" "$dir/error.log" >&2 2>/dev/null
-		stop_pidfile "$dir/pid"
-		exit 1
-	fi
+	wait_up "$port" "$(cat "$dir/pid")" 60 || rc=$?
+	[ $rc = 0 ] && return 0
+	stop_pidfile "$dir/pid"
+	[ $rc = 2 ] && grep -q 'Address already in use' "$dir/error.log" 2>/dev/null && return 2
+	cat "$dir/stderr.log" "$dir/error.log" >&2 2>/dev/null
+	exit 1
 }
 
 case $cmd in
@@ -69,8 +71,14 @@ start)
 		openssl x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 7 \
 			-extfile server.ext -out server.pem
 	) >"$dir/tls.log" 2>&1 || { cat "$dir/tls.log" >&2; exit 1; }
-	port=$(free_port)
-	run_server "$port"
+	for attempt in 1 2 3 4 5; do # a free port can be taken before we bind it
+		port=$(free_port)
+		rc=0
+		run_server "$port" || rc=$?
+		[ $rc = 0 ] && break
+		[ $attempt -lt 5 ] || { cat "$dir/error.log" >&2; exit 1; }
+		: >"$dir/error.log"
+	done
 	pass=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
 	for i in $(seq 1 50); do
 		"$client" --no-defaults -uroot --socket="$dir/sock" -e 'SELECT 1' >/dev/null 2>&1 && break
@@ -93,7 +101,7 @@ stop)
 restart)
 	# Same data, same port: for tests of what survives a server restart.
 	stop_pidfile "$dir/pid"
-	run_server "$(cat "$dir/port")"
+	run_server "$(cat "$dir/port")" || { cat "$dir/error.log" >&2; exit 1; }
 	;;
 *)
 	echo "usage: mysql.sh start|restart|stop DIR" >&2
