@@ -3,6 +3,7 @@
 #   etcd.sh start DIR [MEMBERS]   MEMBERS members (default 1) as one cluster
 #   etcd.sh stop DIR
 #   etcd.sh restart-member DIR NAME   start member NAME again (after a test killed it)
+#   etcd.sh members DIR  check DIR/members (its order stands: all members fail in turn)
 # Writes DIR/uri (etcd://every client endpoint) and DIR/members, one line per
 # member: "NAME CLIENT_PORT PID_FILE", for tests that kill or pause a member.
 # DLOCK_ETCD_ARGS: extra etcd flags for every member (e.g. --auth-token-ttl=1).
@@ -118,6 +119,9 @@ start)
 	else
 		echo "etcd://$clients" >"$dir/uri"
 	fi
+	;;
+members)
+	[ -s "$dir/members" ] || { echo "no members in $dir" >&2; exit 1; }
 	;;
 restart-member)
 	name=${3:?usage: etcd.sh restart-member DIR NAME}

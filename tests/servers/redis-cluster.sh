@@ -12,6 +12,9 @@
 #                                   replica of the master that replaced it)
 #   redis-cluster.sh restart-member DIR nI  the same for node I (its name in DIR/members)
 #   redis-cluster.sh wait-ok DIR    wait until every node says cluster_state:ok
+#   redis-cluster.sh members DIR    rewrite DIR/members with the nodes that are
+#                                   masters now first (failovers move the role:
+#                                   the chaos cases fail the first three)
 # REDIS_TLS=1: every node also listens with TLS (a CA of its own in DIR/tls,
 # lib.sh make_test_certs), the cluster bus and replication go over TLS, and
 # DIR/uri is rediss+cluster://127.0.0.1:TLS_PORT,...?cacert=DIR/tls/ca.pem
@@ -38,6 +41,22 @@ wait_ok() {
 	done
 	echo "redis cluster in $dir did not reach cluster_state:ok" >&2
 	return 1
+}
+
+# list_members: DIR/members, "nI PORT PID_FILE" per node, masters first.
+list_members() {
+	local i port role masters=() replicas=()
+	for i in 0 1 2 3 4 5; do
+		port=$(cat "$dir/$i/port")
+		role=$(redis-cli -p "$port" role 2>/dev/null | head -n 1 | tr -d '\r')
+		if [ "$role" = master ]; then
+			masters+=("n$i $port $dir/$i/redis.pid")
+		else
+			replicas+=("n$i $port $dir/$i/redis.pid")
+		fi
+	done
+	printf '%s\n' "${masters[@]}" "${replicas[@]}" >"$dir/members.new"
+	mv "$dir/members.new" "$dir/members"
 }
 
 case $cmd in
@@ -118,10 +137,10 @@ start)
 	else
 		(IFS=,; echo "redis+cluster://${hosts[*]}") >"$dir/uri"
 	fi
-	: >"$dir/members"
-	for i in 0 1 2 3 4 5; do
-		echo "n$i $(cat "$dir/$i/port") $dir/$i/redis.pid" >>"$dir/members"
-	done
+	list_members
+	;;
+members)
+	list_members
 	;;
 stop)
 	for d in "$dir"/[0-9]/; do

@@ -9,6 +9,7 @@
 #   redis.sh kill DIR [I]        SIGKILL server I (default 0) — a crash
 #   redis.sh restart DIR [I]     start server I again on the same port and data dir
 #   redis.sh restart-member DIR mI  the same, by its name in DIR/members
+#   redis.sh members DIR  check DIR/members (its order stands: all members fail in turn)
 #   redis.sh pause DIR [I]       SIGSTOP server I (hangs, does not refuse)
 #   redis.sh resume DIR [I]      SIGCONT server I
 #
@@ -118,6 +119,9 @@ kill)
 	;;
 restart)
 	launch "${3:-0}"
+	;;
+members)
+	[ -s "$dir/members" ] || { echo "no members in $dir" >&2; exit 1; }
 	;;
 restart-member)
 	name=${3:?usage: redis.sh restart-member DIR NAME}

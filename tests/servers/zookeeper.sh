@@ -4,6 +4,7 @@
 #   zookeeper.sh start DIR [MEMBERS]   MEMBERS servers (default 1; 3 = ensemble)
 #   zookeeper.sh stop DIR
 #   zookeeper.sh restart-member DIR I  start member I (or mI) again (after a test killed it)
+#   zookeeper.sh members DIR  check DIR/members (its order stands: all members fail in turn)
 # Writes DIR/uri (zk://every client endpoint) and DIR/members, one line per
 # member: "NAME CLIENT_PORT PID_FILE", for tests that kill or pause a member.
 #
@@ -127,6 +128,9 @@ start)
 		[ "$attempt" = 4 ] && exit 1
 	done
 	echo "zk://$clients" >"$dir/uri"
+	;;
+members)
+	[ -s "$dir/members" ] || { echo "no members in $dir" >&2; exit 1; }
 	;;
 restart-member)
 	i=${3:?usage: zookeeper.sh restart-member DIR I}

@@ -2151,9 +2151,27 @@ static void chaos_resume(void)
 		kill(p, SIGCONT);
 }
 
+/* `bash $DLOCK_TEST_FIXTURE VERB DIR [NAME]`; false (said why) unless it
+ * exits 0. */
+static bool chaos_fixture(const char *verb, const char *name)
+{
+	const char *script = getenv("DLOCK_TEST_FIXTURE");
+	char dir[512], cmd[1500];
+	tu_server_dir(dir, sizeof dir);
+	snprintf(cmd, sizeof cmd, "bash '%s' %s '%s' '%s' >&2", script ? script : "", verb, dir, name ? name : "");
+	int rc = script ? system(cmd) : -1;
+	if (rc != 0)
+		fprintf(stderr, "%s: exit %d (DLOCK_TEST_FIXTURE %s)\n", cmd, rc, script ? "set" : "not set");
+	return rc == 0;
+}
+
+/* The members in the order their fixture wants them failed (a Cluster's
+ * masters of now first: `SCRIPT members DIR` rewrites the list). */
 static int chaos_members(chaos_member *m, int max)
 {
 	char dir[512], file[600];
+	if (!chaos_fixture("members", NULL))
+		return 0;
 	tu_server_dir(dir, sizeof dir);
 	snprintf(file, sizeof file, "%s/members", dir);
 	FILE *f = fopen(file, "r");
@@ -2228,19 +2246,10 @@ static long long uri_ms(const char *key, long long dflt)
  * fixture; then it must serve on its own. */
 static bool chaos_member_back(const chaos_member *m, bool killed)
 {
-	if (!killed) {
+	if (!killed)
 		chaos_resume();
-	} else {
-		const char *script = getenv("DLOCK_TEST_FIXTURE");
-		char dir[512], cmd[1500];
-		tu_server_dir(dir, sizeof dir);
-		snprintf(cmd, sizeof cmd, "bash '%s' restart-member '%s' '%s' >&2", script ? script : "", dir, m->name);
-		int rc = script ? system(cmd) : -1;
-		if (rc != 0) {
-			fprintf(stderr, "%s: exit %d (DLOCK_TEST_FIXTURE %s)\n", cmd, rc, script ? "set" : "not set");
-			return false;
-		}
-	}
+	else if (!chaos_fixture("restart-member", m->name))
+		return false;
 	return chaos_member_serves(m->port);
 }
 
@@ -2377,7 +2386,7 @@ static void chaos_members_fail(bool kill_it)
 	long long connect_ms = uri_ms("connect_timeout", 5000);
 	long long request_ms = uri_ms("timeout", connect_ms < 2000 ? connect_ms : 2000);
 	/* up to three members in turn: all of a 3-member cluster (its leader
-	 * among them), a Cluster's three masters (its nodes 0-2) */
+	 * among them), a Cluster's three masters */
 	for (int i = 0; i < n && i < 3; i++)
 		chaos_round(&m[i], kill_it, connect_ms, request_ms);
 }
