@@ -140,11 +140,10 @@ void dlock_backend_wake_all(dlock_backend *be)
 	pthread_mutex_unlock(&b->mu);
 }
 
-int dlock_backend_init(dlock_backend *be, const dlock_backend_methods *m)
+int dlock__methods_check(const dlock_backend_methods *m)
 {
-	if (!be || !m)
-		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_backend_init: NULL argument");
-	memset(be, 0, sizeof(*be));
+	if (!m)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "backend without methods (see dlock_backend_init)");
 	if (m->version != DLOCK_BACKEND_VERSION)
 		return dlock_error_set(DLOCK_EINVAL, m->kind, NULL,
 				       "backend methods of version %u: this libdlock takes version %d",
@@ -153,6 +152,16 @@ int dlock_backend_init(dlock_backend *be, const dlock_backend_methods *m)
 		return dlock_error_set(DLOCK_EINVAL, m->kind, NULL,
 				       "backend methods lack kind, acquire, release, renew or close "
 				       "(or have only one of watch and unwatch)");
-	be->methods = m;
 	return 0;
+}
+
+int dlock_backend_init(dlock_backend *be, const dlock_backend_methods *m)
+{
+	if (!be || !m)
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_backend_init: NULL argument");
+	memset(be, 0, sizeof(*be));
+	int rc = dlock__methods_check(m);
+	if (rc == 0)
+		be->methods = m;
+	return rc;
 }

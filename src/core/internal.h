@@ -42,6 +42,11 @@ int dlock__backend_open(const char *text, int64_t timeout_ms, dlock_backend **ou
  * buf ("" if none), clearing it. */
 void dlock__open_warning_take(char *buf, size_t size);
 
+/* The one check of a methods table (version, required methods), for
+ * dlock_backend_init and the open of a store over a backend: 0, or
+ * DLOCK_EINVAL with the reason. (board.c) */
+int dlock__methods_check(const dlock_backend_methods *m);
+
 /* ---- the wake-up board of a store handle (board.c) ---- */
 typedef struct dlock__board dlock__board;
 int dlock__board_new(dlock__board **out);

@@ -71,19 +71,15 @@ void dlock__forget(void *p)
 }
 
 /* Whether be's head points at a table this core takes (dlock_backend_init
- * checks the same; a backend handed in may not have used it). */
+ * checks the same; a backend handed in may not have used it). A backend
+ * refused is closed when it has a close method. */
 static int check_methods(dlock_backend *be)
 {
 	const dlock_backend_methods *m = be->methods;
-	if (m && m->version == DLOCK_BACKEND_VERSION && m->kind && m->acquire && m->release && m->renew &&
-	    m->close && !m->watch == !m->unwatch)
-		return 0;
-	if (m && m->close)
+	int rc = dlock__methods_check(m);
+	if (rc != 0 && m && m->close)
 		m->close(be);
-	return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
-			       "backend methods of version %d, or without a required method: this "
-			       "libdlock takes version %d (see dlock_backend_init)",
-			       m ? (int)m->version : -1, DLOCK_BACKEND_VERSION);
+	return rc;
 }
 
 static int store_init(dlock_store **out, dlock_backend *be, const char *display_uri,

@@ -1136,7 +1136,16 @@ static void test_register(void)
 	bad = apart_methods;
 	bad.watch = f_watch; /* watch without unwatch */
 	CHECK_RC(dlock_backend_init(&f->base, &bad), DLOCK_EINVAL);
+	CHECK(strstr(dlock_error_last()->message, "only one of watch and unwatch") != NULL);
 	f_close(&f->base);
+	/* the same check when a backend that skipped init is handed in: refused,
+	 * and closed (the store takes ownership) */
+	f = fake_new();
+	bad = apart_methods;
+	bad.version = 3;
+	f->base.methods = &bad;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://bad", 0), DLOCK_EINVAL);
+	CHECK(s == NULL && strstr(dlock_error_last()->message, "version 3") != NULL);
 	apart_n = 0;
 }
 

@@ -27,11 +27,10 @@
  * code; a message it sets is replaced); every other error's message is the
  * store's (dlock_error_set).
  *
- * Threading: unless the table declares DLOCK_BACKEND_F_CONCURRENT, the core
- * calls the methods of one instance under one mutex of its store, except
- * `wait`, `unwatch` and `forget`, which it calls WITHOUT that mutex (so a
- * blocked waiter does not stop renewal): they may run in several threads at
- * once and concurrently with any other method. A table with
+ * Threading: the core calls the methods of one instance under one mutex of
+ * its store, except `wait`, `unwatch` and `forget`, which it calls WITHOUT
+ * that mutex (so a blocked waiter does not stop renewal): they may run in
+ * several threads at once and concurrently with any other method. A table with
  * DLOCK_BACKEND_F_RENEW_APART lets the core open a second instance from the
  * same URI for its renewal thread, so that a long acquire never delays a
  * renewal: renew (and the releases the core retries in the background) then
@@ -431,8 +430,8 @@ DLOCK_EXTERN void dlock_backend_unwatch_all(dlock_backend *be);
  * dlock_lock_detach cannot hand them to another process.
  */
 #define DLOCK_BACKEND_F_SESSION 1u
-/** Every method may be called from several threads at once (no store mutex). */
-#define DLOCK_BACKEND_F_CONCURRENT 2u
+/* Flag 2u is unused: it was DLOCK_BACKEND_F_CONCURRENT, which the core never
+ * honoured (every instance's methods run under its store's mutex). */
 /**
  * A hold does not belong to the instance that made it (its state is in the
  * store, keyed by owner; req->slot is not needed to renew or release it):
