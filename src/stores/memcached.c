@@ -30,7 +30,7 @@
 /* Memcached treats expiries above 30 days as absolute times. */
 #define MAX_TTL_S (30 * 24 * 3600 - 2)
 
-typedef struct mc_backend {
+typedef struct memcached_store {
 	dlock_backend base;
 	memcached_st *mc;
 	memcached_st *rmc;          /* renewal batches: a second connection, noreply + buffered */
@@ -39,7 +39,7 @@ typedef struct mc_backend {
 	int64_t deadline;           /* of the call in progress (calls hold the store mutex) */
 	int dropped;                /* the last call closed the connection (timed out, failed) */
 	int64_t request_timeout_ms; /* bound of status */
-} mc_backend;
+} memcached_store;
 
 /* One entry of a holder list. */
 typedef struct entry {
@@ -66,14 +66,14 @@ typedef struct list {
 /* Close the connection: nothing late is ever read from it. memcached_quit
  * first sends "quit", which may wait (purging replies still owed) for a
  * whole poll timeout: give it 1 ms. */
-static void drop_conn(mc_backend *be)
+static void drop_conn(memcached_store *be)
 {
 	be->dropped = 1;
 	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_POLL_TIMEOUT, 1);
 	memcached_quit(be->mc);
 }
 
-static int mc_error(mc_backend *be, memcached_return_t rc, const char *what)
+static int mc_error(memcached_store *be, memcached_return_t rc, const char *what)
 {
 	int code;
 	if (rc == MEMCACHED_TIMEOUT) {
@@ -136,7 +136,7 @@ static int mc_error(mc_backend *be, memcached_return_t rc, const char *what)
  * poll of every socket wait (POLL_TIMEOUT, read per wait) and the connect
  * (CONNECT_TIMEOUT). A call that finds no time left sends nothing.
  */
-static int arm(mc_backend *be, const char *what)
+static int arm(memcached_store *be, const char *what)
 {
 	int64_t left = be->deadline - dlock_clock_ms();
 	if (left <= 0) {
@@ -153,7 +153,7 @@ static int arm(mc_backend *be, const char *what)
 }
 
 /* memcached_fetch_result with the time left; NULL and MEMCACHED_TIMEOUT when none is. */
-static memcached_result_st *fetch(mc_backend *be, memcached_return_t *rc)
+static memcached_result_st *fetch(memcached_store *be, memcached_return_t *rc)
 {
 	if (be->deadline - dlock_clock_ms() <= 0) {
 		*rc = MEMCACHED_TIMEOUT;
@@ -181,7 +181,7 @@ static int internal_suffix(const char *s)
  * the prefix ends at the first ':'). When that is too long,
  * "prefix#" and 128 bits of two FNV-1a 64 hashes with different offsets.
  */
-static void base_key(mc_backend *be, const char *name, char *out, size_t cap)
+static void base_key(memcached_store *be, const char *name, char *out, size_t cap)
 {
 	static const char hex[] = "0123456789ABCDEF";
 	size_t n = 0;
@@ -348,7 +348,7 @@ static time_t tidy_exptime(const list *l)
 /* --------------------------------------------------------- server calls */
 
 /* gets K: *found = 0 when absent. */
-static int read_list(mc_backend *be, const char *k, list *l, uint64_t *cas, int *found)
+static int read_list(memcached_store *be, const char *k, list *l, uint64_t *cas, int *found)
 {
 	const char *keys[1] = { k };
 	size_t lens[1] = { strlen(k) };
@@ -380,7 +380,7 @@ static int read_list(mc_backend *be, const char *k, list *l, uint64_t *cas, int 
 }
 
 /* Mark each entry live iff its lease key exists (one mget). */
-static int check_leases(mc_backend *be, const char *k, list *l)
+static int check_leases(memcached_store *be, const char *k, list *l)
 {
 	if (l->n == 0)
 		return 0;
@@ -425,7 +425,7 @@ out:
 
 /* Write the list back: add when it was absent, else cas. *raced = 1 when
  * someone changed it since we read it (the caller starts over). */
-static int write_list(mc_backend *be, const char *k, const list *l, int found, uint64_t cas,
+static int write_list(memcached_store *be, const char *k, const list *l, int found, uint64_t cas,
 		      int *raced)
 {
 	size_t len;
@@ -450,7 +450,7 @@ static int write_list(mc_backend *be, const char *k, const list *l, int found, u
 }
 
 /* The lease key's value is what status shows: "<client wall ms at set> <ttl ms>". */
-static int set_lease(mc_backend *be, const char *lk, int64_t ttl_ms)
+static int set_lease(memcached_store *be, const char *lk, int64_t ttl_ms)
 {
 	char v[64];
 	int n = snprintf(v, sizeof v, "%" PRId64 " %" PRId64, dlock_wall_ms(), ttl_ms);
@@ -462,7 +462,7 @@ static int set_lease(mc_backend *be, const char *lk, int64_t ttl_ms)
 }
 
 /* Refresh our own lease key if it still exists (see mc_renew); *gone = 1 if not. */
-static int refresh_lease(mc_backend *be, const char *lk, int64_t ttl_ms, int *gone)
+static int refresh_lease(memcached_store *be, const char *lk, int64_t ttl_ms, int *gone)
 {
 	char v[64];
 	int n = snprintf(v, sizeof v, "%" PRId64 " %" PRId64, dlock_wall_ms(), ttl_ms);
@@ -486,7 +486,7 @@ static int refresh_lease(mc_backend *be, const char *lk, int64_t ttl_ms, int *go
  * to a restart, eviction or flush_all most likely restarts above every fence
  * granted before (not a guarantee: see the docs).
  */
-static int next_fence(mc_backend *be, const char *k, uint64_t *fence)
+static int next_fence(memcached_store *be, const char *k, uint64_t *fence)
 {
 	char fk[320];
 	snprintf(fk, sizeof fk, "%s/f", k);
@@ -575,7 +575,7 @@ static int64_t waiters_ahead(const list *l, const entry *q)
 
 static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
-	mc_backend *be = (mc_backend *)base;
+	memcached_store *be = (memcached_store *)base;
 	char k[MAX_ENCODED + 64], lk[320];
 	be->deadline = req->deadline_ms;
 	if (dlock_try_too_late(req, be->request_timeout_ms)) /* see "Time" in sys/backend.h */
@@ -693,7 +693,7 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 
 /* Drop req->owner's entry of `kind` from the list; *was_live: the entry and
  * its lease key existed. */
-static int remove_entry(mc_backend *be, dlock_request *req, char kind, int *was_live)
+static int remove_entry(memcached_store *be, dlock_request *req, char kind, int *was_live)
 {
 	char k[MAX_ENCODED + 64], lk[320];
 	base_key(be, req->name, k, sizeof k);
@@ -745,8 +745,8 @@ static int remove_entry(mc_backend *be, dlock_request *req, char kind, int *was_
 static int mc_release(dlock_backend *base, dlock_request *req)
 {
 	int live = 0;
-	((mc_backend *)base)->deadline = req->deadline_ms;
-	int rc = remove_entry((mc_backend *)base, req, 'H', &live);
+	((memcached_store *)base)->deadline = req->deadline_ms;
+	int rc = remove_entry((memcached_store *)base, req, 'H', &live);
 	if (rc)
 		return rc;
 	return live ? 0 : DLOCK_ENOTHELD;
@@ -755,7 +755,7 @@ static int mc_release(dlock_backend *base, dlock_request *req)
 static int mc_cancel(dlock_backend *base, dlock_request *req)
 {
 	int live = 0;
-	mc_backend *be = (mc_backend *)base;
+	memcached_store *be = (memcached_store *)base;
 	/* The core cancels when a wait ends. If the last try lost the connection
 	 * (it timed out), a reconnect now would overrun the caller's wait on a
 	 * link that just failed: leave the queue entry to expire by itself (its
@@ -763,7 +763,7 @@ static int mc_cancel(dlock_backend *base, dlock_request *req)
 	if (be->dropped)
 		return 0;
 	be->deadline = req->deadline_ms;
-	return remove_entry((mc_backend *)base, req, 'Q', &live);
+	return remove_entry((memcached_store *)base, req, 'Q', &live);
 }
 
 /*
@@ -801,7 +801,7 @@ static void fence_key(const char *k, char *out, size_t cap)
 	snprintf(out, cap, "%s/f", k);
 }
 
-static int renew_one(mc_backend *be, dlock_request *req, int *result)
+static int renew_one(memcached_store *be, dlock_request *req, int *result)
 {
 	char k[MAX_ENCODED + 64], lk[320], fk[320];
 	base_key(be, req->name, k, sizeof k);
@@ -839,7 +839,7 @@ static int renew_one(mc_backend *be, dlock_request *req, int *result)
 
 static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
 {
-	mc_backend *be = (mc_backend *)base;
+	memcached_store *be = (memcached_store *)base;
 	if (n == 0)
 		return 0;
 	be->deadline = reqs[0]->deadline_ms;
@@ -945,7 +945,7 @@ static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, i
 static int mc_status(dlock_backend *base, const char *const *names, size_t nnames,
 		     dlock_lock_status **out, size_t *count)
 {
-	mc_backend *be = (mc_backend *)base;
+	memcached_store *be = (memcached_store *)base;
 	be->deadline = dlock_clock_ms() + be->request_timeout_ms;
 	dlock_lock_status *st = NULL;
 	size_t cnt = 0;
@@ -1024,7 +1024,7 @@ static int mc_status(dlock_backend *base, const char *const *names, size_t nname
 
 static void mc_close(dlock_backend *base)
 {
-	mc_backend *be = (mc_backend *)base;
+	memcached_store *be = (memcached_store *)base;
 	if (!be)
 		return;
 	if (be->mc)
@@ -1036,7 +1036,7 @@ static void mc_close(dlock_backend *base)
 }
 
 /* Memcached cannot enumerate its keys: no list. */
-static const dlock_backend_methods mc_methods = {
+static const dlock_backend_methods memcached_methods = {
 	DLOCK_BACKEND_METHODS_INIT(KIND),
 	.acquire = mc_acquire,
 	.release = mc_release,
@@ -1068,12 +1068,12 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 				       "memcached: give exactly one host:port (locks cannot be spread "
 				       "over several servers safely)");
 	}
-	mc_backend *be = calloc(1, sizeof *be);
+	memcached_store *be = calloc(1, sizeof *be);
 	if (!be) {
 		dlock_free(hp);
 		return dlock__oom();
 	}
-	dlock_backend_init(&be->base, &mc_methods);
+	dlock_backend_init(&be->base, &memcached_methods);
 	snprintf(be->hostport, sizeof be->hostport, "%s:%d", hp[0].host, hp[0].port);
 	be->ns = dlock__strdup(uri->prefix ? uri->prefix : "dlock");
 	be->mc = memcached_create(NULL);

@@ -7,6 +7,14 @@
  * Stores include only this file and <dlock/...> headers: their include path
  * (CMake: the dlock_stores objects) does not reach src/core, so the core's
  * private header (src/core/internal.h) cannot be used by a store.
+ *
+ * Names in a store: its state is `<kind>_store` (the instance whose first
+ * member is the dlock_backend: sqlite_store, redis_store, cluster_store,
+ * redlock_store, etcd_store, zookeeper_store, memcached_store, mysql_store,
+ * postgres_store) and its methods table `<kind>_methods`; a store of several
+ * files prefixes what they share with `dlock__<short>_` (dlock__sq_,
+ * dlock__et_, dlock__zk_, dlock__my_, dlock__pg_, dlock__r for Redis),
+ * tables of a store's modes included (dlock__pg_advisory_methods).
  */
 #ifndef DLOCK_STORES_SUPPORT_H
 #define DLOCK_STORES_SUPPORT_H

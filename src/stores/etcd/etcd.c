@@ -33,7 +33,7 @@
 
 static void etcd_close(dlock_backend *be)
 {
-	etcd *e = (etcd *)be;
+	etcd_store *e = (etcd_store *)be;
 	if (!e)
 		return;
 	/* Revoking drops keys left on our leases at once instead of after their
@@ -108,7 +108,7 @@ static const dlock_backend_methods etcd_methods = {
 
 int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 {
-	etcd *e;
+	etcd_store *e;
 	dlock_hostport *hp = NULL;
 	size_t nhp = 0;
 	int tls = strcmp(uri->scheme, "etcds") == 0, rc;

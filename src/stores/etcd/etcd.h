@@ -61,7 +61,7 @@ typedef struct waitkit {
 	CURL *watch, *read;
 } waitkit;
 
-typedef struct etcd {
+typedef struct etcd_store {
 	dlock_backend base;
 	char **urls;
 	size_t nurls;
@@ -95,7 +95,7 @@ typedef struct etcd {
 
 	hold *holds;          /* key slots of our holds and waiters, under mu (wait reads them) */
 	size_t nholds, capholds;
-} etcd;
+} etcd_store;
 
 
 /* ---- what the files of this store share ---- */
@@ -133,55 +133,55 @@ typedef struct keyset {
 } keyset;
 
 
-CURL *dlock__et_handle_new(etcd *e);
+CURL *dlock__et_handle_new(etcd_store *e);
 
 void dlock__et_kit_free(waitkit *k);
 
-waitkit *dlock__et_kit_take(etcd *e);
+waitkit *dlock__et_kit_take(etcd_store *e);
 
-void dlock__et_kit_put(etcd *e, waitkit *k);
+void dlock__et_kit_put(etcd_store *e, waitkit *k);
 
 int dlock__et_curl_failover(CURLcode c);
 
-void dlock__et_endpoint_failed(etcd *e, size_t idx);
+void dlock__et_endpoint_failed(etcd_store *e, size_t idx);
 
-int dlock__et_xfer_start(etcd *e, xfer *x, CURL *h, const char *path, const char *text, int64_t until,
+int dlock__et_xfer_start(etcd_store *e, xfer *x, CURL *h, const char *path, const char *text, int64_t until,
 		      int with_token);
 
 void dlock__et_xfer_end(xfer *x);
 
-int dlock__et_rpc(etcd *e, CURL *h, const char *path, json_object *body, json_object **out,
+int dlock__et_rpc(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out,
 	       rpc_result *res);
 
-int dlock__et_authenticate(etcd *e, CURL *h, unsigned seen_gen, int64_t until);
+int dlock__et_authenticate(etcd_store *e, CURL *h, unsigned seen_gen, int64_t until);
 
-int dlock__et_rpc_until(etcd *e, CURL *h, const char *path, json_object *body, json_object **out,
+int dlock__et_rpc_until(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out,
 		     rpc_result *res, int64_t until);
 
-void dlock__et_rpc_pair(etcd *e, const char *path1, json_object *body1, json_object **out1, int *rc1,
+void dlock__et_rpc_pair(etcd_store *e, const char *path1, json_object *body1, json_object **out1, int *rc1,
 		     rpc_result *res1, const char *path2, json_object *body2, json_object **out2,
 		     int *rc2);
 
-void dlock__et_lease_drop(etcd *e, int64_t id);
+void dlock__et_lease_drop(etcd_store *e, int64_t id);
 
-lease *dlock__et_lease_find_id(etcd *e, int64_t id);
+lease *dlock__et_lease_find_id(etcd_store *e, int64_t id);
 
 json_object *dlock__et_keepalive_body(int64_t id);
 
-int dlock__et_keepalive(etcd *e, int64_t id, int64_t *ttl_s);
+int dlock__et_keepalive(etcd_store *e, int64_t id, int64_t *ttl_s);
 
-int dlock__et_keepalive_read(etcd *e, int64_t id, json_object *resp, int64_t sent, int64_t *ttl_s);
+int dlock__et_keepalive_read(etcd_store *e, int64_t id, json_object *resp, int64_t sent, int64_t *ttl_s);
 
-int dlock__et_lease_get(etcd *e, int64_t ttl_ms, lease **out);
+int dlock__et_lease_get(etcd_store *e, int64_t ttl_ms, lease **out);
 
 void dlock__et_names_free(keyset *n);
 
 int dlock__et_holds(const kv *keys, size_t n, const kv *me, dlock_mode mode, unsigned permits,
 		 const kv **watch);
 
-int dlock__et_names_make(etcd *e, const dlock_request *req, keyset *n, int how);
+int dlock__et_names_make(etcd_store *e, const dlock_request *req, keyset *n, int how);
 
-void dlock__et_call_begin(etcd *e, int64_t deadline);
+void dlock__et_call_begin(etcd_store *e, int64_t deadline);
 
 int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms);
 
@@ -205,7 +205,7 @@ int dlock__et_jadd_b64(json_object *o, const char *k, const char *data, size_t l
 
 void dlock__et_jadd_i64(json_object *o, const char *k, int64_t v);
 
-char *dlock__et_dir_of(const etcd *e, const char *name);
+char *dlock__et_dir_of(const etcd_store *e, const char *name);
 
 char *dlock__et_prefix_enc(const char *prefix);
 
@@ -218,10 +218,10 @@ json_object *dlock__et_op_put(const char *key, const char *value, int64_t lease_
 
 json_object *dlock__et_cmp_create(const char *key, const char *end, const char *result, int64_t rev);
 
-int dlock__et_txn(etcd *e, CURL *h, json_object *compare, json_object *success, json_object *failure,
+int dlock__et_txn(etcd_store *e, CURL *h, json_object *compare, json_object *success, json_object *failure,
 	       json_object **out, rpc_result *res);
 
-int dlock__et_delete_key(etcd *e, CURL *h, const char *key, int64_t *deleted, rpc_result *res);
+int dlock__et_delete_key(etcd_store *e, CURL *h, const char *key, int64_t *deleted, rpc_result *res);
 
 int dlock__et_status(dlock_backend *be, const char *const *names, size_t nnames,
 		       dlock_lock_status **out, size_t *count);

@@ -25,7 +25,7 @@ static size_t buf_write(char *data, size_t size, size_t nmemb, void *ud)
  * inherits a connection of ours (curl makes its sockets without it). */
 static int sockopt(void *ud, curl_socket_t fd, curlsocktype purpose)
 {
-	etcd *e = ud;
+	etcd_store *e = ud;
 	unsigned int ms = (unsigned int)e->connect_timeout_ms;
 	int fl = fcntl(fd, F_GETFD);
 	if (fl >= 0)
@@ -35,7 +35,7 @@ static int sockopt(void *ud, curl_socket_t fd, curlsocktype purpose)
 	return CURL_SOCKOPT_OK;
 }
 
-CURL *dlock__et_handle_new(etcd *e)
+CURL *dlock__et_handle_new(etcd_store *e)
 {
 	CURL *h = curl_easy_init();
 	if (!h)
@@ -69,7 +69,7 @@ void dlock__et_kit_free(waitkit *k)
 	free(k);
 }
 
-waitkit *dlock__et_kit_take(etcd *e)
+waitkit *dlock__et_kit_take(etcd_store *e)
 {
 	waitkit *k = NULL;
 	pthread_mutex_lock(&e->mu);
@@ -86,7 +86,7 @@ waitkit *dlock__et_kit_take(etcd *e)
 	return k;
 }
 
-void dlock__et_kit_put(etcd *e, waitkit *k)
+void dlock__et_kit_put(etcd_store *e, waitkit *k)
 {
 	pthread_mutex_lock(&e->mu);
 	if (e->npool < POOL_MAX) {
@@ -121,7 +121,7 @@ static int curl_not_sent(CURLcode c)
 	return c == CURLE_COULDNT_CONNECT || c == CURLE_COULDNT_RESOLVE_HOST;
 }
 
-void dlock__et_endpoint_failed(etcd *e, size_t idx)
+void dlock__et_endpoint_failed(etcd_store *e, size_t idx)
 {
 	pthread_mutex_lock(&e->mu);
 	if (e->cur == idx)
@@ -144,7 +144,7 @@ static int timed_out(const char *what)
  * pinned with CURLOPT_RESOLVE: curl connects to the addresses and keeps the
  * name for TLS (SNI, certificate check) and the Host header.
  */
-static int pin_endpoint(etcd *e, xfer *x, CURL *h, int64_t until)
+static int pin_endpoint(etcd_store *e, xfer *x, CURL *h, int64_t until)
 {
 	const dlock_hostport *hp = &e->hp[x->idx];
 	int64_t now = dlock_clock_ms();
@@ -173,7 +173,7 @@ static int pin_endpoint(etcd *e, xfer *x, CURL *h, int64_t until)
 
 /* Prepare one exchange that must end by `until` (CLOCK_MONOTONIC ms): curl's
  * limits are cut to the time left, and nothing is sent when none is left. */
-static int xfer_start_at(etcd *e, xfer *x, CURL *h, size_t idx, const char *path, const char *text,
+static int xfer_start_at(etcd_store *e, xfer *x, CURL *h, size_t idx, const char *path, const char *text,
 			 int64_t until, int with_token)
 {
 	int64_t left = until - dlock_clock_ms();
@@ -218,7 +218,7 @@ static int xfer_start_at(etcd *e, xfer *x, CURL *h, size_t idx, const char *path
 	return 0;
 }
 
-int dlock__et_xfer_start(etcd *e, xfer *x, CURL *h, const char *path, const char *text, int64_t until,
+int dlock__et_xfer_start(etcd_store *e, xfer *x, CURL *h, const char *path, const char *text, int64_t until,
 		      int with_token)
 {
 	size_t idx;
@@ -253,7 +253,7 @@ static void run_one(xfer *x)
 enum { NEXT_DONE, NEXT_ENDPOINT, NEXT_REAUTH };
 
 /* Read a finished transfer: 0 and *out, or an error (set) and what to do next. */
-static int xfer_finish(etcd *e, xfer *x, json_object **out, rpc_result *res, int *next)
+static int xfer_finish(etcd_store *e, xfer *x, json_object **out, rpc_result *res, int *next)
 {
 	*next = NEXT_DONE;
 	*out = NULL;
@@ -306,7 +306,7 @@ static int xfer_finish(etcd *e, xfer *x, json_object **out, rpc_result *res, int
 /* The deadline of one attempt of the current call: the call's, cut to the
  * per-attempt limit while renewing (so a hung member leaves time for the
  * next one even with the whole deadline given to it). */
-static int64_t attempt_until(etcd *e, int64_t until)
+static int64_t attempt_until(etcd_store *e, int64_t until)
 {
 	if (e->op_timeout_ms > 0) {
 		int64_t cap = dlock_clock_ms() + e->op_timeout_ms;
@@ -362,7 +362,7 @@ typedef struct race {
 	rpc_result res;
 } race;
 
-static int race_init(etcd *e, race *r, int which, const char *path, const char *text, int64_t until,
+static int race_init(etcd_store *e, race *r, int which, const char *path, const char *text, int64_t until,
 		     int with_token)
 {
 	memset(r, 0, sizeof(*r));
@@ -389,7 +389,7 @@ static int race_init(etcd *e, race *r, int which, const char *path, const char *
 }
 
 /* The handle of attempt k: cmd or side first, then one of e->hedge. */
-static CURL *race_handle(etcd *e, const race *r, size_t k)
+static CURL *race_handle(etcd_store *e, const race *r, size_t k)
 {
 	if (k == 0)
 		return r->which ? e->side : e->cmd;
@@ -401,7 +401,7 @@ static CURL *race_handle(etcd *e, const race *r, size_t k)
 	return *slot;
 }
 
-static int64_t hedge_share(const etcd *e, int64_t now, int64_t until, size_t untried)
+static int64_t hedge_share(const etcd_store *e, int64_t now, int64_t until, size_t untried)
 {
 	int64_t share = (until - now) / (int64_t)(untried ? untried : 1);
 	if (share > e->request_timeout_ms)
@@ -410,7 +410,7 @@ static int64_t hedge_share(const etcd *e, int64_t now, int64_t until, size_t unt
 }
 
 /* Stop every attempt of r still in flight, and free them all. */
-static void race_end(etcd *e, race *r)
+static void race_end(etcd_store *e, race *r)
 {
 	for (size_t k = 0; r->x && k < r->n; k++) {
 		if (r->on[k]) {
@@ -422,7 +422,7 @@ static void race_end(etcd *e, race *r)
 	}
 }
 
-static void race_free(etcd *e, race *r)
+static void race_free(etcd_store *e, race *r)
 {
 	race_end(e, r);
 	free(r->x);
@@ -432,7 +432,7 @@ static void race_free(etcd *e, race *r)
 }
 
 /* Start the next member's attempt (skipping names that do not resolve). */
-static void race_start(etcd *e, race *r)
+static void race_start(etcd_store *e, race *r)
 {
 	while (!r->done && r->n < e->nurls) {
 		size_t k = r->n++;
@@ -464,7 +464,7 @@ static void race_start(etcd *e, race *r)
 }
 
 /* Attempt k of r ended with c: decide r, or go on with the others. */
-static void race_finish(etcd *e, race *r, size_t k, CURLcode c)
+static void race_finish(etcd_store *e, race *r, size_t k, CURLcode c)
 {
 	xfer *x = &r->x[k];
 	json_object *out = NULL;
@@ -502,7 +502,7 @@ static void race_finish(etcd *e, race *r, size_t k, CURLcode c)
 }
 
 /* Run races (one request each, at most two: cmd's and side's) to their end. */
-static void races_run(etcd *e, race **rs, int nr)
+static void races_run(etcd_store *e, race **rs, int nr)
 {
 	for (int i = 0; i < nr; i++)
 		if (!rs[i]->done)
@@ -565,7 +565,7 @@ static void races_run(etcd *e, race **rs, int nr)
  * once; all by `until`. A 401 "invalid auth token" re-authenticates and
  * retries once. Takes ownership of body; *out gets the answer object.
  */
-static int rpc_ex(etcd *e, CURL *h, const char *path, json_object *body, json_object **out,
+static int rpc_ex(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out,
 		  rpc_result *res, int64_t until, int flags)
 {
 	const char *text = json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN);
@@ -633,14 +633,14 @@ static int rpc_ex(etcd *e, CURL *h, const char *path, json_object *body, json_ob
 	return rc;
 }
 
-int dlock__et_rpc_until(etcd *e, CURL *h, const char *path, json_object *body, json_object **out,
+int dlock__et_rpc_until(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out,
 		     rpc_result *res, int64_t until)
 {
 	return rpc_ex(e, h, path, body, out, res, until, 0);
 }
 
 /* A request of the current call (under the store mutex): by e->deadline. */
-int dlock__et_rpc(etcd *e, CURL *h, const char *path, json_object *body, json_object **out,
+int dlock__et_rpc(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out,
 	       rpc_result *res)
 {
 	return rpc_ex(e, h, path, body, out, res, e->deadline, 0);
@@ -652,7 +652,7 @@ int dlock__et_rpc(etcd *e, CURL *h, const char *path, json_object *body, json_ob
  * one's outcome; a caller that needs one to succeed repeats it with
  * dlock__et_rpc(), which re-authenticates.
  */
-void dlock__et_rpc_pair(etcd *e, const char *path1, json_object *body1, json_object **out1, int *rc1,
+void dlock__et_rpc_pair(etcd_store *e, const char *path1, json_object *body1, json_object **out1, int *rc1,
 		     rpc_result *res1, const char *path2, json_object *body2, json_object **out2,
 		     int *rc2)
 {
@@ -681,7 +681,7 @@ void dlock__et_rpc_pair(etcd *e, const char *path1, json_object *body1, json_obj
 }
 
 /* Get a token for user/password unless another thread already replaced token `seen_gen`. */
-int dlock__et_authenticate(etcd *e, CURL *h, unsigned seen_gen, int64_t until)
+int dlock__et_authenticate(etcd_store *e, CURL *h, unsigned seen_gen, int64_t until)
 {
 	pthread_mutex_lock(&e->mu);
 	int fresh = e->token_gen != seen_gen;

@@ -13,7 +13,7 @@ static int64_t ttl_secs(int64_t ttl_ms)
 	return s < 1 ? 1 : s;
 }
 
-void dlock__et_lease_drop(etcd *e, int64_t id)
+void dlock__et_lease_drop(etcd_store *e, int64_t id)
 {
 	for (size_t i = 0; i < e->nleases; i++) {
 		if (e->leases[i].id == id) {
@@ -23,7 +23,7 @@ void dlock__et_lease_drop(etcd *e, int64_t id)
 	}
 }
 
-lease *dlock__et_lease_find_id(etcd *e, int64_t id)
+lease *dlock__et_lease_find_id(etcd_store *e, int64_t id)
 {
 	for (size_t i = 0; i < e->nleases; i++)
 		if (e->leases[i].id == id)
@@ -39,7 +39,7 @@ json_object *dlock__et_keepalive_body(int64_t id)
 }
 
 /* Read a keepalive answer (consumed) for lease `id` sent at `sent`. */
-int dlock__et_keepalive_read(etcd *e, int64_t id, json_object *resp, int64_t sent, int64_t *ttl_s)
+int dlock__et_keepalive_read(etcd_store *e, int64_t id, json_object *resp, int64_t sent, int64_t *ttl_s)
 {
 	int rc = 0;
 	json_object *r = dlock__et_jget(resp, "result");
@@ -67,7 +67,7 @@ int dlock__et_keepalive_read(etcd *e, int64_t id, json_object *resp, int64_t sen
  * lease is gone, its keys deleted). The gateway answers a keepalive of an
  * unknown lease with a result without TTL, not an error.
  */
-int dlock__et_keepalive(etcd *e, int64_t id, int64_t *ttl_s)
+int dlock__et_keepalive(etcd_store *e, int64_t id, int64_t *ttl_s)
 {
 	json_object *resp;
 	int64_t sent = dlock_clock_ms();
@@ -83,7 +83,7 @@ int dlock__et_keepalive(etcd *e, int64_t id, int64_t *ttl_s)
 }
 
 /* The lease for ttl_ms, granted on first use. */
-int dlock__et_lease_get(etcd *e, int64_t ttl_ms, lease **out)
+int dlock__et_lease_get(etcd_store *e, int64_t ttl_ms, lease **out)
 {
 	int64_t s = ttl_secs(ttl_ms);
 	for (size_t i = 0; i < e->nleases; i++) {

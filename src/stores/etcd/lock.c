@@ -15,7 +15,7 @@ void dlock__et_names_free(keyset *n)
 	memset(n, 0, sizeof(*n));
 }
 
-static hold *hold_find(etcd *e, const char *name, const char *owner)
+static hold *hold_find(etcd_store *e, const char *name, const char *owner)
 {
 	for (size_t i = 0; i < e->nholds; i++)
 		if (strcmp(e->holds[i].owner, owner) == 0 && strcmp(e->holds[i].name, name) == 0)
@@ -24,7 +24,7 @@ static hold *hold_find(etcd *e, const char *name, const char *owner)
 }
 
 /* The key of req now rides on lease_id (known from an answer). */
-static void hold_set_lease(etcd *e, const dlock_request *req, int64_t lease_id)
+static void hold_set_lease(etcd_store *e, const dlock_request *req, int64_t lease_id)
 {
 	pthread_mutex_lock(&e->mu);
 	hold *h = hold_find(e, req->name, req->owner);
@@ -36,7 +36,7 @@ static void hold_set_lease(etcd *e, const dlock_request *req, int64_t lease_id)
 }
 
 /* A put of unknown outcome is about to put req's key on lease_id. */
-static void hold_set_maybe(etcd *e, const dlock_request *req, int64_t lease_id)
+static void hold_set_maybe(etcd_store *e, const dlock_request *req, int64_t lease_id)
 {
 	pthread_mutex_lock(&e->mu);
 	hold *h = hold_find(e, req->name, req->owner);
@@ -45,7 +45,7 @@ static void hold_set_maybe(etcd *e, const dlock_request *req, int64_t lease_id)
 	pthread_mutex_unlock(&e->mu);
 }
 
-static void lease_retire(etcd *e, int64_t id)
+static void lease_retire(etcd_store *e, int64_t id)
 {
 	lease *l = id ? dlock__et_lease_find_id(e, id) : NULL;
 	if (l)
@@ -60,7 +60,7 @@ static void lease_retire(etcd *e, int64_t id)
  * then revokes it, which deletes the orphan. The entry stays (marked) so a
  * retried release still finds the key.
  */
-static void hold_orphan(etcd *e, const dlock_request *req)
+static void hold_orphan(etcd_store *e, const dlock_request *req)
 {
 	pthread_mutex_lock(&e->mu);
 	hold *h = hold_find(e, req->name, req->owner);
@@ -76,7 +76,7 @@ static void hold_orphan(etcd *e, const dlock_request *req)
 }
 
 /* Forget req's key slot (released, cancelled, refused or gone). */
-static void hold_forget(etcd *e, const dlock_request *req)
+static void hold_forget(etcd_store *e, const dlock_request *req)
 {
 	pthread_mutex_lock(&e->mu);
 	hold *h = hold_find(e, req->name, req->owner);
@@ -96,7 +96,7 @@ static void hold_forget(etcd *e, const dlock_request *req)
  * key until compaction and a range over the directory walks all of them, so
  * a key per acquire would slow every later acquire of a hot name.
  */
-int dlock__et_names_make(etcd *e, const dlock_request *req, keyset *n, int how)
+int dlock__et_names_make(etcd_store *e, const dlock_request *req, keyset *n, int how)
 {
 	const char *dash = strrchr(req->owner, '-');
 	int len = dash ? (int)(dash - req->owner) : (int)strlen(req->owner);
@@ -151,7 +151,7 @@ int dlock__et_names_make(etcd *e, const dlock_request *req, keyset *n, int how)
  * find its key by the owner in the values. *create_rev gets its revision.
  * @return 0 and n->key set; DLOCK_ENOTHELD.
  */
-static int find_by_owner(etcd *e, const dlock_request *req, keyset *n, int64_t *create_rev)
+static int find_by_owner(etcd_store *e, const dlock_request *req, keyset *n, int64_t *create_rev)
 {
 	json_object *ok = json_object_new_array(), *resp;
 	kv *keys = NULL;
@@ -176,7 +176,7 @@ static int find_by_owner(etcd *e, const dlock_request *req, keyset *n, int64_t *
 }
 
 /* The key of a hold entry (see dlock__et_names_make). */
-static char *hold_key(etcd *e, const hold *h)
+static char *hold_key(etcd_store *e, const hold *h)
 {
 	const char *dash = strrchr(h->owner, '-');
 	int len = dash ? (int)(dash - h->owner) : (int)strlen(h->owner);
@@ -191,7 +191,7 @@ static char *hold_key(etcd *e, const hold *h)
  * create revision (fence, place in line) and the value; the compare makes
  * sure nothing is created. *moved: 1 moved, 0 the key is gone.
  */
-static int move_key(etcd *e, const char *key, int64_t to, int *moved)
+static int move_key(etcd_store *e, const char *key, int64_t to, int *moved)
 {
 	json_object *cmp = json_object_new_array(), *ok = json_object_new_array(), *resp;
 	json_object_array_add(cmp, dlock__et_cmp_create(key, NULL, "GREATER", 0));
@@ -212,7 +212,7 @@ static int move_key(etcd *e, const char *key, int64_t to, int *moved)
  * the retired lease alive, so the orphans end with it at the latest.
  * Cheap when there is nothing to do (one pass over the lease table).
  */
-static int rescue(etcd *e)
+static int rescue(etcd_store *e)
 {
 	int rc = 0;
 	for (size_t li = 0; li < e->nleases; li++) {
@@ -353,7 +353,7 @@ static char *value_json(const dlock_request *req)
 }
 
 /* Delete req's key (an undo, a release): forget it, or, when that fails, orphan it. */
-static int drop_key(etcd *e, const dlock_request *req, const char *key, int64_t *deleted,
+static int drop_key(etcd_store *e, const dlock_request *req, const char *key, int64_t *deleted,
 		    rpc_result *res)
 {
 	int rc = dlock__et_delete_key(e, e->cmd, key, deleted, res);
@@ -365,13 +365,13 @@ static int drop_key(etcd *e, const dlock_request *req, const char *key, int64_t 
 }
 
 /* Set the deadline of a call (under the store mutex). */
-void dlock__et_call_begin(etcd *e, int64_t deadline)
+void dlock__et_call_begin(etcd_store *e, int64_t deadline)
 {
 	e->deadline = deadline > 0 ? deadline : dlock_clock_ms() + e->request_timeout_ms;
 	e->reached = 0;
 }
 
-static int lease_retired(etcd *e, int64_t id)
+static int lease_retired(etcd_store *e, int64_t id)
 {
 	lease *l = dlock__et_lease_find_id(e, id);
 	return l && l->retired;
@@ -383,7 +383,7 @@ static int lease_retired(etcd *e, int64_t id)
 
 int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
-	etcd *e = (etcd *)be;
+	etcd_store *e = (etcd_store *)be;
 	int64_t t0 = dlock_clock_ms();
 	/* a shared lease confirmed alive until then needs no keep-alive for a grant */
 	const int64_t alive_enough = t0 + req->ttl_ms * 2 / 3;
@@ -624,7 +624,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 
 int dlock__et_release(dlock_backend *be, dlock_request *req)
 {
-	etcd *e = (etcd *)be;
+	etcd_store *e = (etcd_store *)be;
 	keyset nm;
 	int64_t deleted = 0, rev = 0;
 	rpc_result res;
@@ -660,7 +660,7 @@ int dlock__et_release(dlock_backend *be, dlock_request *req)
 
 int dlock__et_cancel(dlock_backend *be, dlock_request *req)
 {
-	etcd *e = (etcd *)be;
+	etcd_store *e = (etcd_store *)be;
 	keyset nm;
 	int rc = dlock__et_names_make(e, req, &nm, MK_LOOKUP);
 	req->slot = NULL;
@@ -676,7 +676,7 @@ int dlock__et_cancel(dlock_backend *be, dlock_request *req)
 
 int dlock__et_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 {
-	etcd *e = (etcd *)be;
+	etcd_store *e = (etcd_store *)be;
 	int64_t t0 = dlock_clock_ms();
 	keyset nm;
 	lease *l;
@@ -748,7 +748,7 @@ out:
 
 int dlock__et_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
-	etcd *e = (etcd *)be;
+	etcd_store *e = (etcd_store *)be;
 	int64_t *leases = calloc(n ? n : 1, sizeof(int64_t));
 	int rc = 0;
 	if (!leases)

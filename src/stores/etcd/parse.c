@@ -120,7 +120,7 @@ void dlock__et_jadd_i64(json_object *o, const char *k, int64_t v)
 
 /* "<prefix>/<escaped name>/": escaping '/' keeps one name's directory from
  * containing another name's keys ("a/" must not match "a/b/<owner>"). */
-char *dlock__et_dir_of(const etcd *e, const char *name)
+char *dlock__et_dir_of(const etcd_store *e, const char *name)
 {
 	size_t n = strlen(e->prefix) + 3 * strlen(name) + 3;
 	char *d = malloc(n), *o = d;
@@ -326,7 +326,7 @@ int dlock__etcd_txn_range(json_object *dlock__et_txn, size_t i, kv **out, size_t
 	return 0;
 }
 
-int dlock__et_txn(etcd *e, CURL *h, json_object *compare, json_object *success, json_object *failure,
+int dlock__et_txn(etcd_store *e, CURL *h, json_object *compare, json_object *success, json_object *failure,
 	       json_object **out, rpc_result *res)
 {
 	json_object *body = json_object_new_object();
@@ -336,7 +336,7 @@ int dlock__et_txn(etcd *e, CURL *h, json_object *compare, json_object *success, 
 	return dlock__et_rpc(e, h, "/v3/kv/txn", body, out, res);
 }
 
-int dlock__et_delete_key(etcd *e, CURL *h, const char *key, int64_t *deleted, rpc_result *res)
+int dlock__et_delete_key(etcd_store *e, CURL *h, const char *key, int64_t *deleted, rpc_result *res)
 {
 	json_object *body = json_object_new_object(), *resp;
 	if (dlock__et_jadd_b64(body, "key", key, strlen(key)) != 0) {

@@ -6,7 +6,7 @@
 /* ------------------------------------------------------------------ */
 /* status */
 
-static int fill_status(etcd *e, dlock_lock_status *st, kv *keys, size_t n)
+static int fill_status(etcd_store *e, dlock_lock_status *st, kv *keys, size_t n)
 {
 	uint64_t last = 0;
 	st->permits = n ? keys[0].permits : 1;
@@ -43,7 +43,7 @@ static int fill_status(etcd *e, dlock_lock_status *st, kv *keys, size_t n)
 int dlock__et_status(dlock_backend *be, const char *const *names, size_t nnames,
 		       dlock_lock_status **out, size_t *count)
 {
-	etcd *e = (etcd *)be;
+	etcd_store *e = (etcd_store *)be;
 	int rc = 0;
 	*out = NULL;
 	*count = 0;
@@ -87,7 +87,7 @@ int dlock__et_status(dlock_backend *be, const char *const *names, size_t nnames,
  * escaped, so the name is what lies between the prefix and the next '/'). */
 int dlock__et_list(dlock_backend *be, char ***names, size_t *count)
 {
-	etcd *e = (etcd *)be;
+	etcd_store *e = (etcd_store *)be;
 	*names = NULL;
 	*count = 0;
 	dlock__et_call_begin(e, 0);

@@ -11,7 +11,7 @@
  * wait for (we hold, our key is gone) or the read failed: 0, and acquire
  * finds out which.
  */
-static int wait_read(etcd *e, CURL *h, const keyset *nm, const dlock_request *req, int64_t until,
+static int wait_read(etcd_store *e, CURL *h, const keyset *nm, const dlock_request *req, int64_t until,
 		     int64_t *rev, char **target)
 {
 	json_object *ok = json_object_new_array(), *body = json_object_new_object(), *resp = NULL;
@@ -40,7 +40,7 @@ static int wait_read(etcd *e, CURL *h, const keyset *nm, const dlock_request *re
 }
 
 /* Open a watch of key (or [key, end)) for deletes from now on, on w's stream. */
-static int watch_start(etcd *e, waitkit *k, xfer *x, watch_ctx *w, const char *key, const char *end,
+static int watch_start(etcd_store *e, waitkit *k, xfer *x, watch_ctx *w, const char *key, const char *end,
 		       int64_t until)
 {
 	json_object *cr = json_object_new_object(), *body = json_object_new_object(),
@@ -80,7 +80,7 @@ out:
  */
 int dlock__et_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 {
-	etcd *e = (etcd *)be;
+	etcd_store *e = (etcd_store *)be;
 	int64_t start = dlock_clock_ms();
 	/* Come back within a third of the lease so acquire can keep our queue key alive. */
 	int64_t cap = req->ttl_ms / 3 > 100 ? req->ttl_ms / 3 : 100;

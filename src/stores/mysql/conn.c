@@ -75,7 +75,7 @@ static int map_errno(unsigned int e)
 }
 
 /* Record the error of connection c (what: which step failed) and return its code. */
-static int sql_fail(const mysql_be *b, MYSQL *c, const char *what)
+static int sql_fail(const mysql_store *b, MYSQL *c, const char *what)
 {
 	unsigned int e = mysql_errno(c);
 	char msg[512], code[32];
@@ -220,7 +220,7 @@ static int nb_next(MYSQL *c, int64_t deadline)
 	return ret;
 }
 
-static int nb_connect(MYSQL *c, const mysql_be *b, const char *host, int64_t deadline)
+static int nb_connect(MYSQL *c, const mysql_store *b, const char *host, int64_t deadline)
 {
 	MYSQL *ret = NULL;
 	/* FOUND_ROWS: an UPDATE that sets the same expiry still counts as "ours".
@@ -242,7 +242,7 @@ static int nb_connect(MYSQL *c, const mysql_be *b, const char *host, int64_t dea
  * the last result set, or NULL. On error the remaining statements did not
  * dlock__my_run; the caller rolls back if a transaction was open.
  */
-int dlock__my_read_all(mysql_be *b, MYSQL *c, MYSQL_RES **out, const char *what, int64_t deadline)
+int dlock__my_read_all(mysql_store *b, MYSQL *c, MYSQL_RES **out, const char *what, int64_t deadline)
 {
 	MYSQL_RES *last = NULL;
 	for (;;) {
@@ -282,7 +282,7 @@ int dlock__my_read_all(mysql_be *b, MYSQL *c, MYSQL_RES **out, const char *what,
 }
 
 /* Run a batch of statements on c (see dlock__my_read_all). */
-int dlock__my_exec(mysql_be *b, MYSQL *c, const char *sql, size_t len, MYSQL_RES **out, const char *what,
+int dlock__my_exec(mysql_store *b, MYSQL *c, const char *sql, size_t len, MYSQL_RES **out, const char *what,
 		int64_t deadline)
 {
 	dlock__my_tl_timed_out = 0;
@@ -307,7 +307,7 @@ static void lib_init(void)
 /* Keepalive probes and TCP_USER_TIMEOUT: a connection to a host that went away
  * (a held GET_LOCK connection sits idle between renewals) is ended by the
  * kernel within about the connect timeout, not the system's two hours. */
-static void tcp_tune(MYSQL *c, const mysql_be *b)
+static void tcp_tune(MYSQL *c, const mysql_store *b)
 {
 	int fd = (int)mysql_get_socket(c);
 	if (fd < 0 || b->socket)
@@ -322,7 +322,7 @@ static void tcp_tune(MYSQL *c, const mysql_be *b)
 }
 
 /* dlock__my_conn_open to one address (host: what libmariadb connects to). */
-static int conn_open_at(mysql_be *b, MYSQL **out, const char *host, int64_t deadline)
+static int conn_open_at(mysql_store *b, MYSQL **out, const char *host, int64_t deadline)
 {
 	*out = NULL;
 	pthread_once(&lib_once, lib_init);
@@ -416,7 +416,7 @@ static int conn_open_at(mysql_be *b, MYSQL **out, const char *host, int64_t dead
  * bounded by the deadline: a DNS that stops answering between the two can
  * overrun it). "localhost" is the library's unix socket: left as it is.
  */
-int dlock__my_conn_open(mysql_be *b, MYSQL **out, int64_t deadline)
+int dlock__my_conn_open(mysql_store *b, MYSQL **out, int64_t deadline)
 {
 	dlock__addrs ad = { 0 };
 	if (!b->socket && b->host && strcasecmp(b->host, "localhost") != 0) {
@@ -455,7 +455,7 @@ void dlock__my_conn_drop(MYSQL **c)
  * is closed (so a late reply is never taken for another answer) and the
  * caller hears "timed out"; its effect is unknown (see sys/backend.h).
  */
-int dlock__my_run(mysql_be *b, sbuf *sql, MYSQL_RES **out, const char *what, int txn, int64_t deadline)
+int dlock__my_run(mysql_store *b, sbuf *sql, MYSQL_RES **out, const char *what, int txn, int64_t deadline)
 {
 	int rc = dlock__my_sb_check(sql);
 	if (rc)
@@ -495,7 +495,7 @@ static const char schema_sql[] = DLOCK__SQL_SCHEMA
 	"SELECT v FROM dlock_meta WHERE k = 'schema_version'";
 
 /* Create the tables if missing (and record the version); refuse a newer schema. */
-int dlock__my_schema_ensure(mysql_be *b, int64_t deadline)
+int dlock__my_schema_ensure(mysql_store *b, int64_t deadline)
 {
 	static const char probe[] = "SELECT v FROM dlock_meta WHERE k = 'schema_version'";
 	MYSQL_RES *res = NULL;
@@ -533,7 +533,7 @@ uint64_t dlock__my_row_u64(MYSQL_ROW row, int i)
 }
 
 /* "ns = X'..' AND name = X'..'" */
-void dlock__my_where_name(sbuf *s, const mysql_be *b, const char *name)
+void dlock__my_where_name(sbuf *s, const mysql_store *b, const char *name)
 {
 	sb_add(s, "ns = %s AND name = ", b->ns_hex);
 	dlock__my_sb_hex(s, name);

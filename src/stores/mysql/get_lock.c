@@ -17,7 +17,7 @@
  * SHA-256. The server computes it, so an operator can run the same SQL to find
  * a lock in IS_USED_LOCK or the metadata lock views.
  */
-void dlock__my_sb_key(sbuf *s, const mysql_be *b, const char *name_sql)
+void dlock__my_sb_key(sbuf *s, const mysql_store *b, const char *name_sql)
 {
 	sbuf k = { 0 };
 	sb_add(&k, "CONCAT(CONVERT(");
@@ -36,7 +36,7 @@ void dlock__my_sb_key(sbuf *s, const mysql_be *b, const char *name_sql)
 	free(k.p);
 }
 
-static void pool_put(mysql_be *b, MYSQL *c)
+static void pool_put(mysql_store *b, MYSQL *c)
 {
 	if (b->npool < POOL_MAX)
 		b->pool[b->npool++] = c;
@@ -47,7 +47,7 @@ static void pool_put(mysql_be *b, MYSQL *c)
 /* A held connection's socket is watched for a hang-up (dlock_backend_watch_fd):
  * a session the server ends (KILL, a restart) frees its GET_LOCKs at once,
  * and the holder hears of it then, not at its next renewal. */
-static void hang_watch(mysql_be *b, MYSQL *c, int add)
+static void hang_watch(mysql_store *b, MYSQL *c, int add)
 {
 	int fd = c ? (int)mysql_get_socket(c) : -1;
 	if (add)
@@ -58,13 +58,13 @@ static void hang_watch(mysql_be *b, MYSQL *c, int add)
 
 /* Give up a hold's connection (its lock ends with it), out of the hang-up
  * watch first: a socket the watch still polls stays open in the kernel. */
-static void hold_conn_drop(mysql_be *b, gl_hold *h)
+static void hold_conn_drop(mysql_store *b, gl_hold *h)
 {
 	hang_watch(b, h->conn, 0);
 	dlock__my_conn_drop(&h->conn);
 }
 
-void dlock__my_hold_free(mysql_be *b, gl_hold *h, int reuse)
+void dlock__my_hold_free(mysql_store *b, gl_hold *h, int reuse)
 {
 	hang_watch(b, h->conn, 0);
 	for (gl_hold **p = &b->holds; *p; p = &(*p)->next)
@@ -98,7 +98,7 @@ static void sb_mine(sbuf *s, const gl_hold *h)
 }
 
 /* Statements that refresh the status record of a hold, if the session still holds it. */
-static void sb_touch(sbuf *s, const mysql_be *b, const gl_hold *h, const dlock_request *req, int64_t ttl_ms)
+static void sb_touch(sbuf *s, const mysql_store *b, const gl_hold *h, const dlock_request *req, int64_t ttl_ms)
 {
 	sb_add(s, "SET @dl_ok = ");
 	sb_mine(s, h);
@@ -116,7 +116,7 @@ static void sb_touch(sbuf *s, const mysql_be *b, const gl_hold *h, const dlock_r
  * keep the waiter record. Ends with the transaction open: the caller adds
  * COMMIT and its SELECT. nm: the name as a hex literal.
  */
-static void sb_grant(sbuf *s, const mysql_be *b, const dlock_request *req, const char *nm, int waiting)
+static void sb_grant(sbuf *s, const mysql_store *b, const dlock_request *req, const char *nm, int waiting)
 {
 	/* The fence is counted while the lock is already ours, so fences grow in
 	 * grant order. The holder row is a record for status; older rows of this
@@ -149,7 +149,7 @@ static void sb_grant(sbuf *s, const mysql_be *b, const dlock_request *req, const
 
 static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	(void)retry_ms; /* GET_LOCK says nothing about when it frees up */
 	if (req->mode == DLOCK_SHARED || req->permits > 1 || req->fair)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
@@ -273,7 +273,7 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 
 static int g_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	if (req->slot || timeout_ms <= 0 || req->mode == DLOCK_SHARED || req->permits > 1 || req->fair)
 		return 0;
 	/* The server answers GET_LOCK a little before our own limit, so that a wait
@@ -363,7 +363,7 @@ static int conn_lost(const dlock_request *req)
 
 static int g_release(dlock_backend *be, dlock_request *req)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	gl_hold *h = req->slot;
 	if (!h)
 		return no_slot(req);
@@ -405,7 +405,7 @@ static int g_release(dlock_backend *be, dlock_request *req)
 /* Leave the waiters' record (status) of a wait that ended without a grant. */
 static int g_cancel(dlock_backend *be, dlock_request *req)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	MYSQL *c = NULL;
 	if (b->npool > 0)
 		c = b->pool[--b->npool];
@@ -431,7 +431,7 @@ static int g_cancel(dlock_backend *be, dlock_request *req)
 
 static int g_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	gl_hold *h = req->slot;
 	if (!h)
 		return no_slot(req);
@@ -466,7 +466,7 @@ static int g_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
  * all, so a batch costs about one round trip however many locks are held. */
 static int g_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	enum { SENT = 1 };
 	for (size_t i = 0; i < n; i++) {
 		gl_hold *h = reqs[i]->slot;

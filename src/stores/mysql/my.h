@@ -44,7 +44,7 @@ typedef struct gl_hold {
 	char key_hex[2 * 4 * KEY_MAX_CHARS + 1];
 } gl_hold;
 
-typedef struct mysql_be {
+typedef struct mysql_store {
 	dlock_backend base;
 	int mode;
 	char *host, *user, *password, *db, *socket;
@@ -64,7 +64,7 @@ typedef struct mysql_be {
 	pthread_mutex_t wait_mu;
 	MYSQL *wait_pool[POOL_MAX];
 	size_t nwait_pool;
-} mysql_be;
+} mysql_store;
 
 
 
@@ -89,13 +89,13 @@ long long dlock__my_us(int64_t ms);
 
 int dlock__my_is_conn_error(unsigned int e);
 
-int dlock__my_run(mysql_be *b, sbuf *sql, MYSQL_RES **out, const char *what, int txn, int64_t deadline);
+int dlock__my_run(mysql_store *b, sbuf *sql, MYSQL_RES **out, const char *what, int txn, int64_t deadline);
 
 extern _Thread_local int dlock__my_tl_timed_out;
 
 int dlock__my_timed_out(MYSQL *c, const char *what);
 
-int dlock__my_read_all(mysql_be *b, MYSQL *c, MYSQL_RES **out, const char *what, int64_t deadline);
+int dlock__my_read_all(mysql_store *b, MYSQL *c, MYSQL_RES **out, const char *what, int64_t deadline);
 
 extern _Thread_local int dlock__my_tl_want_partial;
 
@@ -107,28 +107,28 @@ int dlock__my_nb_send(MYSQL *c, const char *sql, size_t len, int64_t deadline);
 
 int dlock__my_nb_read_result(MYSQL *c, int64_t deadline);
 
-int dlock__my_exec(mysql_be *b, MYSQL *c, const char *sql, size_t len, MYSQL_RES **out, const char *what,
+int dlock__my_exec(mysql_store *b, MYSQL *c, const char *sql, size_t len, MYSQL_RES **out, const char *what,
 		int64_t deadline);
 
-int dlock__my_conn_open(mysql_be *b, MYSQL **out, int64_t deadline);
+int dlock__my_conn_open(mysql_store *b, MYSQL **out, int64_t deadline);
 
 void dlock__my_conn_drop(MYSQL **c);
 
-int dlock__my_schema_ensure(mysql_be *b, int64_t deadline);
+int dlock__my_schema_ensure(mysql_store *b, int64_t deadline);
 
 int64_t dlock__my_row_i64(MYSQL_ROW row, int i, int64_t dflt);
 
 uint64_t dlock__my_row_u64(MYSQL_ROW row, int i);
 
-void dlock__my_where_name(sbuf *s, const mysql_be *b, const char *name);
+void dlock__my_where_name(sbuf *s, const mysql_store *b, const char *name);
 
 int dlock__my_too_late(const dlock_request *req);
 
 int dlock__my_refused_before_timeout(const char *flag);
 
-void dlock__my_sb_key(sbuf *s, const mysql_be *b, const char *name_sql);
+void dlock__my_sb_key(sbuf *s, const mysql_store *b, const char *name_sql);
 
-void dlock__my_hold_free(mysql_be *b, gl_hold *h, int reuse);
+void dlock__my_hold_free(mysql_store *b, gl_hold *h, int reuse);
 
 int dlock__my_be_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
 		    size_t *count);

@@ -15,7 +15,7 @@
 
 void dlock__my_be_close(dlock_backend *be)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	if (!b)
 		return;
 	dlock_backend_unwatch_all(be);
@@ -49,7 +49,7 @@ static int opt_dup(char **dst, const char *v)
 	return dlock__opt_dup(dst, v);
 }
 
-static int parse(mysql_be *b, dlock_uri *uri)
+static int parse(mysql_store *b, dlock_uri *uri)
 {
 	const char *v = dlock_uri_param(uri, "mode");
 	if (!v || strcmp(v, "table") == 0)
@@ -154,7 +154,7 @@ static int parse(mysql_be *b, dlock_uri *uri)
 int dlock__mysql_open(dlock_backend **out, dlock_uri *uri)
 {
 	*out = NULL;
-	mysql_be *b = dlock__calloc(1, sizeof(*b));
+	mysql_store *b = dlock__calloc(1, sizeof(*b));
 	if (!b)
 		return DLOCK_ENOMEM;
 	pthread_mutex_init(&b->wait_mu, NULL);

@@ -32,7 +32,7 @@ static dlock_lock_status *status_get(dlock_lock_status **arr, size_t *n, const c
 int dlock__my_be_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
 		    size_t *count)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	int64_t deadline = dlock_clock_ms() + b->request_timeout_ms;
 	sbuf filter = { 0 };
 	sb_add(&filter, " AND name IN (");
@@ -115,7 +115,7 @@ int dlock__my_be_status(dlock_backend *be, const char *const *names, size_t nnam
  * for them, which checks each one's liveness). */
 int dlock__my_be_list(dlock_backend *be, char ***names, size_t *count)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	int64_t deadline = dlock_clock_ms() + b->request_timeout_ms;
 	*names = NULL;
 	*count = 0;

@@ -11,7 +11,7 @@
 
 static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	sbuf s = { 0 };
 	int mode = req->mode == DLOCK_SHARED ? 1 : 0;
 	unsigned permits = req->permits;
@@ -162,7 +162,7 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	return DLOCK_ELOCKED;
 }
 
-static int affected_one(mysql_be *b, sbuf *s, const char *what, int *hit, int64_t deadline)
+static int affected_one(mysql_store *b, sbuf *s, const char *what, int *hit, int64_t deadline)
 {
 	MYSQL_RES *res;
 	int rc = dlock__my_run(b, s, &res, what, 0, deadline);
@@ -177,7 +177,7 @@ static int affected_one(mysql_be *b, sbuf *s, const char *what, int *hit, int64_
 
 static int t_release(dlock_backend *be, dlock_request *req)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	sbuf s = { 0 };
 	/* Ours only while unexpired; an expired row of ours is cleaned up either way. */
 	sb_add(&s, "DELETE FROM dlock_holder WHERE ");
@@ -197,7 +197,7 @@ static int t_release(dlock_backend *be, dlock_request *req)
 
 static int t_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	sbuf s = { 0 };
 	/* The later expiry is kept (sys/backend.h, "Extend and renewal"). */
 	sb_add(&s, "UPDATE dlock_holder SET expires = GREATEST(expires, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND) WHERE ",
@@ -213,7 +213,7 @@ static int t_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 }
 
 /* Renew up to RENEW_CHUNK holds in one round trip: one UPDATE, then read back which are ours. */
-static int t_renew_chunk(mysql_be *b, dlock_request *const *reqs, size_t n, int *results)
+static int t_renew_chunk(mysql_store *b, dlock_request *const *reqs, size_t n, int *results)
 {
 	sbuf s = { 0 }, in = { 0 };
 	for (size_t i = 0; i < n; i++) {
@@ -260,12 +260,12 @@ static int t_renew_chunk(mysql_be *b, dlock_request *const *reqs, size_t n, int 
  * bigger batch). */
 static int t_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
-	return t_renew_chunk((mysql_be *)be, reqs, n, results);
+	return t_renew_chunk((mysql_store *)be, reqs, n, results);
 }
 
 static int t_cancel(dlock_backend *be, dlock_request *req)
 {
-	mysql_be *b = (mysql_be *)be;
+	mysql_store *b = (mysql_store *)be;
 	/* The core cancels when a wait ends. If the last try lost the connection
 	 * (it timed out), a reconnect now would overrun the caller's wait on a
 	 * link that just failed: leave the registration to expire by itself

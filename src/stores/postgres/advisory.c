@@ -7,7 +7,7 @@
 
 /* ---------------------------------------------------------- advisory mode */
 
-static intent **intent_find(pg_backend *be, const char *owner)
+static intent **intent_find(postgres_store *be, const char *owner)
 {
 	intent **p = &be->intents;
 	while (*p && strcmp((*p)->owner, owner) != 0)
@@ -100,7 +100,7 @@ static adv_sess *sess_of(PGconn *c)
 }
 
 /* Pool an idle session; one that still holds a waiter's registration is closed. */
-static void pool_put(pg_backend *be, PGconn *c)
+static void pool_put(postgres_store *be, PGconn *c)
 {
 	if (c && PQstatus(c) == CONNECTION_OK && PQtransactionStatus(c) == PQTRANS_IDLE &&
 	    be->npool < POOL_MAX && sess_wait_key(c) == 0)
@@ -109,7 +109,7 @@ static void pool_put(pg_backend *be, PGconn *c)
 		PQfinish(c);
 }
 
-static int pool_get(pg_backend *be, int64_t deadline, PGconn **out)
+static int pool_get(postgres_store *be, int64_t deadline, PGconn **out)
 {
 	while (be->npool > 0) {
 		PGconn *c = be->pool[--be->npool];
@@ -286,7 +286,7 @@ static int sem_enter(PGconn **cp, int64_t deadline, int32_t cls, unsigned permit
 
 static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
-	pg_backend *be = (pg_backend *)base;
+	postgres_store *be = (postgres_store *)base;
 	if (req->fair)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
 				       "fair locks need mode=table: advisory try-locks have no queue");
@@ -442,7 +442,7 @@ static void hold_drop(dlock_backend *base, adv_hold *h, int cancel)
  */
 static int adv_release(dlock_backend *base, dlock_request *req)
 {
-	pg_backend *be = (pg_backend *)base;
+	postgres_store *be = (postgres_store *)base;
 	adv_hold *h = req->slot;
 	if (!h)
 		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL,
@@ -631,7 +631,7 @@ static int adv_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, 
 
 static int adv_cancel(dlock_backend *base, dlock_request *req)
 {
-	pg_backend *be = (pg_backend *)base;
+	postgres_store *be = (postgres_store *)base;
 	intent **ip = intent_find(be, req->owner), *in = *ip;
 	if (!in)
 		return 0;
@@ -664,7 +664,7 @@ static int adv_cancel(dlock_backend *base, dlock_request *req)
 static int adv_status(dlock_backend *base, const char *const *names, size_t nnames,
 		      dlock_lock_status **out, size_t *count)
 {
-	pg_backend *be = (pg_backend *)base;
+	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = dlock_clock_ms() + be->request_timeout_ms;
 	PGconn *c = NULL;
 	int rc = dlock__pg_main_conn(be, deadline, &c);

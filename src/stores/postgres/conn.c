@@ -121,7 +121,7 @@ static int timed_out(const char *what, const char *detail)
 
 /* The deadline of an acquire: the core's; a waiting try with too little of
  * it left sends nothing and says "not acquired" (see "Time" in sys/backend.h). */
-int dlock__pg_acquire_deadline(const pg_backend *be, const dlock_request *req, int64_t *deadline)
+int dlock__pg_acquire_deadline(const postgres_store *be, const dlock_request *req, int64_t *deadline)
 {
 	*deadline = req->deadline_ms;
 	if (!dlock_try_too_late(req, be->request_timeout_ms))
@@ -142,7 +142,7 @@ int dlock__pg_poll_ms(int64_t deadline)
  * so the bound holds in milliseconds; libpq's own connect_timeout (whole
  * seconds, at least 2) is only a second line, cut to the time left.
  */
-PGconn *dlock__pg_connect_db(pg_backend *be, int64_t deadline, int *code)
+PGconn *dlock__pg_connect_db(postgres_store *be, int64_t deadline, int *code)
 {
 	const char *keys[24], *vals[24];
 	int n = 0;
@@ -255,7 +255,7 @@ int dlock__pg_idle_ok(PGconn *c)
 }
 
 /* The main connection, reconnected (by `deadline`) if it broke or was dropped. */
-int dlock__pg_main_conn(pg_backend *be, int64_t deadline, PGconn **out)
+int dlock__pg_main_conn(postgres_store *be, int64_t deadline, PGconn **out)
 {
 	if (be->conn && !dlock__pg_idle_ok(be->conn))
 		dlock__pg_drop_conn(&be->conn, 0);
@@ -384,7 +384,7 @@ static const struct {
 };
 
 /* Run stmts[which] on the main connection by `deadline`, preparing it there first if needed. */
-int dlock__pg_run_stmt(pg_backend *be, int64_t deadline, int which, const char *what,
+int dlock__pg_run_stmt(postgres_store *be, int64_t deadline, int which, const char *what,
 		      const char *const *vals, PGresult **out)
 {
 	*out = NULL;
@@ -415,7 +415,7 @@ static const char schema_sql[] = "SET LOCAL client_min_messages = warning;" DLOC
 	"INSERT INTO dlock_schema VALUES ('dlock', " STR(SCHEMA_VERSION) ")"
 	" ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version;";
 
-int dlock__pg_ensure_schema(pg_backend *be, int64_t deadline)
+int dlock__pg_ensure_schema(postgres_store *be, int64_t deadline)
 {
 	PGconn *c = NULL;
 	int rc = dlock__pg_main_conn(be, deadline, &c);

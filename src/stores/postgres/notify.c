@@ -9,7 +9,7 @@
 /* -------------------------------------------------------- LISTEN / NOTIFY */
 
 /* Wake the names of our namespace that the server notified. */
-static void drain_notifies(pg_backend *be)
+static void drain_notifies(postgres_store *be)
 {
 	size_t nslen = strlen(be->ns);
 	PGnotify *n;
@@ -21,7 +21,7 @@ static void drain_notifies(pg_backend *be)
 }
 
 /* A new LISTEN connection in *out, by `deadline`. */
-static int listen_connect(pg_backend *be, int64_t deadline, PGconn **out)
+static int listen_connect(postgres_store *be, int64_t deadline, PGconn **out)
 {
 	int code = 0;
 	PGconn *c = dlock__pg_connect_db(be, deadline, &code);
@@ -42,7 +42,7 @@ static int listen_connect(pg_backend *be, int64_t deadline, PGconn **out)
  */
 static void *listener(void *arg)
 {
-	pg_backend *be = arg;
+	postgres_store *be = arg;
 	pthread_mutex_lock(&be->lmu);
 	while (!be->lstop) {
 		struct pollfd p[2] = { { be->wakefd[0], POLLIN, 0 }, { -1, POLLIN, 0 } };
@@ -87,7 +87,7 @@ static void *listener(void *arg)
 }
 
 /* Under nothing: start the LISTEN thread if it does not run. */
-static int listener_start(pg_backend *be)
+static int listener_start(postgres_store *be)
 {
 	int rc = 0;
 	pthread_mutex_lock(&be->lmu);
@@ -111,7 +111,7 @@ static int listener_start(pg_backend *be)
 int dlock__pg_watch(dlock_backend *base, const dlock_request *req)
 {
 	(void)req;
-	return listener_start((pg_backend *)base);
+	return listener_start((postgres_store *)base);
 }
 
 void dlock__pg_unwatch(dlock_backend *base, const dlock_request *req)

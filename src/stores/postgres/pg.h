@@ -39,7 +39,7 @@
 /* pg_advisory_xact_lock key that serialises schema creation ("dlockSCH"). */
 #define SCHEMA_LOCK_KEY "7236281174070608712"
 
-typedef struct pg_backend {
+typedef struct postgres_store {
 	dlock_backend base;
 	char *host, *port, *user, *password, *dbname, *sslmode;
 	char *sslrootcert, *sslcert, *sslkey; /* TLS files, passed to libpq as they are */
@@ -61,7 +61,7 @@ typedef struct pg_backend {
 	PGconn *pool[POOL_MAX];
 	int npool;
 	struct intent *intents;
-} pg_backend;
+} postgres_store;
 
 /* The session a waiter keeps between its tries in advisory mode: it holds
  * the name's "waiting" key shared (so that releases notify), and a waiting
@@ -107,30 +107,30 @@ void dlock__pg_drop_conn(PGconn **cp, int cancel);
 
 /* The deadline of an acquire try (the core's); DLOCK_ELOCKED when too little
  * of it is left to send another try. */
-int dlock__pg_acquire_deadline(const pg_backend *be, const dlock_request *req, int64_t *deadline);
+int dlock__pg_acquire_deadline(const postgres_store *be, const dlock_request *req, int64_t *deadline);
 
 /* Milliseconds to poll until deadline (>= 0, capped for int). */
 int dlock__pg_poll_ms(int64_t deadline);
 
 /* A new connection by `deadline` (TLS, keepalive, TCP_USER_TIMEOUT set). */
-PGconn *dlock__pg_connect_db(pg_backend *be, int64_t deadline, int *code);
+PGconn *dlock__pg_connect_db(postgres_store *be, int64_t deadline, int *code);
 
 /* Is an idle connection still usable (no error, no pending input)? */
 int dlock__pg_idle_ok(PGconn *c);
 
 /* The store's main connection (under the store mutex), connected by `deadline`. */
-int dlock__pg_main_conn(pg_backend *be, int64_t deadline, PGconn **out);
+int dlock__pg_main_conn(postgres_store *be, int64_t deadline, PGconn **out);
 
 /* Take what the server sent so far: 1 complete (*last, *code), 0 more to
  * come, -1 connection failed. Never blocks. */
 int dlock__pg_q_step(PGconn *c, const char *what, PGresult **last, int *code);
 
 /* Run prepared statement `which` (S_*) on the main connection, preparing it first. */
-int dlock__pg_run_stmt(pg_backend *be, int64_t deadline, int which, const char *what,
+int dlock__pg_run_stmt(postgres_store *be, int64_t deadline, int which, const char *what,
 		      const char *const *vals, PGresult **out);
 
 /* Create or check table mode's schema (schema.sql) once per store handle. */
-int dlock__pg_ensure_schema(pg_backend *be, int64_t deadline);
+int dlock__pg_ensure_schema(postgres_store *be, int64_t deadline);
 
 /* The 64-bit advisory key of (ns, name, slot). */
 int64_t dlock__pg_adv_key(const char *ns, const char *name, const char *slot);

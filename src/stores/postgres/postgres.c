@@ -15,7 +15,7 @@
 
 void dlock__pg_close(dlock_backend *base)
 {
-	pg_backend *be = (pg_backend *)base;
+	postgres_store *be = (postgres_store *)base;
 	if (!be)
 		return;
 	dlock_backend_unwatch_all(base);
@@ -100,7 +100,7 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 				    "sslmode=verify-full&sslrootcert=CA.pem",
 				    sslmode ? sslmode : "prefer (the default)", hp[0].host);
 
-	pg_backend *be = calloc(1, sizeof *be);
+	postgres_store *be = calloc(1, sizeof *be);
 	if (!be) {
 		dlock_free(hp);
 		return dlock__oom();

@@ -14,7 +14,7 @@ void dlock__pg_i64s(char *buf, size_t n, int64_t v)
 
 static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
-	pg_backend *be = (pg_backend *)base;
+	postgres_store *be = (postgres_store *)base;
 	int64_t deadline;
 	int rc = dlock__pg_acquire_deadline(be, req, &deadline);
 	PGconn *c = NULL;
@@ -47,7 +47,7 @@ static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 
 static int tbl_release(dlock_backend *base, dlock_request *req)
 {
-	pg_backend *be = (pg_backend *)base;
+	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = req->deadline_ms;
 	PGconn *c = NULL;
 	int rc = dlock__pg_main_conn(be, deadline, &c);
@@ -65,7 +65,7 @@ static int tbl_release(dlock_backend *base, dlock_request *req)
 
 static int tbl_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
 {
-	pg_backend *be = (pg_backend *)base;
+	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = req->deadline_ms;
 	PGconn *c = NULL;
 	int rc = dlock__pg_main_conn(be, deadline, &c);
@@ -149,7 +149,7 @@ static int arr_close(arr *a)
 
 static int tbl_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
 {
-	pg_backend *be = (pg_backend *)base;
+	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = n ? reqs[0]->deadline_ms : dlock_clock_ms();
 	PGconn *c = NULL;
 	int rc = dlock__pg_main_conn(be, deadline, &c);
@@ -200,7 +200,7 @@ out:
 
 static int tbl_cancel(dlock_backend *base, dlock_request *req)
 {
-	pg_backend *be = (pg_backend *)base;
+	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = req->deadline_ms;
 	PGconn *c = NULL;
 	int rc = dlock__pg_main_conn(be, deadline, &c);
@@ -239,7 +239,7 @@ static long find_status(dlock_lock_status *out, size_t count, const char *name)
 /* The names with a live holder or waiter (the core then asks status for them). */
 static int tbl_list(dlock_backend *base, char ***names, size_t *count)
 {
-	pg_backend *be = (pg_backend *)base;
+	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = dlock_clock_ms() + be->request_timeout_ms;
 	*names = NULL;
 	*count = 0;
@@ -271,7 +271,7 @@ static int tbl_list(dlock_backend *base, char ***names, size_t *count)
 static int tbl_status(dlock_backend *base, const char *const *names, size_t nnames,
 		      dlock_lock_status **out, size_t *count)
 {
-	pg_backend *be = (pg_backend *)base;
+	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = dlock_clock_ms() + be->request_timeout_ms;
 	PGconn *c = NULL;
 	int rc = dlock__pg_main_conn(be, deadline, &c);

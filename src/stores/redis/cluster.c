@@ -27,7 +27,7 @@ typedef struct cnode {
 	char server_id[48];    /* run_id (fence guard), read when connecting */
 } cnode;
 
-typedef struct cstore {
+typedef struct cluster_store {
 	dlock_backend base;
 	dlock__rserver *seeds; /* from the URI: where to ask for the slot map */
 	size_t nseeds;
@@ -52,14 +52,14 @@ typedef struct cstore {
 	bool retried;          /* the last exec sent its command a second time */
 	int busy;              /* the last exec failed while the slot was in transition: BUSY_* */
 	bool unknown;          /* the last exec sent a request whose reply it never read */
-} cstore;
+} cluster_store;
 
 /* Why the cluster, though it answered, did not serve a slot (exec). */
 enum { BUSY_NONE, BUSY_MIGRATING, BUSY_FAILOVER };
 
-static cstore *CS(dlock_backend *be)
+static cluster_store *CS(dlock_backend *be)
 {
-	return (cstore *)be;
+	return (cluster_store *)be;
 }
 
 /* ---- slots ---- */
@@ -91,12 +91,12 @@ static int key_slot(const char *k, size_t n)
 
 #define NO_NODE UINT16_MAX /* above NODE_MAX */
 
-static int slot_node(const cstore *s, int slot)
+static int slot_node(const cluster_store *s, int slot)
 {
 	return s->slot[slot] == NO_NODE ? -1 : s->slot[slot];
 }
 
-static void slot_set(cstore *s, int slot, int node)
+static void slot_set(cluster_store *s, int slot, int node)
 {
 	s->slot[slot] = (uint16_t)node;
 }
@@ -112,7 +112,7 @@ static int channel_home(void *arg, const char *channel)
 
 /* An address as the cluster announces it, through the remap option (a
  * cluster behind NAT or a proxy announces addresses the client cannot use). */
-static void remap(const cstore *s, char *host, size_t hcap, int *port)
+static void remap(const cluster_store *s, char *host, size_t hcap, int *port)
 {
 	char a[ADDR_MAX];
 	snprintf(a, sizeof(a), "%s:%d", host, *port);
@@ -128,7 +128,7 @@ static void remap(const cstore *s, char *host, size_t hcap, int *port)
 
 /* The index of node host:port (after remap), added if new. @return -1 when
  * the table is full. */
-static int node_find(cstore *s, const char *host_in, int port)
+static int node_find(cluster_store *s, const char *host_in, int port)
 {
 	char host[256];
 	snprintf(host, sizeof(host), "%s", host_in);
@@ -143,7 +143,7 @@ static int node_find(cstore *s, const char *host_in, int port)
 	return (int)i;
 }
 
-static void node_drop(cstore *s, int i)
+static void node_drop(cluster_store *s, int i)
 {
 	if (s->conn[i].c)
 		dlock__rfree(s->conn[i].c);
@@ -152,7 +152,7 @@ static void node_drop(cstore *s, int i)
 }
 
 /* Connect node i by the deadline. */
-static int node_connect(cstore *s, int i, int64_t deadline)
+static int node_connect(cluster_store *s, int i, int64_t deadline)
 {
 	return s->conn[i].c ? 0 : dlock__rconnect_by(&s->conn[i].c, &s->node[i], KIND, deadline);
 }
@@ -160,7 +160,7 @@ static int node_connect(cstore *s, int i, int64_t deadline)
 /* The fence guard names the node that grants: its run_id (new for every
  * process), read once per connection, when the first acquire needs it; the
  * script adds the node's master_replid, new on every promotion (fence.lua). */
-static int node_server_id(cstore *s, int i, int64_t deadline)
+static int node_server_id(cluster_store *s, int i, int64_t deadline)
 {
 	if (s->conn[i].server_id[0])
 		return 0;
@@ -174,7 +174,7 @@ static int node_server_id(cstore *s, int i, int64_t deadline)
 /* ---- the slot map ---- */
 
 /* Read CLUSTER SLOTS from one node into the map. @return 0; an error. */
-static int map_from(cstore *s, int i, int64_t deadline)
+static int map_from(cluster_store *s, int i, int64_t deadline)
 {
 	int rc = node_connect(s, i, deadline);
 	if (rc)
@@ -227,7 +227,7 @@ static int map_from(cstore *s, int i, int64_t deadline)
  * a fair share of the time left (one dead node does not use it all). Not
  * from node `skip` (-1: none): one whose reply to a request is still out.
  */
-static int map_refresh_skip(cstore *s, int64_t deadline, int skip)
+static int map_refresh_skip(cluster_store *s, int64_t deadline, int skip)
 {
 	int rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "no node of the cluster answered CLUSTER SLOTS");
 	int order[NODE_MAX + 64];
@@ -260,7 +260,7 @@ static int map_refresh_skip(cstore *s, int64_t deadline, int skip)
 	return rc;
 }
 
-static int map_refresh(cstore *s, int64_t deadline)
+static int map_refresh(cluster_store *s, int64_t deadline)
 {
 	return map_refresh_skip(s, deadline, -1);
 }
@@ -268,7 +268,7 @@ static int map_refresh(cstore *s, int64_t deadline)
 /* "MOVED 3999 127.0.0.1:6381" / "ASK ...": the slot and the node (an empty
  * host: the node that answered, `from`, does not know its own). @return the
  * node; -1. */
-static int redirect_node(cstore *s, const char *err, int *slot, int from)
+static int redirect_node(cluster_store *s, const char *err, int *slot, int from)
 {
 	const char *p = strchr(err, ' ');
 	if (!p)
@@ -341,7 +341,7 @@ static const char *const busy_what[] = {
 	[BUSY_FAILOVER] = "had no reachable master (failover under way?)",
 };
 
-static redisReply *exec(cstore *s, int script, int slot, int argc, const char **argv, size_t *lens, unsigned flags,
+static redisReply *exec(cluster_store *s, int script, int slot, int argc, const char **argv, size_t *lens, unsigned flags,
 			int64_t deadline, int *rc, int *node)
 {
 	bool eval = !s->sha[script][0] || (flags & EXEC_EVAL), with_sid = flags & EXEC_SID;
@@ -552,7 +552,7 @@ static void cargs_make(cargs *c, const dlock__rargs *a, const dlock__rkeys *k)
 	}
 }
 
-static redisReply *run(cstore *s, int script, const dlock__rargs *a, const dlock__rkeys *k, bool with_sid,
+static redisReply *run(cluster_store *s, int script, const dlock__rargs *a, const dlock__rkeys *k, bool with_sid,
 		       int64_t deadline, int *rc, int *node)
 {
 	cargs c;
@@ -561,7 +561,7 @@ static redisReply *run(cstore *s, int script, const dlock__rargs *a, const dlock
 		    with_sid ? EXEC_SID : 0, deadline, rc, node);
 }
 
-static int c_release_keys(cstore *s, dlock_request *req, const dlock__rkeys *k, int64_t deadline)
+static int c_release_keys(cluster_store *s, dlock_request *req, const dlock__rkeys *k, int64_t deadline)
 {
 	dlock__rargs a;
 	dlock__rargs_owner(&a, k, req);
@@ -579,7 +579,7 @@ static int c_release_keys(cstore *s, dlock_request *req, const dlock__rkeys *k, 
 
 static int c_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
-	cstore *s = CS(be);
+	cluster_store *s = CS(be);
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
@@ -632,7 +632,7 @@ static int c_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 
 static int c_release(dlock_backend *be, dlock_request *req)
 {
-	cstore *s = CS(be);
+	cluster_store *s = CS(be);
 	dlock__rkeys k;
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	return c_release_keys(s, req, &k, req->deadline_ms);
@@ -640,7 +640,7 @@ static int c_release(dlock_backend *be, dlock_request *req)
 
 static int c_cancel(dlock_backend *be, dlock_request *req)
 {
-	cstore *s = CS(be);
+	cluster_store *s = CS(be);
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
@@ -654,7 +654,7 @@ static int c_cancel(dlock_backend *be, dlock_request *req)
 }
 
 /* One RENEW for requests of one slot; results through their indices. */
-static int renew_group(cstore *s, dlock_request *const *reqs, const size_t *idx, size_t n, int *results,
+static int renew_group(cluster_store *s, dlock_request *const *reqs, const size_t *idx, size_t n, int *results,
 		       unsigned flags, int64_t deadline)
 {
 	dlock_request **sub = malloc(n * sizeof(*sub));
@@ -711,7 +711,7 @@ typedef struct rgroup {
 
 static int c_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
-	cstore *s = CS(be);
+	cluster_store *s = CS(be);
 	if (n == 0)
 		return 0;
 	int64_t deadline = reqs[0]->deadline_ms;
@@ -830,7 +830,7 @@ static void c_unwatch(dlock_backend *be, const dlock_request *req)
 static int c_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
 		    size_t *count)
 {
-	cstore *s = CS(be);
+	cluster_store *s = CS(be);
 	int64_t deadline = dlock_clock_ms() + s->seeds[0].timeout_ms;
 	for (size_t i = 0; i < nnames; i++) {
 		dlock__rkeys k;
@@ -852,7 +852,7 @@ static int c_status(dlock_backend *be, const char *const *names, size_t nnames, 
 /* Every name with holders or waiters: SCAN on every master of the map. */
 static int c_list(dlock_backend *be, char ***names, size_t *n)
 {
-	cstore *s = CS(be);
+	cluster_store *s = CS(be);
 	int64_t deadline = dlock_clock_ms() + s->seeds[0].timeout_ms;
 	int rc = map_refresh(s, deadline);
 	unsigned char seen[NODE_MAX] = { 0 };
@@ -868,7 +868,7 @@ static int c_list(dlock_backend *be, char ***names, size_t *n)
 
 static void c_close(dlock_backend *be)
 {
-	cstore *s = CS(be);
+	cluster_store *s = CS(be);
 	if (!s)
 		return;
 	dlock__rnotify_free(s->nt);
@@ -885,7 +885,7 @@ static void c_close(dlock_backend *be)
 
 /* The scripts, with every PUBLISH a sharded one (SPUBLISH: heard on the
  * lock's shard, where its waiters SSUBSCRIBE). */
-static int make_scripts(cstore *s)
+static int make_scripts(cluster_store *s)
 {
 	for (int i = 0; i < DLOCK__RS_COUNT; i++) {
 		const char *t = dlock__rscript_text[i];
@@ -913,7 +913,7 @@ static int make_scripts(cstore *s)
 
 /* SCRIPT LOAD on one node: the SHA1 of a text is the same everywhere, so
  * EVALSHA works on every node once each has it (NOSCRIPT: EVAL loads it). */
-static int load_scripts(cstore *s, int i, int64_t deadline)
+static int load_scripts(cluster_store *s, int i, int64_t deadline)
 {
 	int rc = node_connect(s, i, deadline);
 	if (rc)
@@ -927,7 +927,7 @@ static int load_scripts(cstore *s, int i, int64_t deadline)
 }
 
 /* remap=announced>reachable[,announced>reachable...], each host:port */
-static int parse_remap(cstore *s, const char *v)
+static int parse_remap(cluster_store *s, const char *v)
 {
 	while (v && *v) {
 		size_t len = strcspn(v, ",");
@@ -968,7 +968,7 @@ int dlock__redis_cluster_open(dlock_backend **out, dlock_uri *uri)
 	if (uri->path && uri->path[0] && strcmp(uri->path, "/") != 0 && strcmp(uri->path, "/0") != 0)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
 				       "Redis Cluster has only database 0 (the URI's path is '%s')", uri->path);
-	cstore *s = dlock__calloc(1, sizeof(*s));
+	cluster_store *s = dlock__calloc(1, sizeof(*s));
 	if (!s)
 		return DLOCK_ENOMEM;
 	int rc = dlock__rserver_parse(&s->seeds, &s->nseeds, uri, KIND, 6379, "");

@@ -35,7 +35,7 @@ typedef struct rpending {
 	char owner[DLOCK__OWNER_MAX];
 } rpending;
 
-typedef struct rstore {
+typedef struct redis_store {
 	dlock_backend base;
 	dlock__rserver *srv; /* one */
 	size_t nsrv;
@@ -59,9 +59,9 @@ typedef struct rstore {
 	int wait_replicas;   /* a grant returns only once on this many replicas (WAIT) */
 	int fence_replicas;  /* fence guard: reservations go to this many replicas; 0 = off */
 	char server_id[48];  /* run_id of the server s->c talks to (fence guard) */
-} rstore;
+} redis_store;
 
-static void drop(rstore *s)
+static void drop(redis_store *s)
 {
 	if (s->c)
 		dlock__rfree(s->c);
@@ -72,7 +72,7 @@ static void drop(rstore *s)
 /* Drop the connection when the server closed it while it was idle (an EOF
  * or a reset waiting on the socket: a restarted or killed server): a request
  * sent on it would never be read, and its outcome would look unknown. */
-static void drop_if_closed(rstore *s)
+static void drop_if_closed(redis_store *s)
 {
 	char b;
 	if (!s->c || s->npend)
@@ -101,7 +101,7 @@ static int timed_out_error(int rc, const char *what)
  * fair share of the time left, so one hung sentinel does not use it all, and
  * once another has answered a hung one is no longer asked first).
  */
-static int sentinel_resolve(rstore *s, int64_t deadline)
+static int sentinel_resolve(redis_store *s, int64_t deadline)
 {
 	int rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "no sentinel answered with the address of master '%s'",
 				 s->master_name);
@@ -146,7 +146,7 @@ static int sentinel_resolve(rstore *s, int64_t deadline)
 
 /* Connect to the master the sentinels named and check that it is one (ROLE):
  * during a failover the old address may still answer, as a replica. */
-static int connect_master(rstore *s, int64_t deadline)
+static int connect_master(redis_store *s, int64_t deadline)
 {
 	int rc = dlock__rconnect_by(&s->c, &s->srv[0], KIND, deadline);
 	if (rc)
@@ -172,7 +172,7 @@ static int connect_master(rstore *s, int64_t deadline)
 /* The fence guard names the server it talks to: its run_id, new for every
  * process; the script adds its master_replid, new on every promotion (a
  * failback keeps the run_id: fence.lua). */
-static int fetch_server_id(rstore *s, int64_t deadline)
+static int fetch_server_id(redis_store *s, int64_t deadline)
 {
 	s->server_id[0] = 0;
 	if (!s->fence_replicas)
@@ -191,7 +191,7 @@ static int fetch_server_id(rstore *s, int64_t deadline)
  * named gets at most half the time left (at least 250 ms): a stopped master
  * does not use the whole deadline while the sentinels could name another.
  */
-static int connect_cmd(rstore *s, int64_t deadline)
+static int connect_cmd(redis_store *s, int64_t deadline)
 {
 	if (!s->sentinels) {
 		int rc = dlock__rconnect_by(&s->c, &s->srv[0], KIND, deadline);
@@ -236,7 +236,7 @@ static int connect_cmd(rstore *s, int64_t deadline)
  * the caller drops it): a release that did not reach the server ends with
  * its lease.
  */
-static int read_pending(rstore *s, int64_t deadline)
+static int read_pending(redis_store *s, int64_t deadline)
 {
 	size_t n = s->npend;
 	s->npend = 0;
@@ -255,7 +255,7 @@ static int read_pending(rstore *s, int64_t deadline)
 
 /* Send one command and read its reply by the deadline, after the replies of
  * the pipelined releases sent before it: they share one round trip. */
-static int exchange(rstore *s, int argc, const char **argv, const size_t *lens, int64_t deadline,
+static int exchange(redis_store *s, int argc, const char **argv, const size_t *lens, int64_t deadline,
 		    redisReply **out)
 {
 	*out = NULL;
@@ -265,11 +265,11 @@ static int exchange(rstore *s, int argc, const char **argv, const size_t *lens, 
 	return rc ? rc : dlock__rread_by(s->c, &s->srv[0], KIND, deadline, out);
 }
 
-static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, size_t *lens, int64_t deadline,
+static redisReply *run_argv(redis_store *s, int script, int argc, const char **argv, size_t *lens, int64_t deadline,
 			    int *rc);
 
 /* Send again, confirmed this time, the pipelined releases that met a flushed script cache. */
-static void resend_releases(rstore *s, int64_t deadline)
+static void resend_releases(redis_store *s, int64_t deadline)
 {
 	while (s->nagain) {
 		rpending p = s->again[--s->nagain];
@@ -284,7 +284,7 @@ static void resend_releases(rstore *s, int64_t deadline)
 
 /* Before using the connection for anything but a script: the pipelined
  * releases' replies first. */
-static void settle(rstore *s, int64_t deadline)
+static void settle(redis_store *s, int64_t deadline)
 {
 	if (s->c && s->npend && read_pending(s, deadline) != 0)
 		drop(s);
@@ -302,7 +302,7 @@ static void settle(rstore *s, int64_t deadline)
  * gets DLOCK_EUNAVAILABLE "timed out"; the next call reconnects.
  * Returns the reply (caller frees) or NULL with the error set in *rc.
  */
-static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, size_t *lens, int64_t deadline,
+static redisReply *run_argv(redis_store *s, int script, int argc, const char **argv, size_t *lens, int64_t deadline,
 			    int *rc)
 {
 	bool eval = !s->sha[script][0];
@@ -368,14 +368,14 @@ static redisReply *run_argv(rstore *s, int script, int argc, const char **argv, 
 	return NULL;
 }
 
-static redisReply *run(rstore *s, int script, dlock__rargs *a, int64_t deadline, int *rc)
+static redisReply *run(redis_store *s, int script, dlock__rargs *a, int64_t deadline, int *rc)
 {
 	return run_argv(s, script, a->argc, a->argv, a->lens, deadline, rc);
 }
 
-static rstore *RS(dlock_backend *be)
+static redis_store *RS(dlock_backend *be)
 {
-	return (rstore *)be;
+	return (redis_store *)be;
 }
 
 /*
@@ -384,7 +384,7 @@ static rstore *RS(dlock_backend *be)
  * Otherwise give the grant back: a grant or a fence that a failover can lose
  * is not handed out. @return 0; DLOCK_EUNAVAILABLE.
  */
-static int replicate_grant(rstore *s, dlock_request *req, const dlock__rkeys *k, long long reserve, int64_t deadline)
+static int replicate_grant(redis_store *s, dlock_request *req, const dlock__rkeys *k, long long reserve, int64_t deadline)
 {
 	int n = s->wait_replicas;
 	if (reserve > 0 && s->fence_replicas > n)
@@ -418,7 +418,7 @@ static int replicate_grant(rstore *s, dlock_request *req, const dlock__rkeys *k,
  * was sent whose outcome is unknown, a waiting caller hears "held, try
  * again soon" and its wait goes on to its end; otherwise rc.
  */
-static int failover_wait(rstore *s, dlock_request *req, int rc, int64_t *retry_ms)
+static int failover_wait(redis_store *s, dlock_request *req, int rc, int64_t *retry_ms)
 {
 	if (rc != DLOCK_EUNAVAILABLE || !req->waiting || !s->sentinels || !s->busy || s->unknown)
 		return rc;
@@ -432,7 +432,7 @@ static int failover_wait(rstore *s, dlock_request *req, int rc, int64_t *retry_m
 
 static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
-	rstore *s = RS(be);
+	redis_store *s = RS(be);
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
@@ -473,7 +473,7 @@ static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
  * the owner; what the caller gives up is the answer ("was it still ours?").
  * @return false when it could not be sent (no connection): confirm instead.
  */
-static bool send_release(rstore *s, dlock__rargs *a, int64_t deadline)
+static bool send_release(redis_store *s, dlock__rargs *a, int64_t deadline)
 {
 	if (s->npend == PIPELINE_MAX || !s->sha[DLOCK__RS_RELEASE][0])
 		settle(s, deadline);
@@ -497,7 +497,7 @@ static bool send_release(rstore *s, dlock__rargs *a, int64_t deadline)
 
 static int r_release(dlock_backend *be, dlock_request *req)
 {
-	rstore *s = RS(be);
+	redis_store *s = RS(be);
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
@@ -520,7 +520,7 @@ static int r_release(dlock_backend *be, dlock_request *req)
 
 static int r_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
-	rstore *s = RS(be);
+	redis_store *s = RS(be);
 	if (n == 0)
 		return 0;
 	dlock__rbatch b;
@@ -548,7 +548,7 @@ static void r_unwatch(dlock_backend *be, const dlock_request *req)
 
 static int r_cancel(dlock_backend *be, dlock_request *req)
 {
-	rstore *s = RS(be);
+	redis_store *s = RS(be);
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
@@ -561,7 +561,7 @@ static int r_cancel(dlock_backend *be, dlock_request *req)
 	return r ? 0 : rc;
 }
 
-static int status_one(rstore *s, const char *name, int64_t deadline, dlock_lock_status **out, size_t *count)
+static int status_one(redis_store *s, const char *name, int64_t deadline, dlock_lock_status **out, size_t *count)
 {
 	dlock__rkeys k;
 	dlock__rargs a;
@@ -675,7 +675,7 @@ int dlock__rscan_names_by(redisContext **cp, const dlock__rserver *srv, const ch
 static int r_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
 		    size_t *count)
 {
-	rstore *s = RS(be);
+	redis_store *s = RS(be);
 	int64_t deadline = dlock_clock_ms() + s->srv[0].timeout_ms;
 	for (size_t i = 0; i < nnames; i++) {
 		int rc = status_one(s, names[i], deadline, out, count);
@@ -687,7 +687,7 @@ static int r_status(dlock_backend *be, const char *const *names, size_t nnames, 
 
 static int r_list(dlock_backend *be, char ***names, size_t *n)
 {
-	rstore *s = RS(be);
+	redis_store *s = RS(be);
 	int64_t deadline = dlock_clock_ms() + s->srv[0].timeout_ms;
 	settle(s, deadline);
 	int rc = s->c ? 0 : connect_cmd(s, deadline);
@@ -700,7 +700,7 @@ static int r_list(dlock_backend *be, char ***names, size_t *n)
 
 static void r_close(dlock_backend *be)
 {
-	rstore *s = RS(be);
+	redis_store *s = RS(be);
 	if (!s)
 		return;
 	if (s->pend && s->c)
@@ -719,7 +719,7 @@ static void r_close(dlock_backend *be)
 }
 
 /* SCRIPT LOAD everything in one pipelined round trip; EVALSHA from then on. */
-static int load_scripts(rstore *s, int64_t deadline)
+static int load_scripts(redis_store *s, int64_t deadline)
 {
 	bool broken;
 	int rc = dlock__rload_scripts(s->c, &s->srv[0], KIND, dlock__rscript_text, s->sha, deadline, &broken);
@@ -777,7 +777,7 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 				       "use redlock://h1:p1,h2:p2,h3:p3",
 				       n);
 	}
-	rstore *s = dlock__calloc(1, sizeof(*s));
+	redis_store *s = dlock__calloc(1, sizeof(*s));
 	if (!s) {
 		dlock__rservers_free(srv);
 		return DLOCK_ENOMEM;

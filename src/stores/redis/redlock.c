@@ -48,7 +48,7 @@ static const char *script_text(int i)
 	return i < DLOCK__RS_COUNT ? dlock__rscript_text[i] : rl_script_text[i - DLOCK__RS_COUNT];
 }
 
-typedef struct rlock {
+typedef struct redlock_store {
 	dlock_backend base;
 	dlock__rserver *srv;
 	size_t n;
@@ -62,7 +62,7 @@ typedef struct rlock {
 	struct rl_owed *owed; /* per master: replies still to come from rounds that did not wait */
 	char sha[RL_NSCRIPTS][41];
 	dlock__rnotify *nt;
-} rlock;
+} redlock_store;
 
 /* One master's part of a parallel round. */
 typedef struct rl_op {
@@ -83,9 +83,9 @@ typedef struct rl_op {
 	size_t *lens;
 } rl_op;
 
-static rlock *RL(dlock_backend *be)
+static redlock_store *RL(dlock_backend *be)
 {
-	return (rlock *)be;
+	return (redlock_store *)be;
 }
 
 static struct timeval ms_tv(int64_t ms)
@@ -96,7 +96,7 @@ static struct timeval ms_tv(int64_t ms)
 /* Longest wait for one master's answer: the `timeout` option. A round does
  * not wait that long for a slow master once the answers it has decide the
  * request (see rl_round), so a hung master costs little. */
-static int64_t master_timeout(const rlock *s)
+static int64_t master_timeout(const redlock_store *s)
 {
 	return s->srv[0].timeout_ms;
 }
@@ -138,7 +138,7 @@ static int64_t min64(int64_t a, int64_t b)
 	return a < b ? a : b;
 }
 
-static void drop(rlock *s, size_t i)
+static void drop(redlock_store *s, size_t i)
 {
 	if (s->c[i])
 		dlock__rfree(s->c[i]);
@@ -155,7 +155,7 @@ static void drop(rlock *s, size_t i)
 
 /* One more reply owed by master i: that of acquire g's request, or (NULL) one
  * to skip. false: too many were owed, and the connection was dropped. */
-static bool owe(rlock *s, size_t i, rl_grant *g)
+static bool owe(redlock_store *s, size_t i, rl_grant *g)
 {
 	rl_owed *o = &s->owed[i];
 	if (o->n == OWED_MAX) {
@@ -170,7 +170,7 @@ static bool owe(rlock *s, size_t i, rl_grant *g)
 
 /* A late reply r of master i (owned): if it is a grant below its acquire's
  * fence, the master is raised before its next request. */
-static void late_reply(rlock *s, size_t i, redisReply *r)
+static void late_reply(redlock_store *s, size_t i, redisReply *r)
 {
 	rl_owed *o = &s->owed[i];
 	rl_grant *g = o->late[o->head];
@@ -196,7 +196,7 @@ static void late_reply(rlock *s, size_t i, redisReply *r)
 
 /* A request that got no answer; `keep` when nothing was sent on the
  * connection (it carries no request whose reply could come late). */
-static int op_fail_keep(rlock *s, rl_op *op, size_t i, const char *what, bool keep)
+static int op_fail_keep(redlock_store *s, rl_op *op, size_t i, const char *what, bool keep)
 {
 	op->rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "EIO", "redlock master %s:%d: %s", s->srv[i].host,
 				 s->srv[i].port, what);
@@ -206,7 +206,7 @@ static int op_fail_keep(rlock *s, rl_op *op, size_t i, const char *what, bool ke
 	return op->rc;
 }
 
-static int op_fail(rlock *s, rl_op *op, size_t i, const char *what)
+static int op_fail(redlock_store *s, rl_op *op, size_t i, const char *what)
 {
 	return op_fail_keep(s, op, i, what, false);
 }
@@ -240,7 +240,7 @@ static void tune_socket(int fd, int64_t timeout_ms)
  * dropped with it (as a read of its EOF would). One poll for all masters (the
  * first 64; any further ones find out by the failed request, as before).
  */
-static void drop_closed(rlock *s, const rl_op *ops)
+static void drop_closed(redlock_store *s, const rl_op *ops)
 {
 	int fds[64], st[64];
 	size_t which[64], n = 0;
@@ -259,7 +259,7 @@ static void drop_closed(rlock *s, const rl_op *ops)
 	}
 }
 
-static void append_cmd(rlock *s, size_t i, rl_op *op, int script, int argc, const char **argv, size_t *lens)
+static void append_cmd(redlock_store *s, size_t i, rl_op *op, int script, int argc, const char **argv, size_t *lens)
 {
 	if (op->argv) {
 		argc = op->argc;
@@ -292,7 +292,7 @@ static void raise_args(const char **argv, size_t *lens, const char *key, size_t 
 /* Append master i's pending raises ahead of a request (their replies owed).
  * A fresh connection has none (drop forgets them), so they never come
  * between its AUTH/SELECT and their replies' checks. */
-static void append_raises(rlock *s, size_t i)
+static void append_raises(redlock_store *s, size_t i)
 {
 	rl_owed *o = &s->owed[i];
 	unsigned n = o->nraise;
@@ -336,7 +336,7 @@ static bool flush(redisContext *c, int64_t deadline)
 
 /* Master i's request of this round onto its connection: a fresh connection's
  * AUTH/SELECT first (in the same write), then raises owed, then the command. */
-static void send_op(rlock *s, rl_op *op, size_t i, bool fresh, int script, int argc, const char **argv,
+static void send_op(redlock_store *s, rl_op *op, size_t i, bool fresh, int script, int argc, const char **argv,
 		    size_t *lens, int64_t deadline)
 {
 	if (fresh) {
@@ -372,7 +372,7 @@ static void send_op(rlock *s, rl_op *op, size_t i, bool fresh, int script, int a
 }
 
 /* Whether the answers so far decide a round (the rest may be left owed). */
-typedef bool (*rl_enough)(const rlock *s, const rl_op *ops, void *arg);
+typedef bool (*rl_enough)(const redlock_store *s, const rl_op *ops, void *arg);
 
 /* What a decided round does about the masters still silent. */
 typedef struct rl_after {
@@ -403,7 +403,7 @@ static const rl_after PROMPT = { true, NULL };
  * Fresh connections send AUTH/SELECT in the same write as the command, so a
  * reconnect costs no extra round trip.
  */
-static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **argv, size_t *lens, int64_t tmo,
+static void rl_round(redlock_store *s, rl_op *ops, int script, int argc, const char **argv, size_t *lens, int64_t tmo,
 		     int64_t deadline, rl_enough enough, void *arg, const rl_after *after)
 {
 	int64_t now = dlock_clock_ms();
@@ -673,7 +673,7 @@ static void rl_round(rlock *s, rl_op *ops, int script, int argc, const char **ar
 	free(idx);
 }
 
-static void ops_clear(rlock *s, rl_op *ops)
+static void ops_clear(redlock_store *s, rl_op *ops)
 {
 	for (size_t i = 0; i < s->n; i++) {
 		if (ops[i].reply)
@@ -687,7 +687,7 @@ static void ops_clear(rlock *s, rl_op *ops)
 	}
 }
 
-static void ops_all(rlock *s, rl_op *ops)
+static void ops_all(redlock_store *s, rl_op *ops)
 {
 	for (size_t i = 0; i < s->n; i++)
 		ops[i].want = true;
@@ -703,7 +703,7 @@ static int unsupported(const dlock_request *req)
 	return 0;
 }
 
-static int64_t drift_ms(const rlock *s, int64_t ttl_ms)
+static int64_t drift_ms(const redlock_store *s, int64_t ttl_ms)
 {
 	return (int64_t)((double)ttl_ms * s->drift) + 2;
 }
@@ -718,7 +718,7 @@ static int64_t drift_ms(const rlock *s, int64_t ttl_ms)
  * cannot hide an earlier fence (with three masters that is all of them; with
  * five, one silent master no longer holds up the first grant of a name).
  */
-static bool acquire_decided(const rlock *s, const rl_op *ops, void *arg)
+static bool acquire_decided(const redlock_store *s, const rl_op *ops, void *arg)
 {
 	(void)arg;
 	size_t grants = 0, refused = 0;
@@ -738,7 +738,7 @@ static bool acquire_decided(const rlock *s, const rl_op *ops, void *arg)
 }
 
 /* raise: a quorum confirmed the token. */
-static bool raise_decided(const rlock *s, const rl_op *ops, void *arg)
+static bool raise_decided(const redlock_store *s, const rl_op *ops, void *arg)
 {
 	uint64_t top = *(const uint64_t *)arg;
 	size_t raised = 0;
@@ -749,7 +749,7 @@ static bool raise_decided(const rlock *s, const rl_op *ops, void *arg)
 }
 
 /* release, cancel: no quorum can still hold it (N - Q + 1 answered). */
-static bool release_decided(const rlock *s, const rl_op *ops, void *arg)
+static bool release_decided(const redlock_store *s, const rl_op *ops, void *arg)
 {
 	(void)arg;
 	size_t answered = 0;
@@ -759,7 +759,7 @@ static bool release_decided(const rlock *s, const rl_op *ops, void *arg)
 }
 
 /* renew: every lock of the batch renewed by a quorum, or out of its reach. */
-static bool renew_decided(const rlock *s, const rl_op *ops, void *arg)
+static bool renew_decided(const redlock_store *s, const rl_op *ops, void *arg)
 {
 	size_t n = *(const size_t *)arg;
 	for (size_t j = 0; j < n; j++) {
@@ -781,7 +781,7 @@ static bool renew_decided(const rlock *s, const rl_op *ops, void *arg)
 
 /* undo: every master that granted the try (it answered: it is alive) has
  * answered the undo too; the silent ones are not waited for. */
-static bool undo_decided(const rlock *s, const rl_op *ops, void *arg)
+static bool undo_decided(const redlock_store *s, const rl_op *ops, void *arg)
 {
 	const bool *granted = arg;
 	for (size_t i = 0; i < s->n; i++)
@@ -802,7 +802,7 @@ static bool undo_decided(const rlock *s, const rl_op *ops, void *arg)
  * marked masters that did not confirm (their copy, if any, stays until its
  * TTL unless the undo reaches them).
  */
-static size_t undo(rlock *s, rl_op *ops, const dlock__rkeys *k, const dlock_request *req, const bool *maybe,
+static size_t undo(redlock_store *s, rl_op *ops, const dlock__rkeys *k, const dlock_request *req, const bool *maybe,
 		   const bool *granted, int64_t tmo, int64_t deadline)
 {
 	dlock__rargs r;
@@ -828,7 +828,7 @@ static size_t undo(rlock *s, rl_op *ops, const dlock__rkeys *k, const dlock_requ
 
 static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
-	rlock *s = RL(be);
+	redlock_store *s = RL(be);
 	int rc = unsupported(req);
 	if (rc)
 		return rc;
@@ -970,7 +970,7 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
  */
 static int rl_release(dlock_backend *be, dlock_request *req)
 {
-	rlock *s = RL(be);
+	redlock_store *s = RL(be);
 	rl_op *ops = calloc(s->n, sizeof(*ops));
 	if (!ops)
 		return dlock__oom();
@@ -1022,7 +1022,7 @@ static int hold_tail(char *buf, size_t n, const dlock_request *req, uint64_t fen
  * for a hold below a quorum: that hold may have dissolved, and another client
  * may have held the name meanwhile.
  */
-static void repair(rlock *s, dlock_request *const *reqs, size_t n, unsigned char *absent, const uint64_t *fence,
+static void repair(redlock_store *s, dlock_request *const *reqs, size_t n, unsigned char *absent, const uint64_t *fence,
 		   const bool *standing, size_t *copies, int64_t tmo, int64_t deadline)
 {
 	rl_op *ops = calloc(s->n, sizeof(*ops));
@@ -1119,7 +1119,7 @@ out:
  */
 static int rl_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
-	rlock *s = RL(be);
+	redlock_store *s = RL(be);
 	if (!n)
 		return 0;
 	dlock__rbatch b;
@@ -1227,7 +1227,7 @@ static void rl_unwatch(dlock_backend *be, const dlock_request *req)
 
 static int rl_cancel(dlock_backend *be, dlock_request *req)
 {
-	rlock *s = RL(be);
+	redlock_store *s = RL(be);
 	rl_op *ops = calloc(s->n, sizeof(*ops));
 	if (!ops)
 		return dlock__oom();
@@ -1244,10 +1244,10 @@ static int rl_cancel(dlock_backend *be, dlock_request *req)
 	return 0;
 }
 
-static bool quorum_answered(const rlock *s, const rl_op *ops, void *arg);
+static bool quorum_answered(const redlock_store *s, const rl_op *ops, void *arg);
 
 /* Status of one name: holders seen on a quorum of masters (min TTL, max fence). */
-static int status_one(rlock *s, const char *name, dlock_lock_status **out, size_t *count, int64_t deadline)
+static int status_one(redlock_store *s, const char *name, dlock_lock_status **out, size_t *count, int64_t deadline)
 {
 	rl_op *ops = calloc(s->n, sizeof(*ops));
 	if (!ops)
@@ -1331,7 +1331,7 @@ static int status_one(rlock *s, const char *name, dlock_lock_status **out, size_
 static int rl_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
 		     size_t *count)
 {
-	rlock *s = RL(be);
+	redlock_store *s = RL(be);
 	int64_t deadline = dlock_clock_ms() + s->request_timeout_ms;
 	for (size_t i = 0; i < nnames; i++) { /* the core lists through rl_list: names is never NULL */
 		int rc = status_one(s, names[i], out, count, deadline);
@@ -1344,7 +1344,7 @@ static int rl_status(dlock_backend *be, const char *const *names, size_t nnames,
 /* Every master's names; a quorum must answer, or a lock held on it could be missed. */
 static int rl_list(dlock_backend *be, char ***names, size_t *n)
 {
-	rlock *s = RL(be);
+	redlock_store *s = RL(be);
 	size_t reached = 0;
 	int64_t deadline = dlock_clock_ms() + s->request_timeout_ms;
 	for (size_t i = 0; i < s->n; i++) {
@@ -1376,7 +1376,7 @@ static int rl_list(dlock_backend *be, char ***names, size_t *n)
 
 static void rl_close(dlock_backend *be)
 {
-	rlock *s = RL(be);
+	redlock_store *s = RL(be);
 	if (!s)
 		return;
 	dlock__rnotify_free(s->nt);
@@ -1401,7 +1401,7 @@ static void rl_close(dlock_backend *be)
 /* A quorum of masters answered (the open's script loads): one silent master
  * then costs the open only as long again as the quorum took, not the whole
  * connect_timeout (a stopped one would take all of it). */
-static bool quorum_answered(const rlock *s, const rl_op *ops, void *arg)
+static bool quorum_answered(const redlock_store *s, const rl_op *ops, void *arg)
 {
 	(void)arg;
 	size_t n = 0;
@@ -1410,7 +1410,7 @@ static bool quorum_answered(const rlock *s, const rl_op *ops, void *arg)
 	return n >= s->quorum;
 }
 
-static size_t load_scripts(rlock *s, int64_t deadline, int *err, char *msg, size_t msglen)
+static size_t load_scripts(redlock_store *s, int64_t deadline, int *err, char *msg, size_t msglen)
 {
 	rl_op *ops = calloc(s->n, sizeof(*ops));
 	bool *up = calloc(s->n, sizeof(*up));
@@ -1450,7 +1450,7 @@ static size_t load_scripts(rlock *s, int64_t deadline, int *err, char *msg, size
 	return nup;
 }
 
-static const dlock_backend_methods rl_methods = {
+static const dlock_backend_methods redlock_methods = {
 	DLOCK_BACKEND_METHODS_INIT(KIND),
 	.acquire = rl_acquire,
 	.release = rl_release,
@@ -1553,7 +1553,7 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 		dlock__rservers_free(srv);
 		return rc;
 	}
-	rlock *s = dlock__calloc(1, sizeof(*s));
+	redlock_store *s = dlock__calloc(1, sizeof(*s));
 	if (!s) {
 		dlock__rservers_free(srv);
 		return DLOCK_ENOMEM;
@@ -1564,7 +1564,7 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 	s->drift = drift;
 	s->retry_ms = retry;
 	s->request_timeout_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : 2000;
-	dlock_backend_init(&s->base, &rl_methods);
+	dlock_backend_init(&s->base, &redlock_methods);
 	if (!(s->c = calloc(n, sizeof(*s->c))) || !(s->quiet_until = calloc(n, sizeof(int64_t))) ||
 	    !(s->owed = calloc(n, sizeof(*s->owed))) || (uri->user && !(s->user = dlock__strdup(uri->user))) ||
 	    (uri->password && !(s->password = dlock__strdup(uri->password))) ||

@@ -64,7 +64,7 @@ typedef struct bells {
 	pthread_mutex_t mu;
 	bell_watch *watches;  /* under mu */
 	int bucket_wd[NBELLS]; /* the bucket files' watches (in the hub's instance), -1: not watched */
-	sqlite_backend *b;    /* the handle it wakes */
+	sqlite_store *b;    /* the handle it wakes */
 	struct bells *next;   /* in the hub's list (under hub.mu) */
 	bool started;         /* in the hub */
 } bells;
@@ -162,7 +162,7 @@ static void hub_after_fork(void)
 	hub.pid = 0;
 }
 
-static char *bells_dir(const sqlite_backend *b)
+static char *bells_dir(const sqlite_store *b)
 {
 	return dlock__sprintf("%s.bells", b->paths[0]);
 }
@@ -195,7 +195,7 @@ static mode_t bell_file_mode(mode_t db)
  * missing, and a directory of ours given the database's bits. A descriptor,
  * or -1 (missing and not made, or not trusted: no bells, the core polls).
  */
-static int bells_dir_open(const sqlite_backend *b, bool make)
+static int bells_dir_open(const sqlite_store *b, bool make)
 {
 	char *dir = bells_dir(b);
 	if (!dir)
@@ -223,7 +223,7 @@ refuse:
 
 /* Open bell `file` in the directory `dir` (made when missing and `create`,
  * with the database's bits); -1 and errno. */
-static int bell_open(const sqlite_backend *b, int dir, const char *file, int how, bool create)
+static int bell_open(const sqlite_store *b, int dir, const char *file, int how, bool create)
 {
 	int flags = how | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
 	int fd = openat(dir, file, flags);
@@ -237,20 +237,20 @@ static int bell_open(const sqlite_backend *b, int dir, const char *file, int how
 	return fd;
 }
 
-static unsigned bell_bucket(const sqlite_backend *b, const char *name)
+static unsigned bell_bucket(const sqlite_store *b, const char *name)
 {
 	uint64_t h = dlock__fnv1a64(DLOCK__FNV64_OFFSET, b->ns, strlen(b->ns) + 1);
 	return (unsigned)(dlock__fnv1a64(h, name, strlen(name)) % NBELLS);
 }
 
-static uint64_t owner_bell(const sqlite_backend *b, const char *owner)
+static uint64_t owner_bell(const sqlite_store *b, const char *owner)
 {
 	uint64_t h = dlock__fnv1a64(DLOCK__FNV64_OFFSET, b->ns, strlen(b->ns) + 1);
 	return dlock__fnv1a64(h, owner, strlen(owner));
 }
 
 /* The file name of an owner's own bell. */
-static void bell_name(const sqlite_backend *b, const char *owner, char *f, size_t n)
+static void bell_name(const sqlite_store *b, const char *owner, char *f, size_t n)
 {
 	snprintf(f, n, "o%016" PRIx64, owner_bell(b, owner));
 }
@@ -267,7 +267,7 @@ static void bell_name(const sqlite_backend *b, const char *owner, char *f, size_
  * decides, as before. A fork()'s child that keeps the descriptor keeps the
  * lock: its dead parent then counts as alive until its registration ends.
  */
-static int presence_take(const sqlite_backend *b, int dir, const char *file)
+static int presence_take(const sqlite_store *b, int dir, const char *file)
 {
 	char tmp[64];
 	snprintf(tmp, sizeof tmp, "t%s.%d.%08llx", file, (int)getpid(),
@@ -296,7 +296,7 @@ static int presence_take(const sqlite_backend *b, int dir, const char *file)
 }
 
 /* Is the waiter `owner` known dead (its presence, above, unlocked)? */
-static bool waiter_gone(const sqlite_backend *b, int dir, const char *owner)
+static bool waiter_gone(const sqlite_store *b, int dir, const char *owner)
 {
 	char f[24];
 	bell_name(b, owner, f, sizeof f);
@@ -316,7 +316,7 @@ static bool waiter_gone(const sqlite_backend *b, int dir, const char *owner)
 #define FRONT_BATCH 16
 #define FRONT_MAX 4096
 
-int dlock__sq_drop_dead_front(sqlite_backend *b, const dlock_request *req, int64_t *dropped)
+int dlock__sq_drop_dead_front(sqlite_store *b, const dlock_request *req, int64_t *dropped)
 {
 	*dropped = 0;
 	int dir = bells_dir_open(b, false);
@@ -357,7 +357,7 @@ int dlock__sq_drop_dead_front(sqlite_backend *b, const dlock_request *req, int64
  * before the waiter looked again would then go to a new file nobody watches
  * (a grant rings the second in line, and the next grant the same waiter at
  * the front). */
-static void ring_file(const sqlite_backend *b, const char *file, bool own)
+static void ring_file(const sqlite_store *b, const char *file, bool own)
 {
 	int dir = bells_dir_open(b, false);
 	if (dir >= 0) {
@@ -370,7 +370,7 @@ static void ring_file(const sqlite_backend *b, const char *file, bool own)
 }
 
 /* Ring the bucket of `name`: its waiters at the front (and unfair ones) look. */
-void dlock__sq_ring(const sqlite_backend *b, const char *name)
+void dlock__sq_ring(const sqlite_store *b, const char *name)
 {
 	char f[8];
 	snprintf(f, sizeof f, "%02x", bell_bucket(b, name));
@@ -378,7 +378,7 @@ void dlock__sq_ring(const sqlite_backend *b, const char *name)
 }
 
 /* Ring the bells of the first two in line of a queue that moved (note_head). */
-void dlock__sq_ring_front(sqlite_backend *b)
+void dlock__sq_ring_front(sqlite_store *b)
 {
 	for (int i = 0; i < 2 && b->front[i][0]; i++) {
 		char f[24];
@@ -506,7 +506,7 @@ static void sweep_stale_bells(int dir)
 
 /* Start the bells (once per handle): into the hub, started with the
  * first. 0 or an error (the core then polls). */
-static int bells_start(sqlite_backend *b)
+static int bells_start(sqlite_store *b)
 {
 	if (b->bells)
 		return b->bells->started ? 0 : DLOCK_ESTORE;
@@ -560,7 +560,7 @@ static int bells_start(sqlite_backend *b)
 
 /* Forget the bells (close; or fork's child: `in_parent` false, the hub is
  * the parent's). The last handle's leaving stops the hub. */
-void dlock__sq_bells_free(sqlite_backend *b, bool in_parent)
+void dlock__sq_bells_free(sqlite_store *b, bool in_parent)
 {
 	bells *bl = b->bells;
 	if (!bl)
@@ -622,7 +622,7 @@ void dlock__sq_bells_free(sqlite_backend *b, bool in_parent)
  * (the file is created empty if missing, which rings nothing: opened for
  * reading). A watch of the file, not of the directory: a ring wakes only
  * the processes listening to that bell. */
-static int watch_bell(const sqlite_backend *b, const char *file, int *wd, int *live)
+static int watch_bell(const sqlite_store *b, const char *file, int *wd, int *live)
 {
 	if (*wd >= 0)
 		return 0;
@@ -651,7 +651,7 @@ static int watch_bell(const sqlite_backend *b, const char *file, int *wd, int *l
 }
 
 /* Watch bucket v's bell file (a no-op when watched already). (under bl->mu) */
-static int watch_bucket(const sqlite_backend *b, unsigned v)
+static int watch_bucket(const sqlite_store *b, unsigned v)
 {
 	char bucket[8];
 	snprintf(bucket, sizeof bucket, "%02x", v);
@@ -684,7 +684,7 @@ static void bucket_unheard(bells *bl, unsigned v)
 
 int dlock__sq_sq_watch(dlock_backend *be, const dlock_request *req)
 {
-	sqlite_backend *b = (sqlite_backend *)be;
+	sqlite_store *b = (sqlite_store *)be;
 	int rc = bells_start(b);
 	if (rc)
 		return rc;
@@ -729,7 +729,7 @@ int dlock__sq_sq_watch(dlock_backend *be, const dlock_request *req)
 
 void dlock__sq_sq_unwatch(dlock_backend *be, const dlock_request *req)
 {
-	sqlite_backend *b = (sqlite_backend *)be;
+	sqlite_store *b = (sqlite_store *)be;
 	bells *bl = b->bells;
 	if (!bl)
 		return;
@@ -764,7 +764,7 @@ void dlock__sq_sq_unwatch(dlock_backend *be, const dlock_request *req)
  * a release between its look and that watch rang unheard, so it must look
  * again at once.
  */
-bool dlock__sq_bell_behind(sqlite_backend *b, const char *owner, bool behind, bool *own_heard)
+bool dlock__sq_bell_behind(sqlite_store *b, const char *owner, bool behind, bool *own_heard)
 {
 	bells *bl = b->bells;
 	bool again = false;

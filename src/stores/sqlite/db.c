@@ -176,13 +176,13 @@ int dlock__sq_fork_guard(void)
 }
 
 /* Leave the writers' line for good (writeq.h). */
-static void line_drop(sqlite_backend *b)
+static void line_drop(sqlite_store *b)
 {
 	dlock__wq_close(b->wq);
 	b->wq = NULL;
 }
 
-void dlock__sq_disconnect(sqlite_backend *b, bool moved)
+void dlock__sq_disconnect(sqlite_store *b, bool moved)
 {
 	for (int i = 0; i < Q_COUNT; i++) {
 		sqlite3_finalize(b->st[i]);
@@ -198,7 +198,7 @@ void dlock__sq_disconnect(sqlite_backend *b, bool moved)
 }
 
 /* Is any of the three files at its path no longer the one we have open? */
-bool dlock__sq_files_moved(const sqlite_backend *b)
+bool dlock__sq_files_moved(const sqlite_store *b)
 {
 	for (int i = 0; i < NFILES; i++) {
 		struct stat st;
@@ -221,7 +221,7 @@ bool dlock__sq_files_moved(const sqlite_backend *b)
  */
 #define RECHECK_MS 10
 
-int dlock__sq_check_files(sqlite_backend *b, bool always)
+int dlock__sq_check_files(sqlite_store *b, bool always)
 {
 	if (b->db) {
 		int64_t now = dlock_clock_ms();
@@ -239,7 +239,7 @@ int dlock__sq_check_files(sqlite_backend *b, bool always)
 }
 
 /* For acquire and status: on moved files, open the path again (bounded by deadline). */
-int dlock__sq_reopen_if_moved(sqlite_backend *b, int64_t deadline)
+int dlock__sq_reopen_if_moved(sqlite_store *b, int64_t deadline)
 {
 	if (dlock__sq_check_files(b, false) == 0)
 		return 0;
@@ -255,7 +255,7 @@ static int on_busy(void *arg, int count)
 {
 	static const int naps[] = { 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100 };
 	const int last = (int)(sizeof(naps) / sizeof(*naps)) - 1;
-	sqlite_backend *b = arg;
+	sqlite_store *b = arg;
 	if (b->wq)
 		b->wq_check = true;
 	else
@@ -271,14 +271,14 @@ static int on_busy(void *arg, int count)
 }
 
 /* Every call starts here: its deadline, cut by busy_timeout= if that is shorter. */
-void dlock__sq_set_deadline(sqlite_backend *b, int64_t deadline)
+void dlock__sq_set_deadline(sqlite_store *b, int64_t deadline)
 {
 	int64_t cap = b->busy_ms > 0 ? dlock_clock_ms() + b->busy_ms : INT64_MAX;
 	b->deadline = deadline < cap ? deadline : cap;
 	b->timed_out = false;
 }
 
-int dlock__sq_fail(sqlite_backend *b, int rc, const char *what)
+int dlock__sq_fail(sqlite_store *b, int rc, const char *what)
 {
 	char code[32];
 	snprintf(code, sizeof(code), "%d", rc);
@@ -296,7 +296,7 @@ int dlock__sq_fail(sqlite_backend *b, int rc, const char *what)
 }
 
 /* Reset st and bind ns/name/owner as ?1 ?2 ?3 (owner may be NULL to skip). */
-sqlite3_stmt *dlock__sq_prep(sqlite_backend *b, int q, const char *name, const char *owner)
+sqlite3_stmt *dlock__sq_prep(sqlite_store *b, int q, const char *name, const char *owner)
 {
 	sqlite3_stmt *s = b->st[q];
 	sqlite3_reset(s);
@@ -311,7 +311,7 @@ sqlite3_stmt *dlock__sq_prep(sqlite_backend *b, int q, const char *name, const c
 }
 
 /* Run a statement that returns no rows (or whose rows we ignore). */
-int dlock__sq_run(sqlite_backend *b, sqlite3_stmt *s, const char *what)
+int dlock__sq_run(sqlite_store *b, sqlite3_stmt *s, const char *what)
 {
 	int rc;
 	while ((rc = sqlite3_step(s)) == SQLITE_ROW)
@@ -327,7 +327,7 @@ int dlock__sq_run(sqlite_backend *b, sqlite3_stmt *s, const char *what)
  * joined anew. The line's wait keeps the call's deadline, like the busy
  * handler's.
  */
-int dlock__sq_line_enter(sqlite_backend *b)
+int dlock__sq_line_enter(sqlite_store *b)
 {
 	if (b->wq && b->wq_check) {
 		b->wq_check = false;
@@ -355,7 +355,7 @@ int dlock__sq_line_enter(sqlite_backend *b)
 	return dlock__sq_fail(b, SQLITE_BUSY, "begin");
 }
 
-int dlock__sq_begin(sqlite_backend *b)
+int dlock__sq_begin(sqlite_store *b)
 {
 	int rc = dlock__sq_line_enter(b);
 	if (!rc && (rc = dlock__sq_run(b, dlock__sq_prep(b, Q_BEGIN, NULL, NULL), "begin")))
@@ -364,7 +364,7 @@ int dlock__sq_begin(sqlite_backend *b)
 }
 
 /* Commit (or roll back on failure) what dlock__sq_begin() started, and leave the line. */
-int dlock__sq_finish(sqlite_backend *b, int rc)
+int dlock__sq_finish(sqlite_store *b, int rc)
 {
 	if (rc == 0 || rc == DLOCK_ELOCKED || rc == DLOCK_ENOTHELD) {
 		int c = dlock__sq_run(b, dlock__sq_prep(b, Q_COMMIT, NULL, NULL), "commit");
@@ -382,7 +382,7 @@ int dlock__sq_finish(sqlite_backend *b, int rc)
 	return rc;
 }
 
-int64_t dlock__sq_step_int(sqlite_backend *b, sqlite3_stmt *s, int col, int64_t dflt, int *err)
+int64_t dlock__sq_step_int(sqlite_store *b, sqlite3_stmt *s, int col, int64_t dflt, int *err)
 {
 	int rc = sqlite3_step(s);
 	int64_t v = dflt;
@@ -395,7 +395,7 @@ int64_t dlock__sq_step_int(sqlite_backend *b, sqlite3_stmt *s, int col, int64_t 
 }
 
 /* Under the open's deadline: open the file, set it up (WAL, schema), prepare. */
-int dlock__sq_connect_db(sqlite_backend *b, int64_t deadline)
+int dlock__sq_connect_db(sqlite_store *b, int64_t deadline)
 {
 	const char *path = b->paths[0];
 	dlock__sq_set_deadline(b, deadline);

@@ -24,7 +24,7 @@
  * (permits) among the live exclusive holders (INT64_MAX: none), earliest live
  * expiry, the last fence handed out (-1: no fence row yet), whether any waiter
  * rows exist. */
-static int read_holders(sqlite_backend *b, const char *n, int64_t now, int64_t *nshared, int64_t *nexcl,
+static int read_holders(sqlite_store *b, const char *n, int64_t now, int64_t *nshared, int64_t *nexcl,
 			int64_t *limit, int64_t *first_expiry, int64_t *last_fence, bool *any_waiters)
 {
 	sqlite3_stmt *s = dlock__sq_prep(b, Q_HOLDERS, n, NULL);
@@ -94,7 +94,7 @@ static int64_t registration_ms(const dlock_request *req, int64_t ahead, bool own
  * statement of its own): waiters at its front that are known dead leave
  * (drop_dead_front), the first two in line go into b->front, to ring after
  * it, and the front's registration is cut to a front waiter's. */
-int dlock__sq_note_head(sqlite_backend *b, const dlock_request *req, int64_t now)
+int dlock__sq_note_head(sqlite_store *b, const dlock_request *req, int64_t now)
 {
 	int64_t dropped;
 	int rc = dlock__sq_drop_dead_front(b, req, &dropped), r = SQLITE_DONE, i = 0;
@@ -119,7 +119,7 @@ int dlock__sq_note_head(sqlite_backend *b, const dlock_request *req, int64_t now
 
 /* Expired waiter registrations of req->name go, and for a fair waiter the
  * dead at the front (the queue's head is noted when it moved). */
-static int purge_waiters(sqlite_backend *b, const dlock_request *req, int64_t now)
+static int purge_waiters(sqlite_store *b, const dlock_request *req, int64_t now)
 {
 	sqlite3_stmt *s = dlock__sq_prep(b, Q_PURGE_WAITERS, req->name, NULL);
 	sqlite3_bind_int64(s, 3, now);
@@ -135,7 +135,7 @@ static int purge_waiters(sqlite_backend *b, const dlock_request *req, int64_t no
 /* Where req->owner stands in its name's queue: the waiters ahead of it,
  * counted up to `cap`, and (`excl`) whether one of them wants it exclusive
  * (every waiter is ahead when it has no row: *queued false). */
-static int queue_place(sqlite_backend *b, const dlock_request *req, int64_t cap, bool excl, int64_t *ahead,
+static int queue_place(sqlite_store *b, const dlock_request *req, int64_t cap, bool excl, int64_t *ahead,
 		       bool *excl_ahead, bool *queued)
 {
 	int rc = 0;
@@ -171,7 +171,7 @@ typedef struct queue_look {
 /* Where req->owner stands, into q (once per decision): the waiters ahead
  * counted up to `cap` (at least 2), and for a reader whether a writer is
  * among them. */
-static int look_place(sqlite_backend *b, const dlock_request *req, int64_t cap, queue_look *q)
+static int look_place(sqlite_store *b, const dlock_request *req, int64_t cap, queue_look *q)
 {
 	bool queued, shared = req->mode == DLOCK_SHARED;
 	if (q->placed)
@@ -182,7 +182,7 @@ static int look_place(sqlite_backend *b, const dlock_request *req, int64_t cap, 
 }
 
 /* Expired registrations gone, once per decision. */
-static int look_purged(sqlite_backend *b, const dlock_request *req, int64_t now, queue_look *q)
+static int look_purged(sqlite_store *b, const dlock_request *req, int64_t now, queue_look *q)
 {
 	if (q->purged)
 		return 0;
@@ -192,7 +192,7 @@ static int look_purged(sqlite_backend *b, const dlock_request *req, int64_t now,
 }
 
 /* The queue rules, only when the name has waiter rows at all. */
-static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64_t nexcl, int64_t limit,
+static int queue_rules(sqlite_store *b, dlock_request *req, int64_t now, int64_t nexcl, int64_t limit,
 		       bool *conflict, queue_look *q)
 {
 	const char *n = req->name;
@@ -214,7 +214,7 @@ static int queue_rules(sqlite_backend *b, dlock_request *req, int64_t now, int64
  * 1 for a reader: whether an exclusive one does)? With others ahead only its
  * own bell need wake it (see "doorbells"). *again: look again at once
  * (bell_behind); *own_heard: its own bell is watched. */
-static int mark_behind(sqlite_backend *b, const dlock_request *req, queue_look *q, int64_t *ahead, bool *again,
+static int mark_behind(sqlite_store *b, const dlock_request *req, queue_look *q, int64_t *ahead, bool *again,
 		       bool *own_heard)
 {
 	int rc = look_place(b, req, 2, q);
@@ -240,7 +240,7 @@ static int64_t fence_after(int64_t last)
 	return last + 1 > us ? last + 1 : us;
 }
 
-int dlock__sq_decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *fence,
+int dlock__sq_decide(sqlite_store *b, dlock_request *req, int64_t now, uint64_t *fence,
 		  int64_t *retry_ms)
 {
 	const char *n = req->name;
@@ -327,7 +327,7 @@ int dlock__sq_decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_
  * lock past its deadline. True when refused so (*retry_ms set); false: decide
  * in full (also when the read fails).
  */
-bool dlock__sq_peek_held(sqlite_backend *b, dlock_request *req, int64_t now, int64_t *retry_ms)
+bool dlock__sq_peek_held(sqlite_store *b, dlock_request *req, int64_t now, int64_t *retry_ms)
 {
 	if (!req->waiting || req->mode == DLOCK_SHARED || req->permits != 1)
 		return false;

@@ -41,7 +41,7 @@ typedef struct file_id {
 	bool known;
 } file_id;
 
-typedef struct sqlite_backend {
+typedef struct sqlite_store {
 	dlock_backend base;
 	sqlite3 *db;   /* NULL once the files moved, until the next acquire or status reopens them */
 	char *ns;
@@ -65,7 +65,7 @@ typedef struct sqlite_backend {
 	bool wq_want;        /* writers collided (the busy handler ran): make or join the line */
 	bool wq_check;       /* someone outside our line held the write lock: is the line still the file's? */
 	int64_t wq_next;     /* dlock_clock_ms before which no line is made again after a failure */
-} sqlite_backend;
+} sqlite_store;
 
 
 /* ---- db.c: the connection, statements, transactions and the fork rule ---- */
@@ -76,31 +76,31 @@ void dlock__sq_calls_leave(void);
 /* In a fork()'s child made during a call inside SQLite: the error; else 0. */
 int dlock__sq_fork_check(void);
 /* Close the connection (its statements, the writers' line); `moved`: the files were replaced. */
-void dlock__sq_disconnect(sqlite_backend *b, bool moved);
+void dlock__sq_disconnect(sqlite_store *b, bool moved);
 /* Whether any of the three files at its path is no longer the one open. */
-bool dlock__sq_files_moved(const sqlite_backend *b);
+bool dlock__sq_files_moved(const sqlite_store *b);
 /* Look at the files (every RECHECK_MS, or `always`); on a move, disconnect: 0 or an error. */
-int dlock__sq_check_files(sqlite_backend *b, bool always);
+int dlock__sq_check_files(sqlite_store *b, bool always);
 /* For acquire and status: on moved files, open the path again (by deadline). */
-int dlock__sq_reopen_if_moved(sqlite_backend *b, int64_t deadline);
+int dlock__sq_reopen_if_moved(sqlite_store *b, int64_t deadline);
 /* Every call starts here: its deadline, cut by busy_timeout= if shorter. */
-void dlock__sq_set_deadline(sqlite_backend *b, int64_t deadline);
+void dlock__sq_set_deadline(sqlite_store *b, int64_t deadline);
 /* The store error for SQLite code rc during `what` (the deadline's "timed out" when it ran out). */
-int dlock__sq_fail(sqlite_backend *b, int rc, const char *what);
+int dlock__sq_fail(sqlite_store *b, int rc, const char *what);
 /* Reset statement q and bind ns/name/owner as ?1 ?2 ?3 (owner NULL: not bound). */
-sqlite3_stmt *dlock__sq_prep(sqlite_backend *b, int q, const char *name, const char *owner);
+sqlite3_stmt *dlock__sq_prep(sqlite_store *b, int q, const char *name, const char *owner);
 /* Run a statement that returns no rows (or whose rows are ignored). */
-int dlock__sq_run(sqlite_backend *b, sqlite3_stmt *s, const char *what);
+int dlock__sq_run(sqlite_store *b, sqlite3_stmt *s, const char *what);
 /* Take the writers' line (writeq.h) once writers of this file have collided. */
-int dlock__sq_line_enter(sqlite_backend *b);
+int dlock__sq_line_enter(sqlite_store *b);
 /* BEGIN IMMEDIATE, in the writers' line. */
-int dlock__sq_begin(sqlite_backend *b);
+int dlock__sq_begin(sqlite_store *b);
 /* Commit (or roll back on failure) what dlock__sq_begin() started, and leave the line. */
-int dlock__sq_finish(sqlite_backend *b, int rc);
+int dlock__sq_finish(sqlite_store *b, int rc);
 /* Step s and read column col as an integer (dflt when there is no row; *err on failure). */
-int64_t dlock__sq_step_int(sqlite_backend *b, sqlite3_stmt *s, int col, int64_t dflt, int *err);
+int64_t dlock__sq_step_int(sqlite_store *b, sqlite3_stmt *s, int col, int64_t dflt, int *err);
 /* Under the open's deadline: open the file, set it up (WAL, schema), prepare. */
-int dlock__sq_connect_db(sqlite_backend *b, int64_t deadline);
+int dlock__sq_connect_db(sqlite_store *b, int64_t deadline);
 
 /* ---- schema.c: the file and its schema ---- */
 /* Whether the file already has this version's schema (a read). */
@@ -118,27 +118,27 @@ int dlock__sq_foreign_object(sqlite3 *db, char *buf, size_t len);
 
 /* ---- queue.c: holders, the waiters' queue and the decision ---- */
 /* The queue of req->name moved: drop its dead front, note the first two to ring, cut the front's registration. */
-int dlock__sq_note_head(sqlite_backend *b, const dlock_request *req, int64_t now);
+int dlock__sq_note_head(sqlite_store *b, const dlock_request *req, int64_t now);
 /* The decision of one acquire try, inside BEGIN IMMEDIATE. */
-int dlock__sq_decide(sqlite_backend *b, dlock_request *req, int64_t now, uint64_t *fence, int64_t *retry_ms);
+int dlock__sq_decide(sqlite_store *b, dlock_request *req, int64_t now, uint64_t *fence, int64_t *retry_ms);
 /* A registered mutex waiter's try refused by a read while the name is held (true: *retry_ms set). */
-bool dlock__sq_peek_held(sqlite_backend *b, dlock_request *req, int64_t now, int64_t *retry_ms);
+bool dlock__sq_peek_held(sqlite_store *b, dlock_request *req, int64_t now, int64_t *retry_ms);
 
 /* ---- bells.c: wake-ups through the file system ---- */
 /* Waiters at the front of req->name's queue whose processes died leave it (*dropped: how many). */
-int dlock__sq_drop_dead_front(sqlite_backend *b, const dlock_request *req, int64_t *dropped);
+int dlock__sq_drop_dead_front(sqlite_store *b, const dlock_request *req, int64_t *dropped);
 /* Ring the bucket of `name`: its waiters at the front (and unfair ones) look. */
-void dlock__sq_ring(const sqlite_backend *b, const char *name);
+void dlock__sq_ring(const sqlite_store *b, const char *name);
 /* Ring the bells of the first two in line of a queue that moved (note_head). */
-void dlock__sq_ring_front(sqlite_backend *b);
+void dlock__sq_ring_front(sqlite_store *b);
 /* Forget the bells (close; or a fork()'s child: `in_parent` false). */
-void dlock__sq_bells_free(sqlite_backend *b, bool in_parent);
+void dlock__sq_bells_free(sqlite_store *b, bool in_parent);
 /* The `watch` method: listen to the bell of req->name (or its own, behind others). */
 int dlock__sq_sq_watch(dlock_backend *be, const dlock_request *req);
 /* The `unwatch` method. */
 void dlock__sq_sq_unwatch(dlock_backend *be, const dlock_request *req);
 /* After a refused try of a watched waiter: whether it has others ahead (see bells.c). */
-bool dlock__sq_bell_behind(sqlite_backend *b, const char *owner, bool behind, bool *own_heard);
+bool dlock__sq_bell_behind(sqlite_store *b, const char *owner, bool behind, bool *own_heard);
 /* In a fork()'s child: whether a call was inside SQLite at the fork. */
 bool dlock__sq_busy_at_fork(void);
 /* The open's first step: the fork handlers in place, then dlock__sq_fork_check(). */

@@ -29,7 +29,7 @@ static const char *const file_suffix[NFILES] = { "", "-wal", "-shm" };
 
 static int acquire_in(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
-	sqlite_backend *b = (sqlite_backend *)be;
+	sqlite_store *b = (sqlite_store *)be;
 	dlock__sq_set_deadline(b, req->deadline_ms);
 	int rc = dlock__sq_reopen_if_moved(b, b->deadline);
 	if (rc)
@@ -55,7 +55,7 @@ static int acquire_in(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 
 static int release_in(dlock_backend *be, dlock_request *req)
 {
-	sqlite_backend *b = (sqlite_backend *)be;
+	sqlite_store *b = (sqlite_store *)be;
 	dlock__sq_set_deadline(b, req->deadline_ms);
 	int rc = dlock__sq_check_files(b, false);
 	if (rc)
@@ -104,7 +104,7 @@ static int release_in(dlock_backend *be, dlock_request *req)
 	return 0;
 }
 
-static int extend_one(sqlite_backend *b, dlock_request *req, int64_t ttl_ms, int64_t now)
+static int extend_one(sqlite_store *b, dlock_request *req, int64_t ttl_ms, int64_t now)
 {
 	sqlite3_stmt *s = dlock__sq_prep(b, Q_EXTEND, req->name, req->owner);
 	sqlite3_bind_int64(s, 4, now + ttl_ms);
@@ -120,7 +120,7 @@ static int extend_one(sqlite_backend *b, dlock_request *req, int64_t ttl_ms, int
 
 static int extend_in(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 {
-	sqlite_backend *b = (sqlite_backend *)be;
+	sqlite_store *b = (sqlite_store *)be;
 	dlock__sq_set_deadline(b, req->deadline_ms);
 	int rc = dlock__sq_check_files(b, false);
 	if (rc || (rc = dlock__sq_line_enter(b)))
@@ -132,7 +132,7 @@ static int extend_in(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 
 static int renew_in(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
-	sqlite_backend *b = (sqlite_backend *)be;
+	sqlite_store *b = (sqlite_store *)be;
 	if (n == 0)
 		return 0;
 	dlock__sq_set_deadline(b, reqs[0]->deadline_ms); /* the same for the batch */
@@ -155,7 +155,7 @@ static int renew_in(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 
 static int cancel_in(dlock_backend *be, dlock_request *req)
 {
-	sqlite_backend *b = (sqlite_backend *)be;
+	sqlite_store *b = (sqlite_store *)be;
 	dlock__sq_set_deadline(b, req->deadline_ms);
 	if (dlock__sq_check_files(b, false))
 		return 0; /* the queue we were in went with the old file */
@@ -180,7 +180,7 @@ static char *col_text(sqlite3_stmt *s, int col)
 	return dlock__strdup(t ? (const char *)t : "");
 }
 
-static int status_one(sqlite_backend *b, const char *name, int64_t now, dlock_lock_status **out,
+static int status_one(sqlite_store *b, const char *name, int64_t now, dlock_lock_status **out,
 		      size_t *count)
 {
 	dlock_lock_status *st = dlock__status_add(out, count);
@@ -220,7 +220,7 @@ static int status_one(sqlite_backend *b, const char *name, int64_t now, dlock_lo
 static int status_in(dlock_backend *be, const char *const *names, size_t nnames,
 		     dlock_lock_status **out, size_t *count)
 {
-	sqlite_backend *b = (sqlite_backend *)be;
+	sqlite_store *b = (sqlite_store *)be;
 	dlock__sq_set_deadline(b, dlock_clock_ms() + b->request_timeout_ms);
 	int rc = dlock__sq_reopen_if_moved(b, b->deadline);
 	int64_t now = dlock_wall_ms();
@@ -231,7 +231,7 @@ static int status_in(dlock_backend *be, const char *const *names, size_t nnames,
 
 static int list_in(dlock_backend *be, char ***names, size_t *count)
 {
-	sqlite_backend *b = (sqlite_backend *)be;
+	sqlite_store *b = (sqlite_store *)be;
 	dlock__sq_set_deadline(b, dlock_clock_ms() + b->request_timeout_ms);
 	int rc = dlock__sq_reopen_if_moved(b, b->deadline);
 	if (rc)
@@ -263,7 +263,7 @@ static int list_in(dlock_backend *be, char ***names, size_t *count)
 
 static void sq_close(dlock_backend *be)
 {
-	sqlite_backend *b = (sqlite_backend *)be;
+	sqlite_store *b = (sqlite_store *)be;
 	/* A close after the files moved must not checkpoint and delete the
 	 * -wal and -shm by name either. (A fork()'s child never gets here with
 	 * the parent's connection: the core does not call an inherited store.) */
@@ -289,7 +289,7 @@ static void sq_close(dlock_backend *be)
  * when no statement was running at the fork: no transaction to roll back). */
 static void sq_forget(dlock_backend *be)
 {
-	sqlite_backend *b = (sqlite_backend *)be;
+	sqlite_store *b = (sqlite_store *)be;
 	if (b->db && dlock__sq_busy_at_fork()) {
 		/* SQLite's state may be half changed: not touched (the process
 		 * cannot use SQLite any more; fork_check says so) */
@@ -421,7 +421,7 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL, "sqlite: bad busy_timeout '%s'", v);
 	}
 
-	sqlite_backend *b = dlock__calloc(1, sizeof(*b));
+	sqlite_store *b = dlock__calloc(1, sizeof(*b));
 	if (!b) {
 		free(dflt);
 		return DLOCK_ENOMEM;

@@ -4,7 +4,7 @@
 
 /* ---------------------------------------------------------------- holds and orphans */
 
-char *dlock__zk_dir_of(zk_store *st, const char *name)
+char *dlock__zk_dir_of(zookeeper_store *st, const char *name)
 {
 	char *e = dlock__zk_escape(name);
 	if (!e)
@@ -14,9 +14,9 @@ char *dlock__zk_dir_of(zk_store *st, const char *name)
 	return d;
 }
 
-static void lease_drop(zk_store *st, hold *h);
+static void lease_drop(zookeeper_store *st, hold *h);
 
-void dlock__zk_hold_free(zk_store *st, hold *h)
+void dlock__zk_hold_free(zookeeper_store *st, hold *h)
 {
 	if (!h)
 		return;
@@ -48,7 +48,7 @@ void dlock__zk_orphan_free_locked(orphan *o)
 /* Under st->mu: the sweep of o is over. */
 static void sweep_done_locked(orphan *o, bool ok)
 {
-	zk_store *st = o->st;
+	zookeeper_store *st = o->st;
 	o->sweeping = false;
 	pthread_cond_broadcast(&st->cv);
 	if (st->closing)
@@ -76,7 +76,7 @@ static void sweep_done_locked(orphan *o, bool ok)
 static void sweep_deleted(int rc, const void *data)
 {
 	orphan *o = (orphan *)data;
-	zk_store *st = o->st;
+	zookeeper_store *st = o->st;
 	pthread_mutex_lock(&st->mu);
 	if (!dlock__zk_settled(rc))
 		o->failed = true;
@@ -88,7 +88,7 @@ static void sweep_deleted(int rc, const void *data)
 static void sweep_listed(int rc, const struct String_vector *sv, const void *data)
 {
 	orphan *o = (orphan *)data;
-	zk_store *st = o->st;
+	zookeeper_store *st = o->st;
 	pthread_mutex_lock(&st->mu);
 	if (rc != ZOK && dlock__zk_settled(rc)) {
 		sweep_done_locked(o, true); /* nothing there (or nothing we can do) */
@@ -140,7 +140,7 @@ void dlock__zk_sweep_start_locked(orphan *o)
 }
 
 /* Under st->mu. */
-static void lease_unlink_locked(zk_store *st, hold *h)
+static void lease_unlink_locked(zookeeper_store *st, hold *h)
 {
 	if (!h->leased)
 		return;
@@ -154,7 +154,7 @@ static void lease_unlink_locked(zk_store *st, hold *h)
 	h->leased = false;
 }
 
-static void lease_drop(zk_store *st, hold *h)
+static void lease_drop(zookeeper_store *st, hold *h)
 {
 	pthread_mutex_lock(&st->mu);
 	lease_unlink_locked(st, h);
@@ -162,7 +162,7 @@ static void lease_drop(zk_store *st, hold *h)
 }
 
 /* Under st->mu: make sure the sweeper runs (it has work: an orphan or a lease). */
-static void sweeper_wake_locked(zk_store *st)
+static void sweeper_wake_locked(zookeeper_store *st)
 {
 	if (!st->sweeper_started && !st->closing)
 		st->sweeper_started = pthread_create(&st->sweeper, NULL, dlock__zk_sweeper_main, st) == 0;
@@ -173,7 +173,7 @@ static void sweeper_wake_locked(zk_store *st)
  * of that request): its lease now ends at since + ttl_ms, never before the
  * core's deadline for it. A renewal (`again`) does not bring back a lease
  * the sweeper already ended. @return whether h is leased now. */
-bool dlock__zk_lease_set(zk_store *st, hold *h, int64_t since, int64_t ttl_ms, bool again)
+bool dlock__zk_lease_set(zookeeper_store *st, hold *h, int64_t since, int64_t ttl_ms, bool again)
 {
 	pthread_mutex_lock(&st->mu);
 	if (again && !h->leased) {
@@ -217,7 +217,7 @@ static void probe_done(int rc, const struct Stat *stat, const void *data)
  */
 void *dlock__zk_sweeper_main(void *arg)
 {
-	zk_store *st = arg;
+	zookeeper_store *st = arg;
 	pthread_mutex_lock(&st->mu);
 	while (!st->closing) {
 		int64_t now = dlock_clock_ms(), next = INT64_MAX;
@@ -275,7 +275,7 @@ void *dlock__zk_sweeper_main(void *arg)
 
 /* The node(s) of h's owner are in doubt (a create or delete whose outcome is
  * unknown) and no hold will use them: hand them to the sweep. Takes over h. */
-void dlock__zk_orphan_hold(zk_store *st, hold *h)
+void dlock__zk_orphan_hold(zookeeper_store *st, hold *h)
 {
 	orphan *o = calloc(1, sizeof(*o));
 	pthread_mutex_lock(&st->mu);
@@ -301,7 +301,7 @@ void dlock__zk_orphan_hold(zk_store *st, hold *h)
  * take the orphan back so dlock__zk_find_own adopts its node and keeps its place in
  * line, after any sweep of it in flight is over. @return ZOK (h->doubt set
  * when there was one), or ZDEADLINE. */
-int dlock__zk_claim_orphan(zk_store *st, hold *h, int64_t deadline)
+int dlock__zk_claim_orphan(zookeeper_store *st, hold *h, int64_t deadline)
 {
 	pthread_mutex_lock(&st->mu);
 	int rc = ZOK;
@@ -346,7 +346,7 @@ bool dlock__zk_owned_by(const char *c, const char *owner)
 
 /* Delete every node of `owner` under dir, by `deadline`.
  * @return ZOK, ZNONODE (no dir), or an error (ZDEADLINE: in doubt). */
-int dlock__zk_delete_owned(zk_store *st, zhandle_t *zh, const char *dir, const char *owner, int64_t deadline,
+int dlock__zk_delete_owned(zookeeper_store *st, zhandle_t *zh, const char *dir, const char *owner, int64_t deadline,
 			int *deleted)
 {
 	struct String_vector sv = { 0, NULL };
@@ -385,7 +385,7 @@ int dlock__zk_delete_owned(zk_store *st, zhandle_t *zh, const char *dir, const c
 
 /* Create the chroot (persistent), prefix and name (containers) nodes: one
  * pipelined round trip (the creates run in order). */
-static int make_parents(zk_store *st, zsess *z, const char *dir, int64_t deadline)
+static int make_parents(zookeeper_store *st, zsess *z, const char *dir, int64_t deadline)
 {
 	char *p = dlock__strdup(dir);
 	if (!p)
@@ -424,7 +424,7 @@ static int make_parents(zk_store *st, zsess *z, const char *dir, int64_t deadlin
 
 /* Find our own node after a lost connection (h->node NULL afterwards if
  * none; h->doubt cleared once the listing answered). */
-int dlock__zk_find_own(zk_store *st, hold *h, int64_t deadline)
+int dlock__zk_find_own(zookeeper_store *st, hold *h, int64_t deadline)
 {
 	struct String_vector sv = { 0, NULL };
 	zhandle_t *zh = h->sess->zh;
@@ -492,7 +492,7 @@ static node_kind req_kind(const dlock_request *req)
 
 /* The path prefix of our sequential node: a semaphore's names its permits
  * ("-sem3-"), which every later caller needs for the permits rule. */
-static char *node_prefix(const zk_store *st, const hold *h, const dlock_request *req)
+static char *node_prefix(const zookeeper_store *st, const hold *h, const dlock_request *req)
 {
 	if (st->recipe == RECIPE_CURATOR_RW)
 		return dlock__sprintf("%s/_c_%s-%s", h->dir, h->owner,
@@ -505,7 +505,7 @@ static char *node_prefix(const zk_store *st, const hold *h, const dlock_request 
 /* Make sure h has a node in ZooKeeper: create it, or after a lost
  * connection (h->doubt) find the one our earlier create made. On failure
  * h->doubt says whether a node of ours may exist anyway. */
-int dlock__zk_place_node(zk_store *st, hold *h, dlock_request *req, int64_t deadline)
+int dlock__zk_place_node(zookeeper_store *st, hold *h, dlock_request *req, int64_t deadline)
 {
 	zhandle_t *zh = h->sess->zh;
 	char *prefix = node_prefix(st, h, req);
@@ -618,7 +618,7 @@ done:
 }
 
 /* @return as evaluate_list, or 2 when the listing did not answer by the deadline. */
-int dlock__zk_evaluate(zk_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted)
+int dlock__zk_evaluate(zookeeper_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted)
 {
 	struct String_vector sv = { 0, NULL };
 	int32_t cversion = 0;
@@ -642,7 +642,7 @@ int dlock__zk_evaluate(zk_store *st, hold *h, dlock_request *req, int64_t deadli
  * h->doubt saying a node of ours may exist); 2 when the node was made but
  * its listing did not answer by the deadline; or an error (h->doubt set
  * when the create's outcome is unknown). */
-int dlock__zk_create_and_list(zk_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted)
+int dlock__zk_create_and_list(zookeeper_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted)
 {
 	char *path = node_prefix(st, h, req);
 	int dlen;
@@ -694,7 +694,7 @@ int dlock__zk_create_and_list(zk_store *st, hold *h, dlock_request *req, int64_t
 
 /* Delete h's node (a refused try, a cancelled wait) and free h; what could
  * not be deleted in time goes to the sweep. */
-void dlock__zk_discard_hold(zk_store *st, hold *h, int64_t deadline)
+void dlock__zk_discard_hold(zookeeper_store *st, hold *h, int64_t deadline)
 {
 	if ((h->node || h->doubt) && !dlock__zk_sess_dead(st, h->sess)) {
 		int r = h->node ? dlock__zk_z_delete(st, h->sess->zh, h->node, deadline) : ZDEADLINE;
@@ -707,7 +707,7 @@ void dlock__zk_discard_hold(zk_store *st, hold *h, int64_t deadline)
 }
 
 /* A slot left from an earlier hold of the same lock handle (lost, attached). */
-hold *dlock__zk_current_hold(zk_store *st, dlock_request *req, int64_t deadline)
+hold *dlock__zk_current_hold(zookeeper_store *st, dlock_request *req, int64_t deadline)
 {
 	hold *h = req->slot;
 	if (h && strcmp(h->owner, req->owner) != 0) {

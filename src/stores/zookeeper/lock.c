@@ -12,7 +12,7 @@
  * first try. A node whose create was in doubt went to the sweep, which the
  * next try's claim of the orphan waits for (and adopts the node).
  */
-static int ride_out(zk_store *st, dlock_request *req, int rc, int64_t *retry_ms)
+static int ride_out(zookeeper_store *st, dlock_request *req, int rc, int64_t *retry_ms)
 {
 	if (rc != DLOCK_EUNAVAILABLE || !req->waiting)
 		return rc;
@@ -28,15 +28,15 @@ static int ride_out(zk_store *st, dlock_request *req, int rc, int64_t *retry_ms)
 			       req->name, why);
 }
 
-static int acquire_try(zk_store *st, dlock_request *req, uint64_t *fence);
+static int acquire_try(zookeeper_store *st, dlock_request *req, uint64_t *fence);
 
 int dlock__zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
 {
-	zk_store *st = (zk_store *)be;
+	zookeeper_store *st = (zookeeper_store *)be;
 	return ride_out(st, req, acquire_try(st, req, fence), retry_ms);
 }
 
-static int acquire_try(zk_store *st, dlock_request *req, uint64_t *fence)
+static int acquire_try(zookeeper_store *st, dlock_request *req, uint64_t *fence)
 {
 	int64_t start = dlock_clock_ms();
 	int64_t deadline = req->deadline_ms;
@@ -150,7 +150,7 @@ static int acquire_try(zk_store *st, dlock_request *req, uint64_t *fence)
 
 /* release/extend of a hold this handle did not make (an attached handle, or
  * the core retrying a release that was not confirmed): find its node by owner. */
-static int by_owner(zk_store *st, dlock_request *req, bool del, int64_t deadline)
+static int by_owner(zookeeper_store *st, dlock_request *req, bool del, int64_t deadline)
 {
 	zsess *z;
 	int rc = dlock__zk_get_session(st, dlock__zk_session_key(st, st->default_ttl), deadline, &z);
@@ -182,7 +182,7 @@ static int by_owner(zk_store *st, dlock_request *req, bool del, int64_t deadline
 
 int dlock__zk_release(dlock_backend *be, dlock_request *req)
 {
-	zk_store *st = (zk_store *)be;
+	zookeeper_store *st = (zookeeper_store *)be;
 	int64_t deadline = req->deadline_ms;
 	dlock__zk_reap(st);
 	hold *h = dlock__zk_current_hold(st, req, deadline);
@@ -228,7 +228,7 @@ int dlock__zk_release(dlock_backend *be, dlock_request *req)
 
 int dlock__zk_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 {
-	zk_store *st = (zk_store *)be;
+	zookeeper_store *st = (zookeeper_store *)be;
 	int64_t start = dlock_clock_ms();
 	int64_t deadline = req->deadline_ms;
 	hold *h = dlock__zk_current_hold(st, req, deadline);
@@ -259,7 +259,7 @@ int dlock__zk_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 /* Confirm the holds of one session in one round trip: exists() of every
  * node, pipelined. Reads, not a multi of checks: a multi is a write, which
  * would cost a quorum proposal and a log fsync per renewal. */
-static void renew_session(zk_store *st, zsess *z, dlock_request *const *reqs, size_t n, int *results,
+static void renew_session(zookeeper_store *st, zsess *z, dlock_request *const *reqs, size_t n, int *results,
 			  int64_t start, int64_t deadline)
 {
 	bool dead = dlock__zk_sess_dead(st, z), up = dlock__zk_sess_connected(st, z);
@@ -307,7 +307,7 @@ static void renew_session(zk_store *st, zsess *z, dlock_request *const *reqs, si
 
 int dlock__zk_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
 {
-	zk_store *st = (zk_store *)be;
+	zookeeper_store *st = (zookeeper_store *)be;
 	int64_t start = dlock_clock_ms();
 	dlock__zk_reap(st);
 	int64_t deadline = n ? reqs[0]->deadline_ms : start;
@@ -330,7 +330,7 @@ int dlock__zk_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 
 int dlock__zk_cancel(dlock_backend *be, dlock_request *req)
 {
-	zk_store *st = (zk_store *)be;
+	zookeeper_store *st = (zookeeper_store *)be;
 	hold *h = req->slot;
 	req->slot = NULL;
 	if (h)
@@ -340,7 +340,7 @@ int dlock__zk_cancel(dlock_backend *be, dlock_request *req)
 
 int dlock__zk_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 {
-	zk_store *st = (zk_store *)be;
+	zookeeper_store *st = (zookeeper_store *)be;
 	hold *h = req->slot;
 	int64_t until = dlock_clock_ms() + timeout_ms;
 	pthread_mutex_lock(&st->mu);

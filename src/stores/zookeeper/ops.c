@@ -62,7 +62,7 @@ bool dlock__zk_settled(int rc)
 	return rc == ZOK || rc == ZNONODE || rc == ZNOAUTH || rc == ZBADARGUMENTS || rc == ZINVALIDACL;
 }
 
-zop *dlock__zk_op_new(zk_store *st)
+zop *dlock__zk_op_new(zookeeper_store *st)
 {
 	zop *op = calloc(1, sizeof(*op));
 	if (!op)
@@ -81,7 +81,7 @@ zop *dlock__zk_op_new(zk_store *st)
 
 void dlock__zk_op_free_locked(zop *op)
 {
-	zk_store *st = op->st;
+	zookeeper_store *st = op->st;
 	if (op->prev)
 		op->prev->next = op->next;
 	else
@@ -104,7 +104,7 @@ void dlock__zk_op_unref_locked(zop *op)
 /* The completion's part: record, wake the waiters, let go. */
 static void op_finish(zop *op, int rc, const struct Stat *stat, struct String_vector kids, char *value, int vlen)
 {
-	zk_store *st = op->st;
+	zookeeper_store *st = op->st;
 	pthread_mutex_lock(&st->mu);
 	op->rc = rc;
 	if (stat)
@@ -167,7 +167,7 @@ void dlock__zk_cb_data(int rc, const char *value, int len, const struct Stat *st
 }
 
 /* After zoo_a*: a request the library refused will have no completion. */
-zop *dlock__zk_op_sent(zk_store *st, zop *op, int r)
+zop *dlock__zk_op_sent(zookeeper_store *st, zop *op, int r)
 {
 	if (op && r != ZOK) {
 		pthread_mutex_lock(&st->mu);
@@ -184,7 +184,7 @@ zop *dlock__zk_op_sent(zk_store *st, zop *op, int r)
  * quarter of the wait has its server checked (dlock__zk_check_server): one
  * that says nothing until half the wait (at least PROBE_MIN_MS later) is
  * left, within the wait, for the session's other servers. */
-bool dlock__zk_ops_wait(zk_store *st, zhandle_t *zh, zop *const *ops, size_t n, int64_t deadline)
+bool dlock__zk_ops_wait(zookeeper_store *st, zhandle_t *zh, zop *const *ops, size_t n, int64_t deadline)
 {
 	int64_t start = dlock_clock_ms();
 	/* The server gets at least PROBE_MIN_MS to answer (a loaded machine's
@@ -225,7 +225,7 @@ bool dlock__zk_ops_wait(zk_store *st, zhandle_t *zh, zop *const *ops, size_t n, 
 
 /* The op's result (ZDEADLINE if it is still out), after dlock__zk_ops_wait. A done op
  * is no longer touched by its completion: its fields may be read freely. */
-int dlock__zk_op_rc(zk_store *st, zop *op)
+int dlock__zk_op_rc(zookeeper_store *st, zop *op)
 {
 	if (!op)
 		return ZSYSTEMERROR;
@@ -235,7 +235,7 @@ int dlock__zk_op_rc(zk_store *st, zop *op)
 	return rc;
 }
 
-void dlock__zk_op_put(zk_store *st, zop *op)
+void dlock__zk_op_put(zookeeper_store *st, zop *op)
 {
 	if (!op)
 		return;
@@ -244,14 +244,14 @@ void dlock__zk_op_put(zk_store *st, zop *op)
 	pthread_mutex_unlock(&st->mu);
 }
 
-int dlock__zk_op_wait1(zk_store *st, zhandle_t *zh, zop *op, int64_t deadline)
+int dlock__zk_op_wait1(zookeeper_store *st, zhandle_t *zh, zop *op, int64_t deadline)
 {
 	dlock__zk_ops_wait(st, zh, &op, 1, deadline);
 	return dlock__zk_op_rc(st, op);
 }
 
 /* The bounded forms of the synchronous calls. */
-int dlock__zk_z_children(zk_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct String_vector *out,
+int dlock__zk_z_children(zookeeper_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct String_vector *out,
 		      int32_t *cversion)
 {
 	zop *op = dlock__zk_op_new(st);
@@ -267,7 +267,7 @@ int dlock__zk_z_children(zk_store *st, zhandle_t *zh, const char *path, int64_t 
 	return rc;
 }
 
-int dlock__zk_z_exists(zk_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct Stat *stat)
+int dlock__zk_z_exists(zookeeper_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct Stat *stat)
 {
 	zop *op = dlock__zk_op_new(st);
 	dlock__zk_op_sent(st, op, op ? zoo_aexists(zh, path, 0, dlock__zk_cb_stat, op) : ZSYSTEMERROR);
@@ -278,7 +278,7 @@ int dlock__zk_z_exists(zk_store *st, zhandle_t *zh, const char *path, int64_t de
 	return rc;
 }
 
-int dlock__zk_z_delete(zk_store *st, zhandle_t *zh, const char *path, int64_t deadline)
+int dlock__zk_z_delete(zookeeper_store *st, zhandle_t *zh, const char *path, int64_t deadline)
 {
 	zop *op = dlock__zk_op_new(st);
 	dlock__zk_op_sent(st, op, op ? zoo_adelete(zh, path, -1, dlock__zk_cb_void, op) : ZSYSTEMERROR);

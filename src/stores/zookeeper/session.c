@@ -12,7 +12,7 @@
 void dlock__zk_watcher(zhandle_t *zh, int type, int state, const char *path, void *ctx)
 {
 	zsess *z = ctx;
-	zk_store *st = z->st;
+	zookeeper_store *st = z->st;
 	pthread_mutex_lock(&st->mu);
 	if (type == ZOO_SESSION_EVENT) {
 		z->state = state;
@@ -60,7 +60,7 @@ zsess *dlock__zk_unref_locked(zsess *z)
 {
 	if (--z->refs > 0)
 		return NULL;
-	zk_store *st = z->st;
+	zookeeper_store *st = z->st;
 	for (zsess **p = &st->sessions; *p; p = &(*p)->next) {
 		if (*p == z) {
 			*p = z->next;
@@ -92,7 +92,7 @@ void dlock__zk_close_sess(zsess *z)
 }
 
 /* Close the sessions the completion thread let go (from a caller's thread). */
-void dlock__zk_reap(zk_store *st)
+void dlock__zk_reap(zookeeper_store *st)
 {
 	pthread_mutex_lock(&st->mu);
 	zsess *all = st->graveyard;
@@ -105,7 +105,7 @@ void dlock__zk_reap(zk_store *st)
 	}
 }
 
-void dlock__zk_unref(zk_store *st, zsess *z)
+void dlock__zk_unref(zookeeper_store *st, zsess *z)
 {
 	if (!z)
 		return;
@@ -116,7 +116,7 @@ void dlock__zk_unref(zk_store *st, zsess *z)
 }
 
 /* Under st->mu: wait until z is connected (true) or dead, or the deadline. */
-static bool wait_connected_locked(zk_store *st, zsess *z, int64_t deadline)
+static bool wait_connected_locked(zookeeper_store *st, zsess *z, int64_t deadline)
 {
 	while (!z->expired && z->state != ZOO_CONNECTED_STATE) {
 		int64_t left = deadline - dlock_clock_ms();
@@ -129,7 +129,7 @@ static bool wait_connected_locked(zk_store *st, zsess *z, int64_t deadline)
 	return !z->expired && z->state == ZOO_CONNECTED_STATE;
 }
 
-bool dlock__zk_wait_connected(zk_store *st, zsess *z, int64_t deadline)
+bool dlock__zk_wait_connected(zookeeper_store *st, zsess *z, int64_t deadline)
 {
 	pthread_mutex_lock(&st->mu);
 	bool ok = wait_connected_locked(st, z, deadline);
@@ -137,7 +137,7 @@ bool dlock__zk_wait_connected(zk_store *st, zsess *z, int64_t deadline)
 	return ok;
 }
 
-bool dlock__zk_sess_dead(zk_store *st, zsess *z)
+bool dlock__zk_sess_dead(zookeeper_store *st, zsess *z)
 {
 	pthread_mutex_lock(&st->mu);
 	bool dead = z->expired;
@@ -145,7 +145,7 @@ bool dlock__zk_sess_dead(zk_store *st, zsess *z)
 	return dead;
 }
 
-bool dlock__zk_sess_connected(zk_store *st, zsess *z)
+bool dlock__zk_sess_connected(zookeeper_store *st, zsess *z)
 {
 	pthread_mutex_lock(&st->mu);
 	bool ok = !z->expired && z->state == ZOO_CONNECTED_STATE;
@@ -155,7 +155,7 @@ bool dlock__zk_sess_connected(zk_store *st, zsess *z)
 
 /* The session timeout a hold of ttl_ms needs: never shorter than the ttl, so
  * the holder's own deadline passes before the server can expire it. */
-int64_t dlock__zk_session_key(zk_store *st, int64_t ttl_ms)
+int64_t dlock__zk_session_key(zookeeper_store *st, int64_t ttl_ms)
 {
 	if (st->fixed_session)
 		return st->fixed_session;
@@ -173,7 +173,7 @@ static int dead_sess_error(zsess *z)
 	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ZSESSIONEXPIRED", "zookeeper: session expired");
 }
 
-static int not_connected_error(zk_store *st, int64_t waited)
+static int not_connected_error(zookeeper_store *st, int64_t waited)
 {
 	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ZCONNECTIONLOSS",
 			       "zookeeper: not connected to any of %s: timed out after %lld ms", st->hosts,
@@ -187,7 +187,7 @@ static int not_connected_error(zk_store *st, int64_t waited)
  * addresses it never asks the DNS. A host whose name does not resolve in time
  * is left out while another one answered.
  */
-static int resolve_hosts(zk_store *st, int64_t deadline, char **out)
+static int resolve_hosts(zookeeper_store *st, int64_t deadline, char **out)
 {
 	*out = NULL;
 	dlock__addrs *ad = dlock__calloc(st->nh, sizeof(*ad));
@@ -265,7 +265,7 @@ static bool drop_server(char *cs, const char *server, size_t *n)
 /* A probe's answer: the server's, none yet (silent), or the ops it was for done. */
 enum { PROBE_ANSWERED, PROBE_SILENT, PROBE_MOOT };
 
-static bool ops_all_done(zk_store *st, zop *const *ops, size_t n)
+static bool ops_all_done(zookeeper_store *st, zop *const *ops, size_t n)
 {
 	bool all = true;
 	pthread_mutex_lock(&st->mu);
@@ -301,7 +301,7 @@ static bool server_addr(const char *server, struct sockaddr_storage *out, sockle
 	return ok;
 }
 
-static int probe(const char *server, int64_t until, zk_store *st, zop *const *ops, size_t n)
+static int probe(const char *server, int64_t until, zookeeper_store *st, zop *const *ops, size_t n)
 {
 	struct sockaddr_storage sa;
 	socklen_t salen;
@@ -397,7 +397,7 @@ static void cut_links(const char *server)
 	closedir(d);
 }
 
-void dlock__zk_check_server(zk_store *st, zhandle_t *zh, zop *const *ops, size_t n, int64_t until)
+void dlock__zk_check_server(zookeeper_store *st, zhandle_t *zh, zop *const *ops, size_t n, int64_t until)
 {
 	char *list = NULL;
 	pthread_mutex_lock(&st->mu);
@@ -429,7 +429,7 @@ void dlock__zk_check_server(zk_store *st, zhandle_t *zh, zop *const *ops, size_t
 /* A connected session with timeout key `want` (made, or remade after expiry,
  * as needed), by `deadline`. Borrowed: valid while the caller holds the
  * core's store mutex. */
-int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **out)
+int dlock__zk_get_session(zookeeper_store *st, int64_t want, int64_t deadline, zsess **out)
 {
 	int64_t start = dlock_clock_ms();
 	pthread_mutex_lock(&st->mu);
@@ -580,7 +580,7 @@ int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **
 
 /* The session for a hold of ttl_ms, refusing a ttl the server's session
  * timeout cannot cover. */
-int dlock__zk_session_for(zk_store *st, int64_t ttl_ms, int64_t deadline, zsess **out)
+int dlock__zk_session_for(zookeeper_store *st, int64_t ttl_ms, int64_t deadline, zsess **out)
 {
 	int rc = dlock__zk_get_session(st, dlock__zk_session_key(st, ttl_ms), deadline, out);
 	if (rc)

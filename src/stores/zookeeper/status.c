@@ -3,7 +3,7 @@
 
 /* ---------------------------------------------------------------- status */
 
-static int status_one(zk_store *st, zhandle_t *zh, const char *name, int64_t deadline, dlock_lock_status **out,
+static int status_one(zookeeper_store *st, zhandle_t *zh, const char *name, int64_t deadline, dlock_lock_status **out,
 		      size_t *count)
 {
 	dlock_lock_status *s = dlock__status_add(out, count);
@@ -128,7 +128,7 @@ static int status_one(zk_store *st, zhandle_t *zh, const char *name, int64_t dea
 int dlock__zk_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
 		     size_t *count)
 {
-	zk_store *st = (zk_store *)be;
+	zookeeper_store *st = (zookeeper_store *)be;
 	int64_t deadline = dlock_clock_ms() + st->request_ms;
 	dlock__zk_reap(st);
 	zsess *z;
@@ -142,7 +142,7 @@ int dlock__zk_status(dlock_backend *be, const char *const *names, size_t nnames,
  * reaped, shows as an idle lock: the core drops it). */
 int dlock__zk_list(dlock_backend *be, char ***names, size_t *n)
 {
-	zk_store *st = (zk_store *)be;
+	zookeeper_store *st = (zookeeper_store *)be;
 	int64_t deadline = dlock_clock_ms() + st->request_ms;
 	dlock__zk_reap(st);
 	zsess *z;

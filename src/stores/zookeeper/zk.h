@@ -27,12 +27,12 @@
 #define SEQ_DIGITS 10
 #define SEQ_DIGITS 10
 
-typedef struct zk_store zk_store;
+typedef struct zookeeper_store zookeeper_store;
 
 /* One ZooKeeper session. Referenced by the store's table (while current),
  * by each hold placed in it, by orphans and by running waits. */
 typedef struct zsess {
-	zk_store *st;
+	zookeeper_store *st;
 	struct zsess *next;
 	zhandle_t *zh;
 	int64_t want_ms;  /* requested timeout: the table key */
@@ -63,7 +63,7 @@ typedef struct watch_wait {
  * completions, which run on libzookeeper's completion thread. */
 typedef struct orphan {
 	struct orphan *next;
-	zk_store *st;
+	zookeeper_store *st;
 	zsess *sess;
 	char *dir;
 	char *owner;
@@ -95,7 +95,7 @@ typedef struct hold {
 	int64_t expires;
 } hold;
 
-struct zk_store {
+struct zookeeper_store {
 	dlock_backend base;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -147,7 +147,7 @@ enum { RECIPE_DLOCK, RECIPE_CURATOR, RECIPE_CURATOR_RW };
  * to its own completion), so the connection is kept: it is the session.
  */
 typedef struct zop {
-	zk_store *st;
+	zookeeper_store *st;
 	struct zop *prev, *next; /* every live op of the store (see dlock__zk_close) */
 	int refs;    /* the waiter's and the completion's, under st->mu */
 	bool done;
@@ -179,7 +179,7 @@ int dlock__zk_by_seq(const void *a, const void *b);
 
 const char *dlock__zk_base_name(const char *path);
 
-zop *dlock__zk_op_new(zk_store *st);
+zop *dlock__zk_op_new(zookeeper_store *st);
 
 void dlock__zk_op_free_locked(zop *op);
 
@@ -197,12 +197,12 @@ void dlock__zk_cb_kids(int rc, const struct String_vector *strings, const struct
 void dlock__zk_cb_data(int rc, const char *value, int len, const struct Stat *stat, const void *data);
 
 /* After zoo_a*: a request the library refused will have no completion. */
-zop *dlock__zk_op_sent(zk_store *st, zop *op, int r);
+zop *dlock__zk_op_sent(zookeeper_store *st, zop *op, int r);
 
 /* Wait until every op (sent on zh) is done or the deadline passes; a
  * server that went silent meanwhile is left (dlock__zk_check_server).
  * @return all done. */
-bool dlock__zk_ops_wait(zk_store *st, zhandle_t *zh, zop *const *ops, size_t n, int64_t deadline);
+bool dlock__zk_ops_wait(zookeeper_store *st, zhandle_t *zh, zop *const *ops, size_t n, int64_t deadline);
 
 /* The least wait whose server is checked is 4 x CHECK_MIN_MS (a new
  * session's handle: 2 x, to answer); a connected session's server gets
@@ -229,7 +229,7 @@ bool dlock__zk_ops_wait(zk_store *st, zhandle_t *zh, zop *const *ops, size_t n, 
  * lost, which every caller handles as an outcome in doubt. Returns early
  * when every op is done.
  */
-void dlock__zk_check_server(zk_store *st, zhandle_t *zh, zop *const *ops, size_t n, int64_t until);
+void dlock__zk_check_server(zookeeper_store *st, zhandle_t *zh, zop *const *ops, size_t n, int64_t until);
 
 /* The same question for a server (as zoo_get_current_server names it),
  * answered by `until`: true when it took the connection (or it is still
@@ -238,19 +238,19 @@ bool dlock__zk_server_silent(const char *server, int64_t until);
 
 /* The op's result (ZDEADLINE if it is still out), after dlock__zk_ops_wait. A done op
  * is no longer touched by its completion: its fields may be read freely. */
-int dlock__zk_op_rc(zk_store *st, zop *op);
+int dlock__zk_op_rc(zookeeper_store *st, zop *op);
 
-void dlock__zk_op_put(zk_store *st, zop *op);
+void dlock__zk_op_put(zookeeper_store *st, zop *op);
 
-int dlock__zk_op_wait1(zk_store *st, zhandle_t *zh, zop *op, int64_t deadline);
+int dlock__zk_op_wait1(zookeeper_store *st, zhandle_t *zh, zop *op, int64_t deadline);
 
 /* The bounded forms of the synchronous calls. */
-int dlock__zk_z_children(zk_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct String_vector *out,
+int dlock__zk_z_children(zookeeper_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct String_vector *out,
 		      int32_t *cversion);
 
-int dlock__zk_z_exists(zk_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct Stat *stat);
+int dlock__zk_z_exists(zookeeper_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct Stat *stat);
 
-int dlock__zk_z_delete(zk_store *st, zhandle_t *zh, const char *path, int64_t deadline);
+int dlock__zk_z_delete(zookeeper_store *st, zhandle_t *zh, const char *path, int64_t deadline);
 
 void dlock__zk_watcher(zhandle_t *zh, int type, int state, const char *path, void *ctx);
 
@@ -265,32 +265,32 @@ void dlock__zk_unref_later_locked(zsess *z);
 void dlock__zk_close_sess(zsess *z);
 
 /* Close the sessions the completion thread let go (from a caller's thread). */
-void dlock__zk_reap(zk_store *st);
+void dlock__zk_reap(zookeeper_store *st);
 
-void dlock__zk_unref(zk_store *st, zsess *z);
+void dlock__zk_unref(zookeeper_store *st, zsess *z);
 
-bool dlock__zk_wait_connected(zk_store *st, zsess *z, int64_t deadline);
+bool dlock__zk_wait_connected(zookeeper_store *st, zsess *z, int64_t deadline);
 
-bool dlock__zk_sess_dead(zk_store *st, zsess *z);
+bool dlock__zk_sess_dead(zookeeper_store *st, zsess *z);
 
-bool dlock__zk_sess_connected(zk_store *st, zsess *z);
+bool dlock__zk_sess_connected(zookeeper_store *st, zsess *z);
 
 /* The session timeout a hold of ttl_ms needs: never shorter than the ttl, so
  * the holder's own deadline passes before the server can expire it. */
-int64_t dlock__zk_session_key(zk_store *st, int64_t ttl_ms);
+int64_t dlock__zk_session_key(zookeeper_store *st, int64_t ttl_ms);
 
 /* A connected session with timeout key `want` (made, or remade after expiry,
  * as needed), by `deadline`. Borrowed: valid while the caller holds the
  * core's store mutex. */
-int dlock__zk_get_session(zk_store *st, int64_t want, int64_t deadline, zsess **out);
+int dlock__zk_get_session(zookeeper_store *st, int64_t want, int64_t deadline, zsess **out);
 
 /* The session for a hold of ttl_ms, refusing a ttl the server's session
  * timeout cannot cover. */
-int dlock__zk_session_for(zk_store *st, int64_t ttl_ms, int64_t deadline, zsess **out);
+int dlock__zk_session_for(zookeeper_store *st, int64_t ttl_ms, int64_t deadline, zsess **out);
 
-char *dlock__zk_dir_of(zk_store *st, const char *name);
+char *dlock__zk_dir_of(zookeeper_store *st, const char *name);
 
-void dlock__zk_hold_free(zk_store *st, hold *h);
+void dlock__zk_hold_free(zookeeper_store *st, hold *h);
 
 /* Under st->mu (the orphan is unlinked). */
 void dlock__zk_orphan_free_locked(orphan *o);
@@ -304,7 +304,7 @@ void dlock__zk_sweep_start_locked(orphan *o);
  * of that request): its lease now ends at since + ttl_ms, never before the
  * core's deadline for it. A renewal (`again`) does not bring back a lease
  * the sweeper already ended. @return whether h is leased now. */
-bool dlock__zk_lease_set(zk_store *st, hold *h, int64_t since, int64_t ttl_ms, bool again);
+bool dlock__zk_lease_set(zookeeper_store *st, hold *h, int64_t since, int64_t ttl_ms, bool again);
 
 /*
  * The sweeper: a thread of the store's own, running while orphans exist.
@@ -324,33 +324,33 @@ void *dlock__zk_sweeper_main(void *arg);
 
 /* The node(s) of h's owner are in doubt (a create or delete whose outcome is
  * unknown) and no hold will use them: hand them to the sweep. Takes over h. */
-void dlock__zk_orphan_hold(zk_store *st, hold *h);
+void dlock__zk_orphan_hold(zookeeper_store *st, hold *h);
 
 /* A new hold of an owner that left an orphan (a retry of the same acquire):
  * take the orphan back so dlock__zk_find_own adopts its node and keeps its place in
  * line, after any sweep of it in flight is over. @return ZOK (h->doubt set
  * when there was one), or ZDEADLINE. */
-int dlock__zk_claim_orphan(zk_store *st, hold *h, int64_t deadline);
+int dlock__zk_claim_orphan(zookeeper_store *st, hold *h, int64_t deadline);
 
 /* Does child name c belong to owner? ("_c_<owner>-<kind>-<seq>") */
 bool dlock__zk_owned_by(const char *c, const char *owner);
 
 /* Delete every node of `owner` under dir, by `deadline`.
  * @return ZOK, ZNONODE (no dir), or an error (ZDEADLINE: in doubt). */
-int dlock__zk_delete_owned(zk_store *st, zhandle_t *zh, const char *dir, const char *owner, int64_t deadline,
+int dlock__zk_delete_owned(zookeeper_store *st, zhandle_t *zh, const char *dir, const char *owner, int64_t deadline,
 			int *deleted);
 
 /* Find our own node after a lost connection (h->node NULL afterwards if
  * none; h->doubt cleared once the listing answered). */
-int dlock__zk_find_own(zk_store *st, hold *h, int64_t deadline);
+int dlock__zk_find_own(zookeeper_store *st, hold *h, int64_t deadline);
 
 /* Make sure h has a node in ZooKeeper: create it, or after a lost
  * connection (h->doubt) find the one our earlier create made. On failure
  * h->doubt says whether a node of ours may exist anyway. */
-int dlock__zk_place_node(zk_store *st, hold *h, dlock_request *req, int64_t deadline);
+int dlock__zk_place_node(zookeeper_store *st, hold *h, dlock_request *req, int64_t deadline);
 
 /* @return as evaluate_list, or 2 when the listing did not answer by the deadline. */
-int dlock__zk_evaluate(zk_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted);
+int dlock__zk_evaluate(zookeeper_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted);
 
 /* The fast path of a first try: create our node and list its siblings in
  * one round trip. ZooKeeper runs a session's requests in order, so the list
@@ -360,14 +360,14 @@ int dlock__zk_evaluate(zk_store *st, hold *h, dlock_request *req, int64_t deadli
  * h->doubt saying a node of ours may exist); 2 when the node was made but
  * its listing did not answer by the deadline; or an error (h->doubt set
  * when the create's outcome is unknown). */
-int dlock__zk_create_and_list(zk_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted);
+int dlock__zk_create_and_list(zookeeper_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted);
 
 /* Delete h's node (a refused try, a cancelled wait) and free h; what could
  * not be deleted in time goes to the sweep. */
-void dlock__zk_discard_hold(zk_store *st, hold *h, int64_t deadline);
+void dlock__zk_discard_hold(zookeeper_store *st, hold *h, int64_t deadline);
 
 /* A slot left from an earlier hold of the same lock handle (lost, attached). */
-hold *dlock__zk_current_hold(zk_store *st, dlock_request *req, int64_t deadline);
+hold *dlock__zk_current_hold(zookeeper_store *st, dlock_request *req, int64_t deadline);
 
 int dlock__zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms);
 

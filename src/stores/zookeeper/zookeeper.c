@@ -32,7 +32,7 @@
 
 void dlock__zk_close(dlock_backend *be)
 {
-	zk_store *st = (zk_store *)be;
+	zookeeper_store *st = (zookeeper_store *)be;
 	dlock__zk_reap(st);
 	/* Holds nobody released: a lock freed after it was lost (the core does
 	 * not release those). Their nodes end with the sessions below. */
@@ -101,7 +101,7 @@ static int check_chroot(const char *path)
 }
 
 /* Ephemeral nodes live with our session: DLOCK_BACKEND_F_SESSION. */
-static const dlock_backend_methods zk_methods = {
+static const dlock_backend_methods zookeeper_methods = {
 	DLOCK_BACKEND_METHODS_INIT(KIND),
 	.flags = DLOCK_BACKEND_F_SESSION,
 	.acquire = dlock__zk_acquire,
@@ -149,12 +149,12 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	int rc = dlock_uri_hosts(uri, 2181, &hp, &nh);
 	if (rc)
 		return rc;
-	zk_store *st = dlock__calloc(1, sizeof(*st));
+	zookeeper_store *st = dlock__calloc(1, sizeof(*st));
 	if (!st) {
 		dlock_free(hp);
 		return DLOCK_ENOMEM;
 	}
-	dlock_backend_init(&st->base, &zk_methods);
+	dlock_backend_init(&st->base, &zookeeper_methods);
 	st->fixed_session = fixed;
 	st->recipe = recipe;
 	st->connect_ms = uri->connect_timeout_ms;
