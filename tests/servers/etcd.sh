@@ -33,6 +33,26 @@ run_member() {
 	echo $! >"$dir/$1.pid"
 }
 
+# wait_healthy ENDPOINTS NAME...: wait (up to 60 s) until etcdctl finds the
+# endpoints healthy (a member back in its cluster, with a leader): 0; 2 as
+# soon as one of the named members has exited (its name in $dead); 1 at 60 s.
+# Uses $ctlflags (TLS client flags, or none).
+wait_healthy() {
+	local eps=$1 m
+	shift
+	dead=
+	for _ in $(seq 1 600); do
+		ETCDCTL_API=3 etcdctl --endpoints="$eps" --dial-timeout=1s --command-timeout=2s \
+			"${ctlflags[@]}" endpoint health >/dev/null 2>&1 && return 0
+		for m in "$@"; do
+			kill -0 "$(cat "$dir/$m.pid")" 2>/dev/null || dead=$m
+		done
+		[ -z "$dead" ] || return 2
+		sleep 0.1
+	done
+	return 1
+}
+
 case $cmd in
 start)
 	n=${3:-1}
@@ -93,20 +113,10 @@ start)
 			echo "m$i ${cps[$i]} $dir/m$i.pid" >>"$dir/members"
 		done
 		# Healthy, or a member gone (it could not bind), or 60 s.
-		for _ in $(seq 1 600); do
-			if ETCDCTL_API=3 etcdctl --endpoints="$eps" --dial-timeout=1s --command-timeout=2s \
-				"${ctlflags[@]}" endpoint health >/dev/null 2>&1; then
-				started=1
-				break
-			fi
-			dead=
-			for i in $(seq 1 "$n"); do
-				kill -0 "$(cat "$dir/m$i.pid")" 2>/dev/null || dead=m$i
-			done
-			[ -z "$dead" ] || { echo "etcd $dead exited (try $try):" >&2; tail -3 "$dir/$dead.log" >&2; break; }
-			sleep 0.1
-		done
-		[ -z "$started" ] || break
+		rc=0
+		wait_healthy "$eps" $(seq -f 'm%g' 1 "$n") || rc=$?
+		[ $rc = 0 ] && { started=1; break; }
+		[ $rc = 2 ] && { echo "etcd $dead exited (try $try):" >&2; tail -3 "$dir/$dead.log" >&2; }
 	done
 	if [ -z "$started" ]; then
 		echo "etcd cluster in $dir did not become healthy" >&2
@@ -133,13 +143,7 @@ restart-member)
 	if [ -r "$dir/client.pem" ]; then
 		scheme=https ctlflags=(--cacert "$dir/ca.pem" --cert "$dir/client.pem" --key "$dir/client-key.pem")
 	fi
-	# Healthy (back in the cluster, with a leader), or gone, or 60 s.
-	for _ in $(seq 1 600); do
-		ETCDCTL_API=3 etcdctl --endpoints="$scheme://127.0.0.1:$port" --dial-timeout=1s --command-timeout=2s \
-			"${ctlflags[@]}" endpoint health >/dev/null 2>&1 && exit 0
-		kill -0 "$(cat "$dir/$name.pid")" 2>/dev/null || break
-		sleep 0.1
-	done
+	wait_healthy "$scheme://127.0.0.1:$port" "$name" && exit 0
 	echo "etcd member $name did not come back:" >&2
 	tail -5 "$dir/$name.log" >&2
 	exit 1
