@@ -682,7 +682,7 @@ static void bucket_unheard(bells *bl, unsigned v)
 	}
 }
 
-int dlock__sq_sq_watch(dlock_backend *be, const dlock_request *req)
+int dlock__sq_watch(dlock_backend *be, const dlock_request *req)
 {
 	sqlite_store *b = (sqlite_store *)be;
 	int rc = bells_start(b);
@@ -727,7 +727,7 @@ int dlock__sq_sq_watch(dlock_backend *be, const dlock_request *req)
 	return rc;
 }
 
-void dlock__sq_sq_unwatch(dlock_backend *be, const dlock_request *req)
+void dlock__sq_unwatch(dlock_backend *be, const dlock_request *req)
 {
 	sqlite_store *b = (sqlite_store *)be;
 	bells *bl = b->bells;

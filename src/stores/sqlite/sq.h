@@ -134,9 +134,9 @@ void dlock__sq_ring_front(sqlite_store *b);
 /* Forget the bells (close; or a fork()'s child: `in_parent` false). */
 void dlock__sq_bells_free(sqlite_store *b, bool in_parent);
 /* The `watch` method: listen to the bell of req->name (or its own, behind others). */
-int dlock__sq_sq_watch(dlock_backend *be, const dlock_request *req);
+int dlock__sq_watch(dlock_backend *be, const dlock_request *req);
 /* The `unwatch` method. */
-void dlock__sq_sq_unwatch(dlock_backend *be, const dlock_request *req);
+void dlock__sq_unwatch(dlock_backend *be, const dlock_request *req);
 /* After a refused try of a watched waiter: whether it has others ahead (see bells.c). */
 bool dlock__sq_bell_behind(sqlite_store *b, const char *owner, bool behind, bool *own_heard);
 /* In a fork()'s child: whether a call was inside SQLite at the fork. */
