@@ -74,6 +74,36 @@ typedef struct dlock__cb_run cb_run;
 typedef struct dlock__runner dlock__runner;
 typedef struct dlock__orphan dlock__orphan;
 
+/*
+ * Mutex order, outermost first (a later one may be taken under an earlier
+ * one, never the reverse):
+ *   be_mu     calls into be, and `closed`
+ *   rbe_mu    rbe, and calls into it (never held together with be_mu)
+ *   reg_mu    the renewal registry, orphans, on_lost queue and runners
+ *   l->mu     one lock's state, deadline and request (struct dlock_lock)
+ * Leaves (nothing is taken under them): a board's mutex (board.c), the
+ * watch thread's (watch.c), the resolver's (resolve.c) and the scheme
+ * registry's (schemes.c). They may be taken under be_mu or rbe_mu (the
+ * board is armed there; store methods watch sockets and resolve hosts there,
+ * and take mutexes of their own). A method may also take reg_mu there,
+ * through dlock_backend_renew_now(); the core never nests be_mu and reg_mu.
+ * One exception: open_rbe() takes rbe_mu under reg_mu to set rbe. That is
+ * safe because rbe_mu is held across a store call only once rbe is set, and
+ * rbe is set once, by that one opener.
+ * Rules:
+ * - Hold reg_mu and l->mu only briefly: never across a store method, I/O or
+ *   a wait on a store. Renewals, orphan retries and close drop reg_mu
+ *   before they take be_mu or rbe_mu, and take it again after.
+ * - be_mu and rbe_mu are held across store methods (each bounded by its
+ *   deadline), but not across wait, unwatch or a sleep on the board.
+ * - No core mutex is held while calling on_lost (a runner thread) or
+ *   on_unreachable: they may call back into the lock and its store.
+ * - dlock_backend_unwatch_all() waits for the watch thread's renewal, which
+ *   takes reg_mu: never call a store's close under reg_mu. The core closes
+ *   stores with no mutex held.
+ * - reg_cv and cb_cv are waited on with reg_mu alone; the board's and the
+ *   watch thread's condition variables with their own mutex alone.
+ */
 struct dlock_store {
 	dlock_backend *be;
 	const dlock_backend_methods *m; /* be->methods */
