@@ -57,7 +57,7 @@ static int live(const entry *e, int64_t now)
 	return e->owner[0] && e->expires > now;
 }
 
-static int mem_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int mem_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out)
 {
 	(void)be;
 	if (req->mode != DLOCK_EXCLUSIVE || req->permits != 1)
@@ -69,7 +69,7 @@ static int mem_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, i
 	if (!e) {
 		rc = dlock_error_set(DLOCK_ESTORE, "mem", NULL, "mem: the table is full");
 	} else if (live(e, now) && strcmp(e->owner, req->owner) != 0) {
-		*retry_ms = e->expires - now;
+		out->retry_ms = e->expires - now;
 		rc = DLOCK_ELOCKED; /* the core words the message */
 	} else {
 		if (!live(e, now) || strcmp(e->owner, req->owner) != 0) { /* a new grant, not a retried one */
@@ -78,13 +78,13 @@ static int mem_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, i
 		}
 		e->ttl_ms = req->ttl_ms;
 		e->expires = now + req->ttl_ms;
-		*fence = e->fence;
+		out->fence = e->fence;
 	}
 	pthread_mutex_unlock(&table_mu);
 	return rc;
 }
 
-static int mem_release(dlock_backend *be, dlock_request *req)
+static int mem_release(dlock_backend *be, const dlock_request *req)
 {
 	(void)be;
 	int rc = DLOCK_ENOTHELD; /* an owner that holds nothing changes nothing */
@@ -98,7 +98,7 @@ static int mem_release(dlock_backend *be, dlock_request *req)
 	return rc;
 }
 
-static int mem_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+static int mem_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	(void)be;
 	int64_t now = dlock_clock_ms();

@@ -140,14 +140,24 @@ void dlock_backend_wake_all(dlock_backend *be)
 	pthread_mutex_unlock(&b->mu);
 }
 
+size_t dlock__methods_size(unsigned int version)
+{
+	/* Each later version appends fields: its entry here is the offset of its
+	 * first new field, and the table of an older store is read only that far. */
+	(void)version;
+	return sizeof(dlock_backend_methods);
+}
+
 int dlock__methods_check(const dlock_backend_methods *m)
 {
 	if (!m)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "backend without methods (see dlock_backend_init)");
-	if (m->version != DLOCK_BACKEND_VERSION)
+	if (m->version < DLOCK_BACKEND_VERSION_MIN || m->version > DLOCK_BACKEND_VERSION)
 		return dlock_error_set(DLOCK_EINVAL, m->kind, NULL,
-				       "backend methods of version %u: this libdlock takes version %d",
-				       m->version, DLOCK_BACKEND_VERSION);
+				       "backend methods of version %u: this libdlock takes versions %d to %d%s",
+				       m->version, DLOCK_BACKEND_VERSION_MIN, DLOCK_BACKEND_VERSION,
+				       m->version > DLOCK_BACKEND_VERSION ? " (the store needs a newer libdlock)"
+									  : " (rebuild the store against this one)");
 	if (!m->kind || !m->acquire || !m->release || !m->renew || !m->close || (!m->watch != !m->unwatch))
 		return dlock_error_set(DLOCK_EINVAL, m->kind, NULL,
 				       "backend methods lack kind, acquire, release, renew or close "

@@ -46,6 +46,9 @@ void dlock__open_warning_take(char *buf, size_t size);
  * dlock_backend_init and the open of a store over a backend: 0, or
  * DLOCK_EINVAL with the reason. (board.c) */
 int dlock__methods_check(const dlock_backend_methods *m);
+/* How much of a methods table of `version` (checked) exists: the core copies
+ * that much and reads the rest as NULL (sys/backend.h, "Versions"). */
+size_t dlock__methods_size(unsigned int version);
 
 /* ---- the wake-up board of a store handle (board.c) ---- */
 typedef struct dlock__board dlock__board;
@@ -106,7 +109,8 @@ typedef struct dlock__orphan dlock__orphan;
  */
 struct dlock_store {
 	dlock_backend *be;
-	const dlock_backend_methods *m; /* be->methods */
+	const dlock_backend_methods *m; /* &mt: what the core calls */
+	dlock_backend_methods mt; /* be->methods as far as its version reaches, the rest zero */
 	pthread_mutex_t be_mu;  /* serialises calls into be (all but wait, unwatch) */
 	dlock__board *board;    /* wake-ups the store feeds (be->core) */
 	/* DLOCK_BACKEND_F_RENEW_APART: the renewer's own instance, opened from

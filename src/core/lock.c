@@ -144,8 +144,7 @@ static bool lock_be_by(dlock_store *s, int64_t by)
 /* One try. A waiting try of a store with wake-ups arms the board first and
  * has the store watch the name (*watched: the store agreed; *armed: the
  * board's generation from before the try). */
-static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t until, bool *watched,
-			uint64_t *armed)
+static int call_acquire(dlock_lock *l, dlock_grant *out, int64_t until, bool *watched, uint64_t *armed)
 {
 	dlock_store *s = l->store;
 	if (!lock_be_by(s, until))
@@ -158,11 +157,10 @@ static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t 
 		dlock__error_restore(&saved);
 	}
 	l->req.deadline_ms = request_deadline(s, until);
-	l->req.lease_from_ms = 0;
-	l->req.nap_ms = 0;
-	l->req.reached = 0;
+	*out = (dlock_grant){ .retry_ms = -1, .slot = l->req.slot };
 	dlock__counted(s);
-	int rc = dlock__heard(s, s->m->acquire(s->be, &l->req, fence, retry));
+	int rc = dlock__heard(s, s->m->acquire(s->be, &l->req, out));
+	l->req.slot = out->slot;
 	pthread_mutex_unlock(&s->be_mu);
 	return rc;
 }
@@ -170,14 +168,14 @@ static int call_acquire(dlock_lock *l, uint64_t *fence, int64_t *retry, int64_t 
 static void call_cancel(dlock_lock *l, int64_t deadline)
 {
 	dlock_backend *be = l->store->be;
-	if (!be->methods->cancel)
+	if (!l->store->m->cancel)
 		return;
 	dlock__saved_error saved; /* cancel is cleanup: keep the caller's error */
 	dlock__error_save(&saved);
 	if (lock_be_by(l->store, deadline)) {
 		l->req.deadline_ms = deadline;
 		dlock__counted(l->store);
-		be->methods->cancel(be, &l->req);
+		l->store->m->cancel(be, &l->req);
 		pthread_mutex_unlock(&l->store->be_mu);
 	} else {
 		/* busy past our bound: the renewer cancels it (the slot goes with it) */
@@ -307,12 +305,11 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	}
 	bool was_lost = l->state == DLOCK__LOST;
 	pthread_mutex_unlock(&l->mu);
-	const dlock_backend *be = l->store->be;
 	int64_t start = dlock_clock_ms();
 	int64_t until = wait_ms < 0 || wait_ms > DLOCK_TTL_MAX_MS ? INT64_MAX : start + wait_ms;
 	/* The lost hold's renewal may hang until its own deadline: not past ours. */
 	if (was_lost && !forget_lost(l, wait_ms == 0 ? request_deadline(l->store, INT64_MAX) : until))
-		return dlock_error_set(DLOCK_EUNAVAILABLE, be->methods->kind, NULL,
+		return dlock_error_set(DLOCK_EUNAVAILABLE, l->store->m->kind, NULL,
 				       "timed out: the store handle was busy renewing the lost hold of '%s'",
 				       l->name);
 	pthread_mutex_lock(&l->mu);
@@ -338,8 +335,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	uint64_t armed = 0;
 	int64_t hint_since = -1, last_hint = 0; /* a polling store's early-look hints */
 	for (int attempt = 0;; attempt++) {
-		uint64_t fence = 0;
-		int64_t retry = -1;
+		dlock_grant g = { .retry_ms = -1 };
 		int64_t t0 = dlock_clock_ms(); /* the lease counts from before the request */
 		int last = rc;
 		if (attempt > 0 && t0 >= until) {
@@ -347,24 +343,25 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			goto give_up;
 		}
 		l->req.waiting = wait_ms != 0;
-		rc = call_acquire(l, &fence, &retry, try_until, &watched, &armed);
+		rc = call_acquire(l, &g, try_until, &watched, &armed);
+		int64_t retry = g.retry_ms;
 		if (rc == BE_BUSY) {
 			/* Another request of this store handle held it until our deadline. */
 			rc = last == DLOCK_ELOCKED ? DLOCK_ELOCKED
-						   : dlock_error_set(DLOCK_EUNAVAILABLE, be->methods->kind, NULL,
+						   : dlock_error_set(DLOCK_EUNAVAILABLE, l->store->m->kind, NULL,
 								     "timed out: the store handle was busy with "
 								     "another request");
 			goto give_up;
 		}
 		int64_t t_lease = unknown_t0 >= 0 ? unknown_t0 : t0;
-		if (rc == 0 && l->req.lease_from_ms > 0 && l->req.lease_from_ms < t_lease)
-			t_lease = l->req.lease_from_ms; /* the store's lease began before this try */
+		if (rc == 0 && g.lease_from_ms > 0 && g.lease_from_ms < t_lease)
+			t_lease = g.lease_from_ms; /* the store's lease began before this try */
 		if (rc == 0) {
 			int64_t now = dlock_clock_ms();
 			if (now < t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms)) {
 				if (watched)
 					l->store->m->unwatch(l->store->be, &l->req);
-				return granted(l, fence, t_lease);
+				return granted(l, g.fence, t_lease);
 			}
 			/* The grant came after the lease it may carry had ended: not ours to use. */
 			if (!undo(l, request_deadline(l->store, cleanup_by > now ? cleanup_by : now + 1))) {
@@ -373,7 +370,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 				registered = false;
 			}
 			unknown_t0 = -1;
-			rc = dlock_error_set(DLOCK_EUNAVAILABLE, be->methods->kind, NULL,
+			rc = dlock_error_set(DLOCK_EUNAVAILABLE, l->store->m->kind, NULL,
 					     "lock '%s': the grant arrived after its lease had ended", l->name);
 		} else if (outcome_unknown(rc) && unknown_t0 < 0) {
 			unknown_t0 = t0;
@@ -382,9 +379,9 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		contended |= rc == DLOCK_ELOCKED;
 		/* No answer on a first try that no server of the store took: the
 		 * caller hears at once that the store is unreachable; later in a
-		 * wait, or when a server took it (req.reached: an election, a
+		 * wait, or when a server took it (dlock_grant.reached: an election, a
 		 * failover), it is ridden out until the wait ends. */
-		bool transient = rc == DLOCK_EUNAVAILABLE && (attempt > 0 || l->req.reached);
+		bool transient = rc == DLOCK_EUNAVAILABLE && (attempt > 0 || g.reached);
 		if (l->opts.on_unreachable && wait_ms != 0) {
 			if (transient) {
 				unreachable = true;
@@ -398,14 +395,15 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		if ((rc != DLOCK_ELOCKED && !transient) || wait_ms == 0 || now >= until)
 			goto give_up;
 		/* Come back before our waiter registration expires, and by the deadline. */
-		int64_t nap = min64(until - now, l->req.nap_ms > l->req.queue_ttl_ms / 3 ? l->req.nap_ms
-											 : l->req.queue_ttl_ms / 3);
+		int64_t nap = min64(until - now, g.nap_ms > l->req.queue_ttl_ms / 3 ? g.nap_ms : l->req.queue_ttl_ms / 3);
 		int64_t by_retry = retry >= 0 ? min64(nap, retry + 1) : nap;
 		if (watched && rc == DLOCK_ELOCKED) {
 			dlock__board_wait(l->store->board, l->name, l->req.owner, armed, by_retry);
-		} else if (be->methods->wait && rc == DLOCK_ELOCKED) {
+		} else if (l->store->m->wait && rc == DLOCK_ELOCKED) {
 			dlock__counted(l->store);
-			be->methods->wait(l->store->be, &l->req, by_retry);
+			dlock_grant w = { .retry_ms = -1, .slot = l->req.slot };
+			l->store->m->wait(l->store->be, &l->req, by_retry, &w);
+			l->req.slot = w.slot;
 		} else {
 			int64_t step = min64(by_retry, dlock__rand_between(backoff / 2 + 1, backoff));
 			backoff = min64(backoff * 2, rc == DLOCK_ELOCKED ? BACKOFF_MAX_MS : 1000);
@@ -444,9 +442,9 @@ give_up:;
 	if (rc != DLOCK_ELOCKED)
 		return rc;
 	if (wait_ms == 0)
-		return dlock_error_set(DLOCK_ELOCKED, be->methods->kind, NULL, "lock '%s' is held by another owner",
+		return dlock_error_set(DLOCK_ELOCKED, l->store->m->kind, NULL, "lock '%s' is held by another owner",
 				       l->name);
-	return dlock_error_set(DLOCK_ETIMEOUT, be->methods->kind, NULL, "lock '%s' not acquired within %lld ms",
+	return dlock_error_set(DLOCK_ETIMEOUT, l->store->m->kind, NULL, "lock '%s' not acquired within %lld ms",
 			       l->name, (long long)wait_ms);
 }
 
@@ -477,11 +475,11 @@ static int release_in_store(dlock_lock *l, int64_t deadline)
 	pthread_mutex_unlock(&l->mu);
 	l->req.deadline_ms = request_deadline(l->store, deadline);
 	dlock__counted(l->store);
-	int rc = dlock__heard(l->store, be->methods->release(be, &l->req));
+	int rc = dlock__heard(l->store, l->store->m->release(be, &l->req));
 	pthread_mutex_unlock(&l->store->be_mu);
 	l->req.slot = NULL;
 	if (rc == DLOCK_ENOTHELD) /* the core words it (sys/backend.h) */
-		dlock_error_set(DLOCK_ENOTHELD, be->methods->kind, NULL,
+		dlock_error_set(DLOCK_ENOTHELD, l->store->m->kind, NULL,
 				"lock '%s': the store has no hold of this owner (released or expired)", l->name);
 	if (rc != 0 && rc != DLOCK_ENOTHELD && rc != DLOCK_EINVAL) {
 		/* Not confirmed: the renewer retries until the hold's lease would have ended. */
@@ -596,7 +594,7 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 	 * ttl and answered after us would set the store's expiry back (a store
 	 * that keeps the later expiry is safe anyway; the others are not). */
 	if (!dlock__renewer_extend_begin(s, &l->reg, request_deadline(s, INT64_MAX)))
-		return dlock_error_set(DLOCK_EUNAVAILABLE, be->methods->kind, NULL,
+		return dlock_error_set(DLOCK_EUNAVAILABLE, l->store->m->kind, NULL,
 				       "timed out: a renewal of lock '%s' was still in flight", l->name);
 	int64_t t0 = dlock_clock_ms();
 	/* The store sees a copy: the renewer copies l->req under l->mu too. */
@@ -610,7 +608,7 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 	if (s->m->extend) {
 		rc = s->m->extend(be, &req, ttl_ms);
 	} else {
-		dlock_request *one = &req;
+		const dlock_request *one = &req;
 		int result = DLOCK_EUNAVAILABLE;
 		req.ttl_ms = ttl_ms;
 		rc = s->m->renew(be, &one, 1, &result);
@@ -641,10 +639,10 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 	} else if (rc == DLOCK_ENOTHELD) {
 		l->state = DLOCK__LOST;
 		l->lost_fired = true; /* the caller hears it now, not through on_lost */
-		rc = dlock_error_set(DLOCK_ELOST, be->methods->kind, NULL,
+		rc = dlock_error_set(DLOCK_ELOST, l->store->m->kind, NULL,
 				     "lock '%s' was lost: the store no longer has our hold", l->name);
 	} else if (rc == 0) {
-		rc = dlock_error_set(DLOCK_ELOST, be->methods->kind, NULL, "lock '%s' was lost: its lease ended", l->name);
+		rc = dlock_error_set(DLOCK_ELOST, l->store->m->kind, NULL, "lock '%s' was lost: its lease ended", l->name);
 	} else if (l->state == DLOCK__HELD && rc != DLOCK_EINVAL) {
 		/* Unknown outcome: it may land later, setting t0 + ttl_ms at the least. */
 		int64_t d = t0 + ttl_ms - dlock__drift_ms(ttl_ms);

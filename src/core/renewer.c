@@ -310,7 +310,7 @@ static void *open_rbe(void *arg)
 {
 	dlock_store *s = arg;
 	dlock_backend *be = NULL;
-	if (dlock__backend_open(s->open_text, 0, &be, NULL, NULL) == 0 && be->methods != s->m) {
+	if (dlock__backend_open(s->open_text, 0, &be, NULL, NULL) == 0 && be->methods != s->be->methods) {
 		be->methods->close(be); /* another mode than the handle's: not ours to use */
 		be = NULL;
 	}
@@ -421,7 +421,7 @@ static void renew_batch(dlock_store *s, int64_t now)
 	if (n == 0)
 		return;
 	dlock__reg **regs = calloc(n, sizeof(*regs));
-	dlock_request **reqs = calloc(n, sizeof(*reqs));
+	const dlock_request **reqs = calloc(n, sizeof(*reqs));
 	dlock_request *copies = calloc(n, sizeof(*copies));
 	int *results = calloc(n, sizeof(*results));
 	if (!regs || !reqs || !copies || !results) {
@@ -457,9 +457,9 @@ static void renew_batch(dlock_store *s, int64_t now)
 		pthread_mutex_lock(&regs[i]->lock->mu);
 		int64_t d = regs[i]->lock->deadline;
 		pthread_mutex_unlock(&regs[i]->lock->mu);
-		reqs[i]->deadline_ms = t0 + s->request_timeout_ms;
-		if (d > t0 && d < reqs[i]->deadline_ms)
-			reqs[i]->deadline_ms = d;
+		copies[i].deadline_ms = t0 + s->request_timeout_ms;
+		if (d > t0 && d < copies[i].deadline_ms)
+			copies[i].deadline_ms = d;
 	}
 	size_t step = s->m->renew_max ? s->m->renew_max : n;
 	for (i = 0; i < n; i += step) {

@@ -156,12 +156,13 @@ static int cmp_name(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* be->methods->status for every name be->methods->list gives: valid lock names, once each. */
-static int status_listed(dlock_backend *be, dlock_lock_status **out, size_t *count)
+/* m->status for every name m->list gives: valid lock names, once each. */
+static int status_listed(const dlock_backend_methods *m, dlock_backend *be, dlock_lock_status **out,
+			 size_t *count)
 {
 	char **all = NULL;
 	size_t n = 0, u = 0;
-	int rc = be->methods->list(be, &all, &n);
+	int rc = m->list(be, &all, &n);
 	if (!rc && n) {
 		qsort(all, n, sizeof(*all), cmp_name);
 		for (size_t i = 0; i < n; i++) {
@@ -170,7 +171,7 @@ static int status_listed(dlock_backend *be, dlock_lock_status **out, size_t *cou
 			else
 				all[u++] = all[i];
 		}
-		rc = u ? be->methods->status(be, (const char *const *)all, u, out, count) : 0;
+		rc = u ? m->status(be, (const char *const *)all, u, out, count) : 0;
 	} else {
 		u = n;
 	}
@@ -206,7 +207,7 @@ int dlock_store_status(dlock_store *s, const char *const *names, size_t nnames,
 				       "the %s store cannot list its locks: name them", s->m->kind);
 	pthread_mutex_lock(&s->be_mu);
 	dlock__counted(s);
-	int rc = !nnames ? status_listed(s->be, out, count) : s->m->status(s->be, names, nnames, out, count);
+	int rc = !nnames ? status_listed(s->m, s->be, out, count) : s->m->status(s->be, names, nnames, out, count);
 	pthread_mutex_unlock(&s->be_mu);
 	if (rc) {
 		dlock_status_free(*out, *count);

@@ -91,7 +91,8 @@ static int store_init(dlock_store **out, dlock_backend *be, const char *display_
 		return DLOCK_ENOMEM;
 	}
 	s->be = be;
-	s->m = be->methods;
+	memcpy(&s->mt, be->methods, dlock__methods_size(be->methods->version));
+	s->m = &s->mt;
 	s->uri = dlock__uri_redact(display_uri ? display_uri : s->m->kind);
 	if (open_text && (s->m->flags & DLOCK_BACKEND_F_RENEW_APART))
 		s->open_text = dlock__strdup(open_text);

@@ -573,7 +573,7 @@ static int64_t waiters_ahead(const list *l, const entry *q)
 
 /* ---------------------------------------------------------------- methods */
 
-static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int mc_acquire(dlock_backend *base, const dlock_request *req, dlock_grant *out)
 {
 	memcached_store *be = (memcached_store *)base;
 	char k[MAX_ENCODED + 64], lk[320];
@@ -609,7 +609,7 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 				return rc;
 			if (gone)
 				continue;
-			*fence = f;
+			out->fence = f;
 			return 0;
 		}
 		if (may_grant(&l, req)) {
@@ -644,7 +644,7 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 			if (rc)
 				return rc;
 			if (!raced) {
-				*fence = f;
+				out->fence = f;
 				return 0;
 			}
 			continue;
@@ -661,7 +661,7 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 		}
 		entry *q = find(&l, req->owner, 'Q');
 		if (req->fair) /* memcached tells no one of a release: look again by our place */
-			*retry_ms = dlock__poll_hint(waiters_ahead(&l, q), 2);
+			out->retry_ms = dlock__poll_hint(waiters_ahead(&l, q), 2);
 		if (q && q->mode == (req->mode == DLOCK_SHARED) && q->fair == (req->fair != 0)) {
 			list_free(&l);
 			return DLOCK_ELOCKED;
@@ -693,7 +693,7 @@ static int mc_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, 
 
 /* Drop req->owner's entry of `kind` from the list; *was_live: the entry and
  * its lease key existed. */
-static int remove_entry(memcached_store *be, dlock_request *req, char kind, int *was_live)
+static int remove_entry(memcached_store *be, const dlock_request *req, char kind, int *was_live)
 {
 	char k[MAX_ENCODED + 64], lk[320];
 	base_key(be, req->name, k, sizeof k);
@@ -742,7 +742,7 @@ static int remove_entry(memcached_store *be, dlock_request *req, char kind, int 
 	return 0;
 }
 
-static int mc_release(dlock_backend *base, dlock_request *req)
+static int mc_release(dlock_backend *base, const dlock_request *req)
 {
 	int live = 0;
 	((memcached_store *)base)->deadline = req->deadline_ms;
@@ -752,7 +752,7 @@ static int mc_release(dlock_backend *base, dlock_request *req)
 	return live ? 0 : DLOCK_ENOTHELD;
 }
 
-static int mc_cancel(dlock_backend *base, dlock_request *req)
+static int mc_cancel(dlock_backend *base, const dlock_request *req)
 {
 	int live = 0;
 	memcached_store *be = (memcached_store *)base;
@@ -801,7 +801,7 @@ static void fence_key(const char *k, char *out, size_t cap)
 	snprintf(out, cap, "%s/f", k);
 }
 
-static int renew_one(memcached_store *be, dlock_request *req, int *result)
+static int renew_one(memcached_store *be, const dlock_request *req, int *result)
 {
 	char k[MAX_ENCODED + 64], lk[320], fk[320];
 	base_key(be, req->name, k, sizeof k);
@@ -837,7 +837,7 @@ static int renew_one(memcached_store *be, dlock_request *req, int *result)
 	return 0;
 }
 
-static int mc_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
+static int mc_renew(dlock_backend *base, const dlock_request *const *reqs, size_t n, int *results)
 {
 	memcached_store *be = (memcached_store *)base;
 	if (n == 0)

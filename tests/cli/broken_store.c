@@ -21,23 +21,22 @@ typedef struct broken_backend {
 	dlock_backend base;
 } broken_backend;
 
-static int broken_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int broken_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out)
 {
 	(void)be;
 	(void)req;
-	(void)retry_ms;
-	*fence = atomic_fetch_add(fences, 1) + 1;
+	out->fence = atomic_fetch_add(fences, 1) + 1;
 	return 0;
 }
 
-static int broken_release(dlock_backend *be, dlock_request *req)
+static int broken_release(dlock_backend *be, const dlock_request *req)
 {
 	(void)be;
 	(void)req;
 	return 0;
 }
 
-static int broken_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+static int broken_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	(void)be;
 	(void)reqs;

@@ -7,15 +7,15 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static int nop_acquire(dlock_backend *be, dlock_request *r, uint64_t *f, int64_t *retry)
+static int nop_acquire(dlock_backend *be, const dlock_request *r, dlock_grant *out)
 {
 	return DLOCK_ELOCKED;
 }
-static int nop_release(dlock_backend *be, dlock_request *r)
+static int nop_release(dlock_backend *be, const dlock_request *r)
 {
 	return DLOCK_ENOTHELD;
 }
-static int nop_renew(dlock_backend *be, dlock_request *const *r, size_t n, int *results)
+static int nop_renew(dlock_backend *be, const dlock_request *const *r, size_t n, int *results)
 {
 	for (size_t i = 0; i < n; i++)
 		results[i] = DLOCK_ENOTHELD;

@@ -391,12 +391,11 @@ static void case_orphan_store(void)
 	ra.owner = "00c0ffee00c0ffee00c0ffee00c0ffee-1";
 	rb.name = nb;
 	rb.owner = "00c0ffee00c0ffee00c0ffee00c0ffee-2";
-	uint64_t fa = 0, fb = 0;
-	int64_t retry = -1;
+	dlock_grant ga = { .retry_ms = -1 }, gb = { .retry_ms = -1 };
 	ra.deadline_ms = tu_now_ms() + 2000;
-	CHECK_RC(be->methods->acquire(be, &ra, &fa, &retry), 0);
+	CHECK_RC(be->methods->acquire(be, &ra, &ga), 0);
 	rb.deadline_ms = tu_now_ms() + 2000;
-	CHECK_RC(be->methods->acquire(be, &rb, &fb, &retry), 0);
+	CHECK_RC(be->methods->acquire(be, &rb, &gb), 0);
 	px_set("blackhole");
 	long long t0 = tu_now_ms();
 	ra.deadline_ms = t0 + 300;
@@ -409,7 +408,7 @@ static void case_orphan_store(void)
 	int renew_failed = 0;
 	while (tu_now_ms() - t0 < ttl + 1000 && got < 0) {
 		if (tu_now_ms() >= next_renew) {
-			dlock_request *reqs[1] = { &rb };
+			const dlock_request *reqs[1] = { &rb };
 			int res = -1;
 			rb.deadline_ms = tu_now_ms() + 2000;
 			if (be->methods->renew(be, reqs, 1, &res) != 0 || res != 0)
@@ -425,7 +424,7 @@ static void case_orphan_store(void)
 	CHECK(got >= 0 && got <= ttl);
 	CHECK(renew_failed == 0);
 	if (got >= 0)
-		CHECK(dlock_fence(da) > fa);
+		CHECK(dlock_fence(da) > ga.fence);
 	CHECK_RC(dlock_acquire(db, 0), DLOCK_ELOCKED); /* B is still ours */
 	if (got >= 0)
 		CHECK_RC(dlock_release(da), 0);

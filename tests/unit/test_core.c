@@ -37,7 +37,7 @@ typedef struct fake {
 	pthread_cond_t gate_cv;
 } fake;
 
-static int f_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry)
+static int f_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out)
 {
 	fake *f = (fake *)be;
 	int nth = ++f->acquires;
@@ -49,14 +49,14 @@ static int f_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	pthread_mutex_lock(&f->mu);
 	int rc = 0;
 	if (f->holder[0] && strcmp(f->holder, req->owner) == 0) {
-		*fence = f->fence; /* the owner already holds (an earlier try was applied) */
+		out->fence = f->fence; /* the owner already holds (an earlier try was applied) */
 	} else if (f->holder[0]) {
 		rc = DLOCK_ELOCKED;
 		if (!f->no_retry_hint)
-			*retry = 5;
+			out->retry_ms = 5;
 	} else {
 		snprintf(f->holder, sizeof(f->holder), "%s", req->owner);
-		*fence = ++f->fence;
+		out->fence = ++f->fence;
 	}
 	bool lose = rc == 0 && f->lose_replies > 0;
 	if (lose) {
@@ -71,7 +71,7 @@ static int f_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	return rc;
 }
 
-static int f_release(dlock_backend *be, dlock_request *req)
+static int f_release(dlock_backend *be, const dlock_request *req)
 {
 	fake *f = (fake *)be;
 	f->releases++;
@@ -87,7 +87,7 @@ static int f_release(dlock_backend *be, dlock_request *req)
 	return rc;
 }
 
-static int f_extend(dlock_backend *be, dlock_request *req, int64_t ttl)
+static int f_extend(dlock_backend *be, const dlock_request *req, int64_t ttl)
 {
 	fake *f = (fake *)be;
 	f->extends++;
@@ -97,7 +97,7 @@ static int f_extend(dlock_backend *be, dlock_request *req, int64_t ttl)
 	return rc;
 }
 
-static int f_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+static int f_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	fake *f = (fake *)be;
 	pthread_mutex_lock(&f->mu);
@@ -1125,9 +1125,20 @@ static void test_register(void)
 	CHECK(s && strcmp(dlock_store_kind(s), "fakeapart") == 0);
 	dlock_store_close(s);
 	CHECK_RC(dlock_store_open(&s, "fakeapart://x?bogus=1"), DLOCK_EINVAL); /* unused option */
-	/* a table of another version, or without renew, is refused at init */
+	/* a table of a version this core does not take, or without renew, is
+	 * refused at init: versions mean "at least" from DLOCK_BACKEND_VERSION_MIN */
 	fake *f = fake_new();
 	dlock_backend_methods bad = apart_methods;
+	bad.version = DLOCK_BACKEND_VERSION_MIN - 1;
+	CHECK_RC(dlock_backend_init(&f->base, &bad), DLOCK_EINVAL);
+	CHECK(strstr(dlock_error_last()->message, "rebuild the store") != NULL);
+	bad.version = DLOCK_BACKEND_VERSION + 1;
+	CHECK_RC(dlock_backend_init(&f->base, &bad), DLOCK_EINVAL);
+	CHECK(strstr(dlock_error_last()->message, "needs a newer libdlock") != NULL);
+	for (unsigned v = DLOCK_BACKEND_VERSION_MIN; v <= DLOCK_BACKEND_VERSION; v++) {
+		bad.version = v;
+		CHECK_RC(dlock_backend_init(&f->base, &bad), 0);
+	}
 	bad.version = 3;
 	CHECK_RC(dlock_backend_init(&f->base, &bad), DLOCK_EINVAL);
 	bad.version = DLOCK_BACKEND_VERSION;

@@ -7,14 +7,38 @@
  * protocol: try to take a lock once, release, extend, renew a batch, and
  * optionally block until the store says something changed.
  *
- * Version 4 (the contract as it stands; earlier versions are refused). A
- * store is two things, as a sqlite3_file and its sqlite3_io_methods: a
+ * Versions. This is version 5 of the contract (DLOCK_BACKEND_VERSION), and
+ * versions mean "at least": the core takes a methods table of any version
+ * from DLOCK_BACKEND_VERSION_MIN to its own. Two rules keep that true from
+ * version 5 on:
+ *  1. Fields are only ever appended to dlock_backend_methods, dlock_request
+ *     and dlock_grant; none is removed, reordered or retyped, and no
+ *     method's meaning changes. A new method or option is a new field.
+ *  2. The core reads a table only as far as its version reaches (a field
+ *     added later counts as NULL or 0 for an older table) and zeroes a
+ *     request's and a grant's newer fields, which an older store never
+ *     looks at. So a store built against version 5 keeps working with
+ *     every later libdlock; one built against a later version is refused
+ *     by an older libdlock, with a message naming both versions.
+ * Version 5 is the first with these rules: versions 1 to 4 changed method
+ * signatures (version 5 made requests read-only and moved acquire's
+ * outputs into dlock_grant) and are refused.
+ *
+ * A store is two things, as a sqlite3_file and its sqlite3_io_methods: a
  * `static const dlock_backend_methods` table per way the store works (one
  * per mode where a store has two), made with DLOCK_BACKEND_METHODS_INIT, and
  * an instance whose first member is a dlock_backend that dlock_backend_init
  * points at its table. The core checks the table's version and required
  * methods when the store is opened. An optional method left NULL means
  * DLOCK_ENOTSUPPORTED unless its comment says otherwise.
+ *
+ * Inputs and outputs. A method reads the request (const dlock_request *),
+ * which the core owns and fills; acquire (and `wait`, for a grant it got
+ * while waiting) answers in a dlock_grant, which the core clears before each
+ * call (see dlock_grant). A store's per-hold state travels in
+ * dlock_grant.slot: the core passes what the last acquire or wait left
+ * there as req->slot, and forgets it after release and cancel, which free
+ * it (or hand it to whatever the store keeps).
  *
  * What the core guarantees to every method, so that no store checks it:
  * req->permits >= 1 (1 in shared mode); req->queue_ttl_ms > 0;
@@ -36,7 +60,7 @@
  * renewal: renew (and the releases the core retries in the background) then
  * come from an instance that did not make the grant.
  *
- * Wake-ups (version 4). The core keeps a wake-up board per store handle: a
+ * Wake-ups. The core keeps a wake-up board per store handle: a
  * waiter arms it before each try and, when refused, sleeps on it until the
  * store says that the name may have changed or until its back-off ends. A
  * store with a notification channel (Redis pub/sub, PostgreSQL LISTEN,
@@ -144,7 +168,9 @@
 
 DLOCK_BEGIN_DECLS
 
-#define DLOCK_BACKEND_VERSION 4
+#define DLOCK_BACKEND_VERSION 5
+/** The oldest version of a methods table this libdlock takes (see "Versions"). */
+#define DLOCK_BACKEND_VERSION_MIN 5
 
 /** One `key=value` query option of a URI. */
 typedef struct dlock_uri_option {
@@ -203,8 +229,10 @@ typedef struct dlock_request {
 	int64_t queue_ttl_ms;  /**< a waiter registration lives this long without another try */
 	const char *host;      /**< for status: this machine's host name */
 	int pid;               /**< for status: this process id */
-	void *slot;            /**< the store's own per-hold state; kept by the core from
-				    acquire to release (connection-held locks) */
+	void *slot;            /**< the store's own per-hold state, as the last acquire
+				    or wait of this hold left it in dlock_grant.slot
+				    (NULL: none); the core keeps it until release or
+				    cancel (connection-held locks) */
 	int64_t ticket_us;     /**< one per acquire call, the same for all its tries: the
 				    wall clock (µs) when it began, plus a random tie-break
 				    below 1 ms. A fair queue ordered by a client-side ticket
@@ -216,33 +244,50 @@ typedef struct dlock_request {
 	int64_t deadline_ms;   /**< CLOCK_MONOTONIC ms (dlock_clock_ms) by which this
 				    call must return; set by the core before every call
 				    (see "Time" above). For renew, the same for the batch */
-	int64_t lease_from_ms; /**< out, acquire: 0 (the core clears it before each try)
-				    when the hold's lease counts from the try's start; a
-				    store whose grant rides on a lease it last confirmed
-				    before that (a shared lease kept alive recently, and
-				    not kept alive again for this try) sets the
-				    dlock_clock_ms time the lease counts from: the core
-				    ends the hold's lease, and renews it, that much
-				    earlier. Never later than the server's own count */
-	int64_t nap_ms;        /**< out, refused acquire: 0 (the core clears it before
-				    each try), or how long the core may wait before the
-				    next try when that is longer than a third of
-				    queue_ttl_ms — set by a store that registered this
-				    waiter for longer than queue_ttl_ms and will wake it
-				    itself when it must look sooner (a fair waiter far
-				    back in its queue). The wait's end and the store's
-				    wake-ups still come first */
-	int reached;           /**< out, acquire: 0 (the core clears it before each
-				    try); a store that fails a try with
-				    DLOCK_EUNAVAILABLE sets 1 when a server of it took
-				    the try's requests (answered, or accepted them and
-				    stayed silent) though none served it in time — the
-				    store is there but not serving yet (a leader
-				    election, a failover, a slot migration). A first try
-				    that no server took fails a wait at once; one a
-				    server took is ridden out like a later try's
-				    failure, until the wait's deadline */
 } dlock_request;
+
+/**
+ * What one acquire try answers besides its return code (and what `wait`
+ * answers when it got a grant). The core zeroes it before each call, except
+ * `retry_ms` (-1) and `slot` (req->slot).
+ */
+typedef struct dlock_grant {
+	uint64_t fence;        /**< on 0: the grant's fence, strictly greater than
+				    every earlier grant of the name */
+	int64_t retry_ms;      /**< on DLOCK_ELOCKED: -1 (as the core sets it:
+				    unknown), or how long until the blocking lease
+				    ends, or, for a store without a wake-up channel,
+				    how soon to look again. The core's next try
+				    of a polled wait comes by then while the hint is
+				    new, then every eighth of the time the same hint
+				    lasted, up to its back-off cap */
+	int64_t lease_from_ms; /**< on 0: 0 when the hold's lease counts from the
+				    try's start; a store whose grant rides on a lease
+				    it last confirmed before that (a shared lease kept
+				    alive recently, and not kept alive again for this
+				    try) sets the dlock_clock_ms time the lease counts
+				    from: the core ends the hold's lease, and renews it,
+				    that much earlier. Never later than the server's
+				    own count */
+	int64_t nap_ms;        /**< on DLOCK_ELOCKED: 0, or how long the core may wait
+				    before the next try when that is longer than a
+				    third of queue_ttl_ms — set by a store that
+				    registered this waiter for longer than queue_ttl_ms
+				    and will wake it itself when it must look sooner (a
+				    fair waiter far back in its queue). The wait's end
+				    and the store's wake-ups still come first */
+	int reached;           /**< on DLOCK_EUNAVAILABLE: 1 when a server of the
+				    store took the try's requests (answered, or
+				    accepted them and stayed silent) though none served
+				    it in time — the store is there but not serving
+				    yet (a leader election, a failover, a slot
+				    migration). A first try that no server took fails
+				    a wait at once; one a server took is ridden out
+				    like a later try's failure, until the wait's
+				    deadline */
+	void *slot;            /**< in: req->slot; out: the store's per-hold state
+				    from now on (see dlock_request.slot) */
+} dlock_grant;
 
 typedef struct dlock_backend dlock_backend;
 typedef struct dlock_backend_methods dlock_backend_methods;
@@ -265,18 +310,14 @@ struct dlock_backend_methods {
 
 	/**
 	 * Required. Try once to take the lock for req->owner.
-	 * @return 0 and *fence (strictly greater than every earlier grant of the
-	 *         name); DLOCK_ELOCKED when someone else holds it (and, if known,
-	 *         *retry_ms = how long until the blocking lease ends, or, for a
-	 *         store without a wake-up channel, how soon to look again — the
-	 *         core's next try of a polled wait comes by then while the
-	 *         hint is new, then every eighth of the time the same hint
-	 *         lasted, up to its back-off cap; else leave it); another code
-	 *         on failure.
+	 * @return 0 and out->fence; DLOCK_ELOCKED when someone else holds it
+	 *         (and, if known, out->retry_ms, out->nap_ms); another code on
+	 *         failure (DLOCK_EUNAVAILABLE with out->reached when a server
+	 *         took the try). See dlock_grant.
 	 * When req->waiting and refused, register req->owner as a waiter for
 	 * req->queue_ttl_ms (fair order, writer preference, waiter counts).
 	 */
-	int (*acquire)(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms);
+	int (*acquire)(dlock_backend *be, const dlock_request *req, dlock_grant *out);
 
 	/**
 	 * Required. Release req->owner's hold. @return 0; DLOCK_ENOTHELD (changed
@@ -284,7 +325,7 @@ struct dlock_backend_methods {
 	 * is sent, before the server answers, if the server applies it before
 	 * anything this backend sends later (Redis with release=pipelined).
 	 */
-	int (*release)(dlock_backend *be, dlock_request *req);
+	int (*release)(dlock_backend *be, const dlock_request *req);
 
 	/**
 	 * Required. Renew holds (each to its own reqs[i]->ttl_ms from now; where
@@ -294,13 +335,13 @@ struct dlock_backend_methods {
 	 * the lease deadline). The core also extends one lock with it (n = 1).
 	 * @return 0, or an error that applies to all.
 	 */
-	int (*renew)(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results);
+	int (*renew)(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results);
 
 	/**
 	 * Optional: a cheaper way than `renew` to set one hold's lease to ttl_ms
 	 * from now (the later expiry kept, as renew). @return 0; DLOCK_ENOTHELD.
 	 */
-	int (*extend)(dlock_backend *be, dlock_request *req, int64_t ttl_ms);
+	int (*extend)(dlock_backend *be, const dlock_request *req, int64_t ttl_ms);
 
 	/**
 	 * Optional (with `unwatch`): make changes of req->name reach the board
@@ -319,12 +360,15 @@ struct dlock_backend_methods {
 	/**
 	 * Optional, instead of watch: block until the store signals that
 	 * req->name may be free or until timeout_ms passes. Without the mutex.
+	 * A store whose wait can itself take the lock (MySQL's GET_LOCK) leaves
+	 * that in out->slot for the next acquire to complete; out->slot is
+	 * req->slot on entry and nothing else of *out is read.
 	 * @return 0 (woken or timed out — the core tries again either way).
 	 */
-	int (*wait)(dlock_backend *be, dlock_request *req, int64_t timeout_ms);
+	int (*wait)(dlock_backend *be, const dlock_request *req, int64_t timeout_ms, dlock_grant *out);
 
 	/** Optional. Leave the waiters of req->name (the caller gave up). */
-	int (*cancel)(dlock_backend *be, dlock_request *req);
+	int (*cancel)(dlock_backend *be, const dlock_request *req);
 
 	/** Optional. See dlock_store_status; `names` has nnames >= 1 entries. */
 	int (*status)(dlock_backend *be, const char *const *names, size_t nnames,

@@ -183,15 +183,15 @@ int dlock__et_names_make(etcd_store *e, const dlock_request *req, keyset *n, int
 
 void dlock__et_call_begin(etcd_store *e, int64_t deadline);
 
-int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms);
+int dlock__et_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out);
 
-int dlock__et_release(dlock_backend *be, dlock_request *req);
+int dlock__et_release(dlock_backend *be, const dlock_request *req);
 
-int dlock__et_cancel(dlock_backend *be, dlock_request *req);
+int dlock__et_cancel(dlock_backend *be, const dlock_request *req);
 
-int dlock__et_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms);
+int dlock__et_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms);
 
-int dlock__et_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results);
+int dlock__et_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results);
 
 json_object *dlock__et_jget(json_object *o, const char *k);
 
@@ -228,6 +228,6 @@ int dlock__et_status(dlock_backend *be, const char *const *names, size_t nnames,
 
 int dlock__et_list(dlock_backend *be, char ***names, size_t *count);
 
-int dlock__et_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms);
+int dlock__et_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_ms, dlock_grant *out);
 
 #endif

@@ -381,7 +381,7 @@ static int lease_retired(etcd_store *e, int64_t id)
  * the next try reads instead of writing. Only a hint: the read checks. */
 #define QUEUED(e) ((void *)(e))
 
-int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+int dlock__et_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out)
 {
 	etcd_store *e = (etcd_store *)be;
 	int64_t t0 = dlock_clock_ms();
@@ -397,7 +397,6 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	keyset nm;
 	char *value = NULL;
 	int rc = dlock__et_names_make(e, req, &nm, MK_CREATE);
-	(void)retry_ms;
 	if (rc != 0)
 		return rc;
 	if (!(value = value_json(req))) {
@@ -411,7 +410,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		dlock__et_names_free(&nm);
 		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "%s is held", req->name);
 	}
-	req->slot = NULL;
+	out->slot = NULL;
 	dlock__et_call_begin(e, req->deadline_ms);
 	rescue(e);
 	for (int attempt = 0; attempt < 4; attempt++) {
@@ -548,7 +547,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 			} else if (kl && kl->alive_until >= alive_enough) {
 				left = kl->granted_s; /* granted or kept alive lately */
 				if (kl->alive_until < t0 + req->ttl_ms)
-					req->lease_from_ms = kl->alive_until - req->ttl_ms;
+					out->lease_from_ms = kl->alive_until - req->ttl_ms;
 			} else if ((rc = dlock__et_keepalive(e, key_lease, &left)) != 0) {
 				/* Unsure whether the lease lives: do not claim the lock. */
 				dlock__saved_error saved;
@@ -567,7 +566,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 				 * the core would count from t0: no grant. A waiter tries again
 				 * at once and gets a fresh deadline; a try-once gives up. */
 				if (req->waiting) {
-					req->slot = QUEUED(e);
+					out->slot = QUEUED(e);
 					rc = DLOCK_ELOCKED;
 				} else {
 					drop_key(e, req, nm.key, NULL, NULL);
@@ -577,7 +576,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 				}
 				break;
 			}
-			*fence = rev;
+			out->fence = rev;
 			rc = 0;
 			break;
 		}
@@ -597,7 +596,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 				continue;
 			}
 		}
-		req->slot = QUEUED(e);
+		out->slot = QUEUED(e);
 		rc = DLOCK_ELOCKED;
 		break;
 	}
@@ -614,7 +613,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	/* A member took our requests but none was served in time (a leader
 	 * election): the cluster is there, so a wait goes on (sys/backend.h). */
 	if (rc == DLOCK_EUNAVAILABLE && e->reached)
-		req->reached = 1;
+		out->reached = 1;
 	free(value);
 	dlock__et_names_free(&nm);
 	if (rc == DLOCK_ELOCKED)
@@ -622,7 +621,7 @@ int dlock__et_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	return rc;
 }
 
-int dlock__et_release(dlock_backend *be, dlock_request *req)
+int dlock__et_release(dlock_backend *be, const dlock_request *req)
 {
 	etcd_store *e = (etcd_store *)be;
 	keyset nm;
@@ -658,12 +657,11 @@ int dlock__et_release(dlock_backend *be, dlock_request *req)
 	return 0;
 }
 
-int dlock__et_cancel(dlock_backend *be, dlock_request *req)
+int dlock__et_cancel(dlock_backend *be, const dlock_request *req)
 {
 	etcd_store *e = (etcd_store *)be;
 	keyset nm;
 	int rc = dlock__et_names_make(e, req, &nm, MK_LOOKUP);
-	req->slot = NULL;
 	if (rc != 0 || !nm.key) {
 		dlock__et_names_free(&nm);
 		return rc;
@@ -674,7 +672,7 @@ int dlock__et_cancel(dlock_backend *be, dlock_request *req)
 	return rc;
 }
 
-int dlock__et_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
+int dlock__et_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms)
 {
 	etcd_store *e = (etcd_store *)be;
 	int64_t t0 = dlock_clock_ms();
@@ -746,7 +744,7 @@ out:
 	return rc;
 }
 
-int dlock__et_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+int dlock__et_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	etcd_store *e = (etcd_store *)be;
 	int64_t *leases = calloc(n ? n : 1, sizeof(int64_t));

@@ -78,8 +78,9 @@ out:
  * the read is repeated next to it when the revision moved in between, so a
  * delete before the watch is not missed either.
  */
-int dlock__et_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
+int dlock__et_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_ms, dlock_grant *out)
 {
+	(void)out; /* a wake-up only: the next acquire takes the lock */
 	etcd_store *e = (etcd_store *)be;
 	int64_t start = dlock_clock_ms();
 	/* Come back within a third of the lease so acquire can keep our queue key alive. */

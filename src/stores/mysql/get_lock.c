@@ -147,10 +147,9 @@ static void sb_grant(sbuf *s, const mysql_store *b, const dlock_request *req, co
 	}
 }
 
-static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int g_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out)
 {
-	mysql_store *b = (mysql_store *)be;
-	(void)retry_ms; /* GET_LOCK says nothing about when it frees up */
+	mysql_store *b = (mysql_store *)be; /* (GET_LOCK says nothing about when it frees up: no retry_ms) */
 	if (req->mode == DLOCK_SHARED || req->permits > 1 || req->fair)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
 				       "mysql mode=get_lock has only exclusive locks: GET_LOCK has no shared mode, "
@@ -160,7 +159,7 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	MYSQL *waited = NULL;
 	if (req->slot) {
 		gl_hold *old = req->slot;
-		req->slot = NULL;
+		out->slot = NULL;
 		if (old->waited) { /* g_wait already got GET_LOCK on this connection */
 			waited = old->conn;
 			free(old);
@@ -249,13 +248,13 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 		return DLOCK_ENOMEM;
 	}
 	h->conn = c;
-	*fence = dlock__my_row_u64(row, 1);
+	out->fence = dlock__my_row_u64(row, 1);
 	snprintf(h->key_hex, sizeof(h->key_hex), "%s", row[2]);
 	h->conn_id = (unsigned long)dlock__my_row_u64(row, 3);
 	mysql_free_result(res);
 	h->next = b->holds;
 	b->holds = h;
-	req->slot = h;
+	out->slot = h;
 	hang_watch(b, c, 1);
 	return 0;
 }
@@ -263,15 +262,15 @@ static int g_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 /*
  * Block in the server until the key is free (GET_LOCK with a timeout: MariaDB
  * wakes the waiter the moment the holder releases or its session ends), on a
- * connection of its own. If it granted, the hold is left in req->slot and the
- * core's next g_acquire (the core always tries again after a wait) completes
- * it there. Runs without the store mutex; only this request's thread touches
- * req->slot before the grant.
+ * connection of its own. If it granted, the hold is left in out->slot (the
+ * request's slot from then on) and the core's next g_acquire (the core
+ * always tries again after a wait) completes it there. Runs without the
+ * store mutex; only this request's thread touches its slot before the grant.
  */
 #define WAIT_MARGIN_MIN_MS 50
 #define WAIT_SERVER_MIN_MS 10
 
-static int g_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
+static int g_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_ms, dlock_grant *out)
 {
 	mysql_store *b = (mysql_store *)be;
 	if (req->slot || timeout_ms <= 0 || req->mode == DLOCK_SHARED || req->permits > 1 || req->fair)
@@ -332,7 +331,7 @@ static int g_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
 		h->conn = c;
 		h->waited = 1;
 		snprintf(h->key_hex, sizeof(h->key_hex), "%s", row[1]);
-		req->slot = h;
+		out->slot = h;
 	} else if (row && row[0] && dlock__my_row_i64(row, 0, 0) == 1) {
 		mysql_close(c); /* out of memory: closing frees the lock again */
 	} else {
@@ -361,13 +360,12 @@ static int conn_lost(const dlock_request *req)
 			       req->name);
 }
 
-static int g_release(dlock_backend *be, dlock_request *req)
+static int g_release(dlock_backend *be, const dlock_request *req)
 {
 	mysql_store *b = (mysql_store *)be;
 	gl_hold *h = req->slot;
 	if (!h)
 		return no_slot(req);
-	req->slot = NULL;
 	if (!h->conn) {
 		dlock__my_hold_free(b, h, 0);
 		return conn_lost(req);
@@ -403,7 +401,7 @@ static int g_release(dlock_backend *be, dlock_request *req)
 }
 
 /* Leave the waiters' record (status) of a wait that ended without a grant. */
-static int g_cancel(dlock_backend *be, dlock_request *req)
+static int g_cancel(dlock_backend *be, const dlock_request *req)
 {
 	mysql_store *b = (mysql_store *)be;
 	MYSQL *c = NULL;
@@ -429,7 +427,7 @@ static int g_cancel(dlock_backend *be, dlock_request *req)
 	return rc;
 }
 
-static int g_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
+static int g_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms)
 {
 	mysql_store *b = (mysql_store *)be;
 	gl_hold *h = req->slot;
@@ -464,7 +462,7 @@ static int g_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 
 /* One check per hold, each on its own connection: send them all, then read them
  * all, so a batch costs about one round trip however many locks are held. */
-static int g_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+static int g_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	mysql_store *b = (mysql_store *)be;
 	enum { SENT = 1 };

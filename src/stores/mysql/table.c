@@ -9,7 +9,7 @@
 
 /* ================= mode=table ================= */
 
-static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int t_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out)
 {
 	mysql_store *b = (mysql_store *)be;
 	sbuf s = { 0 };
@@ -147,17 +147,17 @@ static int t_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	int64_t ahead = dlock__my_row_i64(row, 3, -1);
 	mysql_free_result(res);
 	if (ok) {
-		*fence = f;
+		out->fence = f;
 		return 0;
 	}
-	if (left >= 0 && retry_ms)
-		*retry_ms = left / 1000;
+	if (left >= 0)
+		out->retry_ms = left / 1000;
 	/* Nothing tells a waiter of a release in this mode: a fair one looks again
 	 * by its place — the head soon, the others when it may have moved up
 	 * (dlock__poll_hint). */
-	if (ahead >= 0 && retry_ms) {
+	if (ahead >= 0) {
 		int64_t hint = dlock__poll_hint(ahead, 4); /* a look takes the name's row lock */
-		*retry_ms = left >= 0 && left / 1000 < hint ? left / 1000 : hint;
+		out->retry_ms = left >= 0 && left / 1000 < hint ? left / 1000 : hint;
 	}
 	return DLOCK_ELOCKED;
 }
@@ -175,7 +175,7 @@ static int affected_one(mysql_store *b, sbuf *s, const char *what, int *hit, int
 	return 0;
 }
 
-static int t_release(dlock_backend *be, dlock_request *req)
+static int t_release(dlock_backend *be, const dlock_request *req)
 {
 	mysql_store *b = (mysql_store *)be;
 	sbuf s = { 0 };
@@ -195,7 +195,7 @@ static int t_release(dlock_backend *be, dlock_request *req)
 	return hit ? 0 : dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s' is not held by this owner", req->name);
 }
 
-static int t_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
+static int t_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms)
 {
 	mysql_store *b = (mysql_store *)be;
 	sbuf s = { 0 };
@@ -213,7 +213,7 @@ static int t_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 }
 
 /* Renew up to RENEW_CHUNK holds in one round trip: one UPDATE, then read back which are ours. */
-static int t_renew_chunk(mysql_store *b, dlock_request *const *reqs, size_t n, int *results)
+static int t_renew_chunk(mysql_store *b, const dlock_request *const *reqs, size_t n, int *results)
 {
 	sbuf s = { 0 }, in = { 0 };
 	for (size_t i = 0; i < n; i++) {
@@ -258,12 +258,12 @@ static int t_renew_chunk(mysql_store *b, dlock_request *const *reqs, size_t n, i
 
 /* At most RENEW_CHUNK at a time (the methods' renew_max: the core splits a
  * bigger batch). */
-static int t_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+static int t_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	return t_renew_chunk((mysql_store *)be, reqs, n, results);
 }
 
-static int t_cancel(dlock_backend *be, dlock_request *req)
+static int t_cancel(dlock_backend *be, const dlock_request *req)
 {
 	mysql_store *b = (mysql_store *)be;
 	/* The core cancels when a wait ends. If the last try lost the connection

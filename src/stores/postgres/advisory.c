@@ -198,7 +198,7 @@ static int key_query(PGconn **cp, int64_t deadline, const char *sql, int64_t key
 /* Try one advisory key on *cp by `deadline`; on success *fence is the next
  * fence. On an error the connection may hold the key: the caller closes it
  * (a timeout has already dropped it: *cp == NULL). */
-static int adv_try(PGconn **cp, int64_t deadline, dlock_request *req, int64_t key, int shared,
+static int adv_try(PGconn **cp, int64_t deadline, const dlock_request *req, int64_t key, int shared,
 		   int64_t unlock_intent, int64_t reg_key, int64_t unreg_key, int *got, int *reg, uint64_t *fence)
 {
 	char rk[24], uk[24];
@@ -284,7 +284,7 @@ static int sem_enter(PGconn **cp, int64_t deadline, int32_t cls, unsigned permit
 	return 0;
 }
 
-static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int adv_acquire(dlock_backend *base, const dlock_request *req, dlock_grant *out)
 {
 	postgres_store *be = (postgres_store *)base;
 	if (req->fair)
@@ -373,8 +373,8 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 		h->shared = shared || sem_class;
 		h->sem_class = sem_class;
 		h->sem_permits = permits;
-		req->slot = h;
-		*fence = f;
+		out->slot = h;
+		out->fence = f;
 		(void)dlock_backend_watch_fd(base, PQsocket(c)); /* a killed session is reported at once */
 		return 0;
 	}
@@ -389,7 +389,7 @@ static int adv_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 		 * holds the key for a moment): try again soon. */
 		if (reg)
 			ss->wait_key = wait_key;
-		*retry_ms = reg ? 0 : REG_RETRY_MS;
+		out->retry_ms = reg ? 0 : REG_RETRY_MS;
 	}
 	int mine = had_intent;
 	if (!mine && !shared && permits == 1 && req->waiting) {
@@ -440,14 +440,13 @@ static void hold_drop(dlock_backend *base, adv_hold *h, int cancel)
  * nothing outlives the release. A timeout says so (DLOCK_EUNAVAILABLE, "timed
  * out"); a session that was already gone held nothing (DLOCK_ENOTHELD).
  */
-static int adv_release(dlock_backend *base, dlock_request *req)
+static int adv_release(dlock_backend *base, const dlock_request *req)
 {
 	postgres_store *be = (postgres_store *)base;
 	adv_hold *h = req->slot;
 	if (!h)
 		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL,
 				       "advisory locks live on their connection: this handle holds none");
-	req->slot = NULL;
 	if (!h->conn) {
 		free(h);
 		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL,
@@ -518,7 +517,7 @@ static void key_oids(int64_t key, char *hi, char *lo)
 
 /* A hold whose statement timed out has lost its connection (the late answer
  * must not be read later) and with it the lock: DLOCK_ENOTHELD. */
-static int adv_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
+static int adv_extend(dlock_backend *base, const dlock_request *req, int64_t ttl_ms)
 {
 	(void)base;
 	adv_hold *h = req->slot;
@@ -552,7 +551,7 @@ static int adv_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
  * come in time loses its connection (so no late answer is read later) and the
  * lock with it: DLOCK_ENOTHELD, which the core reports as lost.
  */
-static int adv_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
+static int adv_renew(dlock_backend *base, const dlock_request *const *reqs, size_t n, int *results)
 {
 	(void)base;
 	int64_t deadline = n ? reqs[0]->deadline_ms : dlock_clock_ms();
@@ -629,7 +628,7 @@ static int adv_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, 
 	return 0;
 }
 
-static int adv_cancel(dlock_backend *base, dlock_request *req)
+static int adv_cancel(dlock_backend *base, const dlock_request *req)
 {
 	postgres_store *be = (postgres_store *)base;
 	intent **ip = intent_find(be, req->owner), *in = *ip;

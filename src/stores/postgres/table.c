@@ -12,7 +12,7 @@ void dlock__pg_i64s(char *buf, size_t n, int64_t v)
 	snprintf(buf, n, "%" PRId64, v);
 }
 
-static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int tbl_acquire(dlock_backend *base, const dlock_request *req, dlock_grant *out)
 {
 	postgres_store *be = (postgres_store *)base;
 	int64_t deadline;
@@ -37,15 +37,15 @@ static int tbl_acquire(dlock_backend *base, dlock_request *req, uint64_t *fence,
 	int64_t retry = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
 	PQclear(r);
 	if (f == 0) {
-		if (retry_ms && retry > 0)
-			*retry_ms = retry;
+		if (retry > 0)
+			out->retry_ms = retry;
 		return DLOCK_ELOCKED;
 	}
-	*fence = f;
+	out->fence = f;
 	return 0;
 }
 
-static int tbl_release(dlock_backend *base, dlock_request *req)
+static int tbl_release(dlock_backend *base, const dlock_request *req)
 {
 	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = req->deadline_ms;
@@ -63,7 +63,7 @@ static int tbl_release(dlock_backend *base, dlock_request *req)
 	return live ? 0 : DLOCK_ENOTHELD;
 }
 
-static int tbl_extend(dlock_backend *base, dlock_request *req, int64_t ttl_ms)
+static int tbl_extend(dlock_backend *base, const dlock_request *req, int64_t ttl_ms)
 {
 	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = req->deadline_ms;
@@ -147,7 +147,7 @@ static int arr_close(arr *a)
 	return 0;
 }
 
-static int tbl_renew(dlock_backend *base, dlock_request *const *reqs, size_t n, int *results)
+static int tbl_renew(dlock_backend *base, const dlock_request *const *reqs, size_t n, int *results)
 {
 	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = n ? reqs[0]->deadline_ms : dlock_clock_ms();
@@ -198,7 +198,7 @@ out:
 	return rc;
 }
 
-static int tbl_cancel(dlock_backend *base, dlock_request *req)
+static int tbl_cancel(dlock_backend *base, const dlock_request *req)
 {
 	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = req->deadline_ms;

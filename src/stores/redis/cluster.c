@@ -561,7 +561,7 @@ static redisReply *run(cluster_store *s, int script, const dlock__rargs *a, cons
 		    with_sid ? EXEC_SID : 0, deadline, rc, node);
 }
 
-static int c_release_keys(cluster_store *s, dlock_request *req, const dlock__rkeys *k, int64_t deadline)
+static int c_release_keys(cluster_store *s, const dlock_request *req, const dlock__rkeys *k, int64_t deadline)
 {
 	dlock__rargs a;
 	dlock__rargs_owner(&a, k, req);
@@ -577,7 +577,7 @@ static int c_release_keys(cluster_store *s, dlock_request *req, const dlock__rke
 	return rc;
 }
 
-static int c_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int c_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out)
 {
 	cluster_store *s = CS(be);
 	dlock__rkeys k;
@@ -596,12 +596,12 @@ static int c_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 		/* The cluster answered but did not serve the lock's slot within
 		 * this try (a migration, a failover), or a node took the request
 		 * and stayed silent (stopped, or failing over): the store is there,
-		 * and a wait rides it out (dlock_request.reached). */
+		 * and a wait rides it out (dlock_grant.reached). */
 		if (rc == DLOCK_EUNAVAILABLE && (s->busy != BUSY_NONE || s->unknown || s->silent))
-			req->reached = 1;
+			out->reached = 1;
 		return rc;
 	}
-	rc = dlock__racquire_reply(r, fence, retry_ms, KIND);
+	rc = dlock__racquire_reply(r, &out->fence, &out->retry_ms, KIND);
 	long long reserve = 0;
 	if (rc == 0 && r->elements == 3)
 		dlock__rreply_int(r->element[2], &reserve);
@@ -626,11 +626,11 @@ static int c_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 					     req->name, acked < 0 ? 0 : acked, want);
 		}
 	}
-	dlock__racquire_done(req, rc);
+	dlock__racquire_done(req, rc, out);
 	return rc;
 }
 
-static int c_release(dlock_backend *be, dlock_request *req)
+static int c_release(dlock_backend *be, const dlock_request *req)
 {
 	cluster_store *s = CS(be);
 	dlock__rkeys k;
@@ -638,14 +638,13 @@ static int c_release(dlock_backend *be, dlock_request *req)
 	return c_release_keys(s, req, &k, req->deadline_ms);
 }
 
-static int c_cancel(dlock_backend *be, dlock_request *req)
+static int c_cancel(dlock_backend *be, const dlock_request *req)
 {
 	cluster_store *s = CS(be);
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_owner(&a, &k, req);
-	req->slot = NULL;
 	int rc, node;
 	redisReply *r = run(s, DLOCK__RS_CANCEL, &a, &k, false, req->deadline_ms, &rc, &node);
 	if (r)
@@ -654,10 +653,10 @@ static int c_cancel(dlock_backend *be, dlock_request *req)
 }
 
 /* One RENEW for requests of one slot; results through their indices. */
-static int renew_group(cluster_store *s, dlock_request *const *reqs, const size_t *idx, size_t n, int *results,
+static int renew_group(cluster_store *s, const dlock_request *const *reqs, const size_t *idx, size_t n, int *results,
 		       unsigned flags, int64_t deadline)
 {
-	dlock_request **sub = malloc(n * sizeof(*sub));
+	const dlock_request **sub = malloc(n * sizeof(*sub));
 	if (!sub)
 		return dlock__oom();
 	for (size_t j = 0; j < n; j++)
@@ -709,7 +708,7 @@ typedef struct rgroup {
 	bool noscript; /* the node said NOSCRIPT: exec sends the text */
 } rgroup;
 
-static int c_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+static int c_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	cluster_store *s = CS(be);
 	if (n == 0)
@@ -718,7 +717,7 @@ static int c_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int 
 	rslot *order = malloc(n * sizeof(*order));
 	size_t *idx = malloc(n * sizeof(*idx));
 	rgroup *gr = malloc(n * sizeof(*gr));
-	dlock_request **sub = malloc(n * sizeof(*sub));
+	const dlock_request **sub = malloc(n * sizeof(*sub));
 	int *res = malloc(n * sizeof(*res));
 	int rc = order && idx && gr && sub && res ? 0 : dlock__oom();
 	for (size_t i = 0; !rc && i < n; i++) {

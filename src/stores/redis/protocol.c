@@ -522,12 +522,12 @@ void dlock__rargs_acquire(dlock__rargs *a, const dlock__rkeys *k, const dlock_re
 		dlock__rargs_add(a, "");
 }
 
-void dlock__racquire_done(dlock_request *req, int rc)
+void dlock__racquire_done(const dlock_request *req, int rc, dlock_grant *out)
 {
 	if (rc == DLOCK_ELOCKED && req->waiting)
-		req->slot = &registered_mark;
+		out->slot = &registered_mark;
 	else if (rc == 0)
-		req->slot = NULL;
+		out->slot = NULL;
 }
 
 void dlock__rargs_owner(dlock__rargs *a, const dlock__rkeys *k, const dlock_request *req)
@@ -623,7 +623,7 @@ int dlock__rstatus_decode(const redisReply *r, const char *name, dlock_lock_stat
 	return 0;
 }
 
-int dlock__rbatch_renew(dlock__rbatch *b, const char *prefix, dlock_request *const *reqs, size_t n)
+int dlock__rbatch_renew(dlock__rbatch *b, const char *prefix, const dlock_request *const *reqs, size_t n)
 {
 	/* one script call for the whole batch: keys, then (owner, ttl) pairs */
 	memset(b, 0, sizeof(*b));

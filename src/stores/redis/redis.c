@@ -384,7 +384,7 @@ static redis_store *RS(dlock_backend *be)
  * Otherwise give the grant back: a grant or a fence that a failover can lose
  * is not handed out. @return 0; DLOCK_EUNAVAILABLE.
  */
-static int replicate_grant(redis_store *s, dlock_request *req, const dlock__rkeys *k, long long reserve, int64_t deadline)
+static int replicate_grant(redis_store *s, const dlock_request *req, const dlock__rkeys *k, long long reserve, int64_t deadline)
 {
 	int n = s->wait_replicas;
 	if (reserve > 0 && s->fence_replicas > n)
@@ -418,19 +418,19 @@ static int replicate_grant(redis_store *s, dlock_request *req, const dlock__rkey
  * was sent whose outcome is unknown, a waiting caller hears "held, try
  * again soon" and its wait goes on to its end; otherwise rc.
  */
-static int failover_wait(redis_store *s, dlock_request *req, int rc, int64_t *retry_ms)
+static int failover_wait(redis_store *s, const dlock_request *req, int rc, dlock_grant *out)
 {
 	if (rc != DLOCK_EUNAVAILABLE || !req->waiting || !s->sentinels || !s->busy || s->unknown)
 		return rc;
-	*retry_ms = 50;
+	out->retry_ms = 50;
 	rc = dlock_error_set(DLOCK_ELOCKED, KIND, NULL,
 			     "lock '%s': the sentinels name no master that answers yet (failover?); trying again",
 			     req->name);
-	dlock__racquire_done(req, rc);
+	dlock__racquire_done(req, rc, out);
 	return rc;
 }
 
-static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int r_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out)
 {
 	redis_store *s = RS(be);
 	dlock__rkeys k;
@@ -448,13 +448,13 @@ static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 	if (s->fence_replicas) {
 		/* ARGV[8]: the server's id, read when connecting: connect first */
 		if (!s->c && (rc = connect_cmd(s, deadline)) != 0)
-			return failover_wait(s, req, rc, retry_ms);
+			return failover_wait(s, req, rc, out);
 		dlock__rargs_add(&a, s->server_id);
 	}
 	r = run(s, DLOCK__RS_ACQUIRE, &a, deadline, &rc);
 	if (!r)
-		return failover_wait(s, req, rc, retry_ms);
-	rc = dlock__racquire_reply(r, fence, retry_ms, KIND);
+		return failover_wait(s, req, rc, out);
+	rc = dlock__racquire_reply(r, &out->fence, &out->retry_ms, KIND);
 	long long reserve = 0;
 	if (rc == 0 && r->elements == 3)
 		dlock__rreply_int(r->element[2], &reserve);
@@ -463,7 +463,7 @@ static int r_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int
 		rc = replicate_grant(s, req, &k, reserve, deadline);
 	else if (rc == 0 && !s->c && (s->wait_replicas > 0 || reserve > 0))
 		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "lock '%s': connection lost before WAIT", req->name);
-	dlock__racquire_done(req, rc);
+	dlock__racquire_done(req, rc, out);
 	return rc;
 }
 
@@ -495,7 +495,7 @@ static bool send_release(redis_store *s, dlock__rargs *a, int64_t deadline)
 	return true;
 }
 
-static int r_release(dlock_backend *be, dlock_request *req)
+static int r_release(dlock_backend *be, const dlock_request *req)
 {
 	redis_store *s = RS(be);
 	dlock__rkeys k;
@@ -518,7 +518,7 @@ static int r_release(dlock_backend *be, dlock_request *req)
 	return rc;
 }
 
-static int r_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+static int r_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	redis_store *s = RS(be);
 	if (n == 0)
@@ -546,14 +546,13 @@ static void r_unwatch(dlock_backend *be, const dlock_request *req)
 	dlock__rnotify_forget(RS(be)->nt, req);
 }
 
-static int r_cancel(dlock_backend *be, dlock_request *req)
+static int r_cancel(dlock_backend *be, const dlock_request *req)
 {
 	redis_store *s = RS(be);
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_owner(&a, &k, req);
-	req->slot = NULL;
 	int rc;
 	redisReply *r = run(s, DLOCK__RS_CANCEL, &a, req->deadline_ms, &rc);
 	if (r)

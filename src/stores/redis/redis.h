@@ -199,8 +199,8 @@ typedef struct dlock__rargs {
 } dlock__rargs;
 /* ticket: fair-queue position for a new waiter (0 = the server's clock). */
 void dlock__rargs_acquire(dlock__rargs *a, const dlock__rkeys *k, const dlock_request *req, int64_t ticket);
-/* After an acquire try: remember in req->slot whether it left us registered as a waiter. */
-void dlock__racquire_done(dlock_request *req, int rc);
+/* After an acquire try: remember in the grant's slot whether it left us registered as a waiter. */
+void dlock__racquire_done(const dlock_request *req, int rc, dlock_grant *out);
 /* Append one more string argument (borrowed until the command is sent). */
 void dlock__rargs_add(dlock__rargs *a, const char *s);
 /* release and cancel: the holder key and the owner */
@@ -223,7 +223,7 @@ typedef struct dlock__rbatch {
 	size_t *lens;
 	char *keys, *nums;
 } dlock__rbatch;
-int dlock__rbatch_renew(dlock__rbatch *b, const char *prefix, dlock_request *const *reqs, size_t n);
+int dlock__rbatch_renew(dlock__rbatch *b, const char *prefix, const dlock_request *const *reqs, size_t n);
 void dlock__rbatch_free(dlock__rbatch *b);
 /* results[i] = 0 (renewed) or DLOCK_ENOTHELD from a RENEW reply of n entries. */
 int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char *kind);

@@ -826,7 +826,7 @@ static size_t undo(redlock_store *s, rl_op *ops, const dlock__rkeys *k, const dl
 	return left;
 }
 
-static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int rl_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out)
 {
 	redlock_store *s = RL(be);
 	int rc = unsupported(req);
@@ -937,8 +937,8 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	if (ok) {
 		free(ops);
 		free(maybe);
-		*fence = top;
-		dlock__racquire_done(req, 0);
+		out->fence = top;
+		dlock__racquire_done(req, 0, out);
 		return 0;
 	}
 	/* Not granted: undo everywhere it may have landed, a grant we saw or a
@@ -955,10 +955,10 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 	if (grants >= s->quorum)
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
 				       "lock '%s': granted by a quorum too late (timed out: validity spent)", req->name);
-	dlock__racquire_done(req, DLOCK_ELOCKED);
+	dlock__racquire_done(req, DLOCK_ELOCKED, out);
 	/* a split vote (some grants) retries after a random delay; else when the lease ends */
 	int64_t jitter = dlock__rand_between(s->retry_ms / 2 + 1, s->retry_ms);
-	*retry_ms = grants || soonest < 0 ? jitter : soonest;
+	out->retry_ms = grants || soonest < 0 ? jitter : soonest;
 	return DLOCK_ELOCKED;
 }
 
@@ -968,7 +968,7 @@ static int rl_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, in
  * Q - 1, keep a copy until its TTL at worst). Fewer answers: EUNAVAILABLE,
  * and the core retries.
  */
-static int rl_release(dlock_backend *be, dlock_request *req)
+static int rl_release(dlock_backend *be, const dlock_request *req)
 {
 	redlock_store *s = RL(be);
 	rl_op *ops = calloc(s->n, sizeof(*ops));
@@ -1022,7 +1022,7 @@ static int hold_tail(char *buf, size_t n, const dlock_request *req, uint64_t fen
  * for a hold below a quorum: that hold may have dissolved, and another client
  * may have held the name meanwhile.
  */
-static void repair(redlock_store *s, dlock_request *const *reqs, size_t n, unsigned char *absent, const uint64_t *fence,
+static void repair(redlock_store *s, const dlock_request *const *reqs, size_t n, unsigned char *absent, const uint64_t *fence,
 		   const bool *standing, size_t *copies, int64_t tmo, int64_t deadline)
 {
 	rl_op *ops = calloc(s->n, sizeof(*ops));
@@ -1117,7 +1117,7 @@ out:
  * otherwise (masters silent) the result is transient and the core retries
  * until the lease deadline.
  */
-static int rl_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+static int rl_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	redlock_store *s = RL(be);
 	if (!n)
@@ -1194,11 +1194,11 @@ out:
 	return rc;
 }
 
-static int rl_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
+static int rl_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms)
 {
 	dlock_request copy = *req;
 	copy.ttl_ms = ttl_ms;
-	dlock_request *p = &copy;
+	const dlock_request *p = &copy;
 	int result = 0;
 	int64_t t0 = dlock_clock_ms();
 	int rc = rl_renew(be, &p, 1, &result);
@@ -1225,7 +1225,7 @@ static void rl_unwatch(dlock_backend *be, const dlock_request *req)
 	dlock__rnotify_forget(RL(be)->nt, req);
 }
 
-static int rl_cancel(dlock_backend *be, dlock_request *req)
+static int rl_cancel(dlock_backend *be, const dlock_request *req)
 {
 	redlock_store *s = RL(be);
 	rl_op *ops = calloc(s->n, sizeof(*ops));
@@ -1235,7 +1235,6 @@ static int rl_cancel(dlock_backend *be, dlock_request *req)
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_owner(&a, &k, req);
-	req->slot = NULL;
 	ops_all(s, ops);
 	rl_round(s, ops, DLOCK__RS_CANCEL, a.argc, a.argv, a.lens, master_timeout(s), req->deadline_ms, release_decided,
 		 NULL, &PROMPT);

@@ -192,7 +192,7 @@ static int look_purged(sqlite_store *b, const dlock_request *req, int64_t now, q
 }
 
 /* The queue rules, only when the name has waiter rows at all. */
-static int queue_rules(sqlite_store *b, dlock_request *req, int64_t now, int64_t nexcl, int64_t limit,
+static int queue_rules(sqlite_store *b, const dlock_request *req, int64_t now, int64_t nexcl, int64_t limit,
 		       bool *conflict, queue_look *q)
 {
 	const char *n = req->name;
@@ -240,8 +240,7 @@ static int64_t fence_after(int64_t last)
 	return last + 1 > us ? last + 1 : us;
 }
 
-int dlock__sq_decide(sqlite_store *b, dlock_request *req, int64_t now, uint64_t *fence,
-		  int64_t *retry_ms)
+int dlock__sq_decide(sqlite_store *b, const dlock_request *req, int64_t now, dlock_grant *out)
 {
 	const char *n = req->name;
 	int64_t nexcl = 0, nshared = 0, limit, first_expiry = -1, last_fence = -1;
@@ -283,12 +282,12 @@ int dlock__sq_decide(sqlite_store *b, dlock_request *req, int64_t now, uint64_t 
 			if ((rc = dlock__sq_run(b, s, "enqueue waiter")))
 				return rc;
 			if (ahead >= 2 && ttl > req->queue_ttl_ms)
-				req->nap_ms = ttl / 3;
+				out->nap_ms = ttl / 3;
 		}
 		if (first_expiry >= 0)
-			*retry_ms = first_expiry > now ? first_expiry - now : 0;
+			out->retry_ms = first_expiry > now ? first_expiry - now : 0;
 		if (again)
-			*retry_ms = 0;
+			out->retry_ms = 0;
 		return DLOCK_ELOCKED;
 	}
 
@@ -315,7 +314,7 @@ int dlock__sq_decide(sqlite_store *b, dlock_request *req, int64_t now, uint64_t 
 		return rc;
 	if (queued && (rc = dlock__sq_note_head(b, req, now)) != 0)
 		return rc;
-	*fence = (uint64_t)f;
+	out->fence = (uint64_t)f;
 	return 0;
 }
 
@@ -324,10 +323,10 @@ int dlock__sq_decide(sqlite_store *b, dlock_request *req, int64_t now, uint64_t 
  * its registration needs no refresh yet: refused by a read, without the
  * write lock (a decision in BEGIN IMMEDIATE would write nothing either). With
  * 2,000 waiters, their write transactions starved a release of the write
- * lock past its deadline. True when refused so (*retry_ms set); false: decide
+ * lock past its deadline. True when refused so (out->retry_ms set); false: decide
  * in full (also when the read fails).
  */
-bool dlock__sq_peek_held(sqlite_store *b, dlock_request *req, int64_t now, int64_t *retry_ms)
+bool dlock__sq_peek_held(sqlite_store *b, const dlock_request *req, int64_t now, dlock_grant *out)
 {
 	if (!req->waiting || req->mode == DLOCK_SHARED || req->permits != 1)
 		return false;
@@ -349,9 +348,9 @@ bool dlock__sq_peek_held(sqlite_store *b, dlock_request *req, int64_t now, int64
 		int64_t ttl = registration_ms(req, ahead, own_heard);
 		if (left >= ttl / 2 && left <= ttl) {
 			held = true;
-			*retry_ms = again ? 0 : sqlite3_column_int64(s, 0) - now;
+			out->retry_ms = again ? 0 : sqlite3_column_int64(s, 0) - now;
 			if (ahead >= 2 && ttl > req->queue_ttl_ms)
-				req->nap_ms = ttl / 3;
+				out->nap_ms = ttl / 3;
 		}
 	}
 	sqlite3_reset(s);

@@ -120,9 +120,9 @@ int dlock__sq_foreign_object(sqlite3 *db, char *buf, size_t len);
 /* The queue of req->name moved: drop its dead front, note the first two to ring, cut the front's registration. */
 int dlock__sq_note_head(sqlite_store *b, const dlock_request *req, int64_t now);
 /* The decision of one acquire try, inside BEGIN IMMEDIATE. */
-int dlock__sq_decide(sqlite_store *b, dlock_request *req, int64_t now, uint64_t *fence, int64_t *retry_ms);
-/* A registered mutex waiter's try refused by a read while the name is held (true: *retry_ms set). */
-bool dlock__sq_peek_held(sqlite_store *b, dlock_request *req, int64_t now, int64_t *retry_ms);
+int dlock__sq_decide(sqlite_store *b, const dlock_request *req, int64_t now, dlock_grant *out);
+/* A registered mutex waiter's try refused by a read while the name is held (true: out->retry_ms set). */
+bool dlock__sq_peek_held(sqlite_store *b, const dlock_request *req, int64_t now, dlock_grant *out);
 
 /* ---- bells.c: wake-ups through the file system ---- */
 /* Waiters at the front of req->name's queue whose processes died leave it (*dropped: how many). */

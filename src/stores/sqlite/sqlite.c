@@ -27,14 +27,14 @@
 
 static const char *const file_suffix[NFILES] = { "", "-wal", "-shm" };
 
-static int acquire_in(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int acquire_in(dlock_backend *be, const dlock_request *req, dlock_grant *out)
 {
 	sqlite_store *b = (sqlite_store *)be;
 	dlock__sq_set_deadline(b, req->deadline_ms);
 	int rc = dlock__sq_reopen_if_moved(b, b->deadline);
 	if (rc)
 		return rc;
-	if (dlock__sq_peek_held(b, req, dlock_wall_ms(), retry_ms))
+	if (dlock__sq_peek_held(b, req, dlock_wall_ms(), out))
 		return DLOCK_ELOCKED;
 	if ((rc = dlock__sq_begin(b))) {
 		/* Nothing was written: the outcome is known. Say "not now" (the
@@ -47,13 +47,13 @@ static int acquire_in(dlock_backend *be, dlock_request *req, uint64_t *fence, in
 		return rc;
 	}
 	memset(b->front, 0, sizeof b->front);
-	rc = dlock__sq_finish(b, dlock__sq_decide(b, req, dlock_wall_ms(), fence, retry_ms));
+	rc = dlock__sq_finish(b, dlock__sq_decide(b, req, dlock_wall_ms(), out));
 	if (rc == 0 || rc == DLOCK_ELOCKED)
 		dlock__sq_ring_front(b); /* committed: the first two in line moved up */
 	return rc;
 }
 
-static int release_in(dlock_backend *be, dlock_request *req)
+static int release_in(dlock_backend *be, const dlock_request *req)
 {
 	sqlite_store *b = (sqlite_store *)be;
 	dlock__sq_set_deadline(b, req->deadline_ms);
@@ -104,7 +104,7 @@ static int release_in(dlock_backend *be, dlock_request *req)
 	return 0;
 }
 
-static int extend_one(sqlite_store *b, dlock_request *req, int64_t ttl_ms, int64_t now)
+static int extend_one(sqlite_store *b, const dlock_request *req, int64_t ttl_ms, int64_t now)
 {
 	sqlite3_stmt *s = dlock__sq_prep(b, Q_EXTEND, req->name, req->owner);
 	sqlite3_bind_int64(s, 4, now + ttl_ms);
@@ -118,7 +118,7 @@ static int extend_one(sqlite_store *b, dlock_request *req, int64_t ttl_ms, int64
 	return 0;
 }
 
-static int extend_in(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
+static int extend_in(dlock_backend *be, const dlock_request *req, int64_t ttl_ms)
 {
 	sqlite_store *b = (sqlite_store *)be;
 	dlock__sq_set_deadline(b, req->deadline_ms);
@@ -130,7 +130,7 @@ static int extend_in(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 	return rc;
 }
 
-static int renew_in(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+static int renew_in(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	sqlite_store *b = (sqlite_store *)be;
 	if (n == 0)
@@ -153,7 +153,7 @@ static int renew_in(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 	return dlock__sq_finish(b, 0);
 }
 
-static int cancel_in(dlock_backend *be, dlock_request *req)
+static int cancel_in(dlock_backend *be, const dlock_request *req)
 {
 	sqlite_store *b = (sqlite_store *)be;
 	dlock__sq_set_deadline(b, req->deadline_ms);
@@ -303,15 +303,15 @@ static void sq_forget(dlock_backend *be)
 }
 
 /* The methods that call into SQLite, counted (fork_check). */
-static int sq_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+static int sq_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out)
 {
 	dlock__sq_calls_enter();
-	int rc = acquire_in(be, req, fence, retry_ms);
+	int rc = acquire_in(be, req, out);
 	dlock__sq_calls_leave();
 	return rc;
 }
 
-static int sq_release(dlock_backend *be, dlock_request *req)
+static int sq_release(dlock_backend *be, const dlock_request *req)
 {
 	dlock__sq_calls_enter();
 	int rc = release_in(be, req);
@@ -319,7 +319,7 @@ static int sq_release(dlock_backend *be, dlock_request *req)
 	return rc;
 }
 
-static int sq_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
+static int sq_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms)
 {
 	dlock__sq_calls_enter();
 	int rc = extend_in(be, req, ttl_ms);
@@ -327,7 +327,7 @@ static int sq_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 	return rc;
 }
 
-static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+static int sq_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	dlock__sq_calls_enter();
 	int rc = renew_in(be, reqs, n, results);
@@ -335,7 +335,7 @@ static int sq_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 	return rc;
 }
 
-static int sq_cancel(dlock_backend *be, dlock_request *req)
+static int sq_cancel(dlock_backend *be, const dlock_request *req)
 {
 	dlock__sq_calls_enter();
 	int rc = cancel_in(be, req);

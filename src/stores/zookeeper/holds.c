@@ -475,7 +475,7 @@ int dlock__zk_find_own(zookeeper_store *st, hold *h, int64_t deadline)
 	return rc;
 }
 
-static char *node_data(dlock_request *req, int *len)
+static char *node_data(const dlock_request *req, int *len)
 {
 	char *d = dlock__sprintf("dlock1 pid=%d ttl=%lld permits=%u host=%s", req->pid, (long long)req->ttl_ms,
 				 req->permits, req->host ? req->host : "");
@@ -505,7 +505,7 @@ static char *node_prefix(const zookeeper_store *st, const hold *h, const dlock_r
 /* Make sure h has a node in ZooKeeper: create it, or after a lost
  * connection (h->doubt) find the one our earlier create made. On failure
  * h->doubt says whether a node of ours may exist anyway. */
-int dlock__zk_place_node(zookeeper_store *st, hold *h, dlock_request *req, int64_t deadline)
+int dlock__zk_place_node(zookeeper_store *st, hold *h, const dlock_request *req, int64_t deadline)
 {
 	zhandle_t *zh = h->sess->zh;
 	char *prefix = node_prefix(st, h, req);
@@ -561,7 +561,7 @@ out:
 /* Is our node first in line among the children `sv` of h->dir (whose
  * cversion is given)? Sets h->watch to what blocks us.
  * @return 0 (*granted set), 1 when our node is gone, or an error. */
-static int evaluate_list(hold *h, dlock_request *req, const struct String_vector *sv, int32_t cversion,
+static int evaluate_list(hold *h, const dlock_request *req, const struct String_vector *sv, int32_t cversion,
 			 bool *granted)
 {
 	child *cs = calloc((size_t)sv->count + 1, sizeof(*cs));
@@ -618,7 +618,7 @@ done:
 }
 
 /* @return as evaluate_list, or 2 when the listing did not answer by the deadline. */
-int dlock__zk_evaluate(zookeeper_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted)
+int dlock__zk_evaluate(zookeeper_store *st, hold *h, const dlock_request *req, int64_t deadline, bool *granted)
 {
 	struct String_vector sv = { 0, NULL };
 	int32_t cversion = 0;
@@ -642,7 +642,7 @@ int dlock__zk_evaluate(zookeeper_store *st, hold *h, dlock_request *req, int64_t
  * h->doubt saying a node of ours may exist); 2 when the node was made but
  * its listing did not answer by the deadline; or an error (h->doubt set
  * when the create's outcome is unknown). */
-int dlock__zk_create_and_list(zookeeper_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted)
+int dlock__zk_create_and_list(zookeeper_store *st, hold *h, const dlock_request *req, int64_t deadline, bool *granted)
 {
 	char *path = node_prefix(st, h, req);
 	int dlen;
@@ -706,13 +706,15 @@ void dlock__zk_discard_hold(zookeeper_store *st, hold *h, int64_t deadline)
 	dlock__zk_hold_free(st, h);
 }
 
-/* A slot left from an earlier hold of the same lock handle (lost, attached). */
-hold *dlock__zk_current_hold(zookeeper_store *st, dlock_request *req, int64_t deadline)
+/* req->slot when it is a hold of req->owner; one of another owner (an
+ * earlier hold of the same lock handle: lost, attached) is discarded, and
+ * NULL returned. */
+hold *dlock__zk_current_hold(zookeeper_store *st, const dlock_request *req, int64_t deadline)
 {
 	hold *h = req->slot;
 	if (h && strcmp(h->owner, req->owner) != 0) {
 		dlock__zk_discard_hold(st, h, deadline);
-		req->slot = h = NULL;
+		h = NULL;
 	}
 	return h;
 }

@@ -12,7 +12,7 @@
  * first try. A node whose create was in doubt went to the sweep, which the
  * next try's claim of the orphan waits for (and adopts the node).
  */
-static int ride_out(zookeeper_store *st, dlock_request *req, int rc, int64_t *retry_ms)
+static int ride_out(zookeeper_store *st, const dlock_request *req, int rc, dlock_grant *out)
 {
 	if (rc != DLOCK_EUNAVAILABLE || !req->waiting)
 		return rc;
@@ -21,22 +21,22 @@ static int ride_out(zookeeper_store *st, dlock_request *req, int rc, int64_t *re
 	pthread_mutex_unlock(&st->mu);
 	if (!seen)
 		return rc;
-	*retry_ms = 50;
+	out->retry_ms = 50;
 	char why[256]; /* the error is rewritten below: its text copied first */
 	snprintf(why, sizeof(why), "%s", dlock_error_last()->message);
 	return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s': not served in this try (%s); trying again",
 			       req->name, why);
 }
 
-static int acquire_try(zookeeper_store *st, dlock_request *req, uint64_t *fence);
+static int acquire_try(zookeeper_store *st, const dlock_request *req, dlock_grant *out);
 
-int dlock__zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms)
+int dlock__zk_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out)
 {
 	zookeeper_store *st = (zookeeper_store *)be;
-	return ride_out(st, req, acquire_try(st, req, fence), retry_ms);
+	return ride_out(st, req, acquire_try(st, req, out), out);
 }
 
-static int acquire_try(zookeeper_store *st, dlock_request *req, uint64_t *fence)
+static int acquire_try(zookeeper_store *st, const dlock_request *req, dlock_grant *out)
 {
 	int64_t start = dlock_clock_ms();
 	int64_t deadline = req->deadline_ms;
@@ -52,11 +52,11 @@ static int acquire_try(zookeeper_store *st, dlock_request *req, uint64_t *fence)
 		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
 				       req->name);
 	dlock__zk_reap(st);
-	hold *h = dlock__zk_current_hold(st, req, deadline);
+	hold *h = out->slot = dlock__zk_current_hold(st, req, deadline);
 	if (h && dlock__zk_sess_dead(st, h->sess)) {
 		/* our queue position died with the session: queue again */
 		dlock__zk_hold_free(st, h);
-		req->slot = h = NULL;
+		out->slot = h = NULL;
 	}
 	zsess *z;
 	int rc = dlock__zk_session_for(st, req->ttl_ms, deadline, &z);
@@ -80,10 +80,10 @@ static int acquire_try(zookeeper_store *st, dlock_request *req, uint64_t *fence)
 		h->sess = z;
 		z->refs++;
 		pthread_mutex_unlock(&st->mu);
-		req->slot = h;
+		out->slot = h;
 		int r = dlock__zk_claim_orphan(st, h, deadline);
 		if (r != ZOK) {
-			req->slot = NULL;
+			out->slot = NULL;
 			dlock__zk_hold_free(st, h);
 			return dlock__zk_zerr(r, "wait for the sweep of", req->name);
 		}
@@ -127,7 +127,7 @@ static int acquire_try(zookeeper_store *st, dlock_request *req, uint64_t *fence)
 		}
 	}
 	if (rc) {
-		req->slot = NULL;
+		out->slot = NULL;
 		if (h->node || h->doubt)
 			dlock__zk_orphan_hold(st, h); /* our node, or a create in doubt: swept */
 		else
@@ -137,12 +137,12 @@ static int acquire_try(zookeeper_store *st, dlock_request *req, uint64_t *fence)
 	if (granted) {
 		free(h->watch);
 		h->watch = NULL;
-		*fence = (uint64_t)h->czxid;
+		out->fence = (uint64_t)h->czxid;
 		dlock__zk_lease_set(st, h, start, req->ttl_ms, false);
 		return 0;
 	}
 	if (!req->waiting) {
-		req->slot = NULL;
+		out->slot = NULL;
 		dlock__zk_discard_hold(st, h, deadline);
 	}
 	return DLOCK_ELOCKED;
@@ -150,7 +150,7 @@ static int acquire_try(zookeeper_store *st, dlock_request *req, uint64_t *fence)
 
 /* release/extend of a hold this handle did not make (an attached handle, or
  * the core retrying a release that was not confirmed): find its node by owner. */
-static int by_owner(zookeeper_store *st, dlock_request *req, bool del, int64_t deadline)
+static int by_owner(zookeeper_store *st, const dlock_request *req, bool del, int64_t deadline)
 {
 	zsess *z;
 	int rc = dlock__zk_get_session(st, dlock__zk_session_key(st, st->default_ttl), deadline, &z);
@@ -180,7 +180,7 @@ static int by_owner(zookeeper_store *st, dlock_request *req, bool del, int64_t d
 	return rc;
 }
 
-int dlock__zk_release(dlock_backend *be, dlock_request *req)
+int dlock__zk_release(dlock_backend *be, const dlock_request *req)
 {
 	zookeeper_store *st = (zookeeper_store *)be;
 	int64_t deadline = req->deadline_ms;
@@ -188,7 +188,6 @@ int dlock__zk_release(dlock_backend *be, dlock_request *req)
 	hold *h = dlock__zk_current_hold(st, req, deadline);
 	if (!h)
 		return by_owner(st, req, true, deadline);
-	req->slot = NULL;
 	if (!h->node || dlock__zk_sess_dead(st, h->sess)) {
 		if (!h->node && h->doubt) { /* a create in doubt: the sweep finds it */
 			dlock__zk_orphan_hold(st, h);
@@ -226,7 +225,7 @@ int dlock__zk_release(dlock_backend *be, dlock_request *req)
 	return rc;
 }
 
-int dlock__zk_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
+int dlock__zk_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms)
 {
 	zookeeper_store *st = (zookeeper_store *)be;
 	int64_t start = dlock_clock_ms();
@@ -259,7 +258,7 @@ int dlock__zk_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms)
 /* Confirm the holds of one session in one round trip: exists() of every
  * node, pipelined. Reads, not a multi of checks: a multi is a write, which
  * would cost a quorum proposal and a log fsync per renewal. */
-static void renew_session(zookeeper_store *st, zsess *z, dlock_request *const *reqs, size_t n, int *results,
+static void renew_session(zookeeper_store *st, zsess *z, const dlock_request *const *reqs, size_t n, int *results,
 			  int64_t start, int64_t deadline)
 {
 	bool dead = dlock__zk_sess_dead(st, z), up = dlock__zk_sess_connected(st, z);
@@ -305,7 +304,7 @@ static void renew_session(zookeeper_store *st, zsess *z, dlock_request *const *r
 	free(idx);
 }
 
-int dlock__zk_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results)
+int dlock__zk_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	zookeeper_store *st = (zookeeper_store *)be;
 	int64_t start = dlock_clock_ms();
@@ -328,18 +327,18 @@ int dlock__zk_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int
 	return 0;
 }
 
-int dlock__zk_cancel(dlock_backend *be, dlock_request *req)
+int dlock__zk_cancel(dlock_backend *be, const dlock_request *req)
 {
 	zookeeper_store *st = (zookeeper_store *)be;
 	hold *h = req->slot;
-	req->slot = NULL;
 	if (h)
 		dlock__zk_discard_hold(st, h, req->deadline_ms);
 	return 0;
 }
 
-int dlock__zk_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms)
+int dlock__zk_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_ms, dlock_grant *out)
 {
+	(void)out; /* a wake-up only: the next acquire takes the lock */
 	zookeeper_store *st = (zookeeper_store *)be;
 	hold *h = req->slot;
 	int64_t until = dlock_clock_ms() + timeout_ms;

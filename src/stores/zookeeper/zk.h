@@ -347,10 +347,10 @@ int dlock__zk_find_own(zookeeper_store *st, hold *h, int64_t deadline);
 /* Make sure h has a node in ZooKeeper: create it, or after a lost
  * connection (h->doubt) find the one our earlier create made. On failure
  * h->doubt says whether a node of ours may exist anyway. */
-int dlock__zk_place_node(zookeeper_store *st, hold *h, dlock_request *req, int64_t deadline);
+int dlock__zk_place_node(zookeeper_store *st, hold *h, const dlock_request *req, int64_t deadline);
 
 /* @return as evaluate_list, or 2 when the listing did not answer by the deadline. */
-int dlock__zk_evaluate(zookeeper_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted);
+int dlock__zk_evaluate(zookeeper_store *st, hold *h, const dlock_request *req, int64_t deadline, bool *granted);
 
 /* The fast path of a first try: create our node and list its siblings in
  * one round trip. ZooKeeper runs a session's requests in order, so the list
@@ -360,26 +360,26 @@ int dlock__zk_evaluate(zookeeper_store *st, hold *h, dlock_request *req, int64_t
  * h->doubt saying a node of ours may exist); 2 when the node was made but
  * its listing did not answer by the deadline; or an error (h->doubt set
  * when the create's outcome is unknown). */
-int dlock__zk_create_and_list(zookeeper_store *st, hold *h, dlock_request *req, int64_t deadline, bool *granted);
+int dlock__zk_create_and_list(zookeeper_store *st, hold *h, const dlock_request *req, int64_t deadline, bool *granted);
 
 /* Delete h's node (a refused try, a cancelled wait) and free h; what could
  * not be deleted in time goes to the sweep. */
 void dlock__zk_discard_hold(zookeeper_store *st, hold *h, int64_t deadline);
 
 /* A slot left from an earlier hold of the same lock handle (lost, attached). */
-hold *dlock__zk_current_hold(zookeeper_store *st, dlock_request *req, int64_t deadline);
+hold *dlock__zk_current_hold(zookeeper_store *st, const dlock_request *req, int64_t deadline);
 
-int dlock__zk_acquire(dlock_backend *be, dlock_request *req, uint64_t *fence, int64_t *retry_ms);
+int dlock__zk_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out);
 
-int dlock__zk_release(dlock_backend *be, dlock_request *req);
+int dlock__zk_release(dlock_backend *be, const dlock_request *req);
 
-int dlock__zk_extend(dlock_backend *be, dlock_request *req, int64_t ttl_ms);
+int dlock__zk_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms);
 
-int dlock__zk_renew(dlock_backend *be, dlock_request *const *reqs, size_t n, int *results);
+int dlock__zk_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results);
 
-int dlock__zk_cancel(dlock_backend *be, dlock_request *req);
+int dlock__zk_cancel(dlock_backend *be, const dlock_request *req);
 
-int dlock__zk_wait(dlock_backend *be, dlock_request *req, int64_t timeout_ms);
+int dlock__zk_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_ms, dlock_grant *out);
 
 /* The core lists through dlock__zk_list, so names is never NULL here. Bounded by
  * the request timeout from the start of the call. */
