@@ -844,6 +844,7 @@ int64_t dlock__renewer_stop(dlock_store *s)
 		dlock__counted(s);
 		dlock__heard(s, s->m->release(s->be, &r->lock->req));
 		pthread_mutex_unlock(&s->be_mu);
+		r->lock->req.slot = NULL; /* the store freed it (sys/backend.h) */
 		pthread_mutex_lock(&r->lock->mu);
 		r->lock->state = DLOCK__IDLE;
 		pthread_mutex_unlock(&r->lock->mu);

@@ -1109,6 +1109,113 @@ static int nop_open(dlock_backend **out, dlock_uri *uri)
 	return apart_open(out, uri);
 }
 
+/* The store's per-hold state (contract v5): what acquire and wait leave in
+ * dlock_grant.slot comes back as req->slot on the next try, and release or
+ * cancel get it last; after them the core forgets it. A fake whose slot is a
+ * counted allocation: a lost or doubled slot fails a check, a leaked one
+ * fails ASan and valgrind. */
+typedef struct slot_fake {
+	dlock_backend base;
+	int refusals;        /* tries refused before the grant (-1: never granted) */
+	int tries, seen_own, waits, released_with, cancelled_with;
+	void *handed;        /* the slot last handed out */
+} slot_fake;
+
+static int s_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out)
+{
+	slot_fake *f = (slot_fake *)be;
+	f->tries++;
+	if (req->slot && req->slot == f->handed)
+		f->seen_own++;
+	if (!req->slot && !(out->slot = f->handed = malloc(16)))
+		return DLOCK_ENOMEM;
+	if (f->refusals < 0 || f->tries <= f->refusals) {
+		out->retry_ms = 1;
+		return DLOCK_ELOCKED;
+	}
+	out->fence = 7;
+	return 0;
+}
+
+static int s_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_ms, dlock_grant *out)
+{
+	slot_fake *f = (slot_fake *)be;
+	(void)timeout_ms;
+	f->waits += out->slot == req->slot;
+	return 0;
+}
+
+static int s_release(dlock_backend *be, const dlock_request *req)
+{
+	slot_fake *f = (slot_fake *)be;
+	f->released_with += req->slot && req->slot == f->handed;
+	free(req->slot);
+	f->handed = NULL;
+	return 0;
+}
+
+static int s_cancel(dlock_backend *be, const dlock_request *req)
+{
+	slot_fake *f = (slot_fake *)be;
+	f->cancelled_with += req->slot && req->slot == f->handed;
+	free(req->slot);
+	f->handed = NULL;
+	return 0;
+}
+
+static int s_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
+{
+	(void)be;
+	(void)reqs;
+	for (size_t i = 0; i < n; i++)
+		results[i] = 0;
+	return 0;
+}
+
+static void s_close(dlock_backend *be)
+{
+	free(be);
+}
+
+static const dlock_backend_methods slot_methods = {
+	DLOCK_BACKEND_METHODS_INIT("slotfake"),
+	.acquire = s_acquire,
+	.release = s_release,
+	.renew = s_renew,
+	.wait = s_wait,
+	.cancel = s_cancel,
+	.close = s_close,
+};
+
+static void test_slot_round_trip(void)
+{
+	for (int granted = 1; granted >= 0; granted--) {
+		slot_fake *f = calloc(1, sizeof(*f));
+		CHECK(f != NULL);
+		dlock_backend_init(&f->base, &slot_methods);
+		f->refusals = granted ? 3 : -1;
+		dlock_store *s = NULL;
+		CHECK_RC(dlock_store_open_backend(&s, &f->base, "slotfake://", 30000), 0);
+		dlock_lock *l = NULL;
+		CHECK_RC(dlock_lock_new(&l, s, "slotted", NULL), 0);
+		int rc = dlock_acquire(l, granted ? 5000 : 60);
+		if (granted) {
+			CHECK_RC(rc, 0);
+			CHECK(f->tries == 4 && f->seen_own == 3); /* each later try got its slot back */
+			CHECK(f->waits == f->tries - 1);           /* and so did each wait */
+			CHECK_RC(dlock_release(l), 0);
+			CHECK(f->released_with == 1 && f->cancelled_with == 0);
+		} else {
+			CHECK(rc == DLOCK_ETIMEOUT);
+			CHECK(f->tries >= 2 && f->seen_own == f->tries - 1);
+			CHECK(f->cancelled_with == 1 && f->released_with == 0); /* the give-up's cancel */
+		}
+		CHECK(f->handed == NULL);
+		dlock_lock_free(l);
+		dlock_store_close(s);
+	}
+}
+
 static void test_register(void)
 {
 	CHECK_RC(dlock_backend_register("fakeapart", apart_open), 0);
@@ -1284,6 +1391,7 @@ int main(void)
 	test_failed_release_retried();
 	test_fork();
 	test_register();
+	test_slot_round_trip();
 	test_renew_apart();
 	test_board_wakeup();
 #ifndef DLOCK_TEST_NO_INTERPOSE

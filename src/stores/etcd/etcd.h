@@ -89,7 +89,7 @@ typedef struct etcd_store {
 				 members: gateway.c "Hedging" */
 	int reached;          /* during the current call a member took a request on cmd or side
 				 (answered, or accepted it and stayed silent): the cluster is
-				 there, if not serving (dlock_request.reached) */
+				 there, if not serving (dlock_grant.reached) */
 	lease leases[MAX_LEASES];
 	size_t nleases;
 

@@ -450,7 +450,7 @@ int dlock__et_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 		/* The core counts the lease from t0 unless told otherwise. A shared
 		 * lease confirmed alive for two thirds of a TTL from t0 or more is
 		 * used as it is: the grant says when it was confirmed
-		 * (req->lease_from_ms) and the renewer keeps it alive from a third of
+		 * (out->lease_from_ms) and the renewer keeps it alive from a third of
 		 * it. Else keep it alive now, in parallel with the Txn (a second
 		 * connection): no extra round trip, but work for the server. */
 		int need_ka = l->alive_until < alive_enough;

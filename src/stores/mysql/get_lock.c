@@ -400,10 +400,18 @@ static int g_release(dlock_backend *be, const dlock_request *req)
 					req->name);
 }
 
-/* Leave the waiters' record (status) of a wait that ended without a grant. */
+/* Leave the waiters' record (status) of a wait that ended without a grant;
+ * a GET_LOCK that g_wait got and no g_acquire completed (the wait gave up
+ * first) is given back by closing its connection, as g_acquire does when it
+ * finds no time left to complete it. */
 static int g_cancel(dlock_backend *be, const dlock_request *req)
 {
 	mysql_store *b = (mysql_store *)be;
+	gl_hold *w = req->slot;
+	if (w && w->waited) {
+		mysql_close(w->conn);
+		free(w);
+	}
 	MYSQL *c = NULL;
 	if (b->npool > 0)
 		c = b->pool[--b->npool];

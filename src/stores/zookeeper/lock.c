@@ -230,7 +230,12 @@ int dlock__zk_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms
 	zookeeper_store *st = (zookeeper_store *)be;
 	int64_t start = dlock_clock_ms();
 	int64_t deadline = req->deadline_ms;
-	hold *h = dlock__zk_current_hold(st, req, deadline);
+	/* req->slot as it is: extend gets a copy of the request, so a hold of
+	 * another owner freed here would stay in the lock's (its next acquire
+	 * or release frees it) */
+	hold *h = req->slot;
+	if (h && strcmp(h->owner, req->owner) != 0)
+		h = NULL;
 	if (!h)
 		return by_owner(st, req, false, deadline); /* held by another session: it lives as long as that */
 	if (!h->node || dlock__zk_sess_dead(st, h->sess))

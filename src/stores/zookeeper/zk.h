@@ -366,7 +366,10 @@ int dlock__zk_create_and_list(zookeeper_store *st, hold *h, const dlock_request 
  * not be deleted in time goes to the sweep. */
 void dlock__zk_discard_hold(zookeeper_store *st, hold *h, int64_t deadline);
 
-/* A slot left from an earlier hold of the same lock handle (lost, attached). */
+/* req->slot when it is a hold of req->owner; a hold of another owner (left
+ * from an earlier hold of the same lock handle: lost, attached) is discarded
+ * and NULL returned — for acquire (which answers the new slot) and release
+ * (after which the core forgets it) only. */
 hold *dlock__zk_current_hold(zookeeper_store *st, const dlock_request *req, int64_t deadline);
 
 int dlock__zk_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *out);
