@@ -157,6 +157,13 @@ static int call_acquire(dlock_lock *l, dlock_grant *out, int64_t until, bool *wa
 		dlock__error_restore(&saved);
 	}
 	l->req.deadline_ms = request_deadline(s, until);
+	if (dlock_try_too_late(&l->req, s->request_timeout_ms)) {
+		/* would most likely only time out and leave an outcome to undo: not
+		 * sent (sys/backend.h, "Time"); the wait ends not acquired */
+		pthread_mutex_unlock(&s->be_mu);
+		return dlock_error_set(DLOCK_ELOCKED, s->m->kind, NULL, "lock '%s' not acquired by the end of the wait",
+				       l->name);
+	}
 	*out = (dlock_grant){ .retry_ms = -1, .slot = l->req.slot };
 	dlock__counted(s);
 	int rc = dlock__heard(s, s->m->acquire(s->be, &l->req, out));

@@ -92,9 +92,10 @@
  * a try-once (req->waiting == 0) comes with one whole request timeout
  * (counted when the core calls, after any wait for the store handle), and a
  * waiting try with what is left of its wait. A waiting try left with less
- * than dlock_try_too_late() allows would most likely only time out and leave
- * an unknown outcome to undo (the core reports such a wait as not acquired
- * in time all the same): it sends nothing and returns DLOCK_ELOCKED. A store
+ * than dlock_try_too_late() allows (with the store's request timeout) would
+ * most likely only time out and leave an unknown outcome to undo: the core
+ * does not send it, and reports the wait as not acquired in time, so a
+ * store is never called with less (it needs no check of its own). A store
  * whose try takes several round trips divides the time it has (Redlock
  * keeps a share for its undo).
  *
@@ -520,7 +521,8 @@ DLOCK_EXTERN int64_t dlock_clock_ms(void);
 /**
  * Whether the waiting try `req` has too little time left to be sent: less
  * than DLOCK_TRY_MIN_MS before req->deadline_ms, or than half the store's
- * request timeout when that is smaller. Never true for a try-once.
+ * request timeout when that is smaller. Never true for a try-once. The core
+ * applies it before every acquire (see "Time").
  */
 static inline int dlock_try_too_late(const dlock_request *req, int64_t request_timeout_ms)
 {

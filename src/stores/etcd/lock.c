@@ -403,13 +403,6 @@ int dlock__et_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 		dlock__et_names_free(&nm);
 		return DLOCK_ENOMEM;
 	}
-	/* A waiting try with too little time left sends nothing (see "Time" in
-	 * sys/backend.h); a queued waiter stays queued: the core cancels. */
-	if (dlock_try_too_late(req, e->request_timeout_ms)) {
-		free(value);
-		dlock__et_names_free(&nm);
-		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "%s is held", req->name);
-	}
 	out->slot = NULL;
 	dlock__et_call_begin(e, req->deadline_ms);
 	rescue(e);

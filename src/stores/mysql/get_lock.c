@@ -188,11 +188,11 @@ static int g_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 	MYSQL_RES *res = NULL;
 	/* A grant g_wait got is completed with whatever time is left (one batch
 	 * on its open connection); with none left, closing the connection gives
-	 * GET_LOCK back: not acquired in time. */
+	 * GET_LOCK back: not acquired in time. (The core sends no waiting try
+	 * with too little time left: sys/backend.h, "Time".) */
 	int64_t deadline = req->deadline_ms;
-	if (waited ? deadline <= dlock_clock_ms() : dlock_try_too_late(req, b->request_timeout_ms)) {
-		if (waited)
-			mysql_close(waited);
+	if (waited && deadline <= dlock_clock_ms()) {
+		mysql_close(waited);
 		free(s.p);
 		return dlock__my_too_late(req);
 	}

@@ -121,10 +121,6 @@ static int t_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 
 	MYSQL_RES *res;
 	int64_t deadline = req->deadline_ms;
-	if (dlock_try_too_late(req, b->request_timeout_ms)) { /* see "Time" in sys/backend.h */
-		free(s.p);
-		return dlock__my_too_late(req);
-	}
 	dlock__my_tl_want_partial = 1;
 	int rc = dlock__my_run(b, &s, &res, "acquire", 1, deadline);
 	dlock__my_tl_want_partial = 0;

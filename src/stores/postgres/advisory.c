@@ -290,10 +290,8 @@ static int adv_acquire(dlock_backend *base, const dlock_request *req, dlock_gran
 	if (req->fair)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
 				       "fair locks need mode=table: advisory try-locks have no queue");
-	int64_t deadline;
-	int rc = dlock__pg_acquire_deadline(be, req, &deadline);
-	if (rc)
-		return rc;
+	int64_t deadline = req->deadline_ms;
+	int rc;
 	int shared = req->mode == DLOCK_SHARED;
 	unsigned permits = req->permits;
 	int64_t intent_key = dlock__pg_adv_key(be->ns, req->name, "writer-intent");

@@ -119,16 +119,6 @@ static int timed_out(const char *what, const char *detail)
 	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out %s", what, detail);
 }
 
-/* The deadline of an acquire: the core's; a waiting try with too little of
- * it left sends nothing and says "not acquired" (see "Time" in sys/backend.h). */
-int dlock__pg_acquire_deadline(const postgres_store *be, const dlock_request *req, int64_t *deadline)
-{
-	*deadline = req->deadline_ms;
-	if (!dlock_try_too_late(req, be->request_timeout_ms))
-		return 0;
-	return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "acquire: no time left for another try");
-}
-
 int dlock__pg_poll_ms(int64_t deadline)
 {
 	int64_t left = deadline - dlock_clock_ms();

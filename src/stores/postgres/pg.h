@@ -105,10 +105,6 @@ int dlock__pg_finish(PGconn **cp, int64_t deadline, const char *what, int sent, 
 /* Close *cp (after a cancel request when `cancel`), leaving NULL. */
 void dlock__pg_drop_conn(PGconn **cp, int cancel);
 
-/* The deadline of an acquire try (the core's); DLOCK_ELOCKED when too little
- * of it is left to send another try. */
-int dlock__pg_acquire_deadline(const postgres_store *be, const dlock_request *req, int64_t *deadline);
-
 /* Milliseconds to poll until deadline (>= 0, capped for int). */
 int dlock__pg_poll_ms(int64_t deadline);
 

@@ -15,10 +15,10 @@ void dlock__pg_i64s(char *buf, size_t n, int64_t v)
 static int tbl_acquire(dlock_backend *base, const dlock_request *req, dlock_grant *out)
 {
 	postgres_store *be = (postgres_store *)base;
-	int64_t deadline;
-	int rc = dlock__pg_acquire_deadline(be, req, &deadline);
+	int64_t deadline = req->deadline_ms;
 	PGconn *c = NULL;
-	if (rc || (rc = dlock__pg_main_conn(be, deadline, &c)))
+	int rc = dlock__pg_main_conn(be, deadline, &c);
+	if (rc)
 		return rc;
 	char mode[4], permits[16], ttl[24], qttl[24], pid[16];
 	snprintf(mode, sizeof mode, "%d", req->mode == DLOCK_SHARED ? 1 : 0);

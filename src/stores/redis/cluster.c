@@ -587,9 +587,6 @@ static int c_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 	if (s->fence_replicas)
 		dlock__rargs_add(&a, ""); /* ARGV[8]: the node's run_id, filled by exec */
 	int64_t deadline = req->deadline_ms;
-	if (dlock_try_too_late(req, s->seeds[0].timeout_ms))
-		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
-				       req->name);
 	int rc, node = -1;
 	redisReply *r = run(s, DLOCK__RS_ACQUIRE, &a, &k, s->fence_replicas > 0, deadline, &rc, &node);
 	if (!r) {

@@ -438,9 +438,6 @@ static int r_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_acquire(&a, &k, req, 0);
 	int64_t deadline = req->deadline_ms;
-	if (dlock_try_too_late(req, s->srv[0].timeout_ms)) /* see "Time" in sys/backend.h */
-		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
-				       req->name);
 	int rc;
 	redisReply *r = NULL;
 	s->busy = s->unknown = false;

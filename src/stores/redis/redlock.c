@@ -847,12 +847,6 @@ static int rl_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 	 * and a waiter that must rejoin a queue (a partial grant it undid removed it
 	 * from those masters' queues) rejoins at its own place, not behind later ones */
 	dlock__rargs_acquire(&a, &k, req, req->fair ? req->ticket_us : 0);
-	if (dlock_try_too_late(req, master_timeout(s))) { /* see "Time" in sys/backend.h */
-		free(ops);
-		free(maybe);
-		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
-				       req->name);
-	}
 	int64_t t0 = dlock_clock_ms();
 	int64_t deadline = req->deadline_ms;
 	int64_t drift = drift_ms(s, req->ttl_ms);

@@ -48,9 +48,6 @@ static int acquire_try(zookeeper_store *st, const dlock_request *req, dlock_gran
 							  "semaphores in a Curator recipe"
 							: "Curator's InterProcessMutex does not order read nodes: "
 							  "use recipe=curator-rw for shared locks");
-	if (dlock_try_too_late(req, st->request_ms)) /* see "Time" in sys/backend.h */
-		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
-				       req->name);
 	dlock__zk_reap(st);
 	hold *h = out->slot = dlock__zk_current_hold(st, req, deadline);
 	if (h && dlock__zk_sess_dead(st, h->sess)) {
