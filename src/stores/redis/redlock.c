@@ -718,9 +718,17 @@ static int64_t drift_ms(const redlock_store *s, int64_t ttl_ms)
  * cannot hide an earlier fence (with three masters that is all of them; with
  * five, one silent master no longer holds up the first grant of a name).
  */
+/* acquire: a quorum granted (with a fence past the first, or more than a
+ * bare quorum), or too many refused for a quorum. A waiting try (*arg) is
+ * also decided by a split vote among a quorum of answers: the masters still
+ * to answer could only break it if every one of them granted, and one that
+ * is stopped keeps the round — and the store handle's other waiters behind
+ * it — until the per-master timeout; a split vote retries after a short
+ * random delay instead (the holder's release still landing on some masters
+ * is the usual cause). */
 static bool acquire_decided(const redlock_store *s, const rl_op *ops, void *arg)
 {
-	(void)arg;
+	bool waiting = *(const bool *)arg;
 	size_t grants = 0, refused = 0;
 	uint64_t top = 0;
 	for (size_t i = 0; i < s->n; i++) {
@@ -734,7 +742,8 @@ static bool acquire_decided(const redlock_store *s, const rl_op *ops, void *arg)
 		if (r == 0 && f > top)
 			top = f;
 	}
-	return (grants >= s->quorum && (top > 1 || grants > s->quorum)) || s->n - refused < s->quorum;
+	return (grants >= s->quorum && (top > 1 || grants > s->quorum)) || s->n - refused < s->quorum ||
+	       (waiting && refused > 0 && grants + refused >= s->quorum);
 }
 
 /* raise: a quorum confirmed the token. */
@@ -865,7 +874,8 @@ static int rl_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 	snprintf(g->key, sizeof(g->key), "%s", k.k[DLOCK__RK_H]);
 	const rl_after after = { true, g };
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens, tmo, try_end, acquire_decided, NULL, &after);
+	bool waiting = req->waiting;
+	rl_round(s, ops, DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens, tmo, try_end, acquire_decided, &waiting, &after);
 	size_t grants = 0, refused = 0, at_top = 0, unknown = 0;
 	uint64_t top = 0;
 	int64_t soonest = -1;
