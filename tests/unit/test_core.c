@@ -1145,22 +1145,23 @@ static int s_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_m
 	return 0;
 }
 
-static int s_release(dlock_backend *be, const dlock_request *req)
+/* release and cancel: count a call that got the slot handed out last, free it */
+static int s_drop(slot_fake *f, const dlock_request *req, int *with)
 {
-	slot_fake *f = (slot_fake *)be;
-	f->released_with += req->slot && req->slot == f->handed;
+	*with += req->slot && req->slot == f->handed;
 	free(req->slot);
 	f->handed = NULL;
 	return 0;
 }
 
+static int s_release(dlock_backend *be, const dlock_request *req)
+{
+	return s_drop((slot_fake *)be, req, &((slot_fake *)be)->released_with);
+}
+
 static int s_cancel(dlock_backend *be, const dlock_request *req)
 {
-	slot_fake *f = (slot_fake *)be;
-	f->cancelled_with += req->slot && req->slot == f->handed;
-	free(req->slot);
-	f->handed = NULL;
-	return 0;
+	return s_drop((slot_fake *)be, req, &((slot_fake *)be)->cancelled_with);
 }
 
 static int s_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
