@@ -53,7 +53,22 @@ mkfifo "$T/ready"
 	sh -c "echo go >'$T/ready'; exec sleep 600" >"$T/run.out" 2>"$T/run.err" &
 pid=$!
 read -r _ <"$T/ready"
-kill -STOP $pid
+# Stopped outside a write of its own: a process stopped inside one (its
+# renewal's, slow under valgrind) keeps the database's write lock, and every
+# other name waits behind it (docs/stores/sqlite.md). A try-once of another
+# name is the probe: it needs that lock; refused, the holder runs on a
+# little and is stopped again.
+stopped_outside_write=0
+for _ in $(seq 1 20); do
+	kill -STOP $pid
+	if "$DLOCK" run --no-wait vprobe -- true >/dev/null 2>&1; then
+		stopped_outside_write=1
+		break
+	fi
+	kill -CONT $pid
+	sleep 0.05
+done
+check "holder stopped outside a write" [ "$stopped_outside_write" = 1 ]
 expect_rc 0 "steal after the lease" "$DLOCK" acquire --wait 20s v
 kill -CONT $pid
 wait $pid
