@@ -1,6 +1,7 @@
 /* Compiled alone with -pedantic -Werror: the public headers stand on their own. */
 #include <dlock/dlock.h>
 #include <dlock/sys/backend.h>
+#include <dlock/sys/support.h>
 
 int main(void)
 {

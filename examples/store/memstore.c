@@ -214,6 +214,16 @@ static int mem_open(dlock_backend **out, dlock_uri *uri)
 	return 0;
 }
 
+#ifdef MEMSTORE_MODULE
+/* ---- as a module (store-mem.so): `conformance --load store-mem.so mem://x`
+ * runs the store suite on it, which loads it and calls this, as libdlock
+ * does with its own store modules ---- */
+__attribute__((visibility("default"))) int dlock_store_module_init(void);
+int dlock_store_module_init(void)
+{
+	return dlock_backend_register("mem", mem_open);
+}
+#else
 /* ---- a program using it through the public API ---- */
 
 #define TRY(expr, want)                                                                            \
@@ -264,3 +274,4 @@ int main(void)
 	dlock_store_close(s2);
 	return 0;
 }
+#endif

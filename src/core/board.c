@@ -26,16 +26,16 @@ struct dlock__board {
 
 static unsigned bucket(const char *key)
 {
-	return key ? (unsigned)(dlock__fnv1a64(DLOCK__FNV64_OFFSET, key, strlen(key)) % NBUCKETS) : 0;
+	return key ? (unsigned)(dlock_sys_fnv1a64(DLOCK_SYS_FNV64_OFFSET, key, strlen(key)) % NBUCKETS) : 0;
 }
 
 int dlock__board_new(dlock__board **out)
 {
-	dlock__board *b = dlock__calloc(1, sizeof(*b));
+	dlock__board *b = dlock_sys_calloc(1, sizeof(*b));
 	if (!b)
 		return DLOCK_ENOMEM;
 	pthread_mutex_init(&b->mu, NULL);
-	dlock__cond_init_monotonic(&b->cv);
+	dlock_sys_cond_init_monotonic(&b->cv);
 	*out = b;
 	return 0;
 }
@@ -75,7 +75,7 @@ bool dlock__board_wait(dlock__board *b, const char *name, const char *owner, uin
 		if (left <= 0)
 			break;
 		struct timespec ts;
-		dlock__abstime(&ts, left);
+		dlock_sys_abstime(&ts, left);
 		pthread_cond_timedwait(&b->cv, &b->mu, &ts);
 	}
 	pthread_mutex_unlock(&b->mu);

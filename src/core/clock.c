@@ -22,7 +22,7 @@ int64_t dlock_wall_ms(void)
 	return ms_of(CLOCK_REALTIME);
 }
 
-void dlock__sleep_ms(int64_t ms)
+void dlock_sys_sleep_ms(int64_t ms)
 {
 	if (ms <= 0)
 		return;
@@ -31,7 +31,7 @@ void dlock__sleep_ms(int64_t ms)
 		;
 }
 
-void dlock__abstime(struct timespec *ts, int64_t ms_from_now)
+void dlock_sys_abstime(struct timespec *ts, int64_t ms_from_now)
 {
 	clock_gettime(CLOCK_MONOTONIC, ts);
 	if (ms_from_now < 0)
@@ -65,7 +65,7 @@ void dlock_random(void *buf, size_t len)
  * seeded once from getrandom (a getrandom call per acquire was a syscall on
  * every lock), mixed with the monotonic clock so that the two sides of a
  * fork part at once. */
-int64_t dlock__rand_between(int64_t lo, int64_t hi)
+int64_t dlock_sys_rand_between(int64_t lo, int64_t hi)
 {
 	static _Thread_local uint64_t st;
 	if (hi <= lo)
@@ -83,7 +83,7 @@ int64_t dlock__rand_between(int64_t lo, int64_t hi)
 	return lo + (int64_t)(r % (uint64_t)(hi - lo + 1));
 }
 
-int64_t dlock__drift_ms(int64_t ttl_ms)
+int64_t dlock_sys_drift_ms(int64_t ttl_ms)
 {
 	return ttl_ms / 100 + 2;
 }

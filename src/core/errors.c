@@ -28,7 +28,7 @@ void dlock_error_clear(void)
 	last.store_code[0] = '\0';
 }
 
-int dlock__error_vset(int code, const char *store, const char *store_code, const char *fmt,
+int dlock_sys_error_vset(int code, const char *store, const char *store_code, const char *fmt,
 		      va_list ap)
 {
 	/* Format apart first: an argument may be the last message itself
@@ -48,12 +48,12 @@ int dlock_error_set(int code, const char *store, const char *store_code, const c
 {
 	va_list ap;
 	va_start(ap, fmt);
-	dlock__error_vset(code, store, store_code, fmt, ap);
+	dlock_sys_error_vset(code, store, store_code, fmt, ap);
 	va_end(ap);
 	return code;
 }
 
-void dlock__error_save(dlock__saved_error *e)
+void dlock_sys_error_save(dlock_sys_saved_error *e)
 {
 	e->code = last.err.code;
 	snprintf(e->message, sizeof(e->message), "%s", last.message);
@@ -61,7 +61,7 @@ void dlock__error_save(dlock__saved_error *e)
 	snprintf(e->store_code, sizeof(e->store_code), "%s", last.store_code);
 }
 
-void dlock__error_restore(const dlock__saved_error *e)
+void dlock_sys_error_restore(const dlock_sys_saved_error *e)
 {
 	if (e->code)
 		dlock_error_set(e->code, e->store, e->store_code, "%s", e->message);
@@ -69,7 +69,7 @@ void dlock__error_restore(const dlock__saved_error *e)
 		dlock_error_clear();
 }
 
-int dlock__oom(void)
+int dlock_sys_oom(void)
 {
 	return dlock_error_set(DLOCK_ENOMEM, NULL, NULL, "out of memory");
 }
@@ -111,15 +111,15 @@ const char *dlock_error_name(int code)
 
 /* ---- small memory helpers ---- */
 
-char *dlock__strdup(const char *s)
+char *dlock_sys_strdup(const char *s)
 {
 	char *p = strdup(s ? s : "");
 	if (!p)
-		dlock__oom();
+		dlock_sys_oom();
 	return p;
 }
 
-void dlock__free_secret(char *s)
+void dlock_sys_free_secret(char *s)
 {
 	if (!s)
 		return;
@@ -127,15 +127,15 @@ void dlock__free_secret(char *s)
 	free(s);
 }
 
-char *dlock__strndup(const char *s, size_t n)
+char *dlock_sys_strndup(const char *s, size_t n)
 {
 	char *p = strndup(s, n);
 	if (!p)
-		dlock__oom();
+		dlock_sys_oom();
 	return p;
 }
 
-char *dlock__sprintf(const char *fmt, ...)
+char *dlock_sys_sprintf(const char *fmt, ...)
 {
 	va_list ap;
 	char *p = NULL;
@@ -144,19 +144,19 @@ char *dlock__sprintf(const char *fmt, ...)
 		p = NULL;
 	va_end(ap);
 	if (!p)
-		dlock__oom();
+		dlock_sys_oom();
 	return p;
 }
 
-void *dlock__calloc(size_t n, size_t size)
+void *dlock_sys_calloc(size_t n, size_t size)
 {
 	void *p = calloc(n ? n : 1, size ? size : 1);
 	if (!p)
-		dlock__oom();
+		dlock_sys_oom();
 	return p;
 }
 
-void dlock__hex(char *out, const void *bytes, size_t len)
+void dlock_sys_hex(char *out, const void *bytes, size_t len)
 {
 	static const char digits[] = "0123456789abcdef";
 	const unsigned char *b = bytes;

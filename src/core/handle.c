@@ -27,7 +27,7 @@ int dlock_lock_detach(dlock_lock *l, char **handle)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, l->store->m->kind, NULL,
 				       "locks of the %s store live with this process's session and cannot be "
 				       "handed to another process", l->store->m->kind);
-	char *h = dlock__sprintf("dl1.%c.%u.%" PRIu64 ".%" PRId64 ".%s", l->opts.mode == DLOCK_SHARED ? 's' : 'x',
+	char *h = dlock_sys_sprintf("dl1.%c.%u.%" PRIu64 ".%" PRId64 ".%s", l->opts.mode == DLOCK_SHARED ? 's' : 'x',
 				 l->opts.permits, l->fence, l->ttl_ms, l->owner);
 	if (!h)
 		return DLOCK_ENOMEM;
@@ -90,7 +90,7 @@ int dlock_lock_attach(dlock_lock *l, const char *handle)
 	l->count = 1;
 	l->thread = pthread_self();
 	l->fence = fence;
-	l->deadline = dlock_clock_ms() + ttl - dlock__drift_ms(ttl);
+	l->deadline = dlock_clock_ms() + ttl - dlock_sys_drift_ms(ttl);
 	l->lost_fired = false;
 	dlock__lock_fill_request(l);
 	pthread_mutex_unlock(&l->mu);

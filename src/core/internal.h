@@ -26,19 +26,19 @@
 /* The URI text with any password replaced by "***" (malloc'd). */
 char *dlock__uri_redact(const char *text);
 
-/* ---- scheme table ---- */
-typedef struct dlock__scheme {
-	const char *scheme;
-	dlock_backend_open_fn open; /* NULL: compiled out */
-	const char *build_option;   /* "DLOCK_WITH_REDIS" */
-} dlock__scheme;
-const dlock__scheme *dlock__scheme_find(const char *scheme);
+/* ---- scheme table (schemes.c) ---- */
+/* The open function of a URI scheme: a store built into this libdlock, one
+ * registered with dlock_backend_register, or one of a store module, which is
+ * loaded (LIBDIR/dlock/store-<kind>.so) on the first use of its schemes.
+ * 0; DLOCK_EINVAL for an unknown scheme; DLOCK_ENOTSUPPORTED (message set)
+ * for a store this build left out or whose module cannot be loaded. */
+int dlock__scheme_open(const char *scheme, dlock_backend_open_fn *out);
 /* Parse `text`, find its scheme (built in or registered) and open a backend
  * (connect_timeout cut to timeout_ms when > 0); the URI's ttl and request
  * timeout come back too (either pointer may be NULL). */
 int dlock__backend_open(const char *text, int64_t timeout_ms, dlock_backend **out, int64_t *ttl_ms,
 			int64_t *request_timeout_ms);
-/* The warning the last open on this thread left (dlock__open_warning), into
+/* The warning the last open on this thread left (dlock_sys_open_warning), into
  * buf ("" if none), clearing it. */
 void dlock__open_warning_take(char *buf, size_t size);
 
@@ -269,7 +269,7 @@ struct dlock_lock {
 	dlock__state state;
 	unsigned long count;     /* reentrant holds */
 	pthread_t thread;        /* holder thread */
-	char owner[DLOCK__OWNER_MAX];
+	char owner[DLOCK_SYS_OWNER_MAX];
 	uint64_t fence;
 	int64_t deadline;        /* CLOCK_MONOTONIC ms; lease end minus drift */
 	int64_t unsure_ttl_ms;   /* least ttl of this hold's renewals and extends

@@ -48,10 +48,10 @@ int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
 	if (opts->permits > 1000000)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "permits %u is too many (at most 1000000)",
 				       opts->permits);
-	dlock_lock *l = dlock__calloc(1, sizeof(*l));
+	dlock_lock *l = dlock_sys_calloc(1, sizeof(*l));
 	if (!l)
 		return DLOCK_ENOMEM;
-	if (!(l->name = dlock__strdup(name))) {
+	if (!(l->name = dlock_sys_strdup(name))) {
 		free(l);
 		return DLOCK_ENOMEM;
 	}
@@ -83,7 +83,7 @@ void dlock__lock_fill_request(dlock_lock *l)
 	r->queue_ttl_ms = DLOCK__QUEUE_TTL_MS;
 	r->host = l->store->host;
 	r->pid = dlock__pid();
-	r->ticket_us = dlock_wall_ms() * 1000 + dlock__rand_between(0, 999);
+	r->ticket_us = dlock_wall_ms() * 1000 + dlock_sys_rand_between(0, 999);
 	r->slot = slot;
 }
 
@@ -151,10 +151,10 @@ static int call_acquire(dlock_lock *l, dlock_grant *out, int64_t until, bool *wa
 		return BE_BUSY;
 	if (s->m->watch && l->req.waiting) {
 		*armed = dlock__board_arm(s->board, l->name, l->req.owner);
-		dlock__saved_error saved; /* a watch that fails only costs polling */
-		dlock__error_save(&saved);
+		dlock_sys_saved_error saved; /* a watch that fails only costs polling */
+		dlock_sys_error_save(&saved);
 		*watched = s->m->watch(s->be, &l->req) == 0 || *watched;
-		dlock__error_restore(&saved);
+		dlock_sys_error_restore(&saved);
 	}
 	l->req.deadline_ms = request_deadline(s, until);
 	if (dlock_try_too_late(&l->req, s->request_timeout_ms)) {
@@ -177,8 +177,8 @@ static void call_cancel(dlock_lock *l, int64_t deadline)
 	dlock_backend *be = l->store->be;
 	if (!l->store->m->cancel)
 		return;
-	dlock__saved_error saved; /* cancel is cleanup: keep the caller's error */
-	dlock__error_save(&saved);
+	dlock_sys_saved_error saved; /* cancel is cleanup: keep the caller's error */
+	dlock_sys_error_save(&saved);
 	if (lock_be_by(l->store, deadline)) {
 		l->req.deadline_ms = deadline;
 		dlock__counted(l->store);
@@ -190,7 +190,7 @@ static void call_cancel(dlock_lock *l, int64_t deadline)
 				  dlock_clock_ms() + l->req.queue_ttl_ms);
 	}
 	l->req.slot = NULL; /* the store freed (or will free) its per-attempt state */
-	dlock__error_restore(&saved);
+	dlock_sys_error_restore(&saved);
 }
 
 static int release_in_store(dlock_lock *l, int64_t deadline);
@@ -210,8 +210,8 @@ static bool outcome_unknown(int rc)
 static bool undo(dlock_lock *l, int64_t deadline)
 {
 	dlock_store *s = l->store;
-	dlock__saved_error saved;
-	dlock__error_save(&saved);
+	dlock_sys_saved_error saved;
+	dlock_sys_error_save(&saved);
 	int rc = DLOCK_EUNAVAILABLE;
 	l->req.confirm = 1;
 	if (lock_be_by(s, deadline)) {
@@ -224,7 +224,7 @@ static bool undo(dlock_lock *l, int64_t deadline)
 	bool done = rc == 0 || rc == DLOCK_ENOTHELD;
 	if (!done)
 		dlock__orphan_add(s, &l->req, DLOCK__ORPHAN_RELEASE, dlock_clock_ms() + l->ttl_ms);
-	dlock__error_restore(&saved);
+	dlock_sys_error_restore(&saved);
 	return done;
 }
 
@@ -235,7 +235,7 @@ static int granted(dlock_lock *l, uint64_t fence, int64_t t_lease)
 	l->count = 1;
 	l->thread = pthread_self();
 	l->fence = fence;
-	l->deadline = t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms);
+	l->deadline = t_lease + l->ttl_ms - dlock_sys_drift_ms(l->ttl_ms);
 	l->unsure_ttl_ms = 0;
 	l->unsure_end = 0;
 	l->attached = false;
@@ -248,10 +248,10 @@ static int granted(dlock_lock *l, uint64_t fence, int64_t t_lease)
 	int rc = dlock__renewer_add(l->store, &l->reg);
 	if (rc) {
 		/* No renewal and no lost signal would watch this hold: give it back. */
-		dlock__saved_error saved;
-		dlock__error_save(&saved);
+		dlock_sys_saved_error saved;
+		dlock_sys_error_save(&saved);
 		release_in_store(l, INT64_MAX);
-		dlock__error_restore(&saved);
+		dlock_sys_error_restore(&saved);
 		pthread_mutex_lock(&l->mu);
 		l->state = DLOCK__IDLE;
 		l->count = 0;
@@ -268,12 +268,12 @@ static bool forget_lost(dlock_lock *l, int64_t by)
 {
 	if (!dlock__renewer_remove(l->store, &l->reg, by))
 		return false;
-	dlock__saved_error saved;
-	dlock__error_save(&saved);
+	dlock_sys_saved_error saved;
+	dlock_sys_error_save(&saved);
 	/* A courtesy (the hold is over): on a silent store, a short one; if it
 	 * is not confirmed, the renewer retries it until the lease has ended. */
 	release_in_store(l, dlock__silent(l->store) ? dlock_clock_ms() + DLOCK__SILENT_TRY_MS : INT64_MAX);
-	dlock__error_restore(&saved);
+	dlock_sys_error_restore(&saved);
 	return true;
 }
 
@@ -365,7 +365,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			t_lease = g.lease_from_ms; /* the store's lease began before this try */
 		if (rc == 0) {
 			int64_t now = dlock_clock_ms();
-			if (now < t_lease + l->ttl_ms - dlock__drift_ms(l->ttl_ms)) {
+			if (now < t_lease + l->ttl_ms - dlock_sys_drift_ms(l->ttl_ms)) {
 				if (watched)
 					l->store->m->unwatch(l->store->be, &l->req);
 				return granted(l, g.fence, t_lease);
@@ -412,11 +412,11 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			l->store->m->wait(l->store->be, &l->req, by_retry, &w);
 			l->req.slot = w.slot;
 		} else {
-			int64_t step = min64(by_retry, dlock__rand_between(backoff / 2 + 1, backoff));
+			int64_t step = min64(by_retry, dlock_sys_rand_between(backoff / 2 + 1, backoff));
 			backoff = min64(backoff * 2, rc == DLOCK_ELOCKED ? BACKOFF_MAX_MS : 1000);
 			if (rc == DLOCK_ELOCKED && retry >= 0 && retry < BACKOFF_MAX_MS) {
 				/* A polling store's early-look hint (its queue place,
-				 * dlock__poll_hint): as asked while the place is new, then
+				 * dlock_sys_poll_hint): as asked while the place is new, then
 				 * every eighth of the time spent at it, up to the back-off's
 				 * cap — a long hold is not polled every millisecond. */
 				if (hint_since < 0 || retry < last_hint)
@@ -425,13 +425,13 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 				int64_t spaced = min64((now - hint_since) / 8, BACKOFF_MAX_MS);
 				step = min64(nap, spaced > retry + 1 ? spaced : retry + 1);
 			}
-			dlock__sleep_ms(step);
+			dlock_sys_sleep_ms(step);
 		}
 	}
 
 give_up:;
-	dlock__saved_error saved;
-	dlock__error_save(&saved);
+	dlock_sys_saved_error saved;
+	dlock_sys_error_save(&saved);
 	if (watched)
 		l->store->m->unwatch(l->store->be, &l->req);
 	int64_t now = dlock_clock_ms();
@@ -440,7 +440,7 @@ give_up:;
 		call_cancel(l, by);
 	if (unknown_t0 >= 0)
 		undo(l, by);
-	dlock__error_restore(&saved);
+	dlock_sys_error_restore(&saved);
 	/* A wait that found the lock held and ran out during a try (the try cut
 	 * short by the wait's end, or the store gone quiet at the end): the lock
 	 * was not acquired within the wait, which is what the caller asked. */
@@ -494,7 +494,7 @@ static int release_in_store(dlock_lock *l, int64_t deadline)
 		/* The store's expiry: our deadline plus its drift margin, plus the
 		 * longest a confirmed renewal may have taken to apply. */
 		int64_t until = l->state == DLOCK__HELD && !l->attached
-					? l->deadline + dlock__drift_ms(l->ttl_ms) + l->store->request_timeout_ms
+					? l->deadline + dlock_sys_drift_ms(l->ttl_ms) + l->store->request_timeout_ms
 					: dlock_clock_ms() + l->ttl_ms;
 		pthread_mutex_unlock(&l->mu);
 		dlock__orphan_add(l->store, &l->req, DLOCK__ORPHAN_RELEASE, until);
@@ -633,10 +633,10 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 		 * land after ours and set now + its ttl: count no more than that. */
 		int64_t eff = l->unsure_ttl_ms > 0 && l->unsure_ttl_ms < ttl_ms ? l->unsure_ttl_ms : ttl_ms;
 		l->ttl_ms = ttl_ms;
-		l->deadline = t0 + eff - dlock__drift_ms(eff);
+		l->deadline = t0 + eff - dlock_sys_drift_ms(eff);
 		/* nor past what such a request could have set from its send */
-		if (l->unsure_end > 0 && l->unsure_end - dlock__drift_ms(eff) < l->deadline)
-			l->deadline = l->unsure_end - dlock__drift_ms(eff);
+		if (l->unsure_end > 0 && l->unsure_end - dlock_sys_drift_ms(eff) < l->deadline)
+			l->deadline = l->unsure_end - dlock_sys_drift_ms(eff);
 		next_renew = t0 + eff / 3;
 	} else if (rc == DLOCK_ENOTHELD && l->attached) {
 		l->state = DLOCK__IDLE; /* the handle named a hold that is not (or no longer) there */
@@ -652,7 +652,7 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 		rc = dlock_error_set(DLOCK_ELOST, l->store->m->kind, NULL, "lock '%s' was lost: its lease ended", l->name);
 	} else if (l->state == DLOCK__HELD && rc != DLOCK_EINVAL) {
 		/* Unknown outcome: it may land later, setting t0 + ttl_ms at the least. */
-		int64_t d = t0 + ttl_ms - dlock__drift_ms(ttl_ms);
+		int64_t d = t0 + ttl_ms - dlock_sys_drift_ms(ttl_ms);
 		if (d < l->deadline)
 			l->deadline = d;
 		if (l->unsure_ttl_ms == 0 || ttl_ms < l->unsure_ttl_ms)

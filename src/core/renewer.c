@@ -39,7 +39,7 @@ struct dlock__orphan {
 	dlock__orphan *next;
 	dlock_request req;       /* name and owner point at the strings below */
 	char *name;
-	char owner[DLOCK__OWNER_MAX];
+	char owner[DLOCK_SYS_OWNER_MAX];
 	dlock__orphan_kind kind;
 	int64_t until;           /* CLOCK_MONOTONIC ms: the hold cannot outlive this */
 	int64_t next_try;
@@ -80,7 +80,7 @@ static bool reg_sleep(dlock_store *s, int64_t until)
 	if (now >= until)
 		return false;
 	struct timespec ts;
-	dlock__abstime(&ts, until - now);
+	dlock_sys_abstime(&ts, until - now);
 	pthread_cond_timedwait(&s->reg_cv, &s->reg_mu, &ts);
 	return true;
 }
@@ -495,7 +495,7 @@ static void renew_batch(dlock_store *s, int64_t now)
 			/* A request of this hold with a shorter ttl whose outcome is
 			 * unknown may still land after this one: count only that. */
 			int64_t eff = l->unsure_ttl_ms > 0 && l->unsure_ttl_ms < ttl ? l->unsure_ttl_ms : ttl;
-			int64_t d = t0 + eff - dlock__drift_ms(eff);
+			int64_t d = t0 + eff - dlock_sys_drift_ms(eff);
 			if (d > l->deadline)
 				l->deadline = d;
 			r->next_renew = t0 + eff / 3;
@@ -563,10 +563,10 @@ static void retry_orphans(dlock_store *s, int64_t now)
 		*p = o->next; /* ours while we talk to the store */
 		s->orphan_busy = o->owner;
 		pthread_mutex_unlock(&s->reg_mu);
-		dlock__saved_error saved;
-		dlock__error_save(&saved);
+		dlock_sys_saved_error saved;
+		dlock_sys_error_save(&saved);
 		int rc = orphan_call(s, o, INT64_MAX);
-		dlock__error_restore(&saved);
+		dlock_sys_error_restore(&saved);
 		pthread_mutex_lock(&s->reg_mu);
 		s->orphan_busy = NULL;
 		if (rc == 0 || rc == DLOCK_ENOTHELD || rc == DLOCK_EINVAL || o->kind == DLOCK__ORPHAN_CANCEL) {

@@ -14,7 +14,7 @@
  * A lookup in flight is shared: the reconnects of a store whose DNS hangs
  * wait for the one lookup already running instead of starting one thread
  * each, and a finished answer is kept for KEEP_MS so that a prefetch
- * (dlock__resolve_prefetch) and the resolve that follows it meet.
+ * (dlock_sys_resolve_prefetch) and the resolve that follows it meet.
  * Numeric hosts never leave the caller's thread (AI_NUMERICHOST).
  */
 #include "internal.h"
@@ -44,7 +44,7 @@ typedef struct job {
 	int64_t done_at;
 	int gai;            /* getaddrinfo's result */
 	int sys_errno;
-	dlock__addrs addrs;
+	dlock_sys_addrs addrs;
 } job;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -65,7 +65,7 @@ static void fork_parent(void)
 
 static void cv_make(void)
 {
-	dlock__cond_init_monotonic(&cv);
+	dlock_sys_cond_init_monotonic(&cv);
 }
 
 /* The parent's waiters are not in the child: a condition variable that counts
@@ -82,11 +82,11 @@ static void cv_init(void)
 	cv_make();
 }
 
-static void addrs_from(dlock__addrs *out, const struct addrinfo *res)
+static void addrs_from(dlock_sys_addrs *out, const struct addrinfo *res)
 {
 	out->n = 0;
-	for (const struct addrinfo *ai = res; ai && out->n < DLOCK__ADDRS_MAX; ai = ai->ai_next) {
-		char buf[DLOCK__ADDR_LEN];
+	for (const struct addrinfo *ai = res; ai && out->n < DLOCK_SYS_ADDRS_MAX; ai = ai->ai_next) {
+		char buf[DLOCK_SYS_ADDR_LEN];
 		const void *a;
 		if (ai->ai_family == AF_INET)
 			a = &((const struct sockaddr_in *)(const void *)ai->ai_addr)->sin_addr;
@@ -104,7 +104,7 @@ static void addrs_from(dlock__addrs *out, const struct addrinfo *res)
 	}
 }
 
-static int lookup(dlock__addrs *out, const char *host, int flags, int *sys_errno)
+static int lookup(dlock_sys_addrs *out, const char *host, int flags, int *sys_errno)
 {
 	struct addrinfo hints, *res = NULL;
 	memset(&hints, 0, sizeof(hints));
@@ -131,7 +131,7 @@ static void unref(job *j) /* under mu */
 static void *run(void *arg)
 {
 	job *j = arg;
-	dlock__addrs a;
+	dlock_sys_addrs a;
 	int err = 0;
 	int gai = lookup(&a, j->host, 0, &err);
 	pthread_mutex_lock(&mu);
@@ -205,9 +205,9 @@ static bool passthrough(const char *host)
 	return !host || !*host || host[0] == '/' || strlen(host) >= HOST_MAX;
 }
 
-void dlock__resolve_prefetch(const char *host)
+void dlock_sys_resolve_prefetch(const char *host)
 {
-	dlock__addrs a;
+	dlock_sys_addrs a;
 	int err;
 	if (passthrough(host) || lookup(&a, host, AI_NUMERICHOST, &err) == 0)
 		return;
@@ -219,7 +219,7 @@ void dlock__resolve_prefetch(const char *host)
 	pthread_mutex_unlock(&mu);
 }
 
-int dlock__resolve(dlock__addrs *out, const char *host, int64_t deadline_ms, const char *store)
+int dlock_sys_resolve(dlock_sys_addrs *out, const char *host, int64_t deadline_ms, const char *store)
 {
 	int err = 0;
 	out->n = 0;
@@ -240,7 +240,7 @@ int dlock__resolve(dlock__addrs *out, const char *host, int64_t deadline_ms, con
 		int e = errno;
 		pthread_mutex_unlock(&mu);
 		if (e == ENOMEM)
-			return dlock__oom();
+			return dlock_sys_oom();
 		return dlock_error_set(DLOCK_EUNAVAILABLE, store, NULL, "cannot resolve %s: no thread: %s", host,
 				       strerror(e));
 	}
@@ -268,7 +268,7 @@ int dlock__resolve(dlock__addrs *out, const char *host, int64_t deadline_ms, con
 			       gai == EAI_SYSTEM ? strerror(sys_errno) : gai_strerror(gai));
 }
 
-size_t dlock__addrs_join(char *buf, size_t size, const dlock__addrs *a, const char *sep)
+size_t dlock_sys_addrs_join(char *buf, size_t size, const dlock_sys_addrs *a, const char *sep)
 {
 	size_t len = 0;
 	if (size)
@@ -282,27 +282,27 @@ size_t dlock__addrs_join(char *buf, size_t size, const dlock__addrs *a, const ch
 	return len;
 }
 
-size_t dlock__resolve_all(dlock__addrs *out, int *rcs, const char *const *hosts, size_t n, int64_t deadline_ms,
+size_t dlock_sys_resolve_all(dlock_sys_addrs *out, int *rcs, const char *const *hosts, size_t n, int64_t deadline_ms,
 			  const char *store)
 {
 	for (size_t i = 0; i < n; i++)
-		dlock__resolve_prefetch(hosts[i]);
+		dlock_sys_resolve_prefetch(hosts[i]);
 	int64_t now = dlock_clock_ms();
 	int64_t half = now + (deadline_ms - now) / 2;
 	size_t ok = 0;
-	dlock__saved_error last = { 0 };
+	dlock_sys_saved_error last = { 0 };
 	for (int pass = 0; pass < 2 && !ok; pass++) {
 		for (size_t i = 0; i < n; i++) {
 			if (pass && rcs[i] != DLOCK_EUNAVAILABLE)
 				continue; /* answered (or failed for good) in the first pass */
-			rcs[i] = dlock__resolve(&out[i], hosts[i], pass ? deadline_ms : half, store);
+			rcs[i] = dlock_sys_resolve(&out[i], hosts[i], pass ? deadline_ms : half, store);
 			if (rcs[i] == 0)
 				ok++;
 			else
-				dlock__error_save(&last);
+				dlock_sys_error_save(&last);
 		}
 	}
 	if (!ok && n)
-		dlock__error_restore(&last);
+		dlock_sys_error_restore(&last);
 	return ok;
 }

@@ -85,11 +85,11 @@ static void sha256(unsigned char out[32], const unsigned char *msg, size_t len)
 static char *holder_id(const char *owner)
 {
 	if (!owner || !*owner)
-		return dlock__strdup("");
+		return dlock_sys_strdup("");
 	size_t olen = strlen(owner), tlen = sizeof(HOLDER_ID_TAG);
 	unsigned char *m = malloc(tlen + olen), d[32];
 	if (!m) {
-		dlock__oom();
+		dlock_sys_oom();
 		return NULL;
 	}
 	memcpy(m, HOLDER_ID_TAG, tlen); /* with its NUL: tag and owner cannot run together */
@@ -98,18 +98,18 @@ static char *holder_id(const char *owner)
 	free(m);
 	char *id = malloc(DLOCK_HOLDER_ID_LEN + 1);
 	if (!id) {
-		dlock__oom();
+		dlock_sys_oom();
 		return NULL;
 	}
-	dlock__hex(id, d, DLOCK_HOLDER_ID_LEN / 2);
+	dlock_sys_hex(id, d, DLOCK_HOLDER_ID_LEN / 2);
 	return id;
 }
 
-dlock_lock_status *dlock__status_add(dlock_lock_status **arr, size_t *count)
+dlock_lock_status *dlock_sys_status_add(dlock_lock_status **arr, size_t *count)
 {
 	dlock_lock_status *n = realloc(*arr, (*count + 1) * sizeof(**arr));
 	if (!n) {
-		dlock__oom();
+		dlock_sys_oom();
 		return NULL;
 	}
 	*arr = n;
@@ -118,11 +118,11 @@ dlock_lock_status *dlock__status_add(dlock_lock_status **arr, size_t *count)
 	return &n[(*count)++];
 }
 
-dlock_holder *dlock__status_add_holder(dlock_lock_status *st)
+dlock_holder *dlock_sys_status_add_holder(dlock_lock_status *st)
 {
 	dlock_holder *n = realloc(st->holders, (st->nholders + 1) * sizeof(*n));
 	if (!n) {
-		dlock__oom();
+		dlock_sys_oom();
 		return NULL;
 	}
 	st->holders = n;
@@ -329,10 +329,10 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 	if (rc == 0 || rc == DLOCK_ENOTHELD) {
 		/* A store whose holds live on the holder's connection answers "not
 		 * held" for another connection's hold: tell that from "gone". */
-		dlock__saved_error e;
-		dlock__error_save(&e);
+		dlock_sys_saved_error e;
+		dlock_sys_error_save(&e);
 		int src = still_held(s, name, holder_id_text, &held);
-		dlock__error_restore(&e);
+		dlock_sys_error_restore(&e);
 		if (src == 0 && held)
 			rc = dlock_error_set(DLOCK_ENOTSUPPORTED, s->m->kind, NULL,
 					     "the %s store cannot free a hold of another connection; end "

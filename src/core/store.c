@@ -85,7 +85,7 @@ static int check_methods(dlock_backend *be)
 static int store_init(dlock_store **out, dlock_backend *be, const char *display_uri,
 		      int64_t default_ttl_ms, int64_t request_timeout_ms, const char *open_text)
 {
-	dlock_store *s = dlock__calloc(1, sizeof(*s));
+	dlock_store *s = dlock_sys_calloc(1, sizeof(*s));
 	if (!s) {
 		be->methods->close(be);
 		return DLOCK_ENOMEM;
@@ -95,7 +95,7 @@ static int store_init(dlock_store **out, dlock_backend *be, const char *display_
 	s->m = &s->mt;
 	s->uri = dlock__uri_redact(display_uri ? display_uri : s->m->kind);
 	if (open_text && (s->m->flags & DLOCK_BACKEND_F_RENEW_APART))
-		s->open_text = dlock__strdup(open_text);
+		s->open_text = dlock_sys_strdup(open_text);
 	if (!s->uri || (open_text && (s->m->flags & DLOCK_BACKEND_F_RENEW_APART) && !s->open_text) ||
 	    dlock__board_new(&s->board) != 0) {
 		s->m->close(be);
@@ -110,7 +110,7 @@ static int store_init(dlock_store **out, dlock_backend *be, const char *display_
 	s->request_timeout_ms = request_timeout_ms > 0 ? request_timeout_ms : DLOCK__DEFAULT_REQUEST_TIMEOUT_MS;
 	unsigned char id[16];
 	dlock_random(id, sizeof(id));
-	dlock__hex(s->client_id, id, sizeof(id));
+	dlock_sys_hex(s->client_id, id, sizeof(id));
 	if (gethostname(s->host, sizeof(s->host) - 1) != 0)
 		strcpy(s->host, "unknown");
 	s->opener_pid = dlock__pid(); /* registers the fork handler first */
@@ -118,7 +118,7 @@ static int store_init(dlock_store **out, dlock_backend *be, const char *display_
 	pthread_mutex_init(&s->be_mu, NULL);
 	pthread_mutex_init(&s->rbe_mu, NULL);
 	pthread_mutex_init(&s->reg_mu, NULL);
-	dlock__cond_init_monotonic(&s->reg_cv);
+	dlock_sys_cond_init_monotonic(&s->reg_cv);
 	pthread_cond_init(&s->cb_cv, NULL);
 	*out = s;
 	return 0;
@@ -139,29 +139,21 @@ int dlock__backend_open(const char *text, int64_t timeout_ms, dlock_backend **ou
 {
 	*out = NULL;
 	dlock_uri *uri;
-	int rc = dlock__uri_parse(&uri, text);
+	int rc = dlock_sys_uri_parse(&uri, text);
 	if (rc)
 		return rc;
-	const dlock__scheme *sc = dlock__scheme_find(uri->scheme);
-	if (!sc) {
-		rc = dlock_error_set(DLOCK_EINVAL, NULL, NULL,
-				     "unknown store scheme '%s:' (known: sqlite, redis, rediss, redis+sentinel, redis+cluster, "
-				     "redlock, etcd, etcds, zk, postgres, mysql, mariadb, memcached, and any "
-				     "registered with dlock_backend_register)", uri->scheme);
-	} else if (!sc->open) {
-		rc = dlock_error_set(DLOCK_ENOTSUPPORTED, uri->scheme, NULL,
-				     "this dlock was built without the %s store (%s=OFF: its client "
-				     "library was not found at build time)", uri->scheme, sc->build_option);
-	} else {
+	dlock_backend_open_fn open_fn;
+	rc = dlock__scheme_open(uri->scheme, &open_fn);
+	if (rc == 0) {
 		dlock_backend *be = NULL;
 		if (timeout_ms > 0 && timeout_ms < uri->connect_timeout_ms)
 			uri->connect_timeout_ms = timeout_ms;
 		char stale[8];
 		dlock__open_warning_take(stale, sizeof(stale)); /* not this open's */
-		rc = sc->open(&be, uri);
+		rc = open_fn(&be, uri);
 		if (rc == 0 && (rc = check_methods(be)) != 0)
 			be = NULL;
-		if (rc == 0 && (rc = dlock__uri_check_unused(uri)) != 0)
+		if (rc == 0 && (rc = dlock_sys_uri_check_unused(uri)) != 0)
 			be->methods->close(be);
 		else if (rc == 0)
 			*out = be;
@@ -170,7 +162,7 @@ int dlock__backend_open(const char *text, int64_t timeout_ms, dlock_backend **ou
 		if (request_timeout_ms)
 			*request_timeout_ms = uri->request_timeout_ms;
 	}
-	dlock__uri_free(uri);
+	dlock_sys_uri_free(uri);
 	return rc;
 }
 
@@ -300,11 +292,11 @@ int dlock_store_wakes_waiters(const dlock_store *s)
 /* "sqlite://" + an absolute path, or "sqlite:" + a relative one, escaping what a URI would misread. */
 static char *sqlite_uri(const char *dir, const char *rest)
 {
-	char *path = dlock__sprintf("%s%s", dir, rest);
+	char *path = dlock_sys_sprintf("%s%s", dir, rest);
 	if (!path)
 		return NULL;
 	size_t n = strlen(path);
-	char *esc = dlock__calloc(3 * n + 1, 1);
+	char *esc = dlock_sys_calloc(3 * n + 1, 1);
 	if (!esc) {
 		free(path);
 		return NULL;
@@ -316,7 +308,7 @@ static char *sqlite_uri(const char *dir, const char *rest)
 		else
 			*o++ = *c;
 	}
-	char *uri = dlock__sprintf("sqlite:%s%s", path[0] == '/' ? "//" : "", esc);
+	char *uri = dlock_sys_sprintf("sqlite:%s%s", path[0] == '/' ? "//" : "", esc);
 	free(path);
 	free(esc);
 	return uri;

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-uint64_t dlock__fnv1a64(uint64_t h, const void *p, size_t n)
+uint64_t dlock_sys_fnv1a64(uint64_t h, const void *p, size_t n)
 {
 	const unsigned char *s = p;
 	for (size_t i = 0; i < n; i++) {
@@ -21,7 +21,7 @@ uint64_t dlock__fnv1a64(uint64_t h, const void *p, size_t n)
 	return h;
 }
 
-struct timeval dlock__ms_timeval(int64_t ms)
+struct timeval dlock_sys_ms_timeval(int64_t ms)
 {
 	if (ms < 0)
 		ms = 0;
@@ -29,7 +29,7 @@ struct timeval dlock__ms_timeval(int64_t ms)
 	return tv;
 }
 
-int dlock__cond_init_monotonic(pthread_cond_t *cv)
+int dlock_sys_cond_init_monotonic(pthread_cond_t *cv)
 {
 	pthread_condattr_t ca;
 	int rc = pthread_condattr_init(&ca);
@@ -42,16 +42,16 @@ int dlock__cond_init_monotonic(pthread_cond_t *cv)
 	return rc;
 }
 
-int dlock__opt_dup(char **dst, const char *v)
+int dlock_sys_opt_dup(char **dst, const char *v)
 {
 	*dst = NULL;
 	if (!v)
 		return 0;
-	*dst = dlock__strdup(v);
+	*dst = dlock_sys_strdup(v);
 	return *dst ? 0 : DLOCK_ENOMEM;
 }
 
-static int sb_reserve(dlock__sbuf *s, size_t more)
+static int sb_reserve(dlock_sys_sbuf *s, size_t more)
 {
 	if (s->failed)
 		return -1;
@@ -74,7 +74,7 @@ static int sb_reserve(dlock__sbuf *s, size_t more)
 	return 0;
 }
 
-int dlock__sb_put(dlock__sbuf *s, const void *bytes, size_t n)
+int dlock_sys_sb_put(dlock_sys_sbuf *s, const void *bytes, size_t n)
 {
 	if (sb_reserve(s, n))
 		return -1;
@@ -84,7 +84,7 @@ int dlock__sb_put(dlock__sbuf *s, const void *bytes, size_t n)
 	return 0;
 }
 
-int dlock__sb_add(dlock__sbuf *s, const char *fmt, ...)
+int dlock_sys_sb_add(dlock_sys_sbuf *s, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -104,7 +104,7 @@ int dlock__sb_add(dlock__sbuf *s, const char *fmt, ...)
 	return 0;
 }
 
-bool dlock__host_is_local(const char *host)
+bool dlock_sys_host_is_local(const char *host)
 {
 	if (!host || !*host || host[0] == '/' || strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0 ||
 	    strcmp(host, "[::1]") == 0)
@@ -117,7 +117,7 @@ bool dlock__host_is_local(const char *host)
 
 static _Thread_local char open_warning[512];
 
-void dlock__open_warning(const char *fmt, ...)
+void dlock_sys_open_warning(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -136,7 +136,7 @@ static int word_char(char c)
 	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
 
-void dlock__scrub(char *msg, size_t size, const char *secret)
+void dlock_sys_scrub(char *msg, size_t size, const char *secret)
 {
 	size_t pl = secret ? strlen(secret) : 0;
 	if (pl == 0 || !msg)
@@ -157,7 +157,7 @@ void dlock__scrub(char *msg, size_t size, const char *secret)
 	snprintf(msg, size, "%s", out);
 }
 
-void dlock__nopipe_begin(dlock__nopipe *np)
+void dlock_sys_nopipe_begin(dlock_sys_nopipe *np)
 {
 	sigset_t pipe, pending;
 	sigemptyset(&pipe);
@@ -168,7 +168,7 @@ void dlock__nopipe_begin(dlock__nopipe *np)
 	pthread_sigmask(SIG_BLOCK, &pipe, &np->old);
 }
 
-void dlock__nopipe_end(dlock__nopipe *np)
+void dlock_sys_nopipe_end(dlock_sys_nopipe *np)
 {
 	sigset_t pipe, pending;
 	sigemptyset(&pending);
@@ -182,7 +182,7 @@ void dlock__nopipe_end(dlock__nopipe *np)
 	pthread_sigmask(SIG_SETMASK, &np->old, NULL);
 }
 
-void dlock__sock_states(const int *fds, size_t n, int *states)
+void dlock_sys_sock_states(const int *fds, size_t n, int *states)
 {
 	struct pollfd p[64];
 	if (n > 64)
@@ -196,7 +196,7 @@ void dlock__sock_states(const int *fds, size_t n, int *states)
 			  : p[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL) ? 2 : 1;
 }
 
-int64_t dlock__poll_hint(int64_t ahead, int64_t per_place_ms)
+int64_t dlock_sys_poll_hint(int64_t ahead, int64_t per_place_ms)
 {
 	/* the next in line is the next head; further back, a waiter needs about
 	 * `ahead` handoffs to reach the front: it looks less often */

@@ -18,7 +18,7 @@ static int hexval(int c)
 /* Percent-decode [s, s+n) into a new string; NULL with DLOCK_EINVAL or ENOMEM set. */
 static char *decode(const char *s, size_t n, const char *what)
 {
-	char *out = dlock__calloc(n + 1, 1), *o = out;
+	char *out = dlock_sys_calloc(n + 1, 1), *o = out;
 	if (!out)
 		return NULL;
 	for (size_t i = 0; i < n; i++) {
@@ -126,13 +126,13 @@ static const char *split_authority(const char *a, const char **end)
 	return pick;
 }
 
-void dlock__uri_free(dlock_uri *uri)
+void dlock_sys_uri_free(dlock_uri *uri)
 {
 	if (!uri)
 		return;
 	free(uri->scheme);
 	free(uri->user);
-	dlock__free_secret(uri->password);
+	dlock_sys_free_secret(uri->password);
 	free(uri->hosts);
 	free(uri->path);
 	for (size_t i = 0; i < uri->nparams; i++) {
@@ -154,7 +154,7 @@ static int parse_query(dlock_uri *uri, const char *q)
 				return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "store URI has an option without a name");
 			dlock_uri_option *np = realloc(uri->params, (uri->nparams + 1) * sizeof(*np));
 			if (!np)
-				return dlock__oom();
+				return dlock_sys_oom();
 			uri->params = np;
 			dlock_uri_option *p = &uri->params[uri->nparams];
 			memset(p, 0, sizeof(*p));
@@ -162,7 +162,7 @@ static int parse_query(dlock_uri *uri, const char *q)
 			if (!p->key)
 				return dlock_error_last()->code;
 			uri->nparams++;
-			p->value = eq ? decode(eq + 1, len - klen - 1, "options") : dlock__strdup("");
+			p->value = eq ? decode(eq + 1, len - klen - 1, "options") : dlock_sys_strdup("");
 			if (!p->value)
 				return dlock_error_last()->code;
 			for (size_t i = 0; i + 1 < uri->nparams; i++)
@@ -214,7 +214,7 @@ static int common_options(dlock_uri *uri)
 	return 0;
 }
 
-int dlock__uri_parse(dlock_uri **out, const char *text)
+int dlock_sys_uri_parse(dlock_uri **out, const char *text)
 {
 	*out = NULL;
 	if (!text || !*text)
@@ -228,11 +228,11 @@ int dlock__uri_parse(dlock_uri **out, const char *text)
 	if (*p != ':')
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
 				       "malformed store URI: no ':' after the scheme (expected e.g. redis://host:port)");
-	dlock_uri *uri = dlock__calloc(1, sizeof(*uri));
+	dlock_uri *uri = dlock_sys_calloc(1, sizeof(*uri));
 	if (!uri)
 		return DLOCK_ENOMEM;
 	int rc = DLOCK_ENOMEM;
-	if (!(uri->scheme = dlock__strndup(text, (size_t)(p - text))))
+	if (!(uri->scheme = dlock_sys_strndup(text, (size_t)(p - text))))
 		goto fail;
 	for (char *c = uri->scheme; *c; c++)
 		*c = (char)tolower((unsigned char)*c);
@@ -267,7 +267,7 @@ int dlock__uri_parse(dlock_uri **out, const char *text)
 	if (*p == '?') {
 		const char *q = p + 1;
 		size_t qlen = strcspn(q, "#");
-		char *qs = dlock__strndup(q, qlen);
+		char *qs = dlock_sys_strndup(q, qlen);
 		if (!qs)
 			goto fail;
 		rc = parse_query(uri, qs);
@@ -287,7 +287,7 @@ int dlock__uri_parse(dlock_uri **out, const char *text)
 fail_err:
 	rc = dlock_error_last()->code;
 fail:
-	dlock__uri_free(uri);
+	dlock_sys_uri_free(uri);
 	return rc;
 }
 
@@ -302,7 +302,7 @@ const char *dlock_uri_param(dlock_uri *uri, const char *key)
 	return NULL;
 }
 
-int dlock__uri_check_unused(const dlock_uri *uri)
+int dlock_sys_uri_check_unused(const dlock_uri *uri)
 {
 	for (size_t i = 0; i < uri->nparams; i++)
 		if (!uri->params[i].used)
@@ -313,7 +313,7 @@ int dlock__uri_check_unused(const dlock_uri *uri)
 
 char *dlock__uri_redact(const char *text)
 {
-	char *out = dlock__strdup(text);
+	char *out = dlock_sys_strdup(text);
 	if (!out)
 		return NULL;
 	char *sep = strstr(out, "://");
@@ -323,7 +323,7 @@ char *dlock__uri_redact(const char *text)
 		const char *at = split_authority(a, &aend);
 		char *colon = at ? memchr(a, ':', (size_t)(at - a)) : NULL;
 		if (colon) {
-			char *r = dlock__sprintf("%.*s:***%s", (int)(colon - out), out, at);
+			char *r = dlock_sys_sprintf("%.*s:***%s", (int)(colon - out), out, at);
 			free(out);
 			out = r;
 			if (!out)
@@ -338,7 +338,7 @@ char *dlock__uri_redact(const char *text)
 		    strncmp(k, "token=", 6) == 0) {
 			char *v = strchr(k, '=') + 1;
 			size_t off = (size_t)(v - out), vlen = strcspn(v, "&#");
-			char *r = dlock__sprintf("%.*s***%s", (int)off, out, v + vlen);
+			char *r = dlock_sys_sprintf("%.*s***%s", (int)off, out, v + vlen);
 			free(out);
 			out = r;
 			if (!out)
@@ -360,7 +360,7 @@ int dlock_uri_hosts(const dlock_uri *uri, int default_port, dlock_hostport **out
 	size_t n = 1;
 	for (const char *c = uri->hosts; *c; c++)
 		n += *c == ',';
-	dlock_hostport *hp = dlock__calloc(n, sizeof(*hp));
+	dlock_hostport *hp = dlock_sys_calloc(n, sizeof(*hp));
 	if (!hp)
 		return DLOCK_ENOMEM;
 	const char *s = uri->hosts;

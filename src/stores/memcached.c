@@ -104,7 +104,7 @@ static int mc_error(memcached_store *be, memcached_return_t rc, const char *what
 		code = DLOCK_EAUTH;
 		break;
 	case MEMCACHED_MEMORY_ALLOCATION_FAILURE:
-		return dlock__oom();
+		return dlock_sys_oom();
 	default:
 		code = DLOCK_ESTORE;
 	}
@@ -208,11 +208,11 @@ static void base_key(memcached_store *be, const char *name, char *out, size_t ca
 	out[n] = 0;
 	if (fits)
 		return;
-	uint64_t a = dlock__fnv1a64(DLOCK__FNV64_OFFSET, be->ns, strlen(be->ns) + 1);
-	a = dlock__fnv1a64(a, name, strlen(name));
-	uint64_t b = dlock__fnv1a64(0x6c62272e07bb0142ULL ^ 0x9e3779b97f4a7c15ULL, name, strlen(name));
-	b = dlock__fnv1a64(b, be->ns, strlen(be->ns));
-	uint64_t ph = dlock__fnv1a64(DLOCK__FNV64_OFFSET, be->ns, strlen(be->ns));
+	uint64_t a = dlock_sys_fnv1a64(DLOCK_SYS_FNV64_OFFSET, be->ns, strlen(be->ns) + 1);
+	a = dlock_sys_fnv1a64(a, name, strlen(name));
+	uint64_t b = dlock_sys_fnv1a64(0x6c62272e07bb0142ULL ^ 0x9e3779b97f4a7c15ULL, name, strlen(name));
+	b = dlock_sys_fnv1a64(b, be->ns, strlen(be->ns));
+	uint64_t ph = dlock_sys_fnv1a64(DLOCK_SYS_FNV64_OFFSET, be->ns, strlen(be->ns));
 	snprintf(out, cap, "dlock#%016" PRIx64 "#%016" PRIx64 "%016" PRIx64, ph, a, b);
 }
 
@@ -266,7 +266,7 @@ static entry *list_push(list *l)
 static int list_parse(list *l, const char *v, size_t len)
 {
 	memset(l, 0, sizeof *l);
-	char *buf = dlock__strndup(v, len);
+	char *buf = dlock_sys_strndup(v, len);
 	if (!buf)
 		return DLOCK_ENOMEM;
 	char *save = NULL, *line = strtok_r(buf, "\n", &save);
@@ -282,7 +282,7 @@ static int list_parse(list *l, const char *v, size_t len)
 		if (!e) {
 			free(buf);
 			list_free(l);
-			return dlock__oom();
+			return dlock_sys_oom();
 		}
 		unsigned long long a = 0, b = 0;
 		int mode = 0, pid = 0, off = 0;
@@ -389,7 +389,7 @@ static int check_leases(memcached_store *be, const char *k, list *l)
 	size_t *lens = calloc(l->n, sizeof *lens);
 	int err = 0;
 	if (!names || !keys || !lens) {
-		err = dlock__oom();
+		err = dlock_sys_oom();
 		goto out;
 	}
 	for (size_t i = 0; i < l->n; i++) {
@@ -434,7 +434,7 @@ static int write_list(memcached_store *be, const char *k, const list *l, int fou
 		return err;
 	char *v = list_format(l, &len);
 	if (!v)
-		return dlock__oom();
+		return dlock_sys_oom();
 	memcached_return_t rc =
 		found ? memcached_cas(be->mc, k, strlen(k), v, len, tidy_exptime(l), 0, cas)
 		      : memcached_add(be->mc, k, strlen(k), v, len, tidy_exptime(l), 0);
@@ -623,7 +623,7 @@ static int mc_acquire(dlock_backend *base, const dlock_request *req, dlock_grant
 			entry *e = list_push(&l);
 			if (!e) {
 				list_free(&l);
-				return dlock__oom();
+				return dlock_sys_oom();
 			}
 			e->kind = 'H';
 			e->live = 1;
@@ -658,7 +658,7 @@ static int mc_acquire(dlock_backend *base, const dlock_request *req, dlock_grant
 		}
 		entry *q = find(&l, req->owner, 'Q');
 		if (req->fair) /* memcached tells no one of a release: look again by our place */
-			out->retry_ms = dlock__poll_hint(waiters_ahead(&l, q), 2);
+			out->retry_ms = dlock_sys_poll_hint(waiters_ahead(&l, q), 2);
 		if (q && q->mode == (req->mode == DLOCK_SHARED) && q->fair == (req->fair != 0)) {
 			list_free(&l);
 			return DLOCK_ELOCKED;
@@ -667,7 +667,7 @@ static int mc_acquire(dlock_backend *base, const dlock_request *req, dlock_grant
 			q = list_push(&l);
 			if (!q) {
 				list_free(&l);
-				return dlock__oom();
+				return dlock_sys_oom();
 			}
 			q->kind = 'Q';
 			q->live = 1;
@@ -845,7 +845,7 @@ static int mc_renew(dlock_backend *base, const dlock_request *const *reqs, size_
 	if (!be->rmc) {
 		be->rmc = memcached_clone(NULL, be->mc);
 		if (!be->rmc)
-			return dlock__oom();
+			return dlock_sys_oom();
 		memcached_behavior_set(be->rmc, MEMCACHED_BEHAVIOR_NOREPLY, 1);
 		memcached_behavior_set(be->rmc, MEMCACHED_BEHAVIOR_BUFFER_REQUESTS, 1);
 	}
@@ -860,7 +860,7 @@ static int mc_renew(dlock_backend *base, const dlock_request *const *reqs, size_
 	bool *listed = calloc(n, sizeof(*listed));
 	char val[64];
 	int vn = snprintf(val, sizeof val, "%" PRId64 " %" PRId64, dlock_wall_ms(), reqs[0]->ttl_ms);
-	int rc = keys && kp && kl && listed ? arm(be, "renew") : dlock__oom();
+	int rc = keys && kp && kl && listed ? arm(be, "renew") : dlock_sys_oom();
 	memcached_return_t mrc = MEMCACHED_SUCCESS;
 	if (!rc) {
 		for (size_t i = 0; i < n; i++) {
@@ -948,8 +948,8 @@ static int mc_status(dlock_backend *base, const char *const *names, size_t nname
 	size_t cnt = 0;
 	int rc = 0;
 	for (size_t i = 0; i < nnames && !rc; i++) {
-		dlock_lock_status *s = dlock__status_add(&st, &cnt);
-		if (!s || !(s->name = dlock__strdup(names[i]))) {
+		dlock_lock_status *s = dlock_sys_status_add(&st, &cnt);
+		if (!s || !(s->name = dlock_sys_strdup(names[i]))) {
 			rc = DLOCK_ENOMEM;
 			break;
 		}
@@ -973,9 +973,9 @@ static int mc_status(dlock_backend *base, const char *const *names, size_t nname
 				s->waiters++;
 				continue;
 			}
-			dlock_holder *h = dlock__status_add_holder(s);
-			if (!h || !(h->owner = dlock__strdup(e->owner)) ||
-			    !(h->host = dlock__strdup(e->host))) {
+			dlock_holder *h = dlock_sys_status_add_holder(s);
+			if (!h || !(h->owner = dlock_sys_strdup(e->owner)) ||
+			    !(h->host = dlock_sys_strdup(e->host))) {
 				rc = DLOCK_ENOMEM;
 				break;
 			}
@@ -1068,16 +1068,16 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 	memcached_store *be = calloc(1, sizeof *be);
 	if (!be) {
 		dlock_free(hp);
-		return dlock__oom();
+		return dlock_sys_oom();
 	}
 	dlock_backend_init(&be->base, &memcached_methods);
 	snprintf(be->hostport, sizeof be->hostport, "%s:%d", hp[0].host, hp[0].port);
-	be->ns = dlock__strdup(uri->prefix ? uri->prefix : "dlock");
+	be->ns = dlock_sys_strdup(uri->prefix ? uri->prefix : "dlock");
 	be->mc = memcached_create(NULL);
 	if (!be->ns || !be->mc) {
 		dlock_free(hp);
 		mc_close(&be->base);
-		return dlock__oom();
+		return dlock_sys_oom();
 	}
 	int64_t tmo = uri->connect_timeout_ms;
 	be->deadline = dlock_clock_ms() + tmo;
@@ -1097,8 +1097,8 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_DEAD_TIMEOUT, 0);
 	/* libmemcached resolves with a blocking getaddrinfo: it gets the address,
 	 * resolved here by the open's deadline, once (its reconnects reuse it) */
-	dlock__addrs ad;
-	if ((rc = dlock__resolve(&ad, hp[0].host, be->deadline, KIND)) != 0) {
+	dlock_sys_addrs ad;
+	if ((rc = dlock_sys_resolve(&ad, hp[0].host, be->deadline, KIND)) != 0) {
 		dlock_free(hp);
 		mc_close(&be->base);
 		return rc;

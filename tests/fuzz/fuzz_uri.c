@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memcpy(text, data, size);
 	text[size] = '\0';
 	dlock_uri *u = NULL;
-	if (dlock__uri_parse(&u, text) == 0) {
+	if (dlock_sys_uri_parse(&u, text) == 0) {
 		dlock_hostport *hp = NULL;
 		size_t n = 0;
 		if (dlock_uri_hosts(u, 1234, &hp, &n) == 0) {
@@ -24,8 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			free(hp);
 		}
 		dlock_uri_param(u, "mode");
-		dlock__uri_check_unused(u);
-		dlock__uri_free(u);
+		dlock_sys_uri_check_unused(u);
+		dlock_sys_uri_free(u);
 	}
 	char *r = dlock__uri_redact(text);
 	/* A password in user info never survives redaction. */

@@ -34,3 +34,26 @@ f3=$(fence_of "$out")
 [ -n "$f3" ] && [ "$f3" -gt "$f2" ]
 test -f "$tmp/home/dlock.db"
 test "$(stat -c %a "$tmp/home/dlock.db")" = 600
+# The tool links libdlock alone (no store client library), finds the libdlock
+# of its own prefix, and loads a store's module from LIBDIR/dlock on the first
+# use of its scheme: an unreachable server is "unavailable" (69), not "not
+# installed". Without the module it names the file and the package.
+modules=$(ls -d "$tmp"/prefix/lib*/dlock | head -1)
+echo "modules: $(cd "$modules" && echo store-*.so)"
+if [ -x "$tmp/prefix/bin/dlock" ] && [ -f "$modules/store-redis.so" ]; then
+	libs=$(env -u LD_LIBRARY_PATH ldd "$tmp/prefix/bin/dlock")
+	echo "$libs" | grep -qE "$tmp/prefix/(bin/\.\./)?lib[^ ]*/libdlock.so"
+	! echo "$libs" | grep -qE 'hiredis|libpq|mariadb|zookeeper|curl|memcached|json-c'
+	set +e
+	out=$(env -u LD_LIBRARY_PATH DLOCK_HOME="$tmp/home" "$tmp/prefix/bin/dlock" --store redis://127.0.0.1:1 status 2>&1)
+	rc=$?
+	set -e
+	echo "redis module, no server: $rc $out"
+	[ "$rc" = 69 ] && grep -q "cannot connect to redis" <<<"$out"
+	mv "$modules/store-redis.so" "$modules/store-redis.so.off"
+	set +e
+	out=$(env -u LD_LIBRARY_PATH DLOCK_HOME="$tmp/home" "$tmp/prefix/bin/dlock" --store redis://127.0.0.1:1 status 2>&1)
+	set -e
+	echo "redis module gone: $out"
+	grep -q "redis store is not installed.*store-redis.so" <<<"$out"
+fi

@@ -13,6 +13,7 @@
 #include "testutil/faultproxy.h"
 #include "testutil/testutil.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -2460,9 +2461,40 @@ static const tu_case chaos_cases[] = {
 	{ "chaos_member_killed", chaos_member_killed },
 };
 
+/* conformance --load MODULE ...: a store module built outside libdlock
+ * (examples/store/memstore.c as store-mem.so) is loaded and its
+ * dlock_store_module_init registers its schemes, as libdlock does with its
+ * own modules; the children this suite starts load it too (through the
+ * environment). 0, or 2 with a message. */
+static int load_module(void)
+{
+	const char *path = getenv("DLOCK_CONFORMANCE_LOAD");
+	if (!path || !*path)
+		return 0;
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	int (*init)(void) = h ? (int (*)(void))dlsym(h, "dlock_store_module_init") : NULL;
+	if (!init) {
+		fprintf(stderr, "conformance --load %s: %s\n", path, h ? "no dlock_store_module_init" : dlerror());
+		return 2;
+	}
+	if (init() != 0) {
+		fprintf(stderr, "conformance --load %s: %s\n", path, dlock_error_last()->message);
+		return 2;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc > 2 && strcmp(argv[1], "--load") == 0) {
+		setenv("DLOCK_CONFORMANCE_LOAD", argv[2], 1);
+		argv[2] = argv[0];
+		argv += 2;
+		argc -= 2;
+	}
+	if (load_module() != 0)
+		return 2;
 	if (argc > 1 && strcmp(argv[1], "--child") == 0)
 		return child_main(argc, argv);
 	ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
@@ -2470,7 +2502,7 @@ int main(int argc, char **argv)
 		return 2;
 	self_exe[n] = '\0';
 	ev_a = ev_b = (event){ -1, -1 };
-	/* conformance [URI|- [CASE...]]: "-" or none, the URI from
+	/* conformance [--load MODULE] [URI|- [CASE...]]: "-" or none, the URI from
 	 * DLOCK_TEST_URI_FILE, with DLOCK_TEST_URI_SUFFIX appended (another mode
 	 * of the store on the same server: "?mode=advisory"). */
 	if (argc > 1 && argv[1][0] && strcmp(argv[1], "-") != 0) {

@@ -377,7 +377,7 @@ static void case_orphan_store(void)
 	snprintf(u, sizeof(u), "%s/?timeout=300ms&connect_timeout=500ms", proxied);
 	dlock_uri *pu = NULL;
 	dlock_backend *be = NULL;
-	if (dlock__uri_parse(&pu, u) != 0 || dlock__etcd_open(&be, pu) != 0)
+	if (dlock_sys_uri_parse(&pu, u) != 0 || dlock__etcd_open(&be, pu) != 0)
 		die("open backend");
 	dlock_request ra = { 0 }, rb;
 	ra.mode = DLOCK_EXCLUSIVE;
@@ -436,7 +436,7 @@ static void case_orphan_store(void)
 	dlock_lock_free(db);
 	dlock_store_close(direct);
 	be->methods->close(be);
-	dlock__uri_free(pu);
+	dlock_sys_uri_free(pu);
 }
 
 static void case_lost_reply(void)

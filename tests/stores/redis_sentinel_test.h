@@ -13,12 +13,12 @@ static inline int rt_open_sentinel(dlock_store **out, const char *text)
 {
 	dlock_uri *u = NULL;
 	dlock_backend *be = NULL;
-	int rc = dlock__uri_parse(&u, text);
+	int rc = dlock_sys_uri_parse(&u, text);
 	if (!rc)
 		rc = dlock__redis_open(&be, u);
-	if (!rc && (rc = dlock__uri_check_unused(u)) != 0)
+	if (!rc && (rc = dlock_sys_uri_check_unused(u)) != 0)
 		be->methods->close(be);
-	dlock__uri_free(u);
+	dlock_sys_uri_free(u);
 	if (rc)
 		return rc;
 	return dlock_store_open_backend(out, be, text, 30000);

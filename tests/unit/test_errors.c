@@ -35,15 +35,15 @@ int main(void)
 
 	/* Passwords are scrubbed from server messages where they stand as words. */
 	char m1[128] = "Got packet bigger than 'max_allowed_packet' bytes";
-	dlock__scrub(m1, sizeof m1, "p");
+	dlock_sys_scrub(m1, sizeof m1, "p");
 	CHECK(strcmp(m1, "Got packet bigger than 'max_allowed_packet' bytes") == 0);
 	char m2[128] = "Access denied for user 'u' using password 'hunter2' (p)";
-	dlock__scrub(m2, sizeof m2, "hunter2");
+	dlock_sys_scrub(m2, sizeof m2, "hunter2");
 	CHECK(strcmp(m2, "Access denied for user 'u' using password '***' (p)") == 0);
-	dlock__scrub(m2, sizeof m2, "p");
+	dlock_sys_scrub(m2, sizeof m2, "p");
 	CHECK(strcmp(m2, "Access denied for user 'u' using password '***' (***)") == 0);
 	char m3[128] = "secret=s3@cr%t! and s3@cr%t!";
-	dlock__scrub(m3, sizeof m3, "s3@cr%t!");
+	dlock_sys_scrub(m3, sizeof m3, "s3@cr%t!");
 	CHECK(strcmp(m3, "secret=*** and ***") == 0);
 
 	CHECK(dlock_error_set(DLOCK_ESTORE, "redis", "WRONGTYPE", "reply was %d", 42) == DLOCK_ESTORE);

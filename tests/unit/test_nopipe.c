@@ -1,5 +1,5 @@
 /*
- * dlock__nopipe (src/stores/support.h): writes to a socket whose peer has
+ * dlock_sys_nopipe (src/stores/support.h): writes to a socket whose peer has
  * gone, wrapped by it, fail with EPIPE instead of killing the program with
  * SIGPIPE (which is left at its default here, as in a program that never
  * thought of it); a SIGPIPE that was pending before the wrapped write stays
@@ -51,10 +51,10 @@ int main(void)
 	sigset_t before, after, pending;
 	pthread_sigmask(SIG_SETMASK, NULL, &before);
 	int fd = dead_pair();
-	dlock__nopipe np;
-	dlock__nopipe_begin(&np);
+	dlock_sys_nopipe np;
+	dlock_sys_nopipe_begin(&np);
 	int e = write_twice(fd);
-	dlock__nopipe_end(&np);
+	dlock_sys_nopipe_end(&np);
 	CHECK(e == EPIPE);
 	sigpending(&pending);
 	CHECK(!sigismember(&pending, SIGPIPE));
@@ -69,9 +69,9 @@ int main(void)
 	pthread_sigmask(SIG_BLOCK, &pipe, NULL);
 	raise(SIGPIPE);
 	fd = dead_pair();
-	dlock__nopipe_begin(&np);
+	dlock_sys_nopipe_begin(&np);
 	write_twice(fd);
-	dlock__nopipe_end(&np);
+	dlock_sys_nopipe_end(&np);
 	sigpending(&pending);
 	CHECK(sigismember(&pending, SIGPIPE));
 	pthread_sigmask(SIG_SETMASK, NULL, &after);

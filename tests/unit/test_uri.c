@@ -7,19 +7,19 @@
 static dlock_uri *parse_ok(const char *text)
 {
 	dlock_uri *u = NULL;
-	CHECK_RC(dlock__uri_parse(&u, text), 0);
+	CHECK_RC(dlock_sys_uri_parse(&u, text), 0);
 	return u;
 }
 
 static void parse_bad(const char *text, const char *needle)
 {
 	dlock_uri *u = NULL;
-	int rc = dlock__uri_parse(&u, text);
+	int rc = dlock_sys_uri_parse(&u, text);
 	if (rc == 0) {
 		const char *v = dlock_uri_param(u, "x"); /* consume nothing else */
 		(void)v;
-		rc = dlock__uri_check_unused(u);
-		dlock__uri_free(u);
+		rc = dlock_sys_uri_check_unused(u);
+		dlock_sys_uri_free(u);
 	}
 	if (rc != DLOCK_EINVAL || !strstr(dlock_error_last()->message, needle)) {
 		fprintf(stderr, "uri '%s': rc %s message '%s', wanted EINVAL mentioning '%s'\n", text,
@@ -35,18 +35,18 @@ int main(void)
 	CHECK(strcmp(u->user, "alice") == 0 && strcmp(u->password, "s@cret") == 0);
 	CHECK(strcmp(u->hosts, "127.0.0.1:6379") == 0 && strcmp(u->path, "/2") == 0);
 	CHECK(u->ttl_ms == 5000 && strcmp(u->prefix, "app") == 0);
-	CHECK(dlock__uri_check_unused(u) == 0);
-	dlock__uri_free(u);
+	CHECK(dlock_sys_uri_check_unused(u) == 0);
+	dlock_sys_uri_free(u);
 
 	u = parse_ok("sqlite:relative.db");
 	CHECK(u->hosts == NULL && strcmp(u->path, "relative.db") == 0 && u->ttl_ms == 30000);
 	CHECK(strcmp(u->prefix, "dlock") == 0 && u->connect_timeout_ms == 5000);
-	dlock__uri_free(u);
+	dlock_sys_uri_free(u);
 
 	u = parse_ok("SQLITE:///tmp/x%20y.db");
 	CHECK(strcmp(u->scheme, "sqlite") == 0 && strcmp(u->hosts, "") == 0);
 	CHECK(strcmp(u->path, "/tmp/x y.db") == 0);
-	dlock__uri_free(u);
+	dlock_sys_uri_free(u);
 
 	u = parse_ok("etcd://h1:2379,h2:2380,[::1]:2381,h4?connect_timeout=250ms&extra=1");
 	dlock_hostport *hp;
@@ -61,11 +61,11 @@ int main(void)
 	}
 	dlock_free(hp);
 	CHECK(u->connect_timeout_ms == 250);
-	CHECK_RC(dlock__uri_check_unused(u), DLOCK_EINVAL); /* extra=1 nobody read */
+	CHECK_RC(dlock_sys_uri_check_unused(u), DLOCK_EINVAL); /* extra=1 nobody read */
 	CHECK(strstr(dlock_error_last()->message, "extra") != NULL);
 	CHECK(strcmp(dlock_uri_param(u, "extra"), "1") == 0);
-	CHECK_RC(dlock__uri_check_unused(u), 0);
-	dlock__uri_free(u);
+	CHECK_RC(dlock_sys_uri_check_unused(u), 0);
+	dlock_sys_uri_free(u);
 
 	static const char *bad_hosts[] = { "redis://:6379", "redis://h:0", "redis://h:70000", "redis://h:12x",
 					   "redis://[::1", "redis://a,,b", "redis://h:" };
@@ -74,7 +74,7 @@ int main(void)
 		if (u) {
 			CHECK_RC(dlock_uri_hosts(u, 6379, &hp, &n), DLOCK_EINVAL);
 			CHECK(strstr(dlock_error_last()->message, "host") != NULL);
-			dlock__uri_free(u);
+			dlock_sys_uri_free(u);
 		}
 	}
 
@@ -123,7 +123,7 @@ int main(void)
 				u->user ? u->user : "(none)", u->hosts, u->path, u->prefix);
 			tu_failures++;
 		}
-		dlock__uri_free(u);
+		dlock_sys_uri_free(u);
 		char *red = dlock__uri_redact(ui[i].text);
 		if (ui[i].password && strlen(ui[i].password) >= 3) {
 			CHECK(red && !strstr(red, ui[i].password + strlen(ui[i].password) - 3));

@@ -85,7 +85,7 @@
  * (connect, handshake, authentication, setup). Host names count: client
  * libraries resolve with a blocking getaddrinfo that no timeout of theirs
  * bounds, so a store resolves every name by the deadline first (the core's
- * dlock__resolve) and hands its library the numeric addresses, keeping the
+ * dlock_sys_resolve) and hands its library the numeric addresses, keeping the
  * name where the library checks TLS certificates against it.
  *
  * An acquire keeps the deadline it is given, never a later one of its own:

@@ -67,11 +67,11 @@ static void etcd_close(dlock_backend *be)
 	free(e->hp);
 	free(e->prefix);
 	free(e->user);
-	dlock__free_secret(e->password);
+	dlock_sys_free_secret(e->password);
 	free(e->cacert);
 	free(e->cert);
 	free(e->key);
-	dlock__free_secret(e->token); /* an auth token is a password for its lifetime */
+	dlock_sys_free_secret(e->token); /* an auth token is a password for its lifetime */
 	for (size_t i = 0; i < e->nholds; i++)
 		free(e->holds[i].name);
 	free(e->holds);
@@ -89,7 +89,7 @@ static void curl_init(void)
 
 static int dup_opt(char **dst, dlock_uri *uri, const char *name)
 {
-	return dlock__opt_dup(dst, dlock_uri_param(uri, name));
+	return dlock_sys_opt_dup(dst, dlock_uri_param(uri, name));
 }
 
 static const dlock_backend_methods etcd_methods = {
@@ -125,7 +125,7 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 				       "etcd URI takes no path (use ?prefix= for a namespace)");
 	if ((rc = dlock_uri_hosts(uri, 2379, &hp, &nhp)) != 0)
 		return rc;
-	if (!(e = dlock__calloc(1, sizeof(*e)))) {
+	if (!(e = dlock_sys_calloc(1, sizeof(*e)))) {
 		dlock_free(hp);
 		return DLOCK_ENOMEM;
 	}
@@ -138,11 +138,11 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 		goto fail;
 	memcpy(e->hp, hp, nhp * sizeof(*hp));
 	for (size_t i = 0; i < nhp; i++) {
-		if (!tls && uri->password && !dlock__host_is_local(hp[i].host))
-			dlock__open_warning("etcd: the password and the lock traffic go to %s over plain HTTP, which a "
+		if (!tls && uri->password && !dlock_sys_host_is_local(hp[i].host))
+			dlock_sys_open_warning("etcd: the password and the lock traffic go to %s over plain HTTP, which a "
 					    "man in the middle can read; use etcds:// with cacert=CA.pem", hp[i].host);
 		int v6 = strchr(hp[i].host, ':') != NULL;
-		if (!(e->urls[i] = dlock__sprintf("%s://%s%s%s:%d", tls ? "https" : "http", v6 ? "[" : "",
+		if (!(e->urls[i] = dlock_sys_sprintf("%s://%s%s%s:%d", tls ? "https" : "http", v6 ? "[" : "",
 						  hp[i].host, v6 ? "]" : "", hp[i].port)))
 			goto fail;
 		e->nurls++;
@@ -160,16 +160,16 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 		size_t plen = strlen(uri->prefix);
 		while (plen > 1 && uri->prefix[plen - 1] == '/')
 			plen--;
-		e->prefix = dlock__strndup(uri->prefix, plen);
+		e->prefix = dlock_sys_strndup(uri->prefix, plen);
 	} else {
 		e->prefix = dlock__et_prefix_enc(uri->prefix);
 	}
 	if (!e->prefix) {
-		rc = dlock__oom();
+		rc = dlock_sys_oom();
 		goto fail;
 	}
-	if ((uri->user && !(e->user = dlock__strdup(uri->user))) ||
-	    (uri->password && !(e->password = dlock__strdup(uri->password))))
+	if ((uri->user && !(e->user = dlock_sys_strdup(uri->user))) ||
+	    (uri->password && !(e->password = dlock_sys_strdup(uri->password))))
 		goto fail;
 	if (dup_opt(&e->cacert, uri, "cacert") || dup_opt(&e->cert, uri, "cert") ||
 	    dup_opt(&e->key, uri, "key"))
@@ -193,7 +193,7 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 		goto fail;
 	{
 		json_object *body = json_object_new_object(), *resp;
-		char *pre = dlock__sprintf("%s/", e->prefix);
+		char *pre = dlock_sys_sprintf("%s/", e->prefix);
 		if (!pre) {
 			json_object_put(body);
 			goto fail;

@@ -113,7 +113,7 @@ typedef struct xfer {
 	CURL *h;
 	char *url;
 	struct curl_slist *hd;
-	dlock__sbuf b;
+	dlock_sys_sbuf b;
 	size_t idx;    /* endpoint */
 	struct curl_slist *pin; /* CURLOPT_RESOLVE: the endpoint's name pinned to its addresses */
 	bool unresolved; /* the endpoint's name did not resolve in time: try the next */

@@ -16,7 +16,7 @@
 static size_t buf_write(char *data, size_t size, size_t nmemb, void *ud)
 {
 	size_t len = size * nmemb;
-	return dlock__sb_put(ud, data, len) == 0 ? len : 0; /* 0: curl fails the transfer */
+	return dlock_sys_sb_put(ud, data, len) == 0 ? len : 0; /* 0: curl fails the transfer */
 }
 
 /* A peer that vanished (host down, link cut) fails the connection after
@@ -148,8 +148,8 @@ static int pin_endpoint(etcd_store *e, xfer *x, CURL *h, int64_t until)
 {
 	const dlock_hostport *hp = &e->hp[x->idx];
 	int64_t now = dlock_clock_ms();
-	dlock__addrs ad;
-	int rc = dlock__resolve(&ad, hp->host, e->nurls > 1 ? now + (until - now) / 2 : until, KIND);
+	dlock_sys_addrs ad;
+	int rc = dlock_sys_resolve(&ad, hp->host, e->nurls > 1 ? now + (until - now) / 2 : until, KIND);
 	if (rc) {
 		x->unresolved = rc == DLOCK_EUNAVAILABLE;
 		if (x->unresolved)
@@ -158,7 +158,7 @@ static int pin_endpoint(etcd_store *e, xfer *x, CURL *h, int64_t until)
 	}
 	if (!ad.n || (ad.n == 1 && !strcmp(ad.addr[0], hp->host)))
 		return 0; /* numeric: nothing to pin */
-	char entry[300 + DLOCK__ADDRS_MAX * (DLOCK__ADDR_LEN + 3)];
+	char entry[300 + DLOCK_SYS_ADDRS_MAX * (DLOCK_SYS_ADDR_LEN + 3)];
 	size_t len = (size_t)snprintf(entry, sizeof(entry), "%s:%d:", hp->host, hp->port);
 	for (size_t i = 0; i < ad.n && len < sizeof(entry); i++) {
 		bool v6 = strchr(ad.addr[i], ':') != NULL;
@@ -166,7 +166,7 @@ static int pin_endpoint(etcd_store *e, xfer *x, CURL *h, int64_t until)
 					ad.addr[i], v6 ? "]" : "");
 	}
 	if (!(x->pin = curl_slist_append(NULL, entry)))
-		return dlock__oom();
+		return dlock_sys_oom();
 	curl_easy_setopt(h, CURLOPT_RESOLVE, x->pin);
 	return 0;
 }
@@ -182,7 +182,7 @@ static int xfer_start_at(etcd_store *e, xfer *x, CURL *h, size_t idx, const char
 		return timed_out(path);
 	x->h = h;
 	x->idx = idx;
-	x->url = dlock__sprintf("%s%s", e->urls[idx], path);
+	x->url = dlock_sys_sprintf("%s%s", e->urls[idx], path);
 	int rc = pin_endpoint(e, x, h, until);
 	if (rc)
 		return rc;
@@ -192,7 +192,7 @@ static int xfer_start_at(etcd_store *e, xfer *x, CURL *h, size_t idx, const char
 	pthread_mutex_lock(&e->mu);
 	x->gen = e->token_gen;
 	if (x->hd && with_token && e->token) {
-		char *line = dlock__sprintf("Authorization: %s", e->token);
+		char *line = dlock_sys_sprintf("Authorization: %s", e->token);
 		struct curl_slist *n = line ? curl_slist_append(x->hd, line) : NULL;
 		free(line);
 		if (!n) {
@@ -202,7 +202,7 @@ static int xfer_start_at(etcd_store *e, xfer *x, CURL *h, size_t idx, const char
 	}
 	pthread_mutex_unlock(&e->mu);
 	if (!x->url || !x->hd)
-		return dlock__oom();
+		return dlock_sys_oom();
 	curl_easy_setopt(h, CURLOPT_URL, x->url);
 	curl_easy_setopt(h, CURLOPT_POST, 1L);
 	curl_easy_setopt(h, CURLOPT_POSTFIELDS, text);
@@ -383,7 +383,7 @@ static int race_init(etcd_store *e, race *r, int which, const char *path, const 
 		r->x = NULL;
 		r->on = NULL;
 		r->done = true;
-		return r->rc = dlock__oom();
+		return r->rc = dlock_sys_oom();
 	}
 	return 0;
 }
@@ -440,7 +440,7 @@ static void race_start(etcd_store *e, race *r)
 		CURL *h = race_handle(e, r, k);
 		int rc = h ? xfer_start_at(e, x, h, (r->first + k) % e->nurls, r->path, r->text,
 					   attempt_until(e, r->until), r->with_token)
-			   : dlock__oom();
+			   : dlock_sys_oom();
 		if (rc == 0 && curl_multi_add_handle(e->multi, h) != CURLM_OK)
 			rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "%s: curl_multi_add_handle failed",
 					     r->path);
@@ -578,7 +578,7 @@ static int rpc_ex(etcd_store *e, CURL *h, const char *path, json_object *body, j
 	*out = NULL;
 	if (!h || !text) {
 		json_object_put(body);
-		return dlock__oom();
+		return dlock_sys_oom();
 	}
 	if (h == e->cmd || h == e->side) {
 		for (;;) {
@@ -662,7 +662,7 @@ void dlock__et_rpc_pair(etcd_store *e, const char *path1, json_object *body1, js
 	memset(res1, 0, sizeof(*res1));
 	*out1 = *out2 = NULL;
 	if (!t1 || !t2) {
-		*rc1 = *rc2 = dlock__oom();
+		*rc1 = *rc2 = dlock_sys_oom();
 	} else {
 		int i1 = race_init(e, &r1, 0, path1, t1, e->deadline, 1);
 		int i2 = race_init(e, &r2, 1, path2, t2, e->deadline, 1);
@@ -703,12 +703,12 @@ int dlock__et_authenticate(etcd_store *e, CURL *h, unsigned seen_gen, int64_t un
 		return dlock_error_set(DLOCK_EAUTH, KIND, NULL,
 				       "authenticate: no token in the answer (is auth enabled?)");
 	}
-	char *t = dlock__strdup(tok);
+	char *t = dlock_sys_strdup(tok);
 	json_object_put(resp);
 	if (!t)
 		return DLOCK_ENOMEM;
 	pthread_mutex_lock(&e->mu);
-	dlock__free_secret(e->token);
+	dlock_sys_free_secret(e->token);
 	e->token = t;
 	e->token_gen++;
 	pthread_mutex_unlock(&e->mu);

@@ -124,7 +124,7 @@ int dlock__et_names_make(etcd_store *e, const dlock_request *req, keyset *n, int
 				e->capholds = cap;
 			}
 		}
-		char *name = e->nholds < e->capholds ? dlock__strdup(req->name) : NULL;
+		char *name = e->nholds < e->capholds ? dlock_sys_strdup(req->name) : NULL;
 		if (name) {
 			h = &e->holds[e->nholds++];
 			h->name = name;
@@ -138,7 +138,7 @@ int dlock__et_names_make(etcd_store *e, const dlock_request *req, keyset *n, int
 	} else if (h && how == MK_CREATE) {
 		h->orphan = 0; /* its owner tries again: the key is wanted after all */
 	}
-	if (h && !(n->key = dlock__sprintf("%s%.*s-%u", n->dir, len, req->owner, h->slot)))
+	if (h && !(n->key = dlock_sys_sprintf("%s%.*s-%u", n->dir, len, req->owner, h->slot)))
 		rc = DLOCK_ENOMEM;
 	pthread_mutex_unlock(&e->mu);
 	if (rc != 0)
@@ -181,7 +181,7 @@ static char *hold_key(etcd_store *e, const hold *h)
 	const char *dash = strrchr(h->owner, '-');
 	int len = dash ? (int)(dash - h->owner) : (int)strlen(h->owner);
 	char *dir = dlock__et_dir_of(e, h->name);
-	char *key = dir ? dlock__sprintf("%s%.*s-%u", dir, len, h->owner, h->slot) : NULL;
+	char *key = dir ? dlock_sys_sprintf("%s%.*s-%u", dir, len, h->owner, h->slot) : NULL;
 	free(dir);
 	return key;
 }
@@ -347,7 +347,7 @@ static char *value_json(const dlock_request *req)
 	json_object_object_add(v, "permits", json_object_new_int64(req->permits));
 	json_object_object_add(v, "host", json_object_new_string(req->host ? req->host : ""));
 	json_object_object_add(v, "pid", json_object_new_int64(req->pid));
-	char *s = dlock__strdup(json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN));
+	char *s = dlock_sys_strdup(json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN));
 	json_object_put(v);
 	return s;
 }
@@ -485,7 +485,7 @@ int dlock__et_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 			if (prev <= 0) {
 				rc = dlock_error_set(DLOCK_ESTORE, KIND, NULL, "txn answer without put revision");
 			} else if (!(mine = calloc(1, sizeof(kv)))) {
-				rc = dlock__oom();
+				rc = dlock_sys_oom();
 			} else {
 				nmine = 1;
 				mine[0].create_rev = prev;
@@ -543,10 +543,10 @@ int dlock__et_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 					out->lease_from_ms = kl->alive_until - req->ttl_ms;
 			} else if ((rc = dlock__et_keepalive(e, key_lease, &left)) != 0) {
 				/* Unsure whether the lease lives: do not claim the lock. */
-				dlock__saved_error saved;
-				dlock__error_save(&saved);
+				dlock_sys_saved_error saved;
+				dlock_sys_error_save(&saved);
 				drop_key(e, req, nm.key, NULL, NULL);
-				dlock__error_restore(&saved);
+				dlock_sys_error_restore(&saved);
 				break;
 			}
 			if (left <= 0) {
@@ -554,7 +554,7 @@ int dlock__et_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 				queued = 0;
 				continue;
 			}
-			if (dlock_clock_ms() - t0 >= req->ttl_ms - dlock__drift_ms(req->ttl_ms)) {
+			if (dlock_clock_ms() - t0 >= req->ttl_ms - dlock_sys_drift_ms(req->ttl_ms)) {
 				/* We were paused (or the answers were that slow) past the lease
 				 * the core would count from t0: no grant. A waiter tries again
 				 * at once and gets a fresh deadline; a try-once gives up. */
@@ -598,10 +598,10 @@ int dlock__et_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 		 * still have created our key, so take it back (best effort, within
 		 * this call's deadline; keep the error). If that fails too, the key
 		 * is an orphan: its lease is retired so it cannot outlive its TTL. */
-		dlock__saved_error saved;
-		dlock__error_save(&saved);
+		dlock_sys_saved_error saved;
+		dlock_sys_error_save(&saved);
 		drop_key(e, req, nm.key, NULL, NULL);
-		dlock__error_restore(&saved);
+		dlock_sys_error_restore(&saved);
 	}
 	/* A member took our requests but none was served in time (a leader
 	 * election): the cluster is there, so a wait goes on (sys/backend.h). */
@@ -743,7 +743,7 @@ int dlock__et_renew(dlock_backend *be, const dlock_request *const *reqs, size_t 
 	int64_t *leases = calloc(n ? n : 1, sizeof(int64_t));
 	int rc = 0;
 	if (!leases)
-		return dlock__oom();
+		return dlock_sys_oom();
 	/* With several members, one that hangs must not eat the whole lease:
 	 * give each attempt at most 3/5 of the shortest TTL, then try the next
 	 * member (a link as slow as TTL/2 a round trip still gets through). */

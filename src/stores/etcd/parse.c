@@ -102,7 +102,7 @@ int dlock__et_jadd_b64(json_object *o, const char *k, const char *data, size_t l
 {
 	char *b = dlock__etcd_b64_encode(data, len);
 	if (!b)
-		return dlock__oom();
+		return dlock_sys_oom();
 	json_object_object_add(o, k, json_object_new_string(b));
 	free(b);
 	return 0;
@@ -125,7 +125,7 @@ char *dlock__et_dir_of(const etcd_store *e, const char *name)
 	size_t n = strlen(e->prefix) + 3 * strlen(name) + 3;
 	char *d = malloc(n), *o = d;
 	if (!d) {
-		dlock__oom();
+		dlock_sys_oom();
 		return NULL;
 	}
 	o += sprintf(o, "%s/", e->prefix);
@@ -187,7 +187,7 @@ char *dlock__etcd_unescape_name(const char *s, size_t n)
 /* The end of a prefix range: the prefix with its last byte + 1 ('/' -> '0'). */
 char *dlock__et_range_end(const char *dir)
 {
-	char *end = dlock__strdup(dir);
+	char *end = dlock_sys_strdup(dir);
 	if (end)
 		end[strlen(end) - 1]++;
 	return end;
@@ -274,7 +274,7 @@ int dlock__etcd_kv_parse(json_object *j, kv *out)
 	out->lease = dlock__et_jint(j, "lease");
 	out->permits = 1;
 	if (k && !(out->key = dlock__etcd_b64_decode(k, NULL)))
-		return dlock__oom();
+		return dlock_sys_oom();
 	if (v) {
 		char *text = dlock__etcd_b64_decode(v, NULL);
 		json_object *val = text ? json_tokener_parse(text) : NULL;
@@ -282,9 +282,9 @@ int dlock__etcd_kv_parse(json_object *j, kv *out)
 		if (val) {
 			const char *s;
 			if ((s = dlock__et_jstr(val, "owner")))
-				out->owner = dlock__strdup(s);
+				out->owner = dlock_sys_strdup(s);
 			if ((s = dlock__et_jstr(val, "host")))
-				out->host = dlock__strdup(s);
+				out->host = dlock_sys_strdup(s);
 			out->pid = (int)dlock__et_jint(val, "pid");
 			s = dlock__et_jstr(val, "mode");
 			out->mode = s && strcmp(s, "shared") == 0 ? DLOCK_SHARED : DLOCK_EXCLUSIVE;
@@ -314,7 +314,7 @@ int dlock__etcd_txn_range(json_object *dlock__et_txn, size_t i, kv **out, size_t
 		return 0;
 	kv *k = calloc(cnt, sizeof(kv));
 	if (!k)
-		return dlock__oom();
+		return dlock_sys_oom();
 	for (size_t x = 0; x < cnt; x++) {
 		if (dlock__etcd_kv_parse(json_object_array_get_idx(arr, x), &k[x]) != 0) {
 			dlock__etcd_kvs_free(k, x + 1);

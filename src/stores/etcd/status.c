@@ -15,11 +15,11 @@ static int fill_status(etcd_store *e, dlock_lock_status *st, kv *keys, size_t n)
 			st->waiters++;
 			continue;
 		}
-		dlock_holder *h = dlock__status_add_holder(st);
+		dlock_holder *h = dlock_sys_status_add_holder(st);
 		if (!h)
 			return DLOCK_ENOMEM;
-		h->owner = dlock__strdup(keys[i].owner ? keys[i].owner : "");
-		h->host = dlock__strdup(keys[i].host ? keys[i].host : "");
+		h->owner = dlock_sys_strdup(keys[i].owner ? keys[i].owner : "");
+		h->host = dlock_sys_strdup(keys[i].host ? keys[i].host : "");
 		if (!h->owner || !h->host)
 			return DLOCK_ENOMEM;
 		h->pid = keys[i].pid;
@@ -66,10 +66,10 @@ int dlock__et_status(dlock_backend *be, const char *const *names, size_t nnames,
 			break;
 		rc = dlock__etcd_txn_range(resp, 0, &keys, &nk);
 		json_object_put(resp);
-		dlock_lock_status *st = rc == 0 ? dlock__status_add(out, count) : NULL;
+		dlock_lock_status *st = rc == 0 ? dlock_sys_status_add(out, count) : NULL;
 		if (rc == 0 && !st)
 			rc = DLOCK_ENOMEM;
-		if (rc == 0 && !(st->name = dlock__strdup(names[i])))
+		if (rc == 0 && !(st->name = dlock_sys_strdup(names[i])))
 			rc = DLOCK_ENOMEM;
 		if (rc == 0)
 			rc = fill_status(e, st, keys, nk);
@@ -91,7 +91,7 @@ int dlock__et_list(dlock_backend *be, char ***names, size_t *count)
 	*names = NULL;
 	*count = 0;
 	dlock__et_call_begin(e, 0);
-	char *pre = dlock__sprintf("%s/", e->prefix), *end = pre ? dlock__et_range_end(pre) : NULL;
+	char *pre = dlock_sys_sprintf("%s/", e->prefix), *end = pre ? dlock__et_range_end(pre) : NULL;
 	json_object *ok = json_object_new_array(), *resp;
 	kv *keys = NULL;
 	size_t nk = 0, plen = pre ? strlen(pre) : 0;
@@ -108,7 +108,7 @@ int dlock__et_list(dlock_backend *be, char ***names, size_t *count)
 		json_object_put(resp);
 	}
 	if (rc == 0 && nk && !(*names = calloc(nk, sizeof(char *))))
-		rc = dlock__oom();
+		rc = dlock_sys_oom();
 	for (size_t i = 0; i < nk && rc == 0; i++) {
 		if (!keys[i].key || strncmp(keys[i].key, pre, plen) != 0)
 			continue;
@@ -117,7 +117,7 @@ int dlock__et_list(dlock_backend *be, char ***names, size_t *count)
 			continue;
 		char *name = dlock__etcd_unescape_name(keys[i].key + plen, (size_t)(slash - keys[i].key) - plen);
 		if (!name)
-			rc = dlock__oom();
+			rc = dlock_sys_oom();
 		else
 			(*names)[(*count)++] = name; /* duplicates: the core drops them */
 	}

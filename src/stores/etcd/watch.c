@@ -32,7 +32,7 @@ static int wait_read(etcd_store *e, CURL *h, const keyset *nm, const dlock_reque
 	if (dlock__etcd_txn_range(resp, 0, &mine, &nmine) == 0 &&
 	    dlock__etcd_txn_range(resp, 1, &keys, &nkeys) == 0 && nmine &&
 	    !dlock__et_holds(keys, nkeys, &mine[0], req->mode, permits, &behind))
-		waiting = !behind || !behind->key || (*target = dlock__strdup(behind->key)) != NULL;
+		waiting = !behind || !behind->key || (*target = dlock_sys_strdup(behind->key)) != NULL;
 	json_object_put(resp);
 	dlock__etcd_kvs_free(mine, nmine);
 	dlock__etcd_kvs_free(keys, nkeys);
@@ -63,7 +63,7 @@ static int watch_start(etcd_store *e, waitkit *k, xfer *x, watch_ctx *w, const c
 	curl_easy_setopt(k->watch, CURLOPT_COPYPOSTFIELDS, text);
 	curl_easy_setopt(k->watch, CURLOPT_WRITEFUNCTION, dlock__etcd_watch_write);
 	curl_easy_setopt(k->watch, CURLOPT_WRITEDATA, w);
-	rc = curl_multi_add_handle(k->multi, k->watch) == CURLM_OK ? 0 : dlock__oom();
+	rc = curl_multi_add_handle(k->multi, k->watch) == CURLM_OK ? 0 : dlock_sys_oom();
 out:
 	json_object_put(body);
 	return rc;

@@ -19,10 +19,10 @@ void dlock__my_sb_hex(sbuf *s, const char *bytes)
 		s->failed = 1;
 		return;
 	}
-	dlock__hex(h, bytes, n);
-	dlock__sb_put(s, "X'", 2);
-	dlock__sb_put(s, h, 2 * n);
-	dlock__sb_put(s, "'", 1);
+	dlock_sys_hex(h, bytes, n);
+	dlock_sys_sb_put(s, "X'", 2);
+	dlock_sys_sb_put(s, h, 2 * n);
+	dlock_sys_sb_put(s, "'", 1);
 	free(h);
 }
 
@@ -31,7 +31,7 @@ int dlock__my_sb_check(sbuf *s)
 	if (s->failed) {
 		free(s->p);
 		s->p = NULL;
-		return dlock__oom();
+		return dlock_sys_oom();
 	}
 	return 0;
 }
@@ -80,7 +80,7 @@ static int sql_fail(const mysql_store *b, MYSQL *c, const char *what)
 	unsigned int e = mysql_errno(c);
 	char msg[512], code[32];
 	snprintf(msg, sizeof(msg), "%s", mysql_error(c));
-	dlock__scrub(msg, sizeof(msg), b->password);
+	dlock_sys_scrub(msg, sizeof(msg), b->password);
 	snprintf(code, sizeof(code), "%u/%s", e, mysql_sqlstate(c));
 	int rc = map_errno(e);
 	if (e == ER_BAD_DB_ERROR)
@@ -330,7 +330,7 @@ static int conn_open_at(mysql_store *b, MYSQL **out, const char *host, int64_t d
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "mysql: mysql_library_init failed");
 	MYSQL *c = mysql_init(NULL);
 	if (!c)
-		return dlock__oom();
+		return dlock_sys_oom();
 	my_bool off = 0, on = 1;
 	/* The library's own timers are a backstop; the deadline is what bounds a call. */
 	int64_t left = deadline - dlock_clock_ms();
@@ -338,7 +338,7 @@ static int conn_open_at(mysql_store *b, MYSQL **out, const char *host, int64_t d
 	unsigned int io_s = b->timeout_s + 1;
 	if (mysql_options(c, MYSQL_OPT_NONBLOCK, 0) != 0) {
 		mysql_close(c);
-		return dlock__oom();
+		return dlock_sys_oom();
 	}
 	mysql_options(c, MYSQL_OPT_CONNECT_TIMEOUT, &conn_s);
 	mysql_options(c, MYSQL_OPT_READ_TIMEOUT, &io_s);
@@ -370,7 +370,7 @@ static int conn_open_at(mysql_store *b, MYSQL **out, const char *host, int64_t d
 		unsigned int e = mysql_errno(c);
 		char msg[512], code[32];
 		snprintf(msg, sizeof(msg), "%s", mysql_error(c));
-		dlock__scrub(msg, sizeof(msg), b->password);
+		dlock_sys_scrub(msg, sizeof(msg), b->password);
 		snprintf(code, sizeof(code), "%u/%s", e, mysql_sqlstate(c));
 		mysql_close(c);
 		int rc = map_errno(e);
@@ -418,9 +418,9 @@ static int conn_open_at(mysql_store *b, MYSQL **out, const char *host, int64_t d
  */
 int dlock__my_conn_open(mysql_store *b, MYSQL **out, int64_t deadline)
 {
-	dlock__addrs ad = { 0 };
+	dlock_sys_addrs ad = { 0 };
 	if (!b->socket && b->host && strcasecmp(b->host, "localhost") != 0) {
-		int rc = dlock__resolve(&ad, b->host, deadline, KIND);
+		int rc = dlock_sys_resolve(&ad, b->host, deadline, KIND);
 		if (rc)
 			return rc;
 	}

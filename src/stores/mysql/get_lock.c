@@ -241,7 +241,7 @@ static int g_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 		pool_put(b, c);
 		return DLOCK_ELOCKED;
 	}
-	gl_hold *h = dlock__calloc(1, sizeof(*h));
+	gl_hold *h = dlock_sys_calloc(1, sizeof(*h));
 	if (!h) {
 		mysql_free_result(res);
 		mysql_close(c);
@@ -288,7 +288,7 @@ static int g_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_m
 	if (margin < WAIT_MARGIN_MIN_MS)
 		margin = WAIT_MARGIN_MIN_MS;
 	if (timeout_ms - margin < WAIT_SERVER_MIN_MS) {
-		dlock__sleep_ms(timeout_ms);
+		dlock_sys_sleep_ms(timeout_ms);
 		return 0;
 	}
 	MYSQL *c = NULL;
@@ -299,7 +299,7 @@ static int g_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_m
 	if (!c && dlock__my_conn_open(b, &c, deadline) != 0) {
 		int64_t left = deadline - dlock_clock_ms();
 		if (left > 0) /* not a busy loop while the server is away */
-			dlock__sleep_ms(left < 50 ? left : 50);
+			dlock_sys_sleep_ms(left < 50 ? left : 50);
 		return 0;
 	}
 	int64_t server_ms = deadline - margin - dlock_clock_ms();

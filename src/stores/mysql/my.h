@@ -71,8 +71,8 @@ typedef struct mysql_store {
 /* ---- what the files of this store share ---- */
 
 /* The store's SQL text: support.h's growable string. */
-typedef dlock__sbuf sbuf;
-#define sb_add dlock__sb_add
+typedef dlock_sys_sbuf sbuf;
+#define sb_add dlock_sys_sb_add
 
 /* The method tables: table.c (mode=table), get_lock.c (mode=get_lock; with
  * waits on the server where GET_LOCK takes fractional timeouts). */

@@ -29,7 +29,7 @@ void dlock__my_be_close(dlock_backend *be)
 	dlock__my_conn_drop(&b->conn);
 	free(b->host);
 	free(b->user);
-	dlock__free_secret(b->password);
+	dlock_sys_free_secret(b->password);
 	free(b->db);
 	free(b->socket);
 	free(b->ssl_ca);
@@ -46,7 +46,7 @@ static int opt_dup(char **dst, const char *v)
 		return 0;
 	if (!*v)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql: an ssl_* option needs a file name");
-	return dlock__opt_dup(dst, v);
+	return dlock_sys_opt_dup(dst, v);
 }
 
 static int parse(mysql_store *b, dlock_uri *uri)
@@ -67,17 +67,17 @@ static int parse(mysql_store *b, dlock_uri *uri)
 				       "mysql URI needs one database name: mysql://user:pass@host:port/DATABASE");
 	if (strlen(path) > 64)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql: database name longer than 64 characters");
-	if (!(b->db = dlock__strdup(path)))
+	if (!(b->db = dlock_sys_strdup(path)))
 		return DLOCK_ENOMEM;
 
 	const char *sock = dlock_uri_param(uri, "socket");
-	if (sock && !(b->socket = dlock__strdup(sock)))
+	if (sock && !(b->socket = dlock_sys_strdup(sock)))
 		return DLOCK_ENOMEM;
 	if (!uri->hosts || !*uri->hosts) {
 		if (!b->socket)
 			return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
 					       "mysql URI needs a host (mysql://user:pass@host:port/db) or ?socket=PATH");
-		b->host = dlock__strdup("localhost");
+		b->host = dlock_sys_strdup("localhost");
 		b->port = 0;
 	} else {
 		dlock_hostport *hp = NULL;
@@ -89,15 +89,15 @@ static int parse(mysql_store *b, dlock_uri *uri)
 			dlock_free(hp);
 			return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql URI takes exactly one host, got %zu", nh);
 		}
-		b->host = dlock__strdup(hp[0].host);
+		b->host = dlock_sys_strdup(hp[0].host);
 		b->port = hp[0].port;
 		dlock_free(hp);
 	}
 	if (!b->host)
 		return DLOCK_ENOMEM;
-	if (uri->user && !(b->user = dlock__strdup(uri->user)))
+	if (uri->user && !(b->user = dlock_sys_strdup(uri->user)))
 		return DLOCK_ENOMEM;
-	if (uri->password && !(b->password = dlock__strdup(uri->password)))
+	if (uri->password && !(b->password = dlock_sys_strdup(uri->password)))
 		return DLOCK_ENOMEM;
 
 	int64_t t = uri->connect_timeout_ms;
@@ -133,8 +133,8 @@ static int parse(mysql_store *b, dlock_uri *uri)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql: ssl=%s: expected off, required or verify", ssl);
 	}
 
-	if (!b->ssl_verify && !b->socket && !dlock__host_is_local(b->host))
-		dlock__open_warning("mysql: %s: on the way to %s a man in the middle could read the password and "
+	if (!b->ssl_verify && !b->socket && !dlock_sys_host_is_local(b->host))
+		dlock_sys_open_warning("mysql: %s: on the way to %s a man in the middle could read the password and "
 				    "the lock traffic; use ssl=verify&ssl_ca=CA.pem",
 				    b->ssl_enforce ? "ssl=required encrypts but does not verify the server"
 						   : "no TLS (the default)",
@@ -154,7 +154,7 @@ static int parse(mysql_store *b, dlock_uri *uri)
 int dlock__mysql_open(dlock_backend **out, dlock_uri *uri)
 {
 	*out = NULL;
-	mysql_store *b = dlock__calloc(1, sizeof(*b));
+	mysql_store *b = dlock_sys_calloc(1, sizeof(*b));
 	if (!b)
 		return DLOCK_ENOMEM;
 	pthread_mutex_init(&b->wait_mu, NULL);

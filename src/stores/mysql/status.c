@@ -20,9 +20,9 @@ static dlock_lock_status *status_get(dlock_lock_status **arr, size_t *n, const c
 	dlock_lock_status *st = status_find(*arr, *n, name, len);
 	if (st || !create)
 		return st;
-	if (!(st = dlock__status_add(arr, n)))
+	if (!(st = dlock_sys_status_add(arr, n)))
 		return NULL;
-	if (!(st->name = dlock__strndup(name, len))) {
+	if (!(st->name = dlock_sys_strndup(name, len))) {
 		(*n)--;
 		return NULL;
 	}
@@ -85,13 +85,13 @@ int dlock__my_be_status(dlock_backend *be, const char *const *names, size_t nnam
 				continue;
 			}
 			if (step == 0) {
-				dlock_holder *h = dlock__status_add_holder(st);
+				dlock_holder *h = dlock_sys_status_add_holder(st);
 				if (!h) {
 					rc = DLOCK_ENOMEM;
 					break;
 				}
-				h->owner = dlock__strndup(row[1], len[1]);
-				h->host = dlock__strndup(row[6] ? row[6] : "", row[6] ? len[6] : 0);
+				h->owner = dlock_sys_strndup(row[1], len[1]);
+				h->host = dlock_sys_strndup(row[6] ? row[6] : "", row[6] ? len[6] : 0);
 				h->mode = dlock__my_row_i64(row, 2, 0) ? DLOCK_SHARED : DLOCK_EXCLUSIVE;
 				st->permits = (unsigned)dlock__my_row_i64(row, 3, 1);
 				h->fence = dlock__my_row_u64(row, 4);
@@ -130,12 +130,12 @@ int dlock__my_be_list(dlock_backend *be, char ***names, size_t *count)
 	if (rc)
 		return rc;
 	size_t n = res ? (size_t)mysql_num_rows(res) : 0;
-	if (n && !(*names = dlock__calloc(n, sizeof(char *))))
+	if (n && !(*names = dlock_sys_calloc(n, sizeof(char *))))
 		rc = DLOCK_ENOMEM;
 	MYSQL_ROW row;
 	while (rc == 0 && res && *count < n && (row = mysql_fetch_row(res)) != NULL) {
 		unsigned long *len = mysql_fetch_lengths(res);
-		if (!((*names)[*count] = dlock__strndup(row[0], len[0])))
+		if (!((*names)[*count] = dlock_sys_strndup(row[0], len[0])))
 			rc = DLOCK_ENOMEM;
 		else
 			(*count)++;

@@ -150,9 +150,9 @@ static int t_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 		out->retry_ms = left / 1000;
 	/* Nothing tells a waiter of a release in this mode: a fair one looks again
 	 * by its place — the head soon, the others when it may have moved up
-	 * (dlock__poll_hint). */
+	 * (dlock_sys_poll_hint). */
 	if (ahead >= 0) {
-		int64_t hint = dlock__poll_hint(ahead, 4); /* a look takes the name's row lock */
+		int64_t hint = dlock_sys_poll_hint(ahead, 4); /* a look takes the name's row lock */
 		out->retry_ms = left >= 0 && left / 1000 < hint ? left / 1000 : hint;
 	}
 	return DLOCK_ELOCKED;

@@ -141,7 +141,7 @@ static int sess_run(PGconn **cp, int64_t deadline, const char *what, int which, 
 		return dlock__pg_finish(cp, deadline, what,
 					PQsendQueryPrepared(*cp, name, n, vals, NULL, NULL, 0), out);
 	if (!s || n > 12)
-		return dlock__oom(); /* (n: the callers pass 7 to 10) */
+		return dlock_sys_oom(); /* (n: the callers pass 7 to 10) */
 	/* "<tag>[DEALLOCATE name; ]PREPARE name(decl) AS body; EXECUTE name('v1', ...)" */
 	size_t len = strlen(tag) + 3 * strlen(name) + strlen(decl) + strlen(body) + 64;
 	char *lit[12] = { 0 };
@@ -164,7 +164,7 @@ static int sess_run(PGconn **cp, int64_t deadline, const char *what, int which, 
 	for (int i = 0; i < n; i++)
 		PQfreemem(lit[i]);
 	if (!sql)
-		return dlock__oom();
+		return dlock_sys_oom();
 	s->ready &= ~bit;
 	int rc = dlock__pg_finish(cp, deadline, what, PQsendQuery(*cp, sql), out);
 	free(sql);
@@ -316,7 +316,7 @@ static int adv_acquire(dlock_backend *base, const dlock_request *req, dlock_gran
 	adv_sess *ss = sess_of(c);
 	if (!ss) {
 		pool_put(be, c);
-		return dlock__oom();
+		return dlock_sys_oom();
 	}
 	/* A waiter registers on its session once it is refused (see adv_release). */
 	int64_t wait_key = req->waiting ? dlock__pg_adv_key(be->ns, req->name, "waiting") : 0;
@@ -364,7 +364,7 @@ static int adv_acquire(dlock_backend *base, const dlock_request *req, dlock_gran
 		adv_hold *h = calloc(1, sizeof *h);
 		if (!h) {
 			dlock__pg_drop_conn(&c, 0); /* closing the session frees the lock */
-			return dlock__oom();
+			return dlock_sys_oom();
 		}
 		h->conn = c;
 		h->key = key;
@@ -562,7 +562,7 @@ static int adv_renew(dlock_backend *base, const dlock_request *const *reqs, size
 	if (!pd || !pf) {
 		free(pd);
 		free(pf);
-		return dlock__oom();
+		return dlock_sys_oom();
 	}
 	for (size_t i = 0; i < n; i++) {
 		adv_hold *h = reqs[i]->slot;
@@ -670,8 +670,8 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 	dlock_lock_status *st = NULL;
 	size_t cnt = 0;
 	for (size_t i = 0; i < nnames; i++) {
-		dlock_lock_status *s = dlock__status_add(&st, &cnt);
-		if (!s || !(s->name = dlock__strdup(names[i]))) {
+		dlock_lock_status *s = dlock_sys_status_add(&st, &cnt);
+		if (!s || !(s->name = dlock_sys_strdup(names[i]))) {
 			rc = DLOCK_ENOMEM;
 			goto fail;
 		}
@@ -706,7 +706,7 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 			s->waiters = (size_t)strtoul(PQgetvalue(r, row, 5), NULL, 10);
 			if (PQgetisnull(r, row, 0))
 				continue;
-			dlock_holder *h = dlock__status_add_holder(s);
+			dlock_holder *h = dlock_sys_status_add_holder(s);
 			if (!h) {
 				PQclear(r);
 				rc = DLOCK_ENOMEM;
@@ -737,10 +737,10 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 					host += sl + (host[sl] == ' ');
 				}
 			}
-			h->owner = !tag ? dlock__sprintf("backend-%s", PQgetvalue(r, row, 0))
-			       : serial[0] ? dlock__sprintf("%s-%s", tag, serial)
-					   : dlock__strdup(tag);
-			if (!h->owner || !(h->host = dlock__strdup(host))) {
+			h->owner = !tag ? dlock_sys_sprintf("backend-%s", PQgetvalue(r, row, 0))
+			       : serial[0] ? dlock_sys_sprintf("%s-%s", tag, serial)
+					   : dlock_sys_strdup(tag);
+			if (!h->owner || !(h->host = dlock_sys_strdup(host))) {
 				PQclear(r);
 				rc = DLOCK_ENOMEM;
 				goto fail;

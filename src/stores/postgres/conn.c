@@ -127,7 +127,7 @@ int dlock__pg_poll_ms(int64_t deadline)
 
 /*
  * Connect, bounded by `deadline` (CLOCK_MONOTONIC ms) in total: the name is
- * resolved by the deadline (dlock__resolve), and every step after it (TCP,
+ * resolved by the deadline (dlock_sys_resolve), and every step after it (TCP,
  * TLS, authentication) is driven by PQconnectPoll and poll,
  * so the bound holds in milliseconds; libpq's own connect_timeout (whole
  * seconds, at least 2) is only a second line, cut to the time left.
@@ -153,15 +153,15 @@ PGconn *dlock__pg_connect_db(postgres_store *be, int64_t deadline, int *code)
 	/* libpq resolves with a blocking getaddrinfo: resolve by the deadline and
 	 * give it `hostaddr`, keeping `host` for TLS verification (verify-full)
 	 * and .pgpass; one host entry per address, tried in order */
-	dlock__addrs ad = { 0 };
-	char hostaddr[DLOCK__ADDRS_MAX * DLOCK__ADDR_LEN], hosts[DLOCK__ADDRS_MAX * 257];
+	dlock_sys_addrs ad = { 0 };
+	char hostaddr[DLOCK_SYS_ADDRS_MAX * DLOCK_SYS_ADDR_LEN], hosts[DLOCK_SYS_ADDRS_MAX * 257];
 	if (be->host) {
-		int rc = dlock__resolve(&ad, be->host, deadline, KIND);
+		int rc = dlock_sys_resolve(&ad, be->host, deadline, KIND);
 		if (rc) {
 			*code = rc;
 			return NULL;
 		}
-		dlock__addrs_join(hostaddr, sizeof hostaddr, &ad, ",");
+		dlock_sys_addrs_join(hostaddr, sizeof hostaddr, &ad, ",");
 		size_t len = 0;
 		hosts[0] = '\0';
 		for (size_t i = 0; i < ad.n && len < sizeof hosts; i++)
@@ -198,7 +198,7 @@ PGconn *dlock__pg_connect_db(postgres_store *be, int64_t deadline, int *code)
 #undef KV
 	PGconn *c = PQconnectStartParams(keys, vals, 0);
 	if (!c) {
-		*code = dlock__oom();
+		*code = dlock_sys_oom();
 		return NULL;
 	}
 	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
@@ -240,7 +240,7 @@ PGconn *dlock__pg_connect_db(postgres_store *be, int64_t deadline, int *code)
 int dlock__pg_idle_ok(PGconn *c)
 {
 	int fd = PQsocket(c), st;
-	dlock__sock_states(&fd, 1, &st);
+	dlock_sys_sock_states(&fd, 1, &st);
 	return PQstatus(c) == CONNECTION_OK && st == 0;
 }
 
@@ -437,10 +437,10 @@ int dlock__pg_ensure_schema(postgres_store *be, int64_t deadline)
 	    (rc = run_script(&be->conn, deadline, "create schema", schema_sql)) ||
 	    (rc = dlock__pg_run(&be->conn, deadline, "create schema", "COMMIT", 0, NULL, NULL))) {
 		if (be->conn) {
-			dlock__saved_error saved;
-			dlock__error_save(&saved);
+			dlock_sys_saved_error saved;
+			dlock_sys_error_save(&saved);
 			dlock__pg_run(&be->conn, deadline, "create schema", "ROLLBACK", 0, NULL, NULL);
-			dlock__error_restore(&saved);
+			dlock_sys_error_restore(&saved);
 		}
 		return rc;
 	}
@@ -455,11 +455,11 @@ int dlock__pg_ensure_schema(postgres_store *be, int64_t deadline)
  * servers (unlike hashtext). */
 int64_t dlock__pg_adv_key(const char *ns, const char *name, const char *slot)
 {
-	uint64_t h = dlock__fnv1a64(DLOCK__FNV64_OFFSET, ns, strlen(ns) + 1);
-	h = dlock__fnv1a64(h, name, strlen(name));
+	uint64_t h = dlock_sys_fnv1a64(DLOCK_SYS_FNV64_OFFSET, ns, strlen(ns) + 1);
+	h = dlock_sys_fnv1a64(h, name, strlen(name));
 	if (slot) {
-		h = dlock__fnv1a64(h, "", 1);
-		h = dlock__fnv1a64(h, slot, strlen(slot));
+		h = dlock_sys_fnv1a64(h, "", 1);
+		h = dlock_sys_fnv1a64(h, slot, strlen(slot));
 	}
 	return (int64_t)h;
 }

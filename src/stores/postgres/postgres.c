@@ -47,7 +47,7 @@ void dlock__pg_close(dlock_backend *base)
 	free(be->host);
 	free(be->port);
 	free(be->user);
-	dlock__free_secret(be->password);
+	dlock_sys_free_secret(be->password);
 	free(be->dbname);
 	free(be->sslmode);
 	free(be->sslrootcert);
@@ -93,9 +93,9 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 		}
 	}
 	const char *db = uri->path && uri->path[0] == '/' ? uri->path + 1 : uri->path;
-	if (!dlock__host_is_local(hp ? hp[0].host : NULL) &&
+	if (!dlock_sys_host_is_local(hp ? hp[0].host : NULL) &&
 	    (!sslmode || (strcmp(sslmode, "verify-ca") != 0 && strcmp(sslmode, "verify-full") != 0)))
-		dlock__open_warning("postgres: sslmode=%s does not verify the server: on the way to %s a man in "
+		dlock_sys_open_warning("postgres: sslmode=%s does not verify the server: on the way to %s a man in "
 				    "the middle could read the password and the lock traffic; use "
 				    "sslmode=verify-full&sslrootcert=CA.pem",
 				    sslmode ? sslmode : "prefer (the default)", hp[0].host);
@@ -103,7 +103,7 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 	postgres_store *be = calloc(1, sizeof *be);
 	if (!be) {
 		dlock_free(hp);
-		return dlock__oom();
+		return dlock_sys_oom();
 	}
 	dlock_backend_init(&be->base, advisory ? &dlock__pg_advisory_methods : &dlock__pg_table_methods);
 	be->advisory = advisory;
@@ -114,26 +114,26 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 	int64_t open_deadline = dlock_clock_ms() + uri->connect_timeout_ms;
 	be->connect_timeout_ms = uri->connect_timeout_ms;
 	be->request_timeout_ms = uri->request_timeout_ms;
-	if (!rc && hp && !(be->host = dlock__strdup(hp[0].host)))
+	if (!rc && hp && !(be->host = dlock_sys_strdup(hp[0].host)))
 		rc = DLOCK_ENOMEM;
-	if (!rc && hp && !(be->port = dlock__sprintf("%d", hp[0].port)))
+	if (!rc && hp && !(be->port = dlock_sys_sprintf("%d", hp[0].port)))
 		rc = DLOCK_ENOMEM;
 	if (!rc)
-		rc = dlock__opt_dup(&be->user, uri->user);
+		rc = dlock_sys_opt_dup(&be->user, uri->user);
 	if (!rc)
-		rc = dlock__opt_dup(&be->password, uri->password);
+		rc = dlock_sys_opt_dup(&be->password, uri->password);
 	if (!rc && db && *db)
-		rc = dlock__opt_dup(&be->dbname, db);
+		rc = dlock_sys_opt_dup(&be->dbname, db);
 	if (!rc)
-		rc = dlock__opt_dup(&be->sslmode, sslmode);
+		rc = dlock_sys_opt_dup(&be->sslmode, sslmode);
 	if (!rc)
-		rc = dlock__opt_dup(&be->sslrootcert, dlock_uri_param(uri, "sslrootcert"));
+		rc = dlock_sys_opt_dup(&be->sslrootcert, dlock_uri_param(uri, "sslrootcert"));
 	if (!rc)
-		rc = dlock__opt_dup(&be->sslcert, dlock_uri_param(uri, "sslcert"));
+		rc = dlock_sys_opt_dup(&be->sslcert, dlock_uri_param(uri, "sslcert"));
 	if (!rc)
-		rc = dlock__opt_dup(&be->sslkey, dlock_uri_param(uri, "sslkey"));
+		rc = dlock_sys_opt_dup(&be->sslkey, dlock_uri_param(uri, "sslkey"));
 	if (!rc)
-		rc = dlock__opt_dup(&be->ns, uri->prefix ? uri->prefix : "dlock");
+		rc = dlock_sys_opt_dup(&be->ns, uri->prefix ? uri->prefix : "dlock");
 	dlock_free(hp);
 	if (!rc && pipe2(be->wakefd, O_CLOEXEC) != 0)
 		rc = dlock_error_set(DLOCK_ESTORE, KIND, NULL, "pipe: %s", strerror(errno));

@@ -94,7 +94,7 @@ static int arr_add(char **buf, size_t *len, size_t *cap, const char *s)
 		size_t nc = need * 2 + 64;
 		char *nb = realloc(*buf, nc);
 		if (!nb)
-			return dlock__oom();
+			return dlock_sys_oom();
 		*buf = nb;
 		*cap = nc;
 	}
@@ -122,7 +122,7 @@ static int arr_init(arr *a)
 {
 	a->buf = malloc(64);
 	if (!a->buf)
-		return dlock__oom();
+		return dlock_sys_oom();
 	strcpy(a->buf, "{");
 	a->len = 1;
 	a->cap = 64;
@@ -139,7 +139,7 @@ static int arr_close(arr *a)
 	if (a->len + 2 > a->cap) {
 		char *nb = realloc(a->buf, a->len + 2);
 		if (!nb)
-			return dlock__oom();
+			return dlock_sys_oom();
 		a->buf = nb;
 	}
 	strcpy(a->buf + a->len, "}");
@@ -216,7 +216,7 @@ static int tbl_cancel(dlock_backend *base, const dlock_request *req)
 
 static char *dupval(PGresult *r, int row, int col)
 {
-	return dlock__strdup(PQgetvalue(r, row, col));
+	return dlock_sys_strdup(PQgetvalue(r, row, col));
 }
 
 static int names_array(arr *a, const char *const *names, size_t nnames)
@@ -256,7 +256,7 @@ static int tbl_list(dlock_backend *base, char ***names, size_t *count)
 	if (rc)
 		return rc;
 	int n = PQntuples(r);
-	if (n > 0 && !(*names = dlock__calloc((size_t)n, sizeof(char *))))
+	if (n > 0 && !(*names = dlock_sys_calloc((size_t)n, sizeof(char *))))
 		rc = DLOCK_ENOMEM;
 	for (int row = 0; rc == 0 && row < n; row++) {
 		if (!((*names)[row] = dupval(r, row, 0)))
@@ -284,8 +284,8 @@ static int tbl_status(dlock_backend *base, const char *const *names, size_t nnam
 	if ((rc = names_array(&a, names, nnames)))
 		goto fail;
 	for (size_t i = 0; i < nnames; i++) {
-		dlock_lock_status *s = dlock__status_add(&st, &cnt);
-		if (!s || !(s->name = dlock__strdup(names[i]))) {
+		dlock_lock_status *s = dlock_sys_status_add(&st, &cnt);
+		if (!s || !(s->name = dlock_sys_strdup(names[i]))) {
 			rc = DLOCK_ENOMEM;
 			goto fail;
 		}
@@ -316,7 +316,7 @@ static int tbl_status(dlock_backend *base, const char *const *names, size_t nnam
 		s->waiters = (size_t)waiters;
 		if (!has_holder)
 			continue;
-		dlock_holder *h = dlock__status_add_holder(s);
+		dlock_holder *h = dlock_sys_status_add_holder(s);
 		if (!h || !(h->owner = dupval(r, row, 2)) || !(h->host = dupval(r, row, 3))) {
 			rc = DLOCK_ENOMEM;
 			goto fail;

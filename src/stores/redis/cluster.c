@@ -297,7 +297,7 @@ static bool is_err(const redisReply *r, const char *what)
 static void pause_ms(int64_t deadline, int64_t ms)
 {
 	int64_t left = dlock__rms_left(deadline);
-	dlock__sleep_ms(left < ms ? left : ms);
+	dlock_sys_sleep_ms(left < ms ? left : ms);
 }
 
 /*
@@ -331,7 +331,7 @@ enum { EXEC_SID = 1, EXEC_EVAL = 2 };
 static void backoff_pause(int64_t deadline, int64_t *backoff)
 {
 	int64_t b = *backoff;
-	pause_ms(deadline, b / 2 + (int64_t)(dlock__rand_between(0, b / 2 + 1)));
+	pause_ms(deadline, b / 2 + (int64_t)(dlock_sys_rand_between(0, b / 2 + 1)));
 	*backoff = b * 2 > 100 ? 100 : b * 2;
 }
 
@@ -424,7 +424,7 @@ static redisReply *exec(cluster_store *s, int script, int slot, int argc, const 
 			redisAppendCommand(s->conn[i].c, "ASKING");
 		if (redisAppendCommandArgv(s->conn[i].c, argc, argv, lens) != REDIS_OK) {
 			node_drop(s, i);
-			*rc = dlock__oom();
+			*rc = dlock_sys_oom();
 			return NULL;
 		}
 		s->retried = sent;
@@ -655,7 +655,7 @@ static int renew_group(cluster_store *s, const dlock_request *const *reqs, const
 {
 	const dlock_request **sub = malloc(n * sizeof(*sub));
 	if (!sub)
-		return dlock__oom();
+		return dlock_sys_oom();
 	for (size_t j = 0; j < n; j++)
 		sub[j] = reqs[idx[j]];
 	dlock__rbatch b;
@@ -669,7 +669,7 @@ static int renew_group(cluster_store *s, const dlock_request *const *reqs, const
 				   deadline, &rc, &node)
 			    : NULL;
 	if (!res)
-		rc = dlock__oom();
+		rc = dlock_sys_oom();
 	dlock__rbatch_free(&b);
 	if (r) {
 		rc = dlock__rrenew_reply(r, n, res, KIND);
@@ -716,7 +716,7 @@ static int c_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n
 	rgroup *gr = malloc(n * sizeof(*gr));
 	const dlock_request **sub = malloc(n * sizeof(*sub));
 	int *res = malloc(n * sizeof(*res));
-	int rc = order && idx && gr && sub && res ? 0 : dlock__oom();
+	int rc = order && idx && gr && sub && res ? 0 : dlock_sys_oom();
 	for (size_t i = 0; !rc && i < n; i++) {
 		dlock__rkeys k;
 		dlock__rkeys_make(&k, s->prefix, reqs[i]->name);
@@ -761,7 +761,7 @@ static int c_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n
 			b.argv[1] = s->sha[DLOCK__RS_RENEW];
 			b.lens[1] = 40;
 			if (redisAppendCommandArgv(s->conn[node].c, b.argc, b.argv, b.lens) != REDIS_OK)
-				rc = dlock__oom();
+				rc = dlock_sys_oom();
 			dlock__rbatch_free(&b);
 		}
 		if (rc && up)
@@ -874,7 +874,7 @@ static void c_close(dlock_backend *be)
 		free(s->text[i]);
 	dlock__rservers_free(s->seeds);
 	free(s->user);
-	dlock__free_secret(s->password);
+	dlock_sys_free_secret(s->password);
 	free(s->prefix);
 	free(s);
 }
@@ -964,7 +964,7 @@ int dlock__redis_cluster_open(dlock_backend **out, dlock_uri *uri)
 	if (uri->path && uri->path[0] && strcmp(uri->path, "/") != 0 && strcmp(uri->path, "/0") != 0)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
 				       "Redis Cluster has only database 0 (the URI's path is '%s')", uri->path);
-	cluster_store *s = dlock__calloc(1, sizeof(*s));
+	cluster_store *s = dlock_sys_calloc(1, sizeof(*s));
 	if (!s)
 		return DLOCK_ENOMEM;
 	int rc = dlock__rserver_parse(&s->seeds, &s->nseeds, uri, KIND, 6379, "");
@@ -974,11 +974,11 @@ int dlock__redis_cluster_open(dlock_backend **out, dlock_uri *uri)
 	}
 	dlock_backend_init(&s->base, &cluster_methods);
 	memset(s->slot, 0xff, sizeof(s->slot)); /* NO_NODE: no map yet */
-	if (uri->user && *uri->user && !(s->user = dlock__strdup(uri->user)))
+	if (uri->user && *uri->user && !(s->user = dlock_sys_strdup(uri->user)))
 		goto oom;
-	if (uri->password && !(s->password = dlock__strdup(uri->password)))
+	if (uri->password && !(s->password = dlock_sys_strdup(uri->password)))
 		goto oom;
-	if (!(s->prefix = dlock__strdup(uri->prefix)))
+	if (!(s->prefix = dlock_sys_strdup(uri->prefix)))
 		goto oom;
 	for (size_t i = 0; i < s->nseeds; i++) {
 		s->seeds[i].user = s->user;

@@ -99,7 +99,7 @@ struct dlock__rnotify {
 int dlock__rnotify_new(dlock__rnotify **out, dlock_backend *be, dlock__rserver *srv, size_t n, const char *kind)
 {
 	*out = NULL;
-	dlock__rnotify *nt = dlock__calloc(1, sizeof(*nt));
+	dlock__rnotify *nt = dlock_sys_calloc(1, sizeof(*nt));
 	if (!nt)
 		return DLOCK_ENOMEM;
 	nt->be = be;
@@ -115,7 +115,7 @@ int dlock__rnotify_new(dlock__rnotify **out, dlock_backend *be, dlock__rserver *
 	if (!nt->c || !nt->retry_at || !nt->backoff || !nt->sub_since || !nt->wantw || pipe2(nt->pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
 		int rc = nt->c && nt->retry_at && nt->backoff && nt->sub_since && nt->wantw
 				 ? dlock_error_set(DLOCK_ESTORE, kind, NULL, "pipe: %s", strerror(errno))
-				 : dlock__oom();
+				 : dlock_sys_oom();
 		dlock__rnotify_free(nt);
 		return rc;
 	}
@@ -528,8 +528,8 @@ static rn_chan *chan_get(dlock__rnotify *nt, const char *lock, const char *name,
 	ch = calloc(1, sizeof(*ch));
 	if (!ch)
 		return NULL;
-	ch->lock = dlock__strdup(lock);
-	ch->name = dlock__strdup(name);
+	ch->lock = dlock_sys_strdup(lock);
+	ch->name = dlock_sys_strdup(name);
 	ch->len = len;
 	size_t cid = strspn(owner, "0123456789abcdefABCDEF");
 	if (cid > 0 && owner[cid] == '-') {
@@ -576,7 +576,7 @@ int dlock__rnotify_watch(dlock__rnotify *nt, const dlock_request *req, const cha
 		w = ch ? calloc(1, sizeof(*w)) : NULL;
 		if (!w) {
 			pthread_mutex_unlock(&nt->mu);
-			return dlock__oom();
+			return dlock_sys_oom();
 		}
 		w->req = req;
 		w->chan = ch;

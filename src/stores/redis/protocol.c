@@ -82,7 +82,7 @@ int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const 
 		dlock__rtls_free(tls);
 		return rc;
 	}
-	dlock__rserver *s = dlock__calloc(nh ? nh : 1, sizeof(*s));
+	dlock__rserver *s = dlock_sys_calloc(nh ? nh : 1, sizeof(*s));
 	if (!s) {
 		dlock_free(hp);
 		dlock__rtls_free(tls);
@@ -90,8 +90,8 @@ int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const 
 	}
 	s[0].tls_owner = true;
 	for (size_t i = 0; i < nh; i++) {
-		if (uri->password && !tls && !dlock__host_is_local(hp[i].host))
-			dlock__open_warning("%s: the password and the lock traffic go to %s over plain TCP, which a "
+		if (uri->password && !tls && !dlock_sys_host_is_local(hp[i].host))
+			dlock_sys_open_warning("%s: the password and the lock traffic go to %s over plain TCP, which a "
 					    "man in the middle can read (use rediss://, or tls=yes)", kind, hp[i].host);
 		s[i].tls = tls;
 		snprintf(s[i].host, sizeof(s[i].host), "%s", hp[i].host);
@@ -358,8 +358,8 @@ static int connect_by(redisContext **out, const dlock__rserver *srv, const char 
 	/* hiredis resolves with a blocking getaddrinfo: resolve by the deadline
 	 * here and hand it the addresses, tried in order within the same bound */
 	int64_t end = dlock_clock_ms() + ct;
-	dlock__addrs ad;
-	int rrc = dlock__resolve(&ad, srv->host, end, kind);
+	dlock_sys_addrs ad;
+	int rrc = dlock_sys_resolve(&ad, srv->host, end, kind);
 	if (rrc)
 		return rrc;
 	redisContext *c = NULL;
@@ -370,9 +370,9 @@ static int connect_by(redisContext **out, const dlock__rserver *srv, const char 
 				break;
 			dlock__rfree(c);
 		}
-		c = redisConnectWithTimeout(ad.n ? ad.addr[i] : srv->host, srv->port, dlock__ms_timeval(left > 0 ? left : 1));
+		c = redisConnectWithTimeout(ad.n ? ad.addr[i] : srv->host, srv->port, dlock_sys_ms_timeval(left > 0 ? left : 1));
 		if (!c)
-			return dlock__oom();
+			return dlock_sys_oom();
 		if (!c->err)
 			break;
 	}
@@ -402,7 +402,7 @@ static int connect_by(redisContext **out, const dlock__rserver *srv, const char 
 			fcntl(c->fd, F_SETFL, fl | O_NONBLOCK);
 		c->flags &= ~REDIS_BLOCK;
 	} else {
-		redisSetTimeout(c, dlock__ms_timeval(srv->timeout_ms));
+		redisSetTimeout(c, dlock_sys_ms_timeval(srv->timeout_ms));
 	}
 	int rc = 0;
 	if (srv->password) {
@@ -592,8 +592,8 @@ int dlock__rstatus_decode(const redisReply *r, const char *name, dlock_lock_stat
 	    dlock__rreply_int(r->element[1], &fence) || r->element[2]->type != REDIS_REPLY_ARRAY ||
 	    dlock__rreply_int(r->element[3], &waiters))
 		return dlock__rbad_reply(kind, "status");
-	dlock_lock_status *st = dlock__status_add(out, count);
-	if (!st || !(st->name = dlock__strdup(name)))
+	dlock_lock_status *st = dlock_sys_status_add(out, count);
+	if (!st || !(st->name = dlock_sys_strdup(name)))
 		return DLOCK_ENOMEM;
 	st->last_fence = (uint64_t)fence;
 	st->waiters = (size_t)waiters;
@@ -610,9 +610,9 @@ int dlock__rstatus_decode(const redisReply *r, const char *name, dlock_lock_stat
 		if (sscanf(v->str, "%lld %lld %c %u %d %n", &exp, &f, &mode, &p, &pid, &used) < 5 || exp <= now)
 			continue; /* expired holders are gone, even if not yet pruned */
 		permits = p;
-		dlock_holder *ho = dlock__status_add_holder(st);
-		if (!ho || !(ho->owner = dlock__strdup(k->str)) ||
-		    !(ho->host = dlock__strdup(used ? v->str + used : "")))
+		dlock_holder *ho = dlock_sys_status_add_holder(st);
+		if (!ho || !(ho->owner = dlock_sys_strdup(k->str)) ||
+		    !(ho->host = dlock_sys_strdup(used ? v->str + used : "")))
 			return DLOCK_ENOMEM;
 		ho->pid = pid;
 		ho->mode = mode == 's' ? DLOCK_SHARED : DLOCK_EXCLUSIVE;
@@ -634,7 +634,7 @@ int dlock__rbatch_renew(dlock__rbatch *b, const char *prefix, const dlock_reques
 	b->nums = malloc(n * 24 + 24);
 	if (!b->argv || !b->lens || !b->keys || !b->nums) {
 		dlock__rbatch_free(b);
-		return dlock__oom();
+		return dlock_sys_oom();
 	}
 	char pe[DLOCK__REDIS_PREFIX_MAX + 1];
 	dlock__rprefix_enc(pe, sizeof(pe), prefix);

@@ -32,7 +32,7 @@
 #define PIPELINE_MAX 16
 typedef struct rpending {
 	char key[DLOCK__REDIS_KEY_MAX];
-	char owner[DLOCK__OWNER_MAX];
+	char owner[DLOCK_SYS_OWNER_MAX];
 } rpending;
 
 typedef struct redis_store {
@@ -219,7 +219,7 @@ static int connect_cmd(redis_store *s, int64_t deadline)
 		int64_t left = dlock__rms_left(deadline);
 		if (left <= 0)
 			break;
-		dlock__sleep_ms(left < 50 ? left : 50);
+		dlock_sys_sleep_ms(left < 50 ? left : 50);
 	}
 	if (last[0])
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ETIMEDOUT",
@@ -260,7 +260,7 @@ static int exchange(redis_store *s, int argc, const char **argv, const size_t *l
 {
 	*out = NULL;
 	if (redisAppendCommandArgv(s->c, argc, argv, lens) != REDIS_OK)
-		return dlock__oom();
+		return dlock_sys_oom();
 	int rc = read_pending(s, deadline);
 	return rc ? rc : dlock__rread_by(s->c, &s->srv[0], KIND, deadline, out);
 }
@@ -637,12 +637,12 @@ static int scan_names(redisContext **cp, const dlock__rserver *srv, const char *
 				cap = cap ? cap * 2 : 16;
 				char **nn = realloc(names, cap * sizeof(*names));
 				if (!nn) {
-					rc = dlock__oom();
+					rc = dlock_sys_oom();
 					break;
 				}
 				names = nn;
 			}
-			if (!(names[n] = dlock__strndup(e->str + plen, end - plen)))
+			if (!(names[n] = dlock_sys_strndup(e->str + plen, end - plen)))
 				rc = DLOCK_ENOMEM;
 			else
 				n++;
@@ -709,7 +709,7 @@ static void r_close(dlock_backend *be)
 	dlock__rservers_free(s->sentinels);
 	free(s->master_name);
 	free(s->user);
-	dlock__free_secret(s->password);
+	dlock_sys_free_secret(s->password);
 	free(s->prefix);
 	free(s);
 }
@@ -773,7 +773,7 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 				       "use redlock://h1:p1,h2:p2,h3:p3",
 				       n);
 	}
-	redis_store *s = dlock__calloc(1, sizeof(*s));
+	redis_store *s = dlock_sys_calloc(1, sizeof(*s));
 	if (!s) {
 		dlock__rservers_free(srv);
 		return DLOCK_ENOMEM;
@@ -781,7 +781,7 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 	if (sentinel) { /* srv: the sentinels; s->srv: the master, found at connect */
 		s->sentinels = srv;
 		s->nsentinels = n;
-		if (!(s->master_name = dlock__strdup(master)) || !(s->srv = dlock__calloc(1, sizeof(*s->srv))))
+		if (!(s->master_name = dlock_sys_strdup(master)) || !(s->srv = dlock_sys_calloc(1, sizeof(*s->srv))))
 			goto oom;
 		s->srv[0] = srv[0];
 		s->srv[0].tls_owner = false; /* the sentinels' array owns the TLS settings */
@@ -793,11 +793,11 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 	s->nsrv = 1;
 	dlock_backend_init(&s->base, &redis_methods);
 	/* the URI outlives nothing: keep our own copies of what srv borrows */
-	if (uri->user && *uri->user && !(s->user = dlock__strdup(uri->user)))
+	if (uri->user && *uri->user && !(s->user = dlock_sys_strdup(uri->user)))
 		goto oom;
-	if (uri->password && !(s->password = dlock__strdup(uri->password)))
+	if (uri->password && !(s->password = dlock_sys_strdup(uri->password)))
 		goto oom;
-	if (!(s->prefix = dlock__strdup(uri->prefix)))
+	if (!(s->prefix = dlock_sys_strdup(uri->prefix)))
 		goto oom;
 	s->srv[0].user = s->user;
 	s->srv[0].password = s->password;
@@ -809,8 +809,8 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 	}
 	if (rel && !strcmp(rel, "pipelined")) {
 		s->pipelined = true;
-		if (!(s->pend = dlock__calloc(PIPELINE_MAX, sizeof(*s->pend))) ||
-		    !(s->again = dlock__calloc(PIPELINE_MAX, sizeof(*s->again))))
+		if (!(s->pend = dlock_sys_calloc(PIPELINE_MAX, sizeof(*s->pend))) ||
+		    !(s->again = dlock_sys_calloc(PIPELINE_MAX, sizeof(*s->again))))
 			goto oom;
 	}
 	/* Sentinel: a failover must not lose a grant that was handed out, nor

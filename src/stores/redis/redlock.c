@@ -90,7 +90,7 @@ static redlock_store *RL(dlock_backend *be)
 
 static struct timeval ms_tv(int64_t ms)
 {
-	return dlock__ms_timeval(ms < 1 ? 1 : ms);
+	return dlock_sys_ms_timeval(ms < 1 ? 1 : ms);
 }
 
 /* Longest wait for one master's answer: the `timeout` option. A round does
@@ -178,8 +178,8 @@ static void late_reply(redlock_store *s, size_t i, redisReply *r)
 	o->n--;
 	uint64_t f = 0;
 	int64_t retry;
-	dlock__saved_error saved;
-	dlock__error_save(&saved);
+	dlock_sys_saved_error saved;
+	dlock_sys_error_save(&saved);
 	if (g && g->top && dlock__racquire_reply(r, &f, &retry, KIND) == 0 && f < g->top) {
 		if (o->nraise == RAISE_MAX) {
 			grant_put(o->raise[0]);
@@ -189,7 +189,7 @@ static void late_reply(redlock_store *s, size_t i, redisReply *r)
 		o->raise[o->nraise++] = g;
 		g = NULL; /* the raise list has its reference now */
 	}
-	dlock__error_restore(&saved);
+	dlock_sys_error_restore(&saved);
 	freeReplyObject(r);
 	grant_put(g);
 }
@@ -251,7 +251,7 @@ static void drop_closed(redlock_store *s, const rl_op *ops)
 		}
 	if (!n)
 		return;
-	dlock__sock_states(fds, n, st);
+	dlock_sys_sock_states(fds, n, st);
 	for (size_t k = 0; k < n; k++) {
 		size_t i = which[k];
 		if (st[k] == 2 || (st[k] == 1 && (!s->owed || !s->owed[i].n)))
@@ -415,7 +415,7 @@ static void rl_round(redlock_store *s, rl_op *ops, int script, int argc, const c
 	size_t need = 0;
 	for (size_t i = 0; i < s->n; i++)
 		need += !s->c[i] && ops[i].want;
-	dlock__addrs *ad = need ? calloc(s->n, sizeof(*ad)) : NULL;
+	dlock_sys_addrs *ad = need ? calloc(s->n, sizeof(*ad)) : NULL;
 	int *arc = need ? calloc(s->n, sizeof(*arc)) : NULL;
 	const char **names = need ? calloc(s->n, sizeof(*names)) : NULL;
 	size_t *which = need ? calloc(s->n, sizeof(*which)) : NULL, nres = 0; /* which[i]: master i's answer, or n */
@@ -428,7 +428,7 @@ static void rl_round(redlock_store *s, rl_op *ops, int script, int argc, const c
 			}
 		}
 		if (nres)
-			dlock__resolve_all(ad, arc, names, nres, min64(now + s->srv[0].connect_timeout_ms, end), KIND);
+			dlock_sys_resolve_all(ad, arc, names, nres, min64(now + s->srv[0].connect_timeout_ms, end), KIND);
 	}
 	for (size_t i = 0; i < s->n; i++) {
 		rl_op *op = &ops[i];
@@ -455,7 +455,7 @@ static void rl_round(redlock_store *s, rl_op *ops, int script, int argc, const c
 			op_fail(s, op, i, "cannot connect (timed out recently; not tried again yet)");
 			continue;
 		}
-		const dlock__addrs *mad = s->c[i] ? NULL : &ad[which[i]];
+		const dlock_sys_addrs *mad = s->c[i] ? NULL : &ad[which[i]];
 		if (!s->c[i] && arc[which[i]]) {
 			char what[300];
 			snprintf(what, sizeof(what), "%s %s", mad->timed_out ? "timed out resolving" : "cannot resolve",
@@ -846,7 +846,7 @@ static int rl_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 	if (!ops || !maybe) {
 		free(ops);
 		free(maybe);
-		return dlock__oom();
+		return dlock_sys_oom();
 	}
 	dlock__rkeys k;
 	dlock__rargs a;
@@ -868,7 +868,7 @@ static int rl_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 	if (!g) {
 		free(ops);
 		free(maybe);
-		return dlock__oom();
+		return dlock_sys_oom();
 	}
 	g->refs = 1;
 	snprintf(g->key, sizeof(g->key), "%s", k.k[DLOCK__RK_H]);
@@ -961,7 +961,7 @@ static int rl_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 				       "lock '%s': granted by a quorum too late (timed out: validity spent)", req->name);
 	dlock__racquire_done(req, DLOCK_ELOCKED, out);
 	/* a split vote (some grants) retries after a random delay; else when the lease ends */
-	int64_t jitter = dlock__rand_between(s->retry_ms / 2 + 1, s->retry_ms);
+	int64_t jitter = dlock_sys_rand_between(s->retry_ms / 2 + 1, s->retry_ms);
 	out->retry_ms = grants || soonest < 0 ? jitter : soonest;
 	return DLOCK_ELOCKED;
 }
@@ -977,7 +977,7 @@ static int rl_release(dlock_backend *be, const dlock_request *req)
 	redlock_store *s = RL(be);
 	rl_op *ops = calloc(s->n, sizeof(*ops));
 	if (!ops)
-		return dlock__oom();
+		return dlock_sys_oom();
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
@@ -1136,7 +1136,7 @@ static int rl_renew(dlock_backend *be, const dlock_request *const *reqs, size_t 
 	bool *standing = calloc(n, sizeof(*standing));
 	unsigned char *absent = calloc(s->n * n, 1);
 	if (!ops || !yes || !no || !fence || !standing || !absent) {
-		rc = dlock__oom();
+		rc = dlock_sys_oom();
 		goto out;
 	}
 	int64_t ttl = reqs[0]->ttl_ms;
@@ -1234,7 +1234,7 @@ static int rl_cancel(dlock_backend *be, const dlock_request *req)
 	redlock_store *s = RL(be);
 	rl_op *ops = calloc(s->n, sizeof(*ops));
 	if (!ops)
-		return dlock__oom();
+		return dlock_sys_oom();
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, req->name);
@@ -1254,7 +1254,7 @@ static int status_one(redlock_store *s, const char *name, dlock_lock_status **ou
 {
 	rl_op *ops = calloc(s->n, sizeof(*ops));
 	if (!ops)
-		return dlock__oom();
+		return dlock_sys_oom();
 	dlock__rkeys k;
 	dlock__rargs a;
 	dlock__rkeys_make(&k, s->prefix, name);
@@ -1275,8 +1275,8 @@ static int status_one(redlock_store *s, const char *name, dlock_lock_status **ou
 	if (!rc && nper < s->quorum)
 		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
 				     "only %zu of %zu redlock masters answered (a quorum is %zu)", nper, s->n, s->quorum);
-	dlock_lock_status *st = rc ? NULL : dlock__status_add(out, count);
-	if (!rc && (!st || !(st->name = dlock__strdup(name))))
+	dlock_lock_status *st = rc ? NULL : dlock_sys_status_add(out, count);
+	if (!rc && (!st || !(st->name = dlock_sys_strdup(name))))
 		rc = DLOCK_ENOMEM;
 	/* Waiters as a quorum sees them, like holders: the most that at least a
 	 * quorum of masters each show (the quorum-th largest count). One
@@ -1314,8 +1314,8 @@ static int status_one(redlock_store *s, const char *name, dlock_lock_status **ou
 					}
 			if (votes < s->quorum)
 				continue;
-			dlock_holder *nh = dlock__status_add_holder(st);
-			if (!nh || !(nh->owner = dlock__strdup(ho->owner)) || !(nh->host = dlock__strdup(ho->host))) {
+			dlock_holder *nh = dlock_sys_status_add_holder(st);
+			if (!nh || !(nh->owner = dlock_sys_strdup(ho->owner)) || !(nh->host = dlock_sys_strdup(ho->host))) {
 				rc = DLOCK_ENOMEM;
 				break;
 			}
@@ -1390,7 +1390,7 @@ static void rl_close(dlock_backend *be)
 	free(s->owed);
 	dlock__rservers_free(s->srv);
 	free(s->user);
-	dlock__free_secret(s->password);
+	dlock_sys_free_secret(s->password);
 	free(s->prefix);
 	free(s);
 }
@@ -1421,7 +1421,7 @@ static size_t load_scripts(redlock_store *s, int64_t deadline, int *err, char *m
 	if (!ops || !up) {
 		free(ops);
 		free(up);
-		*err = dlock__oom();
+		*err = dlock_sys_oom();
 		return 0;
 	}
 	for (int j = 0; j < RL_NSCRIPTS; j++) {
@@ -1478,19 +1478,19 @@ static const dlock_backend_methods redlock_methods = {
 static int refuse_duplicates(const dlock__rserver *srv, size_t n, int64_t deadline)
 {
 	int rc = 0;
-	dlock__addrs *ad = calloc(n, sizeof(*ad));
+	dlock_sys_addrs *ad = calloc(n, sizeof(*ad));
 	int *arc = calloc(n, sizeof(*arc));
 	const char **names = calloc(n, sizeof(*names));
 	if (!ad || !arc || !names) {
-		rc = dlock__oom();
+		rc = dlock_sys_oom();
 		goto out;
 	}
 	for (size_t i = 0; i < n; i++)
 		names[i] = srv[i].host;
-	dlock__saved_error saved; /* a name that does not resolve is not this check's error */
-	dlock__error_save(&saved);
-	dlock__resolve_all(ad, arc, names, n, deadline, KIND);
-	dlock__error_restore(&saved);
+	dlock_sys_saved_error saved; /* a name that does not resolve is not this check's error */
+	dlock_sys_error_save(&saved);
+	dlock_sys_resolve_all(ad, arc, names, n, deadline, KIND);
+	dlock_sys_error_restore(&saved);
 	for (size_t i = 0; i < n && !rc; i++) {
 		for (size_t j = i + 1; j < n && !rc; j++) {
 			if (srv[i].port != srv[j].port)
@@ -1556,7 +1556,7 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 		dlock__rservers_free(srv);
 		return rc;
 	}
-	redlock_store *s = dlock__calloc(1, sizeof(*s));
+	redlock_store *s = dlock_sys_calloc(1, sizeof(*s));
 	if (!s) {
 		dlock__rservers_free(srv);
 		return DLOCK_ENOMEM;
@@ -1569,9 +1569,9 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 	s->request_timeout_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : 2000;
 	dlock_backend_init(&s->base, &redlock_methods);
 	if (!(s->c = calloc(n, sizeof(*s->c))) || !(s->quiet_until = calloc(n, sizeof(int64_t))) ||
-	    !(s->owed = calloc(n, sizeof(*s->owed))) || (uri->user && !(s->user = dlock__strdup(uri->user))) ||
-	    (uri->password && !(s->password = dlock__strdup(uri->password))) ||
-	    !(s->prefix = dlock__strdup(uri->prefix))) {
+	    !(s->owed = calloc(n, sizeof(*s->owed))) || (uri->user && !(s->user = dlock_sys_strdup(uri->user))) ||
+	    (uri->password && !(s->password = dlock_sys_strdup(uri->password))) ||
+	    !(s->prefix = dlock_sys_strdup(uri->prefix))) {
 		rl_close(&s->base);
 		return DLOCK_ENOMEM;
 	}

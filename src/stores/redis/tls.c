@@ -68,16 +68,16 @@ int dlock__rtls_parse(dlock__rtls **out, dlock_uri *uri, const char *kind)
 				       "on the path could pose as the server; say insecure=yes-i-know to mean it");
 	if (!cert != !key)
 		return dlock_error_set(DLOCK_EINVAL, kind, NULL, "cert and key go together (mutual TLS)");
-	dlock__rtls *t = dlock__calloc(1, sizeof(*t));
+	dlock__rtls *t = dlock_sys_calloc(1, sizeof(*t));
 	if (!t)
 		return DLOCK_ENOMEM;
 	t->insecure = insecure != NULL;
 	if (t->insecure)
-		dlock__open_warning("%s: insecure=yes-i-know: the server's certificate is not checked; anyone on "
+		dlock_sys_open_warning("%s: insecure=yes-i-know: the server's certificate is not checked; anyone on "
 				    "the path can pose as the server and read the password and the lock traffic",
 				    kind);
 	int rc = 0;
-	if (sni && !(t->name = dlock__strdup(sni))) {
+	if (sni && !(t->name = dlock_sys_strdup(sni))) {
 		rc = DLOCK_ENOMEM;
 		goto fail;
 	}
@@ -200,7 +200,7 @@ int dlock__rtls_begin(redisContext *c, const dlock__rserver *srv)
 	if (!ssl || !tc) {
 		SSL_free(ssl);
 		free(tc);
-		return dlock__oom();
+		return dlock_sys_oom();
 	}
 	SSL_set_fd(ssl, c->fd);
 	SSL_set_connect_state(ssl);
@@ -226,10 +226,10 @@ int dlock__rtls_step(redisContext *c, const dlock__rserver *srv, const char *kin
 	if (!ssl)
 		return 0;
 	ERR_clear_error();
-	dlock__nopipe np;
-	dlock__nopipe_begin(&np);
+	dlock_sys_nopipe np;
+	dlock_sys_nopipe_begin(&np);
 	int r = SSL_connect(ssl);
-	dlock__nopipe_end(&np);
+	dlock_sys_nopipe_end(&np);
 	if (r == 1)
 		return 0;
 	int e = SSL_get_error(ssl, r);
@@ -356,10 +356,10 @@ static int tls_write(redisContext *c, SSL *ssl, int *done)
 int dlock__rbuffer_write(redisContext *c, int *done)
 {
 	SSL *ssl = ssl_of(c);
-	dlock__nopipe np;
-	dlock__nopipe_begin(&np);
+	dlock_sys_nopipe np;
+	dlock_sys_nopipe_begin(&np);
 	int rc = ssl ? tls_write(c, ssl, done) : redisBufferWrite(c, done);
-	dlock__nopipe_end(&np);
+	dlock_sys_nopipe_end(&np);
 	return rc;
 }
 
@@ -375,10 +375,10 @@ int dlock__rtls_read(redisContext *c, bool *tls)
 	/* what OpenSSL already decrypted counts as read: poll would not see it */
 	do {
 		ERR_clear_error();
-		dlock__nopipe np; /* TLS 1.3 may answer a key update while reading */
-		dlock__nopipe_begin(&np);
+		dlock_sys_nopipe np; /* TLS 1.3 may answer a key update while reading */
+		dlock_sys_nopipe_begin(&np);
 		int n = SSL_read(ssl, buf, sizeof(buf));
-		dlock__nopipe_end(&np);
+		dlock_sys_nopipe_end(&np);
 		if (n <= 0)
 			return ssl_fail(c, ssl, n);
 		if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK)

@@ -53,7 +53,7 @@
 typedef struct bell_watch {
 	struct bell_watch *next;
 	char *name;
-	char owner[DLOCK__OWNER_MAX];
+	char owner[DLOCK_SYS_OWNER_MAX];
 	unsigned bucket;
 	int own_wd;    /* inotify watch of its own bell file, -1: none (yet, or its file was removed) */
 	int live_fd;   /* its own bell file, open with a shared flock: its presence (-1: none) */
@@ -164,7 +164,7 @@ static void hub_after_fork(void)
 
 static char *bells_dir(const sqlite_store *b)
 {
-	return dlock__sprintf("%s.bells", b->paths[0]);
+	return dlock_sys_sprintf("%s.bells", b->paths[0]);
 }
 
 /* The modes of the bells directory and its files follow the database's:
@@ -239,14 +239,14 @@ static int bell_open(const sqlite_store *b, int dir, const char *file, int how, 
 
 static unsigned bell_bucket(const sqlite_store *b, const char *name)
 {
-	uint64_t h = dlock__fnv1a64(DLOCK__FNV64_OFFSET, b->ns, strlen(b->ns) + 1);
-	return (unsigned)(dlock__fnv1a64(h, name, strlen(name)) % NBELLS);
+	uint64_t h = dlock_sys_fnv1a64(DLOCK_SYS_FNV64_OFFSET, b->ns, strlen(b->ns) + 1);
+	return (unsigned)(dlock_sys_fnv1a64(h, name, strlen(name)) % NBELLS);
 }
 
 static uint64_t owner_bell(const sqlite_store *b, const char *owner)
 {
-	uint64_t h = dlock__fnv1a64(DLOCK__FNV64_OFFSET, b->ns, strlen(b->ns) + 1);
-	return dlock__fnv1a64(h, owner, strlen(owner));
+	uint64_t h = dlock_sys_fnv1a64(DLOCK_SYS_FNV64_OFFSET, b->ns, strlen(b->ns) + 1);
+	return dlock_sys_fnv1a64(h, owner, strlen(owner));
 }
 
 /* The file name of an owner's own bell. */
@@ -271,7 +271,7 @@ static int presence_take(const sqlite_store *b, int dir, const char *file)
 {
 	char tmp[64];
 	snprintf(tmp, sizeof tmp, "t%s.%d.%08llx", file, (int)getpid(),
-		 (unsigned long long)dlock__rand_between(0, 0xffffffff));
+		 (unsigned long long)dlock_sys_rand_between(0, 0xffffffff));
 	int fd = openat(dir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
 		return -1;
@@ -327,7 +327,7 @@ int dlock__sq_drop_dead_front(sqlite_store *b, const dlock_request *req, int64_t
 	int rc = 0;
 	bool alive = false;
 	while (!rc && !alive && *dropped < FRONT_MAX) {
-		char owners[FRONT_BATCH][DLOCK__OWNER_MAX];
+		char owners[FRONT_BATCH][DLOCK_SYS_OWNER_MAX];
 		int n = 0, r;
 		sqlite3_stmt *s = dlock__sq_prep(b, Q_FRONT, req->name, NULL);
 		sqlite3_bind_int(s, 3, FRONT_BATCH);
@@ -510,7 +510,7 @@ static int bells_start(sqlite_store *b)
 {
 	if (b->bells)
 		return b->bells->started ? 0 : DLOCK_ESTORE;
-	bells *bl = dlock__calloc(1, sizeof(*bl));
+	bells *bl = dlock_sys_calloc(1, sizeof(*bl));
 	if (!bl)
 		return DLOCK_ENOMEM;
 	pthread_mutex_init(&bl->mu, NULL);
@@ -695,14 +695,14 @@ int dlock__sq_watch(dlock_backend *be, const dlock_request *req)
 		if (strcmp(w->owner, req->owner) == 0)
 			break;
 	if (w && strcmp(w->name, req->name) != 0) { /* a handle reused for another name */
-		char *n = dlock__strdup(req->name);
+		char *n = dlock_sys_strdup(req->name);
 		if (n) {
 			free(w->name);
 			w->name = n;
 			w->bucket = bell_bucket(b, req->name);
 		}
 	} else if (!w && (w = calloc(1, sizeof(*w))) != NULL) {
-		if ((w->name = dlock__strdup(req->name)) != NULL) {
+		if ((w->name = dlock_sys_strdup(req->name)) != NULL) {
 			snprintf(w->owner, sizeof(w->owner), "%s", req->owner);
 			w->bucket = bell_bucket(b, req->name);
 			w->own_wd = -1;

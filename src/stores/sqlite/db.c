@@ -120,7 +120,7 @@ static void fork_prepare(void)
 {
 	atomic_store(&sq_fork_pending, true);
 	for (int64_t until = dlock_clock_ms() + FORK_WAIT_MS; atomic_load(&sq_calls) > 0 && dlock_clock_ms() < until;)
-		dlock__sleep_ms(1);
+		dlock_sys_sleep_ms(1);
 }
 
 static void fork_parent(void)
@@ -144,7 +144,7 @@ static void watch_forks(void)
 void dlock__sq_calls_enter(void)
 {
 	while (atomic_load(&sq_fork_pending))
-		dlock__sleep_ms(1);
+		dlock_sys_sleep_ms(1);
 	atomic_fetch_add(&sq_calls, 1);
 }
 
@@ -266,7 +266,7 @@ static int on_busy(void *arg, int count)
 		return 0;
 	}
 	int64_t nap = naps[count < last ? count : last];
-	dlock__sleep_ms(nap < left ? nap : left);
+	dlock_sys_sleep_ms(nap < left ? nap : left);
 	return 1;
 }
 
@@ -373,10 +373,10 @@ int dlock__sq_finish(sqlite_store *b, int rc)
 			rc = c;
 		}
 	} else if (!sqlite3_get_autocommit(b->db)) {
-		dlock__saved_error saved;
-		dlock__error_save(&saved);
+		dlock_sys_saved_error saved;
+		dlock_sys_error_save(&saved);
 		dlock__sq_run(b, dlock__sq_prep(b, Q_ROLLBACK, NULL, NULL), "rollback");
-		dlock__error_restore(&saved);
+		dlock_sys_error_restore(&saved);
 	}
 	dlock__wq_leave(b->wq);
 	return rc;
@@ -441,7 +441,7 @@ int dlock__sq_connect_db(sqlite_store *b, int64_t deadline)
 			break;
 		sqlite3_free(err);
 		err = NULL;
-		dlock__sleep_ms(dlock__rand_between(5, 25));
+		dlock_sys_sleep_ms(dlock_sys_rand_between(5, 25));
 	}
 	if (r != SQLITE_OK) {
 		rc = err && strstr(err, "dlock schema version")

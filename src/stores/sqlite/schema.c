@@ -147,7 +147,7 @@ int dlock__sq_setup_schema(sqlite3 *db, char **err)
 /* mkdir -p for the parent directories of path, mode 0700. */
 int dlock__sq_make_parents(const char *path)
 {
-	char *p = dlock__strdup(path);
+	char *p = dlock_sys_strdup(path);
 	if (!p)
 		return DLOCK_ENOMEM;
 	for (char *c = p + 1; *c; c++) {

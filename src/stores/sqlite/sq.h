@@ -54,7 +54,7 @@ typedef struct sqlite_store {
 	int64_t checked_at;  /* dlock_clock_ms of the last look at the files */
 	sqlite3_stmt *st[Q_COUNT];
 	struct bells *bells; /* wake-ups of waiters (watch), NULL until the first */
-	char front[2][DLOCK__OWNER_MAX]; /* the first two in line of a queue that moved in the
+	char front[2][DLOCK_SYS_OWNER_MAX]; /* the first two in line of a queue that moved in the
 					    transaction under way: their bells ring after the commit */
 	bool make_dirs;      /* the default store's file: create its directories */
 	bool foreign_ok;     /* foreign=ok: the file may have another application's tables */

@@ -177,20 +177,20 @@ static int cancel_in(dlock_backend *be, const dlock_request *req)
 static char *col_text(sqlite3_stmt *s, int col)
 {
 	const unsigned char *t = sqlite3_column_text(s, col);
-	return dlock__strdup(t ? (const char *)t : "");
+	return dlock_sys_strdup(t ? (const char *)t : "");
 }
 
 static int status_one(sqlite_store *b, const char *name, int64_t now, dlock_lock_status **out,
 		      size_t *count)
 {
-	dlock_lock_status *st = dlock__status_add(out, count);
-	if (!st || !(st->name = dlock__strdup(name)))
+	dlock_lock_status *st = dlock_sys_status_add(out, count);
+	if (!st || !(st->name = dlock_sys_strdup(name)))
 		return DLOCK_ENOMEM;
 	int rc = 0, r;
 	sqlite3_stmt *s = dlock__sq_prep(b, Q_STATUS_HOLDERS, name, NULL);
 	sqlite3_bind_int64(s, 3, now);
 	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
-		dlock_holder *h = dlock__status_add_holder(st);
+		dlock_holder *h = dlock_sys_status_add_holder(st);
 		if (!h) {
 			sqlite3_reset(s);
 			return DLOCK_ENOMEM;
@@ -247,7 +247,7 @@ static int list_in(dlock_backend *be, char ***names, size_t *count)
 		if (!nl || !(nl[n] = col_text(s, 0))) {
 			if (nl)
 				list = nl;
-			rc = dlock__oom();
+			rc = dlock_sys_oom();
 			break;
 		}
 		list = nl;
@@ -395,11 +395,11 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 		dlock_uri *parsed = NULL;
 		int rc = dlock_default_uri(&text);
 		if (rc == 0)
-			rc = dlock__uri_parse(&parsed, text);
+			rc = dlock_sys_uri_parse(&parsed, text);
 		free(text);
-		if (rc == 0 && !(dflt = dlock__strdup(parsed->path)))
+		if (rc == 0 && !(dflt = dlock_sys_strdup(parsed->path)))
 			rc = DLOCK_ENOMEM;
-		dlock__uri_free(parsed);
+		dlock_sys_uri_free(parsed);
 		if (rc && (!*path || rc == DLOCK_ENOMEM)) {
 			free(dflt);
 			return rc;
@@ -421,7 +421,7 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL, "sqlite: bad busy_timeout '%s'", v);
 	}
 
-	sqlite_store *b = dlock__calloc(1, sizeof(*b));
+	sqlite_store *b = dlock_sys_calloc(1, sizeof(*b));
 	if (!b) {
 		free(dflt);
 		return DLOCK_ENOMEM;
@@ -432,10 +432,10 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 	b->busy_ms = busy_ms;
 	b->request_timeout_ms = uri->request_timeout_ms;
 	int rc = DLOCK_ENOMEM;
-	if (!(b->ns = dlock__strdup(uri->prefix)))
+	if (!(b->ns = dlock_sys_strdup(uri->prefix)))
 		goto fail;
 	for (int i = 0; i < NFILES; i++)
-		if (!(b->paths[i] = dlock__sprintf("%s%s", path, file_suffix[i])))
+		if (!(b->paths[i] = dlock_sys_sprintf("%s%s", path, file_suffix[i])))
 			goto fail;
 	dlock__sq_calls_enter();
 	rc = dlock__sq_connect_db(b, deadline);

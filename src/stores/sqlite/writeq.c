@@ -69,7 +69,7 @@ static int make_line(const char *path, const struct stat *db)
 	char *tmp = malloc(n);
 	if (!tmp)
 		return -1;
-	snprintf(tmp, n, "%s.%d.%08llx", path, (int)getpid(), (unsigned long long)dlock__rand_between(0, 0xffffffff));
+	snprintf(tmp, n, "%s.%d.%08llx", path, (int)getpid(), (unsigned long long)dlock_sys_rand_between(0, 0xffffffff));
 	mode_t mode = 0600 | (db->st_mode & 0020 ? 0060 : 0) | (db->st_mode & 0002 ? 0006 : 0);
 	int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
 	int rc = -1;

@@ -9,7 +9,7 @@ char *dlock__zk_dir_of(zookeeper_store *st, const char *name)
 	char *e = dlock__zk_escape(name);
 	if (!e)
 		return NULL;
-	char *d = dlock__sprintf("%s/%s", st->root, e);
+	char *d = dlock_sys_sprintf("%s/%s", st->root, e);
 	free(e);
 	return d;
 }
@@ -105,7 +105,7 @@ static void sweep_listed(int rc, const struct String_vector *sv, const void *dat
 	for (int i = 0; sv && i < sv->count; i++) {
 		if (!dlock__zk_owned_by(sv->data[i], o->owner))
 			continue;
-		char *p = dlock__sprintf("%s/%s", o->dir, sv->data[i]);
+		char *p = dlock_sys_sprintf("%s/%s", o->dir, sv->data[i]);
 		int r = p ? zoo_adelete(o->sess->zh, p, -1, sweep_deleted, o) : ZSYSTEMERROR;
 		free(p);
 		if (r == ZOK)
@@ -266,7 +266,7 @@ void *dlock__zk_sweeper_main(void *arg)
 		}
 		struct timespec ts;
 		int64_t left = next == INT64_MAX ? st->request_ms : next - dlock_clock_ms();
-		dlock__abstime(&ts, left < 10 ? 10 : left);
+		dlock_sys_abstime(&ts, left < 10 ? 10 : left);
 		pthread_cond_timedwait(&st->cv, &st->mu, &ts);
 	}
 	pthread_mutex_unlock(&st->mu);
@@ -323,7 +323,7 @@ int dlock__zk_claim_orphan(zookeeper_store *st, hold *h, int64_t deadline)
 				break;
 			}
 			struct timespec ts;
-			dlock__abstime(&ts, left);
+			dlock_sys_abstime(&ts, left);
 			pthread_cond_timedwait(&st->cv, &st->mu, &ts);
 			continue;
 		}
@@ -363,7 +363,7 @@ int dlock__zk_delete_owned(zookeeper_store *st, zhandle_t *zh, const char *dir, 
 			rc = ZSYSTEMERROR;
 			break;
 		}
-		char *p = dlock__sprintf("%s/%s", dir, sv.data[i]);
+		char *p = dlock_sys_sprintf("%s/%s", dir, sv.data[i]);
 		zop *op = p ? dlock__zk_op_new(st) : NULL;
 		ops[n++] = dlock__zk_op_sent(st, op, op ? zoo_adelete(zh, p, -1, dlock__zk_cb_void, op) : ZSYSTEMERROR);
 		free(p);
@@ -387,7 +387,7 @@ int dlock__zk_delete_owned(zookeeper_store *st, zhandle_t *zh, const char *dir, 
  * pipelined round trip (the creates run in order). */
 static int make_parents(zookeeper_store *st, zsess *z, const char *dir, int64_t deadline)
 {
-	char *p = dlock__strdup(dir);
+	char *p = dlock_sys_strdup(dir);
 	if (!p)
 		return DLOCK_ENOMEM;
 	size_t chroot_len = strlen(st->root) - strlen(dlock__zk_base_name(st->root)) - 1;
@@ -447,7 +447,7 @@ int dlock__zk_find_own(zookeeper_store *st, hold *h, int64_t deadline)
 	for (int i = 0; i < sv.count && rc == ZOK; i++) {
 		if (!dlock__zk_owned_by(sv.data[i], h->owner))
 			continue;
-		char *p = dlock__sprintf("%s/%s", h->dir, sv.data[i]);
+		char *p = dlock_sys_sprintf("%s/%s", h->dir, sv.data[i]);
 		if (!p) {
 			rc = ZSYSTEMERROR;
 			break;
@@ -477,7 +477,7 @@ int dlock__zk_find_own(zookeeper_store *st, hold *h, int64_t deadline)
 
 static char *node_data(const dlock_request *req, int *len)
 {
-	char *d = dlock__sprintf("dlock1 pid=%d ttl=%lld permits=%u host=%s", req->pid, (long long)req->ttl_ms,
+	char *d = dlock_sys_sprintf("dlock1 pid=%d ttl=%lld permits=%u host=%s", req->pid, (long long)req->ttl_ms,
 				 req->permits, req->host ? req->host : "");
 	*len = d ? (int)strlen(d) : 0;
 	return d;
@@ -495,11 +495,11 @@ static node_kind req_kind(const dlock_request *req)
 static char *node_prefix(const zookeeper_store *st, const hold *h, const dlock_request *req)
 {
 	if (st->recipe == RECIPE_CURATOR_RW)
-		return dlock__sprintf("%s/_c_%s-%s", h->dir, h->owner,
+		return dlock_sys_sprintf("%s/_c_%s-%s", h->dir, h->owner,
 				      req_kind(req) == K_READ ? "__READ__" : "__WRIT__");
 	if (req_kind(req) == K_SEM)
-		return dlock__sprintf("%s/_c_%s-sem%u-", h->dir, h->owner, req->permits);
-	return dlock__sprintf("%s/_c_%s-%s-", h->dir, h->owner, dlock__zk_kind_word(req_kind(req)));
+		return dlock_sys_sprintf("%s/_c_%s-sem%u-", h->dir, h->owner, req->permits);
+	return dlock_sys_sprintf("%s/_c_%s-%s-", h->dir, h->owner, dlock__zk_kind_word(req_kind(req)));
 }
 
 /* Make sure h has a node in ZooKeeper: create it, or after a lost
@@ -513,7 +513,7 @@ int dlock__zk_place_node(zookeeper_store *st, hold *h, const dlock_request *req,
 	char *data = node_data(req, &dlen);
 	int rc = 0;
 	if (!prefix || !data) {
-		rc = dlock__oom();
+		rc = dlock_sys_oom();
 		goto out;
 	}
 	for (int tries = 0;; tries++) {
@@ -566,7 +566,7 @@ static int evaluate_list(hold *h, const dlock_request *req, const struct String_
 {
 	child *cs = calloc((size_t)sv->count + 1, sizeof(*cs));
 	if (!cs)
-		return dlock__oom();
+		return dlock_sys_oom();
 	size_t n = 0;
 	for (int i = 0; i < sv->count; i++)
 		if (dlock__zk_parse_child(sv->data[i], &cs[n]))
@@ -607,9 +607,9 @@ static int evaluate_list(hold *h, const dlock_request *req, const struct String_
 	h->watch_children = crowd;
 	h->cversion = cversion;
 	if (blocker)
-		h->watch = dlock__sprintf("%s/%s", h->dir, blocker->name);
+		h->watch = dlock_sys_sprintf("%s/%s", h->dir, blocker->name);
 	else if (crowd)
-		h->watch = dlock__strdup(h->dir);
+		h->watch = dlock_sys_strdup(h->dir);
 	if (!*granted && !h->watch)
 		out = DLOCK_ENOMEM;
 done:

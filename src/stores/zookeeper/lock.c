@@ -60,14 +60,14 @@ static int acquire_try(zookeeper_store *st, const dlock_request *req, dlock_gran
 	if (rc)
 		return rc;
 	if (!h) {
-		h = dlock__calloc(1, sizeof(*h));
+		h = dlock_sys_calloc(1, sizeof(*h));
 		if (!h)
 			return DLOCK_ENOMEM;
 		h->next = st->holds;
 		if (st->holds)
 			st->holds->prev = h;
 		st->holds = h;
-		h->owner = dlock__strdup(req->owner);
+		h->owner = dlock_sys_strdup(req->owner);
 		h->dir = dlock__zk_dir_of(st, req->name);
 		if (!h->owner || !h->dir) {
 			dlock__zk_hold_free(st, h);
@@ -348,7 +348,7 @@ int dlock__zk_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_
 	if (!h || !h->watch || h->sess->expired || h->sess->state != ZOO_CONNECTED_STATE) {
 		/* nothing to watch now: wait for the session to change, briefly */
 		struct timespec ts;
-		dlock__abstime(&ts, timeout_ms < 100 ? timeout_ms : 100);
+		dlock_sys_abstime(&ts, timeout_ms < 100 ? timeout_ms : 100);
 		pthread_cond_timedwait(&st->cv, &st->mu, &ts);
 		pthread_mutex_unlock(&st->mu);
 		return 0;
@@ -381,7 +381,7 @@ int dlock__zk_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_
 		if (left <= 0)
 			break;
 		struct timespec ts;
-		dlock__abstime(&ts, left);
+		dlock_sys_abstime(&ts, left);
 		pthread_cond_timedwait(&st->cv, &st->mu, &ts);
 	}
 	for (watch_wait **p = &st->waits; *p; p = &(*p)->next) {

@@ -213,7 +213,7 @@ bool dlock__zk_ops_wait(zookeeper_store *st, zhandle_t *zh, zop *const *ops, siz
 			continue;
 		}
 		struct timespec ts;
-		dlock__abstime(&ts, (checked ? deadline : check_at) - now);
+		dlock_sys_abstime(&ts, (checked ? deadline : check_at) - now);
 		pthread_cond_timedwait(&st->cv, &st->mu, &ts);
 	}
 	bool all = true;

@@ -17,7 +17,7 @@ char *dlock__zk_escape(const char *s)
 	size_t n = strlen(s);
 	char *out = malloc(3 * n + 1);
 	if (!out) {
-		dlock__oom();
+		dlock_sys_oom();
 		return NULL;
 	}
 	bool dots = strspn(s, ".") == n;

@@ -123,7 +123,7 @@ static bool wait_connected_locked(zookeeper_store *st, zsess *z, int64_t deadlin
 		if (left <= 0)
 			break;
 		struct timespec ts;
-		dlock__abstime(&ts, left);
+		dlock_sys_abstime(&ts, left);
 		pthread_cond_timedwait(&st->cv, &st->mu, &ts);
 	}
 	return !z->expired && z->state == ZOO_CONNECTED_STATE;
@@ -190,9 +190,9 @@ static int not_connected_error(zookeeper_store *st, int64_t waited)
 static int resolve_hosts(zookeeper_store *st, int64_t deadline, char **out)
 {
 	*out = NULL;
-	dlock__addrs *ad = dlock__calloc(st->nh, sizeof(*ad));
-	int *rcs = dlock__calloc(st->nh, sizeof(*rcs));
-	const char **names = dlock__calloc(st->nh, sizeof(*names));
+	dlock_sys_addrs *ad = dlock_sys_calloc(st->nh, sizeof(*ad));
+	int *rcs = dlock_sys_calloc(st->nh, sizeof(*rcs));
+	const char **names = dlock_sys_calloc(st->nh, sizeof(*names));
 	int rc = 0;
 	if (!ad || !rcs || !names) {
 		rc = DLOCK_ENOMEM;
@@ -200,12 +200,12 @@ static int resolve_hosts(zookeeper_store *st, int64_t deadline, char **out)
 	}
 	for (size_t i = 0; i < st->nh; i++)
 		names[i] = st->hp[i].host;
-	if (!dlock__resolve_all(ad, rcs, names, st->nh, deadline, KIND)) {
+	if (!dlock_sys_resolve_all(ad, rcs, names, st->nh, deadline, KIND)) {
 		rc = dlock_error_last()->code;
 		goto out;
 	}
-	size_t cap = st->nh * DLOCK__ADDRS_MAX * (DLOCK__ADDR_LEN + 10) + st->nh * 270 + 1, len = 0;
-	char *cs = dlock__calloc(1, cap);
+	size_t cap = st->nh * DLOCK_SYS_ADDRS_MAX * (DLOCK_SYS_ADDR_LEN + 10) + st->nh * 270 + 1, len = 0;
+	char *cs = dlock_sys_calloc(1, cap);
 	if (!cs) {
 		rc = DLOCK_ENOMEM;
 		goto out;
@@ -464,7 +464,7 @@ int dlock__zk_get_session(zookeeper_store *st, int64_t want, int64_t deadline, z
 	pthread_mutex_unlock(&st->mu);
 	dlock__zk_close_sess(retired);
 
-	z = dlock__calloc(1, sizeof(*z));
+	z = dlock_sys_calloc(1, sizeof(*z));
 	if (!z)
 		return DLOCK_ENOMEM;
 	z->st = st;
@@ -502,7 +502,7 @@ int dlock__zk_get_session(zookeeper_store *st, int64_t want, int64_t deadline, z
 		left_n += *c == ',';
 	const size_t keep_n = (left_n + 1) / 2;
 	pthread_mutex_lock(&st->mu);
-	z->servers = dlock__strdup(numeric); /* NULL: the session is never moved */
+	z->servers = dlock_sys_strdup(numeric); /* NULL: the session is never moved */
 	pthread_mutex_unlock(&st->mu);
 	bool ok = false, auth = false;
 	zhandle_t *zh = NULL;

@@ -6,8 +6,8 @@
 static int status_one(zookeeper_store *st, zhandle_t *zh, const char *name, int64_t deadline, dlock_lock_status **out,
 		      size_t *count)
 {
-	dlock_lock_status *s = dlock__status_add(out, count);
-	if (!s || !(s->name = dlock__strdup(name)))
+	dlock_lock_status *s = dlock_sys_status_add(out, count);
+	if (!s || !(s->name = dlock_sys_strdup(name)))
 		return DLOCK_ENOMEM;
 	char *dir = dlock__zk_dir_of(st, name);
 	if (!dir)
@@ -25,7 +25,7 @@ static int status_one(zookeeper_store *st, zhandle_t *zh, const char *name, int6
 	}
 	child *cs = calloc((size_t)sv.count + 1, sizeof(*cs));
 	zop **ops = calloc((size_t)sv.count + 1, sizeof(*ops));
-	int rc = cs && ops ? 0 : dlock__oom();
+	int rc = cs && ops ? 0 : dlock_sys_oom();
 	size_t n = 0;
 	for (int i = 0; cs && i < sv.count; i++)
 		if (dlock__zk_parse_child(sv.data[i], &cs[n]))
@@ -34,7 +34,7 @@ static int status_one(zookeeper_store *st, zhandle_t *zh, const char *name, int6
 		qsort(cs, n, sizeof(*cs), dlock__zk_by_seq);
 	/* Every node's data in one pipelined round trip. */
 	for (size_t i = 0; i < n && !rc; i++) {
-		char *p = dlock__sprintf("%s/%s", dir, cs[i].name);
+		char *p = dlock_sys_sprintf("%s/%s", dir, cs[i].name);
 		zop *op = p ? dlock__zk_op_new(st) : NULL;
 		ops[i] = dlock__zk_op_sent(st, op, op ? zoo_aget(zh, p, 0, dlock__zk_cb_data, op) : ZSYSTEMERROR);
 		free(p);
@@ -91,7 +91,7 @@ static int status_one(zookeeper_store *st, zhandle_t *zh, const char *name, int6
 			s->waiters++;
 			continue;
 		}
-		dlock_holder *hd = dlock__status_add_holder(s);
+		dlock_holder *hd = dlock_sys_status_add_holder(s);
 		if (!hd) {
 			rc = DLOCK_ENOMEM;
 			break;
@@ -101,8 +101,8 @@ static int status_one(zookeeper_store *st, zhandle_t *zh, const char *name, int6
 		size_t olen = strlen(o) - SEQ_DIGITS - 1;
 		while (olen > 0 && o[olen - 1] != '-')
 			olen--;
-		hd->owner = dlock__strndup(o, olen ? olen - 1 : 0);
-		hd->host = dlock__strdup(host);
+		hd->owner = dlock_sys_strndup(o, olen ? olen - 1 : 0);
+		hd->host = dlock_sys_strdup(host);
 		hd->pid = pid;
 		hd->mode = cs[i].kind == K_READ ? DLOCK_SHARED : DLOCK_EXCLUSIVE;
 		hd->fence = (uint64_t)stat.czxid;
@@ -157,7 +157,7 @@ int dlock__zk_list(dlock_backend *be, char ***names, size_t *n)
 		return dlock__zk_zerr(r, "list", st->root);
 	char **all = sv.count > 0 ? calloc((size_t)sv.count, sizeof(*all)) : NULL;
 	if (sv.count > 0 && !all)
-		rc = dlock__oom();
+		rc = dlock_sys_oom();
 	for (int i = 0; i < sv.count && all; i++)
 		if ((all[*n] = dlock__zk_unescape(sv.data[i])) != NULL) /* NULL: not a name of ours */
 			(*n)++;

@@ -73,7 +73,7 @@ void dlock__zk_close(dlock_backend *be)
 	free(st->hosts);
 	dlock_free(st->hp);
 	free(st->root);
-	dlock__free_secret(st->auth);
+	dlock_sys_free_secret(st->auth);
 	free(st);
 }
 
@@ -149,7 +149,7 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	int rc = dlock_uri_hosts(uri, 2181, &hp, &nh);
 	if (rc)
 		return rc;
-	zookeeper_store *st = dlock__calloc(1, sizeof(*st));
+	zookeeper_store *st = dlock_sys_calloc(1, sizeof(*st));
 	if (!st) {
 		dlock_free(hp);
 		return DLOCK_ENOMEM;
@@ -161,7 +161,7 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	st->request_ms = uri->request_timeout_ms > 0 ? uri->request_timeout_ms : 2000;
 	st->default_ttl = uri->ttl_ms;
 	pthread_mutex_init(&st->mu, NULL);
-	dlock__cond_init_monotonic(&st->cv);
+	dlock_sys_cond_init_monotonic(&st->cv);
 
 	size_t cap = nh * 270 + 1;
 	st->hosts = calloc(1, cap);
@@ -178,7 +178,7 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	size_t cl = strlen(chroot);
 	while (cl > 0 && chroot[cl - 1] == '/')
 		cl--;
-	st->root = pre ? dlock__sprintf("%.*s/%s", (int)cl, chroot, pre) : NULL;
+	st->root = pre ? dlock_sys_sprintf("%.*s/%s", (int)cl, chroot, pre) : NULL;
 	if (!cl && pre && strcmp(pre, "zookeeper") == 0) {
 		free(pre);
 		dlock__zk_close(&st->base);
@@ -187,10 +187,10 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	}
 	free(pre);
 	if (uri->user)
-		st->auth = dlock__sprintf("%s:%s", uri->user, uri->password);
+		st->auth = dlock_sys_sprintf("%s:%s", uri->user, uri->password);
 	for (size_t i = 0; uri->user && i < nh; i++)
-		if (!dlock__host_is_local(hp[i].host)) {
-			dlock__open_warning("zookeeper: the digest password and the lock traffic go to %s over "
+		if (!dlock_sys_host_is_local(hp[i].host)) {
+			dlock_sys_open_warning("zookeeper: the digest password and the lock traffic go to %s over "
 					    "dlock__zk_plain TCP, which a man in the middle can read (this build's client has "
 					    "no TLS)", hp[i].host);
 			break;
@@ -209,7 +209,7 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	}
 	/* Every option is read by now: report a misspelt one before spending
 	 * connect_timeout on a server that may not be there. */
-	if ((rc = dlock__uri_check_unused(uri))) {
+	if ((rc = dlock_sys_uri_check_unused(uri))) {
 		dlock__zk_close(&st->base);
 		return rc;
 	}
