@@ -64,6 +64,16 @@ typedef struct redlock_store {
 	dlock__rnotify *nt;
 } redlock_store;
 
+/* A round's command: EVALSHA of `script` (>= 0; argv[0..1] are filled in
+ * per master: EVAL and the text where the master may lack the script) or,
+ * script < 0, argv as it is. A master's rl_op may carry its own argv. */
+typedef struct rl_cmd {
+	int script;
+	int argc;
+	const char **argv;
+	size_t *lens;
+} rl_cmd;
+
 /* One master's part of a parallel round. */
 typedef struct rl_op {
 	redisReply *reply; /* the answer (owned), NULL on failure */
@@ -259,8 +269,11 @@ static void drop_closed(redlock_store *s, const rl_op *ops)
 	}
 }
 
-static void append_cmd(redlock_store *s, size_t i, rl_op *op, int script, int argc, const char **argv, size_t *lens)
+static void append_cmd(redlock_store *s, size_t i, rl_op *op, const rl_cmd *cmd)
 {
+	int script = cmd->script, argc = cmd->argc;
+	const char **argv = cmd->argv;
+	size_t *lens = cmd->lens;
 	if (op->argv) {
 		argc = op->argc;
 		argv = op->argv;
@@ -306,12 +319,12 @@ static void append_raises(redlock_store *s, size_t i)
 		/* EVAL, not EVALSHA: a master behind may be one that restarted empty */
 		rl_op op = { .eval = true };
 		if (s->c[i] && owe(s, i, NULL))
-			append_cmd(s, i, &op, DLOCK__RS_RAISE, 5, argv, lens);
+			append_cmd(s, i, &op, &(rl_cmd){ DLOCK__RS_RAISE, 5, argv, lens });
 		grant_put(g);
 	}
 }
 
-/* Write c's output buffer. A TLS connection is non-blocking (see rl_round):
+/* Write c's output buffer. A TLS connection is non-blocking (see rl_connect):
  * its writes wait in poll, until `deadline`. */
 static bool flush(redisContext *c, int64_t deadline)
 {
@@ -336,8 +349,7 @@ static bool flush(redisContext *c, int64_t deadline)
 
 /* Master i's request of this round onto its connection: a fresh connection's
  * AUTH/SELECT first (in the same write), then raises owed, then the command. */
-static void send_op(redlock_store *s, rl_op *op, size_t i, bool fresh, int script, int argc, const char **argv,
-		    size_t *lens, int64_t deadline)
+static void send_op(redlock_store *s, rl_op *op, size_t i, bool fresh, const rl_cmd *cmd, int64_t deadline)
 {
 	if (fresh) {
 		redisContext *c = s->c[i];
@@ -365,7 +377,7 @@ static void send_op(redlock_store *s, rl_op *op, size_t i, bool fresh, int scrip
 		op_fail_keep(s, op, i, "too many replies owed", true);
 		return;
 	}
-	append_cmd(s, i, op, script, argc, argv, lens);
+	append_cmd(s, i, op, cmd);
 	op->sent = true;
 	if (!flush(s->c[i], deadline))
 		op_fail(s, op, i, s->c[i] && s->c[i]->errstr[0] ? s->c[i]->errstr : "write failed");
@@ -386,50 +398,124 @@ typedef struct rl_after {
 static const rl_after PROMPT = { true, NULL };
 
 /*
- * Send one command to every master (ops[i].want) at once and collect the
- * answers until each has answered, `tmo` ms passed, or `deadline` (absolute,
- * dlock_clock_ms) came, whichever is first. When `enough` says the answers
- * so far decide the request, the round waits only as long again as it took
- * for the others (slow but alive masters still count when in step) — or,
- * with after->prompt, takes only the answers already there; a master
- * still silent then keeps its connection and its reply is read when it
- * comes (owed; an acquire's, after->grant, may show that master behind, see
- * rl_grant): its outcome is unknown to the caller (ops[i].sent, no
- * answer), like a timeout's, but the master is not treated as hung. script >= 0: EVALSHA of that
- * script (argv[0..1] are filled in here); script < 0: argv as it is. A
- * master that times out loses its connection (a late reply would answer the
- * next request) and is left alone for QUIET_MS unless ops[i].force; it is
- * reconnected on a later round, the connect bounded by the same deadline.
- * Fresh connections send AUTH/SELECT in the same write as the command, so a
- * reconnect costs no extra round trip.
+ * A round is rl_send, then rl_collect. rl_send gives every master the
+ * request, resolving the names of those without a connection all at once
+ * (rl_resolve) and connecting them (rl_connect); rl_collect reads the
+ * answers (rl_read, one master's) until the round is decided or its time is
+ * up, leaving the slow masters' replies owed (rl_leave_owed).
  */
-static void rl_round(redlock_store *s, rl_op *ops, int script, int argc, const char **argv, size_t *lens, int64_t tmo,
-		     int64_t deadline, rl_enough enough, void *arg, const rl_after *after)
+
+/* The masters of a round that need a connection, resolved all at once by
+ * the connect deadline: hiredis would resolve with a blocking getaddrinfo. */
+typedef struct rl_lookup {
+	dlock_sys_addrs *ad; /* ad[k], rc[k]: the k-th name looked up */
+	int *rc;
+	const char **names;
+	size_t *which; /* which[i]: master i's lookup, or s->n for none */
+	bool failed;   /* out of memory: no lookup at all */
+} rl_lookup;
+
+static void rl_resolve(redlock_store *s, const rl_op *ops, int64_t now, int64_t end, rl_lookup *lk)
 {
-	int64_t now = dlock_clock_ms();
-	int64_t end = min64(now + tmo, deadline);
-	bool decided = false, drained = false;
-	/* hiredis would resolve with a blocking getaddrinfo: the names of the
-	 * masters to connect are resolved here, all at once, by the deadline */
-	drop_closed(s, ops);
-	size_t need = 0;
+	*lk = (rl_lookup){ 0 };
+	size_t need = 0, n = 0;
 	for (size_t i = 0; i < s->n; i++)
 		need += !s->c[i] && ops[i].want;
-	dlock_sys_addrs *ad = need ? calloc(s->n, sizeof(*ad)) : NULL;
-	int *arc = need ? calloc(s->n, sizeof(*arc)) : NULL;
-	const char **names = need ? calloc(s->n, sizeof(*names)) : NULL;
-	size_t *which = need ? calloc(s->n, sizeof(*which)) : NULL, nres = 0; /* which[i]: master i's answer, or n */
-	if (ad && arc && names && which) {
-		for (size_t i = 0; i < s->n; i++) {
-			which[i] = s->n;
-			if (!s->c[i] && ops[i].want && (ops[i].force || dlock_clock_ms() >= s->quiet_until[i])) {
-				which[i] = nres;
-				names[nres++] = s->srv[i].host;
-			}
-		}
-		if (nres)
-			dlock_sys_resolve_all(ad, arc, names, nres, min64(now + s->srv[0].connect_timeout_ms, end), KIND);
+	if (!need)
+		return;
+	lk->ad = calloc(s->n, sizeof(*lk->ad));
+	lk->rc = calloc(s->n, sizeof(*lk->rc));
+	lk->names = calloc(s->n, sizeof(*lk->names));
+	lk->which = calloc(s->n, sizeof(*lk->which));
+	if (!lk->ad || !lk->rc || !lk->names || !lk->which) {
+		lk->failed = true;
+		return;
 	}
+	for (size_t i = 0; i < s->n; i++) {
+		lk->which[i] = s->n;
+		if (!s->c[i] && ops[i].want && (ops[i].force || dlock_clock_ms() >= s->quiet_until[i])) {
+			lk->which[i] = n;
+			lk->names[n++] = s->srv[i].host;
+		}
+	}
+	if (n)
+		dlock_sys_resolve_all(lk->ad, lk->rc, lk->names, n, min64(now + s->srv[0].connect_timeout_ms, end),
+				      KIND);
+}
+
+static void rl_lookup_free(rl_lookup *lk)
+{
+	free(lk->ad);
+	free(lk->rc);
+	free(lk->names);
+	free(lk->which);
+}
+
+/* Connect master i to the addresses it resolved to (mad), blocking until
+ * its connect timeout or `end`; then start a TLS handshake (the request is
+ * sent when it finishes, from rl_collect) or send the request. */
+static void rl_connect(redlock_store *s, rl_op *op, size_t i, const dlock_sys_addrs *mad, const rl_cmd *cmd,
+		       int64_t left, int64_t end)
+{
+	int64_t ct = min64(s->srv[i].connect_timeout_ms, left);
+	int64_t tc = dlock_clock_ms();
+	redisContext *c = NULL;
+	for (size_t k = 0; k < (mad->n ? mad->n : 1); k++) {
+		int64_t cl = tc + ct - dlock_clock_ms();
+		if (c) {
+			if (cl <= 0)
+				break;
+			dlock__rfree(c);
+		}
+		c = redisConnectWithTimeout(mad->n ? mad->addr[k] : s->srv[i].host, s->srv[i].port,
+					    ms_tv(cl > 0 ? cl : 1));
+		if (!c || !c->err)
+			break;
+	}
+	if (!c || c->err) {
+		char what[160];
+		snprintf(what, sizeof(what), "cannot connect: %s", c ? c->errstr : "out of memory");
+		if (c)
+			dlock__rfree(c);
+		op_fail(s, op, i, what);
+		/* the connect is blocking: a master whose connects time out (SYNs
+		 * dropped) would cost every round its wait; try it again after
+		 * QUIET_MS (a refused connect fails at once: no need) */
+		if (dlock_clock_ms() - tc >= ct)
+			s->quiet_until[i] = dlock_clock_ms() + QUIET_MS;
+		return;
+	}
+	/* TLS: the handshake runs in the poll loop, beside the other masters'
+	 * requests (a stalled master delays none of them); the socket stays
+	 * non-blocking, so a reply that trickles in is read as it comes, like
+	 * plain TCP's, never waited for in SSL_read */
+	if (dlock__rtls_begin(c, &s->srv[i]) != 0) {
+		dlock__rfree(c);
+		op_fail(s, op, i, "out of memory");
+		return;
+	}
+	if (s->srv[i].tls) {
+		c->flags &= ~REDIS_BLOCK;
+		op->hs = true;
+		op->hs_until = tc + ct;
+		op->hs_events = POLLOUT;
+	} else {
+		redisSetTimeout(c, ms_tv(s->srv[i].timeout_ms));
+	}
+	tune_socket(c->fd, s->srv[i].timeout_ms);
+	s->c[i] = c;
+	if (!op->hs)
+		send_op(s, op, i, true, cmd, end);
+}
+
+/* Start the round: each master it wants gets the request, on its connection
+ * or a new one (resolved and connected by `end`); a master that timed out
+ * recently is left alone for QUIET_MS unless ops[i].force. */
+static void rl_send(redlock_store *s, rl_op *ops, const rl_cmd *cmd, int64_t now, int64_t end)
+{
+	drop_closed(s, ops);
+	rl_lookup lk;
+	rl_resolve(s, ops, now, end, &lk);
 	for (size_t i = 0; i < s->n; i++) {
 		rl_op *op = &ops[i];
 		op->reply = NULL;
@@ -447,16 +533,16 @@ static void rl_round(redlock_store *s, rl_op *ops, int script, int argc, const c
 			op_fail(s, op, i, "cannot connect (timed out recently; not tried again yet)");
 			continue;
 		}
-		if (!s->c[i] && (!ad || !arc || !names || !which)) {
+		if (!s->c[i] && lk.failed) {
 			op_fail(s, op, i, "out of memory");
 			continue;
 		}
-		if (!s->c[i] && which[i] == s->n) {
+		if (!s->c[i] && lk.which[i] == s->n) {
 			op_fail(s, op, i, "cannot connect (timed out recently; not tried again yet)");
 			continue;
 		}
-		const dlock_sys_addrs *mad = s->c[i] ? NULL : &ad[which[i]];
-		if (!s->c[i] && arc[which[i]]) {
+		const dlock_sys_addrs *mad = s->c[i] ? NULL : &lk.ad[lk.which[i]];
+		if (!s->c[i] && lk.rc[lk.which[i]]) {
 			char what[300];
 			snprintf(what, sizeof(what), "%s %s", mad->timed_out ? "timed out resolving" : "cannot resolve",
 				 s->srv[i].host);
@@ -470,64 +556,99 @@ static void rl_round(redlock_store *s, rl_op *ops, int script, int argc, const c
 			op_fail_keep(s, op, i, "timed out: no time left before the deadline", true);
 			continue;
 		}
-		if (!s->c[i]) {
-			int64_t ct = min64(s->srv[i].connect_timeout_ms, left);
-			int64_t tc = dlock_clock_ms();
-			redisContext *c = NULL;
-			for (size_t k = 0; k < (mad->n ? mad->n : 1); k++) {
-				int64_t cl = tc + ct - dlock_clock_ms();
-				if (c) {
-					if (cl <= 0)
-						break;
-					dlock__rfree(c);
-				}
-				c = redisConnectWithTimeout(mad->n ? mad->addr[k] : s->srv[i].host, s->srv[i].port,
-							    ms_tv(cl > 0 ? cl : 1));
-				if (!c || !c->err)
-					break;
-			}
-			if (!c || c->err) {
-				char what[160];
-				snprintf(what, sizeof(what), "cannot connect: %s", c ? c->errstr : "out of memory");
-				if (c)
-					dlock__rfree(c);
-				op_fail(s, op, i, what);
-				/* the connect is blocking: a master whose connects time out (SYNs
-				 * dropped) would cost every round its wait; try it again after
-				 * QUIET_MS (a refused connect fails at once: no need) */
-				if (dlock_clock_ms() - tc >= ct)
-					s->quiet_until[i] = dlock_clock_ms() + QUIET_MS;
-				continue;
-			}
-			/* TLS: the handshake runs in the poll loop below, beside the
-			 * other masters' requests (a stalled master delays none of them);
-			 * the socket stays non-blocking, so a reply that trickles in is
-			 * read as it comes, like plain TCP's, never waited for in SSL_read */
-			if (dlock__rtls_begin(c, &s->srv[i]) != 0) {
-				dlock__rfree(c);
-				op_fail(s, op, i, "out of memory");
-				continue;
-			}
-			if (s->srv[i].tls) {
-				c->flags &= ~REDIS_BLOCK;
-				op->hs = true;
-				op->hs_until = tc + ct;
-				op->hs_events = POLLOUT;
-			} else {
-				redisSetTimeout(c, ms_tv(s->srv[i].timeout_ms));
-			}
-			tune_socket(c->fd, s->srv[i].timeout_ms);
-			s->c[i] = c;
-			if (!op->hs)
-				send_op(s, op, i, true, script, argc, argv, lens, end);
+		if (!s->c[i])
+			rl_connect(s, op, i, mad, cmd, left, end);
+		else
+			send_op(s, op, i, false, cmd, end);
+	}
+	rl_lookup_free(&lk);
+}
+
+/* Read what master i has sent: answers owed to earlier rounds, a fresh
+ * connection's AUTH/SELECT answers, then this round's (sent again as text
+ * after NOSCRIPT). */
+static void rl_read(redlock_store *s, rl_op *op, size_t i, const rl_cmd *cmd, int64_t end)
+{
+	if (dlock__rbuffer_read(s->c[i]) != REDIS_OK) {
+		op_fail(s, op, i, s->c[i]->errstr[0] ? s->c[i]->errstr : "connection lost");
+		return;
+	}
+	void *v = NULL;
+	while (!op->done && dlock__rget_reply(s->c[i], &v) == REDIS_OK && v) {
+		redisReply *r = v;
+		v = NULL;
+		if (s->owed[i].n > 0) { /* the answer to an earlier round that did not wait for it */
+			late_reply(s, i, r);
 			continue;
 		}
-		send_op(s, op, i, false, script, argc, argv, lens, end);
+		if (op->skip > 0) {
+			bool auth = op->auth;
+			op->skip--;
+			op->auth = false;
+			if (r->type == REDIS_REPLY_ERROR) {
+				int code = dlock__rreply_error(r, &s->srv[i], KIND);
+				freeReplyObject(r);
+				op->rc = code != DLOCK_ESTORE ? code : auth ? DLOCK_EAUTH : DLOCK_EINVAL;
+				op->done = true;
+				op->sent = false; /* refused before the command ran */
+				drop(s, i);
+			} else {
+				freeReplyObject(r);
+			}
+			continue;
+		}
+		if (r->type == REDIS_REPLY_ERROR && cmd->script >= 0 && !op->eval && !strncmp(r->str, "NOSCRIPT", 8)) {
+			freeReplyObject(r);
+			op->eval = true; /* restarted or flushed master: send the text (caches it again) */
+			append_cmd(s, i, op, cmd);
+			if (!flush(s->c[i], end))
+				op_fail(s, op, i, "write failed");
+			continue;
+		}
+		op->answered = true;
+		if (r->type == REDIS_REPLY_ERROR) {
+			op->rc = dlock__rreply_error(r, &s->srv[i], KIND);
+			freeReplyObject(r);
+		} else {
+			op->reply = r;
+		}
+		op->done = true;
 	}
-	free(ad);
-	free(arc);
-	free(names);
-	free(which);
+	if (!op->done && s->c[i] && s->c[i]->err)
+		op_fail(s, op, i, s->c[i]->errstr);
+}
+
+/* A decided round's masters still silent (idx[0..np)): their outcome is
+ * unknown to the caller, but they keep their connections, and their
+ * replies (after a fresh connection's AUTH/SELECT answers) are owed, read
+ * when they come (an acquire's for after->grant). */
+static void rl_leave_owed(redlock_store *s, rl_op *ops, const size_t *idx, size_t np, const rl_after *after)
+{
+	for (size_t k = 0; k < np; k++) {
+		size_t i = idx[k];
+		if (ops[i].hs) { /* nothing sent: the connection is not worth keeping */
+			op_fail(s, &ops[i], i, "TLS handshake not finished when the others had answered");
+			continue;
+		}
+		ops[i].rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "EIO", "redlock master %s:%d: slower than the others",
+					    s->srv[i].host, s->srv[i].port);
+		ops[i].done = true;
+		bool kept = true;
+		for (int h = 0; kept && h < ops[i].skip; h++)
+			kept = owe(s, i, NULL);
+		if (kept)
+			owe(s, i, after ? after->grant : NULL);
+	}
+}
+
+/* Collect the round's answers (it started at `now`) until each master has
+ * answered or `end` came; once `enough` says they decide it, wait only as
+ * long again as it took for the others, or (after->prompt) take only the
+ * answers already there. */
+static void rl_collect(redlock_store *s, rl_op *ops, const rl_cmd *cmd, int64_t now, int64_t end, rl_enough enough,
+		       void *arg, const rl_after *after)
+{
+	bool decided = false, drained = false;
 	struct pollfd *pf = calloc(s->n, sizeof(*pf));
 	size_t *idx = calloc(s->n, sizeof(*idx));
 	if (!pf || !idx) {
@@ -565,23 +686,7 @@ static void rl_round(redlock_store *s, rl_op *ops, int script, int argc, const c
 			drained = true;
 			left = 0;
 		} else if (left <= 0 && decided) {
-			for (size_t k = 0; k < np; k++) {
-				size_t i = idx[k];
-				if (ops[i].hs) { /* nothing sent: the connection is not worth keeping */
-					op_fail(s, &ops[i], i, "TLS handshake not finished when the others had answered");
-					continue;
-				}
-				ops[i].rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "EIO",
-							    "redlock master %s:%d: slower than the others", s->srv[i].host,
-							    s->srv[i].port);
-				ops[i].done = true;
-				/* those of a fresh connection's AUTH/SELECT, then its reply */
-				bool kept = true;
-				for (int h = 0; kept && h < ops[i].skip; h++)
-					kept = owe(s, i, NULL);
-				if (kept)
-					owe(s, i, after ? after->grant : NULL);
-			}
+			rl_leave_owed(s, ops, idx, np, after);
 			break;
 		} else if (left <= 0) {
 			for (size_t k = 0; k < np; k++) {
@@ -607,70 +712,49 @@ static void rl_round(redlock_store *s, rl_op *ops, int script, int argc, const c
 			}
 			if (!pf[k].revents)
 				continue;
-			if (op->hs) {
-				int r = dlock__rtls_step(s->c[i], &s->srv[i], KIND, &op->hs_events);
-				if (r < 0) {
-					char what[300];
-					snprintf(what, sizeof(what), "%s", dlock_error_last()->message);
-					op_fail(s, op, i, what);
-				} else if (r == 0) {
-					op->hs = false;
-					send_op(s, op, i, true, script, argc, argv, lens, end);
-				}
+			if (!op->hs) {
+				rl_read(s, op, i, cmd, end);
 				continue;
 			}
-			if (dlock__rbuffer_read(s->c[i]) != REDIS_OK) {
-				op_fail(s, op, i, s->c[i]->errstr[0] ? s->c[i]->errstr : "connection lost");
-				continue;
+			int r = dlock__rtls_step(s->c[i], &s->srv[i], KIND, &op->hs_events);
+			if (r < 0) {
+				char what[300];
+				snprintf(what, sizeof(what), "%s", dlock_error_last()->message);
+				op_fail(s, op, i, what);
+			} else if (r == 0) {
+				op->hs = false;
+				send_op(s, op, i, true, cmd, end);
 			}
-			void *v = NULL;
-			while (!op->done && dlock__rget_reply(s->c[i], &v) == REDIS_OK && v) {
-				redisReply *r = v;
-				v = NULL;
-				if (s->owed[i].n > 0) { /* the answer to an earlier round that did not wait for it */
-					late_reply(s, i, r);
-					continue;
-				}
-				if (op->skip > 0) {
-					bool auth = op->auth;
-					op->skip--;
-					op->auth = false;
-					if (r->type == REDIS_REPLY_ERROR) {
-						int code = dlock__rreply_error(r, &s->srv[i], KIND);
-						freeReplyObject(r);
-						op->rc = code != DLOCK_ESTORE ? code : auth ? DLOCK_EAUTH : DLOCK_EINVAL;
-						op->done = true;
-						op->sent = false; /* refused before the command ran */
-						drop(s, i);
-					} else {
-						freeReplyObject(r);
-					}
-					continue;
-				}
-				if (r->type == REDIS_REPLY_ERROR && script >= 0 && !op->eval &&
-				    !strncmp(r->str, "NOSCRIPT", 8)) {
-					freeReplyObject(r);
-					op->eval = true; /* restarted or flushed master: send the text (caches it again) */
-					append_cmd(s, i, op, script, argc, argv, lens);
-					if (!flush(s->c[i], end))
-						op_fail(s, op, i, "write failed");
-					continue;
-				}
-				op->answered = true;
-				if (r->type == REDIS_REPLY_ERROR) {
-					op->rc = dlock__rreply_error(r, &s->srv[i], KIND);
-					freeReplyObject(r);
-				} else {
-					op->reply = r;
-				}
-				op->done = true;
-			}
-			if (!op->done && s->c[i] && s->c[i]->err)
-				op_fail(s, op, i, s->c[i]->errstr);
 		}
 	}
 	free(pf);
 	free(idx);
+}
+
+/*
+ * Send one command to every master (ops[i].want) at once and collect the
+ * answers until each has answered, `tmo` ms passed, or `deadline` (absolute,
+ * dlock_clock_ms) came, whichever is first. When `enough` says the answers
+ * so far decide the request, the round waits only as long again as it took
+ * for the others (slow but alive masters still count when in step) — or,
+ * with after->prompt, takes only the answers already there; a master
+ * still silent then keeps its connection and its reply is read when it
+ * comes (owed; an acquire's, after->grant, may show that master behind, see
+ * rl_grant): its outcome is unknown to the caller (ops[i].sent, no
+ * answer), like a timeout's, but the master is not treated as hung. A
+ * master that times out loses its connection (a late reply would answer
+ * the next request) and is left alone for QUIET_MS unless ops[i].force; it
+ * is reconnected on a later round, the connect bounded by the same
+ * deadline. Fresh connections send AUTH/SELECT in the same write as the
+ * command, so a reconnect costs no extra round trip.
+ */
+static void rl_round(redlock_store *s, rl_op *ops, const rl_cmd *cmd, int64_t tmo, int64_t deadline, rl_enough enough,
+		     void *arg, const rl_after *after)
+{
+	int64_t now = dlock_clock_ms();
+	int64_t end = min64(now + tmo, deadline);
+	rl_send(s, ops, cmd, now, end);
+	rl_collect(s, ops, cmd, now, end, enough, arg, after);
 }
 
 static void ops_clear(redlock_store *s, rl_op *ops)
@@ -826,8 +910,8 @@ static size_t undo(redlock_store *s, rl_op *ops, const dlock__rkeys *k, const dl
 	}
 	if (!want)
 		return 0;
-	rl_round(s, ops, DLOCK__RS_RELEASE, r.argc, r.argv, r.lens, tmo, deadline, undo_decided, (void *)granted,
-		 &PROMPT);
+	rl_round(s, ops, &(rl_cmd){ DLOCK__RS_RELEASE, r.argc, r.argv, r.lens }, tmo, deadline, undo_decided,
+		 (void *)granted, &PROMPT);
 	size_t left = 0;
 	for (size_t i = 0; i < s->n; i++)
 		left += maybe[i] && !ops[i].answered;
@@ -875,7 +959,8 @@ static int rl_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 	const rl_after after = { true, g };
 	ops_all(s, ops);
 	bool waiting = req->waiting;
-	rl_round(s, ops, DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens, tmo, try_end, acquire_decided, &waiting, &after);
+	rl_round(s, ops, &(rl_cmd){ DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens }, tmo, try_end, acquire_decided, &waiting,
+		 &after);
 	size_t grants = 0, refused = 0, at_top = 0, unknown = 0;
 	uint64_t top = 0;
 	int64_t soonest = -1;
@@ -927,7 +1012,7 @@ static int rl_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 		size_t lens[5];
 		raise_args(argv, lens, k.k[DLOCK__RK_H], k.len[DLOCK__RK_H], top, tok);
 		ops_all(s, ops);
-		rl_round(s, ops, DLOCK__RS_RAISE, 5, argv, lens, tmo, try_end, raise_decided, &top, &PROMPT);
+		rl_round(s, ops, &(rl_cmd){ DLOCK__RS_RAISE, 5, argv, lens }, tmo, try_end, raise_decided, &top, &PROMPT);
 		size_t raised = 0;
 		for (size_t i = 0; i < s->n; i++) {
 			long long v;
@@ -983,7 +1068,7 @@ static int rl_release(dlock_backend *be, const dlock_request *req)
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_owner(&a, &k, req);
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_RELEASE, a.argc, a.argv, a.lens, master_timeout(s), req->deadline_ms,
+	rl_round(s, ops, &(rl_cmd){ DLOCK__RS_RELEASE, a.argc, a.argv, a.lens }, master_timeout(s), req->deadline_ms,
 		 release_decided, NULL, &PROMPT);
 	size_t released = 0, answered = 0;
 	char errmsg[256] = "";
@@ -1086,7 +1171,7 @@ static void repair(redlock_store *s, const dlock_request *const *reqs, size_t n,
 	}
 	if (!any)
 		goto out;
-	rl_round(s, ops, RL_REPAIR, 0, NULL, NULL, tmo, deadline, NULL, NULL, NULL);
+	rl_round(s, ops, &(rl_cmd){ RL_REPAIR, 0, NULL, NULL }, tmo, deadline, NULL, NULL, NULL);
 	for (size_t i = 0; i < s->n; i++) {
 		redisReply *r = ops[i].reply;
 		if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != cnt[i])
@@ -1147,7 +1232,8 @@ static int rl_renew(dlock_backend *be, const dlock_request *const *reqs, size_t 
 	int64_t tmo = min64(master_timeout(s), ttl - drift_ms(s, ttl)), deadline = reqs[0]->deadline_ms;
 	ops_all(s, ops);
 	size_t nn = n;
-	rl_round(s, ops, DLOCK__RS_RENEW, b.argc, b.argv, b.lens, tmo, deadline, renew_decided, &nn, NULL);
+	rl_round(s, ops, &(rl_cmd){ DLOCK__RS_RENEW, b.argc, b.argv, b.lens }, tmo, deadline, renew_decided, &nn,
+		 NULL);
 	size_t answered = 0;
 	bool missing = false;
 	for (size_t i = 0; i < s->n; i++) {
@@ -1240,8 +1326,8 @@ static int rl_cancel(dlock_backend *be, const dlock_request *req)
 	dlock__rkeys_make(&k, s->prefix, req->name);
 	dlock__rargs_owner(&a, &k, req);
 	ops_all(s, ops);
-	rl_round(s, ops, DLOCK__RS_CANCEL, a.argc, a.argv, a.lens, master_timeout(s), req->deadline_ms, release_decided,
-		 NULL, &PROMPT);
+	rl_round(s, ops, &(rl_cmd){ DLOCK__RS_CANCEL, a.argc, a.argv, a.lens }, master_timeout(s), req->deadline_ms,
+		 release_decided, NULL, &PROMPT);
 	ops_clear(s, ops);
 	free(ops);
 	return 0;
@@ -1262,8 +1348,8 @@ static int status_one(redlock_store *s, const char *name, dlock_lock_status **ou
 	ops_all(s, ops);
 	/* a quorum's answers, and as long again for the others (a stopped
 	 * master does not cost the whole timeout) */
-	rl_round(s, ops, DLOCK__RS_STATUS, a.argc, a.argv, a.lens, master_timeout(s), deadline, quorum_answered, NULL,
-		 NULL);
+	rl_round(s, ops, &(rl_cmd){ DLOCK__RS_STATUS, a.argc, a.argv, a.lens }, master_timeout(s), deadline,
+		 quorum_answered, NULL, NULL);
 	dlock_lock_status *per = NULL;
 	size_t nper = 0;
 	int rc = 0;
@@ -1432,8 +1518,8 @@ static size_t load_scripts(redlock_store *s, int64_t deadline, int *err, char *m
 			any |= ops[i].want = j == 0 || up[i];
 		if (!any)
 			break;
-		rl_round(s, ops, -1, 3, argv, lens, deadline - dlock_clock_ms(), deadline, j == 0 ? quorum_answered : NULL,
-			 NULL, NULL);
+		rl_round(s, ops, &(rl_cmd){ -1, 3, argv, lens }, deadline - dlock_clock_ms(), deadline,
+			 j == 0 ? quorum_answered : NULL, NULL, NULL);
 		for (size_t i = 0; i < s->n; i++) {
 			redisReply *r = ops[i].reply;
 			if (j == 0 && r) {
