@@ -24,9 +24,9 @@ int dlock_lock_detach(dlock_lock *l, char **handle)
 	if (!held)
 		return dlock_error_set(DLOCK_ENOTHELD, NULL, NULL, "lock '%s' is not held by this handle", l->name);
 	if (dlock_store_session_bound(l->store))
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, l->store->m->kind, NULL,
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, l->store->mt.kind, NULL,
 				       "locks of the %s store live with this process's session and cannot be "
-				       "handed to another process", l->store->m->kind);
+				       "handed to another process", l->store->mt.kind);
 	char *h = dlock_sys_sprintf("dl1.%c.%u.%" PRIu64 ".%" PRId64 ".%s", l->opts.mode == DLOCK_SHARED ? 's' : 'x',
 				 l->opts.permits, l->fence, l->ttl_ms, l->owner);
 	if (!h)

@@ -149,11 +149,11 @@ static int call_acquire(dlock_lock *l, dlock_grant *out, int64_t until, bool *wa
 	dlock_store *s = l->store;
 	if (!lock_be_by(s, until))
 		return BE_BUSY;
-	if (s->m->watch && l->req.waiting) {
+	if (s->mt.watch && l->req.waiting) {
 		*armed = dlock__board_arm(s->board, l->name, l->req.owner);
 		dlock_sys_saved_error saved; /* a watch that fails only costs polling */
 		dlock_sys_error_save(&saved);
-		*watched = s->m->watch(s->be, &l->req) == 0 || *watched;
+		*watched = s->mt.watch(s->be, &l->req) == 0 || *watched;
 		dlock_sys_error_restore(&saved);
 	}
 	l->req.deadline_ms = request_deadline(s, until);
@@ -161,12 +161,12 @@ static int call_acquire(dlock_lock *l, dlock_grant *out, int64_t until, bool *wa
 		/* would most likely only time out and leave an outcome to undo: not
 		 * sent (sys/backend.h, "Time"); the wait ends not acquired */
 		pthread_mutex_unlock(&s->be_mu);
-		return dlock_error_set(DLOCK_ELOCKED, s->m->kind, NULL, "lock '%s' not acquired by the end of the wait",
+		return dlock_error_set(DLOCK_ELOCKED, s->mt.kind, NULL, "lock '%s' not acquired by the end of the wait",
 				       l->name);
 	}
 	*out = (dlock_grant){ .retry_ms = -1, .slot = l->req.slot };
 	dlock__counted(s);
-	int rc = dlock__heard(s, s->m->acquire(s->be, &l->req, out));
+	int rc = dlock__heard(s, s->mt.acquire(s->be, &l->req, out));
 	l->req.slot = out->slot;
 	pthread_mutex_unlock(&s->be_mu);
 	return rc;
@@ -175,14 +175,14 @@ static int call_acquire(dlock_lock *l, dlock_grant *out, int64_t until, bool *wa
 static void call_cancel(dlock_lock *l, int64_t deadline)
 {
 	dlock_backend *be = l->store->be;
-	if (!l->store->m->cancel)
+	if (!l->store->mt.cancel)
 		return;
 	dlock_sys_saved_error saved; /* cancel is cleanup: keep the caller's error */
 	dlock_sys_error_save(&saved);
 	if (lock_be_by(l->store, deadline)) {
 		l->req.deadline_ms = deadline;
 		dlock__counted(l->store);
-		l->store->m->cancel(be, &l->req);
+		l->store->mt.cancel(be, &l->req);
 		pthread_mutex_unlock(&l->store->be_mu);
 	} else {
 		/* busy past our bound: the renewer cancels it (the slot goes with it) */
@@ -217,7 +217,7 @@ static bool undo(dlock_lock *l, int64_t deadline)
 	if (lock_be_by(s, deadline)) {
 		l->req.deadline_ms = deadline;
 		dlock__counted(s);
-		rc = dlock__heard(s, s->m->release(s->be, &l->req));
+		rc = dlock__heard(s, s->mt.release(s->be, &l->req));
 		pthread_mutex_unlock(&s->be_mu);
 	}
 	l->req.slot = NULL;
@@ -290,6 +290,160 @@ static int64_t slack_ms(int64_t wait_ms)
 	return pct > 50 ? pct : 50;
 }
 
+/* One dlock_acquire call that got past its checks: its deadlines and what
+ * its tries found (the clean-up acquire_give_up owes). A call is a loop of
+ * acquire_try and acquire_nap, ended by a grant or acquire_give_up. */
+typedef struct acquire_call {
+	dlock_lock *l;
+	int64_t wait_ms;
+	int64_t until;      /* the wait's end (INT64_MAX: none) */
+	int64_t try_until;  /* a try's: a try-once gets one request timeout; a wait, what is left of it */
+	int64_t cleanup_by; /* the clean-up's after a refusal or a timeout */
+	int64_t now;        /* when the last try ended */
+	int rc;             /* the last try's outcome */
+	int64_t backoff;
+	int64_t unknown_t0;   /* start of the earliest try whose outcome is unknown, or -1 */
+	bool registered;      /* the store keeps a waiter registration to cancel */
+	bool contended;       /* some try of this call found the lock held */
+	bool unreachable;     /* on_unreachable was told so */
+	bool watched;         /* the store feeds the board for this wait */
+	uint64_t armed;       /* the board's mark when it was armed */
+	int64_t hint_since, last_hint; /* a polling store's early-look hints */
+} acquire_call;
+
+enum { TRY_GRANTED, TRY_NAP, TRY_GIVE_UP };
+
+/* One try: TRY_GRANTED (the grant in g, its lease from *lease_from),
+ * TRY_NAP (refused, or unreachable where that is ridden out, within the
+ * wait) or TRY_GIVE_UP (a->rc says why). */
+static int acquire_try(acquire_call *a, int attempt, dlock_grant *g, int64_t *lease_from)
+{
+	dlock_lock *l = a->l;
+	int64_t t0 = dlock_clock_ms(); /* the lease counts from before the request */
+	int last = a->rc;
+	if (attempt > 0 && t0 >= a->until)
+		return TRY_GIVE_UP; /* the wait ended while we napped: no try with no time left */
+	l->req.waiting = a->wait_ms != 0;
+	int rc = call_acquire(l, g, a->try_until, &a->watched, &a->armed);
+	if (rc == BE_BUSY) {
+		/* Another request of this store handle held it until our deadline. */
+		a->rc = last == DLOCK_ELOCKED ? DLOCK_ELOCKED
+					      : dlock_error_set(DLOCK_EUNAVAILABLE, l->store->mt.kind, NULL,
+								"timed out: the store handle was busy with "
+								"another request");
+		return TRY_GIVE_UP;
+	}
+	int64_t t_lease = a->unknown_t0 >= 0 ? a->unknown_t0 : t0;
+	if (rc == 0 && g->lease_from_ms > 0 && g->lease_from_ms < t_lease)
+		t_lease = g->lease_from_ms; /* the store's lease began before this try */
+	if (rc == 0) {
+		int64_t now = dlock_clock_ms();
+		if (now < t_lease + l->ttl_ms - dlock_sys_drift_ms(l->ttl_ms)) {
+			*lease_from = t_lease;
+			return TRY_GRANTED;
+		}
+		/* The grant came after the lease it may carry had ended: not ours to use. */
+		if (!undo(l, request_deadline(l->store, a->cleanup_by > now ? a->cleanup_by : now + 1))) {
+			new_owner(l); /* the old owner's release goes on in the background */
+			dlock__lock_fill_request(l);
+			a->registered = false;
+		}
+		a->unknown_t0 = -1;
+		rc = dlock_error_set(DLOCK_EUNAVAILABLE, l->store->mt.kind, NULL,
+				     "lock '%s': the grant arrived after its lease had ended", l->name);
+	} else if (outcome_unknown(rc) && a->unknown_t0 < 0) {
+		a->unknown_t0 = t0;
+	}
+	a->rc = rc;
+	a->registered |= rc == DLOCK_ELOCKED && l->req.waiting;
+	a->contended |= rc == DLOCK_ELOCKED;
+	/* No answer on a first try that no server of the store took: the
+	 * caller hears at once that the store is unreachable; later in a
+	 * wait, or when a server took it (dlock_grant.reached: an election, a
+	 * failover), it is ridden out until the wait ends. */
+	bool transient = rc == DLOCK_EUNAVAILABLE && (attempt > 0 || g->reached);
+	if (l->opts.on_unreachable && a->wait_ms != 0) {
+		if (transient) {
+			a->unreachable = true;
+			l->opts.on_unreachable(l, rc, dlock_error_last()->message, l->opts.payload);
+		} else if (a->unreachable && rc == DLOCK_ELOCKED) {
+			a->unreachable = false;
+			l->opts.on_unreachable(l, 0, NULL, l->opts.payload);
+		}
+	}
+	a->now = dlock_clock_ms();
+	if ((rc != DLOCK_ELOCKED && !transient) || a->wait_ms == 0 || a->now >= a->until)
+		return TRY_GIVE_UP;
+	return TRY_NAP;
+}
+
+/* Between two tries (g: the last one's hints): until the board or the
+ * store's own wait says the lock may be free, else a back-off (a polling
+ * store's early-look hint first); never past the wait's end, and back
+ * before the waiter registration expires. */
+static void acquire_nap(acquire_call *a, const dlock_grant *g)
+{
+	dlock_lock *l = a->l;
+	int64_t now = a->now, retry = g->retry_ms;
+	int64_t nap = min64(a->until - now, g->nap_ms > l->req.queue_ttl_ms / 3 ? g->nap_ms : l->req.queue_ttl_ms / 3);
+	int64_t by_retry = retry >= 0 ? min64(nap, retry + 1) : nap;
+	if (a->watched && a->rc == DLOCK_ELOCKED) {
+		dlock__board_wait(l->store->board, l->name, l->req.owner, a->armed, by_retry);
+	} else if (l->store->mt.wait && a->rc == DLOCK_ELOCKED) {
+		dlock__counted(l->store);
+		dlock_grant w = { .retry_ms = -1, .slot = l->req.slot };
+		l->store->mt.wait(l->store->be, &l->req, by_retry, &w);
+		l->req.slot = w.slot;
+	} else {
+		int64_t step = min64(by_retry, dlock_sys_rand_between(a->backoff / 2 + 1, a->backoff));
+		a->backoff = min64(a->backoff * 2, a->rc == DLOCK_ELOCKED ? BACKOFF_MAX_MS : 1000);
+		if (a->rc == DLOCK_ELOCKED && retry >= 0 && retry < BACKOFF_MAX_MS) {
+			/* A polling store's early-look hint (its queue place,
+			 * dlock_sys_poll_hint): as asked while the place is new, then
+			 * every eighth of the time spent at it, up to the back-off's
+			 * cap — a long hold is not polled every millisecond. */
+			if (a->hint_since < 0 || retry < a->last_hint)
+				a->hint_since = now;
+			a->last_hint = retry;
+			int64_t spaced = min64((now - a->hint_since) / 8, BACKOFF_MAX_MS);
+			step = min64(nap, spaced > retry + 1 ? spaced : retry + 1);
+		}
+		dlock_sys_sleep_ms(step);
+	}
+}
+
+/* The end of a call without a grant: the store's waiter registration
+ * cancelled, a try of unknown outcome undone (by the clean-up's deadline),
+ * and the caller's error. */
+static int acquire_give_up(acquire_call *a)
+{
+	dlock_lock *l = a->l;
+	int rc = a->rc;
+	dlock_sys_saved_error saved;
+	dlock_sys_error_save(&saved);
+	if (a->watched)
+		l->store->mt.unwatch(l->store->be, &l->req);
+	int64_t now = dlock_clock_ms();
+	int64_t by = request_deadline(l->store, a->cleanup_by > now ? a->cleanup_by : now + 1);
+	if (a->registered)
+		call_cancel(l, by);
+	if (a->unknown_t0 >= 0)
+		undo(l, by);
+	dlock_sys_error_restore(&saved);
+	/* A wait that found the lock held and ran out during a try (the try cut
+	 * short by the wait's end, or the store gone quiet at the end): the lock
+	 * was not acquired within the wait, which is what the caller asked. */
+	if (rc == DLOCK_EUNAVAILABLE && a->contended && a->wait_ms != 0 && dlock_clock_ms() >= a->until)
+		rc = DLOCK_ELOCKED;
+	if (rc != DLOCK_ELOCKED)
+		return rc;
+	if (a->wait_ms == 0)
+		return dlock_error_set(DLOCK_ELOCKED, l->store->mt.kind, NULL, "lock '%s' is held by another owner",
+				       l->name);
+	return dlock_error_set(DLOCK_ETIMEOUT, l->store->mt.kind, NULL, "lock '%s' not acquired within %lld ms",
+			       l->name, (long long)a->wait_ms);
+}
+
 int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 {
 	if (!l)
@@ -303,7 +457,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 			rc = dlock_error_set(DLOCK_EBUSY, NULL, NULL,
 					     "lock '%s' is held through this handle by another thread", l->name);
 		else if (dlock_clock_ms() >= l->deadline)
-			rc = dlock_error_set(DLOCK_ELOST, l->store->m->kind, NULL,
+			rc = dlock_error_set(DLOCK_ELOST, l->store->mt.kind, NULL,
 					     "lock '%s' was lost: its lease ended", l->name);
 		else
 			l->count++;
@@ -316,7 +470,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	int64_t until = wait_ms < 0 || wait_ms > DLOCK_TTL_MAX_MS ? INT64_MAX : start + wait_ms;
 	/* The lost hold's renewal may hang until its own deadline: not past ours. */
 	if (was_lost && !forget_lost(l, wait_ms == 0 ? request_deadline(l->store, INT64_MAX) : until))
-		return dlock_error_set(DLOCK_EUNAVAILABLE, l->store->m->kind, NULL,
+		return dlock_error_set(DLOCK_EUNAVAILABLE, l->store->mt.kind, NULL,
 				       "timed out: the store handle was busy renewing the lost hold of '%s'",
 				       l->name);
 	pthread_mutex_lock(&l->mu);
@@ -325,134 +479,35 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 
 	new_owner(l);
 	dlock__lock_fill_request(l);
-	/* A try-once gets one request timeout; a wait, what is left of it. */
-	int64_t try_until = wait_ms == 0 ? INT64_MAX : until;
-	/* A try-once ends within one request timeout, its clean-up included
-	 * (what the clean-up cannot finish, the renewer does in the background). */
-	int64_t cleanup_by = wait_ms == 0	       ? start + l->store->request_timeout_ms
-			     : until == INT64_MAX ? INT64_MAX
-						  : until + slack_ms(wait_ms) / 2;
-	int64_t backoff = BACKOFF_FIRST_MS;
-	bool registered = false;
-	int64_t unknown_t0 = -1; /* start of the earliest try whose outcome is unknown */
-	bool contended = false;  /* some try of this call found the lock held */
-	bool unreachable = false; /* on_unreachable was told so */
-	int rc = DLOCK_EUNAVAILABLE;
-	bool watched = false;    /* the store feeds the board for this wait */
-	uint64_t armed = 0;
-	int64_t hint_since = -1, last_hint = 0; /* a polling store's early-look hints */
+	acquire_call a = {
+		.l = l,
+		.wait_ms = wait_ms,
+		.until = until,
+		.try_until = wait_ms == 0 ? INT64_MAX : until,
+		/* A try-once ends within one request timeout, its clean-up
+		 * included (what the clean-up cannot finish, the renewer does in
+		 * the background). */
+		.cleanup_by = wait_ms == 0	   ? start + l->store->request_timeout_ms
+			      : until == INT64_MAX ? INT64_MAX
+						   : until + slack_ms(wait_ms) / 2,
+		.rc = DLOCK_EUNAVAILABLE,
+		.backoff = BACKOFF_FIRST_MS,
+		.unknown_t0 = -1,
+		.hint_since = -1,
+	};
 	for (int attempt = 0;; attempt++) {
 		dlock_grant g = { .retry_ms = -1 };
-		int64_t t0 = dlock_clock_ms(); /* the lease counts from before the request */
-		int last = rc;
-		if (attempt > 0 && t0 >= until) {
-			rc = last; /* the wait ended while we napped: no try with no time left */
-			goto give_up;
+		int64_t lease_from = 0;
+		int step = acquire_try(&a, attempt, &g, &lease_from);
+		if (step == TRY_GRANTED) {
+			if (a.watched)
+				l->store->mt.unwatch(l->store->be, &l->req);
+			return granted(l, g.fence, lease_from);
 		}
-		l->req.waiting = wait_ms != 0;
-		rc = call_acquire(l, &g, try_until, &watched, &armed);
-		int64_t retry = g.retry_ms;
-		if (rc == BE_BUSY) {
-			/* Another request of this store handle held it until our deadline. */
-			rc = last == DLOCK_ELOCKED ? DLOCK_ELOCKED
-						   : dlock_error_set(DLOCK_EUNAVAILABLE, l->store->m->kind, NULL,
-								     "timed out: the store handle was busy with "
-								     "another request");
-			goto give_up;
-		}
-		int64_t t_lease = unknown_t0 >= 0 ? unknown_t0 : t0;
-		if (rc == 0 && g.lease_from_ms > 0 && g.lease_from_ms < t_lease)
-			t_lease = g.lease_from_ms; /* the store's lease began before this try */
-		if (rc == 0) {
-			int64_t now = dlock_clock_ms();
-			if (now < t_lease + l->ttl_ms - dlock_sys_drift_ms(l->ttl_ms)) {
-				if (watched)
-					l->store->m->unwatch(l->store->be, &l->req);
-				return granted(l, g.fence, t_lease);
-			}
-			/* The grant came after the lease it may carry had ended: not ours to use. */
-			if (!undo(l, request_deadline(l->store, cleanup_by > now ? cleanup_by : now + 1))) {
-				new_owner(l); /* the old owner's release goes on in the background */
-				dlock__lock_fill_request(l);
-				registered = false;
-			}
-			unknown_t0 = -1;
-			rc = dlock_error_set(DLOCK_EUNAVAILABLE, l->store->m->kind, NULL,
-					     "lock '%s': the grant arrived after its lease had ended", l->name);
-		} else if (outcome_unknown(rc) && unknown_t0 < 0) {
-			unknown_t0 = t0;
-		}
-		registered |= rc == DLOCK_ELOCKED && l->req.waiting;
-		contended |= rc == DLOCK_ELOCKED;
-		/* No answer on a first try that no server of the store took: the
-		 * caller hears at once that the store is unreachable; later in a
-		 * wait, or when a server took it (dlock_grant.reached: an election, a
-		 * failover), it is ridden out until the wait ends. */
-		bool transient = rc == DLOCK_EUNAVAILABLE && (attempt > 0 || g.reached);
-		if (l->opts.on_unreachable && wait_ms != 0) {
-			if (transient) {
-				unreachable = true;
-				l->opts.on_unreachable(l, rc, dlock_error_last()->message, l->opts.payload);
-			} else if (unreachable && rc == DLOCK_ELOCKED) {
-				unreachable = false;
-				l->opts.on_unreachable(l, 0, NULL, l->opts.payload);
-			}
-		}
-		int64_t now = dlock_clock_ms();
-		if ((rc != DLOCK_ELOCKED && !transient) || wait_ms == 0 || now >= until)
-			goto give_up;
-		/* Come back before our waiter registration expires, and by the deadline. */
-		int64_t nap = min64(until - now, g.nap_ms > l->req.queue_ttl_ms / 3 ? g.nap_ms : l->req.queue_ttl_ms / 3);
-		int64_t by_retry = retry >= 0 ? min64(nap, retry + 1) : nap;
-		if (watched && rc == DLOCK_ELOCKED) {
-			dlock__board_wait(l->store->board, l->name, l->req.owner, armed, by_retry);
-		} else if (l->store->m->wait && rc == DLOCK_ELOCKED) {
-			dlock__counted(l->store);
-			dlock_grant w = { .retry_ms = -1, .slot = l->req.slot };
-			l->store->m->wait(l->store->be, &l->req, by_retry, &w);
-			l->req.slot = w.slot;
-		} else {
-			int64_t step = min64(by_retry, dlock_sys_rand_between(backoff / 2 + 1, backoff));
-			backoff = min64(backoff * 2, rc == DLOCK_ELOCKED ? BACKOFF_MAX_MS : 1000);
-			if (rc == DLOCK_ELOCKED && retry >= 0 && retry < BACKOFF_MAX_MS) {
-				/* A polling store's early-look hint (its queue place,
-				 * dlock_sys_poll_hint): as asked while the place is new, then
-				 * every eighth of the time spent at it, up to the back-off's
-				 * cap — a long hold is not polled every millisecond. */
-				if (hint_since < 0 || retry < last_hint)
-					hint_since = now;
-				last_hint = retry;
-				int64_t spaced = min64((now - hint_since) / 8, BACKOFF_MAX_MS);
-				step = min64(nap, spaced > retry + 1 ? spaced : retry + 1);
-			}
-			dlock_sys_sleep_ms(step);
-		}
+		if (step == TRY_GIVE_UP)
+			return acquire_give_up(&a);
+		acquire_nap(&a, &g);
 	}
-
-give_up:;
-	dlock_sys_saved_error saved;
-	dlock_sys_error_save(&saved);
-	if (watched)
-		l->store->m->unwatch(l->store->be, &l->req);
-	int64_t now = dlock_clock_ms();
-	int64_t by = request_deadline(l->store, cleanup_by > now ? cleanup_by : now + 1);
-	if (registered)
-		call_cancel(l, by);
-	if (unknown_t0 >= 0)
-		undo(l, by);
-	dlock_sys_error_restore(&saved);
-	/* A wait that found the lock held and ran out during a try (the try cut
-	 * short by the wait's end, or the store gone quiet at the end): the lock
-	 * was not acquired within the wait, which is what the caller asked. */
-	if (rc == DLOCK_EUNAVAILABLE && contended && wait_ms != 0 && dlock_clock_ms() >= until)
-		rc = DLOCK_ELOCKED;
-	if (rc != DLOCK_ELOCKED)
-		return rc;
-	if (wait_ms == 0)
-		return dlock_error_set(DLOCK_ELOCKED, l->store->m->kind, NULL, "lock '%s' is held by another owner",
-				       l->name);
-	return dlock_error_set(DLOCK_ETIMEOUT, l->store->m->kind, NULL, "lock '%s' not acquired within %lld ms",
-			       l->name, (long long)wait_ms);
 }
 
 /* Release l's hold in the store within `deadline` (INT64_MAX: one request
@@ -482,11 +537,11 @@ static int release_in_store(dlock_lock *l, int64_t deadline)
 	pthread_mutex_unlock(&l->mu);
 	l->req.deadline_ms = request_deadline(l->store, deadline);
 	dlock__counted(l->store);
-	int rc = dlock__heard(l->store, l->store->m->release(be, &l->req));
+	int rc = dlock__heard(l->store, l->store->mt.release(be, &l->req));
 	pthread_mutex_unlock(&l->store->be_mu);
 	l->req.slot = NULL;
 	if (rc == DLOCK_ENOTHELD) /* the core words it (sys/backend.h) */
-		dlock_error_set(DLOCK_ENOTHELD, l->store->m->kind, NULL,
+		dlock_error_set(DLOCK_ENOTHELD, l->store->mt.kind, NULL,
 				"lock '%s': the store has no hold of this owner (released or expired)", l->name);
 	if (rc != 0 && rc != DLOCK_ENOTHELD && rc != DLOCK_EINVAL) {
 		/* Not confirmed: the renewer retries until the hold's lease would have ended. */
@@ -513,7 +568,7 @@ static int release_again(dlock_lock *l)
 	lock_be_by(s, INT64_MAX);
 	req.deadline_ms = request_deadline(s, INT64_MAX);
 	dlock__counted(s);
-	int rc = dlock__heard(s, s->m->release(s->be, &req));
+	int rc = dlock__heard(s, s->mt.release(s->be, &req));
 	pthread_mutex_unlock(&s->be_mu);
 	if (rc == 0 || rc == DLOCK_ENOTHELD) {
 		dlock__orphan_free(o);
@@ -568,10 +623,10 @@ int dlock_release(dlock_lock *l)
 	l->release_pending = rc != 0 && rc != DLOCK_ENOTHELD && rc != DLOCK_EINVAL;
 	pthread_mutex_unlock(&l->mu);
 	if (st == DLOCK__LOST || expired)
-		return dlock_error_set(DLOCK_ELOST, l->store->m->kind, NULL,
+		return dlock_error_set(DLOCK_ELOST, l->store->mt.kind, NULL,
 				       "lock '%s' was lost before release: its lease ended", l->name);
 	if (rc == DLOCK_ENOTHELD && !attached)
-		return dlock_error_set(DLOCK_ELOST, l->store->m->kind, NULL,
+		return dlock_error_set(DLOCK_ELOST, l->store->mt.kind, NULL,
 				       "lock '%s' was lost before release: the store no longer has our hold",
 				       l->name);
 	return rc;
@@ -601,7 +656,7 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 	 * ttl and answered after us would set the store's expiry back (a store
 	 * that keeps the later expiry is safe anyway; the others are not). */
 	if (!dlock__renewer_extend_begin(s, &l->reg, request_deadline(s, INT64_MAX)))
-		return dlock_error_set(DLOCK_EUNAVAILABLE, l->store->m->kind, NULL,
+		return dlock_error_set(DLOCK_EUNAVAILABLE, l->store->mt.kind, NULL,
 				       "timed out: a renewal of lock '%s' was still in flight", l->name);
 	int64_t t0 = dlock_clock_ms();
 	/* The store sees a copy: the renewer copies l->req under l->mu too. */
@@ -612,13 +667,13 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 	req.deadline_ms = request_deadline(s, INT64_MAX);
 	dlock__counted(s);
 	int rc;
-	if (s->m->extend) {
-		rc = s->m->extend(be, &req, ttl_ms);
+	if (s->mt.extend) {
+		rc = s->mt.extend(be, &req, ttl_ms);
 	} else {
 		const dlock_request *one = &req;
 		int result = DLOCK_EUNAVAILABLE;
 		req.ttl_ms = ttl_ms;
-		rc = s->m->renew(be, &one, 1, &result);
+		rc = s->mt.renew(be, &one, 1, &result);
 		if (rc == 0)
 			rc = result;
 	}
@@ -646,10 +701,10 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 	} else if (rc == DLOCK_ENOTHELD) {
 		l->state = DLOCK__LOST;
 		l->lost_fired = true; /* the caller hears it now, not through on_lost */
-		rc = dlock_error_set(DLOCK_ELOST, l->store->m->kind, NULL,
+		rc = dlock_error_set(DLOCK_ELOST, l->store->mt.kind, NULL,
 				     "lock '%s' was lost: the store no longer has our hold", l->name);
 	} else if (rc == 0) {
-		rc = dlock_error_set(DLOCK_ELOST, l->store->m->kind, NULL, "lock '%s' was lost: its lease ended", l->name);
+		rc = dlock_error_set(DLOCK_ELOST, l->store->mt.kind, NULL, "lock '%s' was lost: its lease ended", l->name);
 	} else if (l->state == DLOCK__HELD && rc != DLOCK_EINVAL) {
 		/* Unknown outcome: it may land later, setting t0 + ttl_ms at the least. */
 		int64_t d = t0 + ttl_ms - dlock_sys_drift_ms(ttl_ms);

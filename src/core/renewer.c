@@ -461,11 +461,11 @@ static void renew_batch(dlock_store *s, int64_t now)
 		if (d > t0 && d < copies[i].deadline_ms)
 			copies[i].deadline_ms = d;
 	}
-	size_t step = s->m->renew_max ? s->m->renew_max : n;
+	size_t step = s->mt.renew_max ? s->mt.renew_max : n;
 	for (i = 0; i < n; i += step) {
 		size_t k = n - i < step ? n - i : step;
 		dlock__counted(s);
-		int all = s->m->renew(be, reqs + i, k, results + i);
+		int all = s->mt.renew(be, reqs + i, k, results + i);
 		dlock__heard(s, all ? all : results[i]);
 		for (size_t j = 0; all && j < k; j++)
 			results[i + j] = all;
@@ -534,10 +534,10 @@ static int orphan_call(dlock_store *s, dlock__orphan *o, int64_t by)
 	o->req.deadline_ms = min64(dlock_clock_ms() + s->request_timeout_ms, by);
 	dlock__counted(s);
 	if (o->kind == DLOCK__ORPHAN_CANCEL) {
-		s->m->cancel(s->be, &o->req);
+		s->mt.cancel(s->be, &o->req);
 	} else {
 		o->req.slot = NULL;
-		rc = dlock__heard(s, s->m->release(s->be, &o->req));
+		rc = dlock__heard(s, s->mt.release(s->be, &o->req));
 	}
 	pthread_mutex_unlock(&s->be_mu);
 	return rc;
@@ -842,7 +842,7 @@ int64_t dlock__renewer_stop(dlock_store *s)
 		pthread_mutex_lock(&s->be_mu);
 		r->lock->req.deadline_ms = min64(dlock_clock_ms() + s->request_timeout_ms, by);
 		dlock__counted(s);
-		dlock__heard(s, s->m->release(s->be, &r->lock->req));
+		dlock__heard(s, s->mt.release(s->be, &r->lock->req));
 		pthread_mutex_unlock(&s->be_mu);
 		r->lock->req.slot = NULL; /* the store freed it (sys/backend.h) */
 		pthread_mutex_lock(&r->lock->mu);

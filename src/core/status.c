@@ -199,15 +199,15 @@ int dlock_store_status(dlock_store *s, const char *const *names, size_t nnames,
 		if (rc)
 			return rc;
 	}
-	if (!s->m->status)
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->m->kind, NULL,
-				       "the %s store cannot report lock status", s->m->kind);
-	if (!nnames && !s->m->list)
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->m->kind, NULL,
-				       "the %s store cannot list its locks: name them", s->m->kind);
+	if (!s->mt.status)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->mt.kind, NULL,
+				       "the %s store cannot report lock status", s->mt.kind);
+	if (!nnames && !s->mt.list)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->mt.kind, NULL,
+				       "the %s store cannot list its locks: name them", s->mt.kind);
 	pthread_mutex_lock(&s->be_mu);
 	dlock__counted(s);
-	int rc = !nnames ? status_listed(s->m, s->be, out, count) : s->m->status(s->be, names, nnames, out, count);
+	int rc = !nnames ? status_listed(&s->mt, s->be, out, count) : s->mt.status(s->be, names, nnames, out, count);
 	pthread_mutex_unlock(&s->be_mu);
 	if (rc) {
 		dlock_status_free(*out, *count);
@@ -289,9 +289,9 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
 				       "a holder id is %d lowercase hex digits (as 'dlock status' shows it)",
 				       DLOCK_HOLDER_ID_LEN);
-	if (!s->m->release)
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->m->kind, NULL,
-				       "the %s store cannot release", s->m->kind);
+	if (!s->mt.release)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->mt.kind, NULL,
+				       "the %s store cannot release", s->mt.kind);
 	dlock_lock_status *st = NULL;
 	size_t n = 0;
 	const char *names[1] = { name };
@@ -305,7 +305,7 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 				h = &st[i].holders[j];
 	if (!h || !h->owner || !*h->owner) {
 		dlock_status_free(st, n);
-		return dlock_error_set(DLOCK_ENOTHELD, s->m->kind, NULL,
+		return dlock_error_set(DLOCK_ENOTHELD, s->mt.kind, NULL,
 				       "lock '%s' has no holder %s (gone already, or a wrong id)", name,
 				       holder_id_text);
 	}
@@ -323,7 +323,7 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 	pthread_mutex_lock(&s->be_mu);
 	req.deadline_ms = dlock_clock_ms() + s->request_timeout_ms;
 	dlock__counted(s);
-	rc = s->m->release(s->be, &req);
+	rc = s->mt.release(s->be, &req);
 	pthread_mutex_unlock(&s->be_mu);
 	bool held = false;
 	if (rc == 0 || rc == DLOCK_ENOTHELD) {
@@ -334,9 +334,9 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 		int src = still_held(s, name, holder_id_text, &held);
 		dlock_sys_error_restore(&e);
 		if (src == 0 && held)
-			rc = dlock_error_set(DLOCK_ENOTSUPPORTED, s->m->kind, NULL,
+			rc = dlock_error_set(DLOCK_ENOTSUPPORTED, s->mt.kind, NULL,
 					     "the %s store cannot free a hold of another connection; end "
-					     "the holder's process or session instead", s->m->kind);
+					     "the holder's process or session instead", s->mt.kind);
 	}
 	if (rc == 0 && freed) {
 		*freed = *h;

@@ -45,7 +45,7 @@ int dlock__pid(void)
 
 int dlock__fork_error(const dlock_store *s, const char *fn)
 {
-	return dlock_error_set(DLOCK_EINVAL, s->m->kind, NULL,
+	return dlock_error_set(DLOCK_EINVAL, s->mt.kind, NULL,
 			       "%s: this process (pid %d) is a fork() child of the one that opened the store "
 			       "(pid %d); store and lock handles do not cross fork(): open a new store in the child",
 			       fn, dlock__pid(), s->opener_pid);
@@ -92,13 +92,12 @@ static int store_init(dlock_store **out, dlock_backend *be, const char *display_
 	}
 	s->be = be;
 	memcpy(&s->mt, be->methods, dlock__methods_size(be->methods->version));
-	s->m = &s->mt;
-	s->uri = dlock__uri_redact(display_uri ? display_uri : s->m->kind);
-	if (open_text && (s->m->flags & DLOCK_BACKEND_F_RENEW_APART))
+	s->uri = dlock__uri_redact(display_uri ? display_uri : s->mt.kind);
+	if (open_text && (s->mt.flags & DLOCK_BACKEND_F_RENEW_APART))
 		s->open_text = dlock_sys_strdup(open_text);
-	if (!s->uri || (open_text && (s->m->flags & DLOCK_BACKEND_F_RENEW_APART) && !s->open_text) ||
+	if (!s->uri || (open_text && (s->mt.flags & DLOCK_BACKEND_F_RENEW_APART) && !s->open_text) ||
 	    dlock__board_new(&s->board) != 0) {
-		s->m->close(be);
+		s->mt.close(be);
 		free(s->uri);
 		free(s->open_text);
 		free(s);
@@ -213,12 +212,12 @@ void dlock_store_close(dlock_store *s)
 		 * server (a close would end the parent's session). Only memory. */
 		/* A call in progress at the fork (its mutex taken by a thread that
 		 * is not here) may have left a backend half changed: keep it whole. */
-		if (s->m->forget && pthread_mutex_trylock(&s->be_mu) == 0)
-			s->m->forget(s->be);
+		if (s->mt.forget && pthread_mutex_trylock(&s->be_mu) == 0)
+			s->mt.forget(s->be);
 		else
 			dlock__forget(s->be);
-		if (s->rbe && s->m->forget && pthread_mutex_trylock(&s->rbe_mu) == 0)
-			s->m->forget(s->rbe);
+		if (s->rbe && s->mt.forget && pthread_mutex_trylock(&s->rbe_mu) == 0)
+			s->mt.forget(s->rbe);
 		else if (s->rbe)
 			dlock__forget(s->rbe);
 		dlock__forget(s->board); /* its mutex may have been held at the fork */
@@ -236,8 +235,8 @@ void dlock_store_close(dlock_store *s)
 	s->closed = true; /* an on_lost still running may free its lock: no I/O then */
 	pthread_mutex_unlock(&s->be_mu);
 	if (s->rbe)
-		s->m->close(s->rbe);
-	s->m->close(s->be);
+		s->mt.close(s->rbe);
+	s->mt.close(s->be);
 	dlock__board_free(s->board);
 	dlock__renewer_release_store(s);
 }
@@ -256,7 +255,7 @@ void dlock__store_free_mem(dlock_store *s)
 
 const char *dlock_store_kind(const dlock_store *s)
 {
-	return s ? s->m->kind : "";
+	return s ? s->mt.kind : "";
 }
 
 const char *dlock_store_uri(const dlock_store *s)
@@ -266,7 +265,7 @@ const char *dlock_store_uri(const dlock_store *s)
 
 int dlock_store_session_bound(const dlock_store *s)
 {
-	return s && (s->m->flags & DLOCK_BACKEND_F_SESSION) ? 1 : 0;
+	return s && (s->mt.flags & DLOCK_BACKEND_F_SESSION) ? 1 : 0;
 }
 
 const char *dlock_store_warning(const dlock_store *s)
@@ -286,7 +285,7 @@ uint64_t dlock_store_requests(const dlock_store *s)
 
 int dlock_store_wakes_waiters(const dlock_store *s)
 {
-	return s && (s->m->watch || s->m->wait) ? 1 : 0;
+	return s && (s->mt.watch || s->mt.wait) ? 1 : 0;
 }
 
 /* "sqlite://" + an absolute path, or "sqlite:" + a relative one, escaping what a URI would misread. */
