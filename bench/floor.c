@@ -1,5 +1,5 @@
 /*
- * floor.c — each store's floor for `dlock bench` (src/cli/bench.h), built as
+ * floor.c — each store's floor for `dlock bench` (src/tools/bench.h), built as
  * the module dlock-floor.so that the tool loads when a bench asks for it, so
  * that the tool itself links no store client library:
  * the round trips of one acquire+release, done with the store's own client

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Turn a peer's grant logs into the JSON `dlock bench --json` prints, with the
-same definitions (src/cli/bench.c summarize()), so peers and dlock are judged
+same definitions (src/tools/bench.c summarize()), so peers and dlock are judged
 alike.
 
     stats.py LOGDIR PEER WORKLOAD

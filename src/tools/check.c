@@ -33,7 +33,7 @@
  * Faults on the network (partition, lose-reply, delay) need each worker to
  * talk to the store through a connection of its own that the parent can
  * fault: the parent runs the fault proxy of the tests
- * (src/cli/faultproxy.c, built into this program) in a forked child,
+ * (src/tools/faultproxy.c, built into this program) in a forked child,
  * with one route per worker and store host, and gives each worker the store
  * URI with its hosts replaced by its own routes. Only a pause explains an
  * overlap: under every other fault the lease or the lost signal must keep

@@ -104,7 +104,7 @@ static pid_t member_pid(const char *dir, int i)
 
 /* ---- the fault proxy, run in a child of ours ---------------------------------- */
 
-/* src/cli/faultproxy.c, compiled in with FAULTPROXY_MAIN renamed. */
+/* src/tools/faultproxy.c, compiled in with FAULTPROXY_MAIN renamed. */
 int dlock__faultproxy_main(int argc, char **argv);
 
 /* Read one line (without its newline) from fd within timeout_ms. */

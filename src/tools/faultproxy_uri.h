@@ -2,7 +2,7 @@
  * host:port replaced by a faultproxy route's local port.
  *
  * One copy shared by the test client of the proxy (tests/testutil/faultproxy.c)
- * and `dlock check` (src/cli/check.c), which runs the proxy built into the
+ * and `dlock check` (src/tools/check.c), which runs the proxy built into the
  * CLI. Header-only (static inline) so that neither needs the other's library.
  *
  * A URI is scheme://[user[:pass]@]h1:p1[,h2:p2...][/path][?query]; every host

@@ -1,6 +1,6 @@
 /*
  * etcd under network faults, on its own real etcd member (tests/servers/etcd.sh):
- * the fault proxy (src/cli/faultproxy.c) sits between the client under
+ * the fault proxy (src/tools/faultproxy.c) sits between the client under
  * test and etcd and passes, blackholes (keeps the connection, forwards
  * nothing) or drops replies (forwards requests, swallows answers); the member
  * itself is also paused with SIGSTOP. A second client talks to etcd directly.
@@ -66,7 +66,7 @@ static void nap_ms(long ms)
 		;
 }
 
-/* ---- the proxy (src/cli/faultproxy.c) ---- */
+/* ---- the proxy (src/tools/faultproxy.c) ---- */
 
 static tu_proxy *px;
 static char *proxied; /* etcd://127.0.0.1:<proxy port> */

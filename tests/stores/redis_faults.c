@@ -1,6 +1,6 @@
 /*
  * The redis store when the network lies (issue 15), through the fault proxy
- * (src/cli/faultproxy.c) between one client and the real server; other
+ * (src/tools/faultproxy.c) between one client and the real server; other
  * clients talk to the server directly.
  *
  *  - lost_reply: a waiter's try is applied but its reply lost (proxy "drop");

@@ -1,5 +1,5 @@
 /*
- * Redlock when the network lies, through src/cli/faultproxy.c in front of
+ * Redlock when the network lies, through src/tools/faultproxy.c in front of
  * all five masters (one route per master), for one client; the other client
  * talks to the masters directly:
  *  - lost replies (drop) on every master during a try: the try fails, and is

@@ -1,4 +1,4 @@
-/* Test-side client of src/cli/faultproxy.c: a TCP proxy put in front of
+/* Test-side client of src/tools/faultproxy.c: a TCP proxy put in front of
  * a store's servers to fault the network between the client and them.
  *
  * Modes (per route, applied to open connections and to new ones):

@@ -1,5 +1,5 @@
 /*
- * dlock check's judge (src/cli/check_analyse.c) on logs written here: what
+ * dlock check's judge (src/tools/check_analyse.c) on logs written here: what
  * it must call an overlap, what a pause or the lost signal or a kill
  * explains, fences that go back, stale writes, lost updates, and recovery
  * after each fault. Times are microseconds of run time.
