@@ -218,8 +218,7 @@ static int mem_open(dlock_backend **out, dlock_uri *uri)
 /* ---- as a module (store-mem.so): `conformance --load store-mem.so mem://x`
  * runs the store suite on it, which loads it and calls this, as libdlock
  * does with its own store modules ---- */
-__attribute__((visibility("default"))) int dlock_store_module_init(void);
-int dlock_store_module_init(void)
+int dlock_store_module_init(void) /* declared in <dlock/sys/backend.h> */
 {
 	return dlock_backend_register("mem", mem_open);
 }

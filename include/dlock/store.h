@@ -55,7 +55,8 @@ DLOCK_BEGIN_DECLS
  * @param out  receives the store; the caller frees it with dlock_store_close
  * @param uri  copied; may contain a password, which is never echoed
  * @return 0; DLOCK_EINVAL for a malformed URI, unknown scheme or option;
- *         DLOCK_ENOTSUPPORTED for a store this build was compiled without;
+ *         DLOCK_ENOTSUPPORTED for a store this build was compiled without
+ *         or whose module (LIBDIR/dlock/store-<kind>.so) is not installed;
  *         DLOCK_EUNAVAILABLE if the store cannot be reached;
  *         DLOCK_EAUTH if it refused our credentials; DLOCK_ENOMEM.
  */

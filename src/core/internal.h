@@ -93,6 +93,10 @@ typedef struct dlock__orphan dlock__orphan;
  * One exception: open_rbe() takes rbe_mu under reg_mu to set rbe. That is
  * safe because rbe_mu is held across a store call only once rbe is set, and
  * rbe is set once, by that one opener.
+ * The module loader's load_mu (schemes.c) is taken by the first open of a
+ * store module's scheme, with no mutex above held (the renewer's open_rbe
+ * opens a scheme whose module is loaded already, which reads the registry
+ * without a lock); under it, dlopen and the registry's mutex.
  * Rules:
  * - Hold reg_mu and l->mu only briefly: never across a store method, I/O or
  *   a wait on a store. Renewals, orphan retries and close drop reg_mu
@@ -109,8 +113,7 @@ typedef struct dlock__orphan dlock__orphan;
  */
 struct dlock_store {
 	dlock_backend *be;
-	const dlock_backend_methods *m; /* &mt: what the core calls */
-	dlock_backend_methods mt; /* be->methods as far as its version reaches, the rest zero */
+	dlock_backend_methods mt; /* what the core calls: be->methods as far as its version reaches, the rest zero */
 	pthread_mutex_t be_mu;  /* serialises calls into be (all but wait, unwatch) */
 	dlock__board *board;    /* wake-ups the store feeds (be->core) */
 	/* DLOCK_BACKEND_F_RENEW_APART: the renewer's own instance, opened from

@@ -17,8 +17,10 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct scheme_entry {
 	const char *scheme;
@@ -26,16 +28,17 @@ typedef struct scheme_entry {
 	const char *build_option;   /* "DLOCK_WITH_REDIS" */
 	const char *module;         /* "redis": served by store-redis.so; NULL: not a module */
 	bool built;                 /* the build this library belongs to compiled the store */
+	const char *needs;          /* its client library, for the messages */
 } scheme_entry;
 
-#define IN(s, fn, opt) {s, fn, opt, NULL, true},
-#define MODULE(s, opt, kind, on) {s, NULL, opt, kind, on},
-#define OUT(s, opt) {s, NULL, opt, NULL, false},
+#define IN(s, fn, opt, needs) {s, fn, opt, NULL, true, needs},
+#define MODULE(s, opt, kind, on, needs) {s, NULL, opt, kind, on, needs},
+#define OUT(s, opt, needs) {s, NULL, opt, NULL, false, needs},
 
 #ifdef DLOCK_WITH_SQLITE
-#define SQLITE_E(s, fn) IN(s, fn, "DLOCK_WITH_SQLITE")
+#define SQLITE_E(s, fn) IN(s, fn, "DLOCK_WITH_SQLITE", "sqlite3")
 #else
-#define SQLITE_E(s, fn) OUT(s, "DLOCK_WITH_SQLITE")
+#define SQLITE_E(s, fn) OUT(s, "DLOCK_WITH_SQLITE", "sqlite3")
 #endif
 
 #ifdef DLOCK_WITH_REDIS
@@ -70,42 +73,42 @@ typedef struct scheme_entry {
 #endif
 
 #ifndef DLOCK_STORES_BUILTIN
-#define REDIS_E(s, fn) MODULE(s, "DLOCK_WITH_REDIS", "redis", REDIS_ON)
-#define ETCD_E(s, fn) MODULE(s, "DLOCK_WITH_ETCD", "etcd", ETCD_ON)
-#define ZOOKEEPER_E(s, fn) MODULE(s, "DLOCK_WITH_ZOOKEEPER", "zookeeper", ZOOKEEPER_ON)
-#define POSTGRES_E(s, fn) MODULE(s, "DLOCK_WITH_POSTGRES", "postgres", POSTGRES_ON)
-#define MYSQL_E(s, fn) MODULE(s, "DLOCK_WITH_MYSQL", "mysql", MYSQL_ON)
-#define MEMCACHED_E(s, fn) MODULE(s, "DLOCK_WITH_MEMCACHED", "memcached", MEMCACHED_ON)
+#define REDIS_E(s, fn) MODULE(s, "DLOCK_WITH_REDIS", "redis", REDIS_ON, "hiredis with OpenSSL")
+#define ETCD_E(s, fn) MODULE(s, "DLOCK_WITH_ETCD", "etcd", ETCD_ON, "libcurl with json-c")
+#define ZOOKEEPER_E(s, fn) MODULE(s, "DLOCK_WITH_ZOOKEEPER", "zookeeper", ZOOKEEPER_ON, "libzookeeper-mt")
+#define POSTGRES_E(s, fn) MODULE(s, "DLOCK_WITH_POSTGRES", "postgres", POSTGRES_ON, "libpq")
+#define MYSQL_E(s, fn) MODULE(s, "DLOCK_WITH_MYSQL", "mysql", MYSQL_ON, "libmariadb")
+#define MEMCACHED_E(s, fn) MODULE(s, "DLOCK_WITH_MEMCACHED", "memcached", MEMCACHED_ON, "libmemcached")
 #else
 #ifdef DLOCK_WITH_REDIS
-#define REDIS_E(s, fn) IN(s, fn, "DLOCK_WITH_REDIS")
+#define REDIS_E(s, fn) IN(s, fn, "DLOCK_WITH_REDIS", "hiredis with OpenSSL")
 #else
-#define REDIS_E(s, fn) OUT(s, "DLOCK_WITH_REDIS")
+#define REDIS_E(s, fn) OUT(s, "DLOCK_WITH_REDIS", "hiredis with OpenSSL")
 #endif
 #ifdef DLOCK_WITH_ETCD
-#define ETCD_E(s, fn) IN(s, fn, "DLOCK_WITH_ETCD")
+#define ETCD_E(s, fn) IN(s, fn, "DLOCK_WITH_ETCD", "libcurl with json-c")
 #else
-#define ETCD_E(s, fn) OUT(s, "DLOCK_WITH_ETCD")
+#define ETCD_E(s, fn) OUT(s, "DLOCK_WITH_ETCD", "libcurl with json-c")
 #endif
 #ifdef DLOCK_WITH_ZOOKEEPER
-#define ZOOKEEPER_E(s, fn) IN(s, fn, "DLOCK_WITH_ZOOKEEPER")
+#define ZOOKEEPER_E(s, fn) IN(s, fn, "DLOCK_WITH_ZOOKEEPER", "libzookeeper-mt")
 #else
-#define ZOOKEEPER_E(s, fn) OUT(s, "DLOCK_WITH_ZOOKEEPER")
+#define ZOOKEEPER_E(s, fn) OUT(s, "DLOCK_WITH_ZOOKEEPER", "libzookeeper-mt")
 #endif
 #ifdef DLOCK_WITH_POSTGRES
-#define POSTGRES_E(s, fn) IN(s, fn, "DLOCK_WITH_POSTGRES")
+#define POSTGRES_E(s, fn) IN(s, fn, "DLOCK_WITH_POSTGRES", "libpq")
 #else
-#define POSTGRES_E(s, fn) OUT(s, "DLOCK_WITH_POSTGRES")
+#define POSTGRES_E(s, fn) OUT(s, "DLOCK_WITH_POSTGRES", "libpq")
 #endif
 #ifdef DLOCK_WITH_MYSQL
-#define MYSQL_E(s, fn) IN(s, fn, "DLOCK_WITH_MYSQL")
+#define MYSQL_E(s, fn) IN(s, fn, "DLOCK_WITH_MYSQL", "libmariadb")
 #else
-#define MYSQL_E(s, fn) OUT(s, "DLOCK_WITH_MYSQL")
+#define MYSQL_E(s, fn) OUT(s, "DLOCK_WITH_MYSQL", "libmariadb")
 #endif
 #ifdef DLOCK_WITH_MEMCACHED
-#define MEMCACHED_E(s, fn) IN(s, fn, "DLOCK_WITH_MEMCACHED")
+#define MEMCACHED_E(s, fn) IN(s, fn, "DLOCK_WITH_MEMCACHED", "libmemcached")
 #else
-#define MEMCACHED_E(s, fn) OUT(s, "DLOCK_WITH_MEMCACHED")
+#define MEMCACHED_E(s, fn) OUT(s, "DLOCK_WITH_MEMCACHED", "libmemcached")
 #endif
 #endif
 
@@ -120,18 +123,16 @@ static const scheme_entry schemes[] = {
 };
 
 /* Stores registered by the application or by a module (dlock_backend_register):
- * a list that only grows and whose entries never change, so a found entry
- * stays valid without the mutex. */
+ * a list that only grows and whose entries never change once published, so
+ * it is read without a lock (an opener never waits for a writer, and a child
+ * forked during a write still reads it); reg_mu orders the writers. */
 typedef struct registered {
 	struct registered *next;
 	dlock_backend_open_fn open;
 	char name[32];
 } registered;
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static registered *regs;
-/* Held while a module loads (its init registers, taking reg_mu), so that two
- * threads' first uses of a scheme load its module once. */
-static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(registered *) regs;
 
 static const scheme_entry *builtin(const char *scheme)
 {
@@ -143,35 +144,41 @@ static const scheme_entry *builtin(const char *scheme)
 
 static dlock_backend_open_fn registered_open(const char *scheme)
 {
-	dlock_backend_open_fn fn = NULL;
-	pthread_mutex_lock(&reg_mu);
-	for (registered *r = regs; r && !fn; r = r->next)
+	for (registered *r = atomic_load_explicit(&regs, memory_order_acquire); r; r = r->next)
 		if (strcmp(r->name, scheme) == 0)
-			fn = r->open;
-	pthread_mutex_unlock(&reg_mu);
-	return fn;
+			return r->open;
+	return NULL;
 }
 
+#ifndef DLOCK_STORES_BUILTIN
+/* Held while a module loads (dlopen, then its init registers, taking
+ * reg_mu): two threads' first uses of a scheme load its module once. Taken
+ * by an open with no mutex of the core held (internal.h, mutex order). */
+static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
+/* The kind whose module this thread is loading: its init may register the
+ * schemes of libdlock's own that the module serves (no one else may). */
+static _Thread_local const char *loading;
+
 /* Where store-<kind>.so is: $DLOCK_MODULE_DIR (ignored in a set-user-ID
- * program), else the folder dlock/ beside the libdlock that runs (a build
- * tree and every install prefix find their own), else the one this library
- * was built for. */
+ * program) first, else the folder dlock/ beside the libdlock that runs (a
+ * build tree and every install prefix find their own), else the one this
+ * library was built for. */
 static int module_path(char *buf, size_t size, const char *kind)
 {
 	const char *dir = secure_getenv("DLOCK_MODULE_DIR");
 	int n = -1;
 	Dl_info info;
-	if (dir && *dir) {
+	char *lib = NULL;
+	if (dir && *dir)
 		n = snprintf(buf, size, "%s/store-%s.so", dir, kind);
-	} else if (dladdr((void *)&dlock__scheme_open, &info) && info.dli_fname && strrchr(info.dli_fname, '/')) {
-		const char *slash = strrchr(info.dli_fname, '/');
-		n = snprintf(buf, size, "%.*s/dlock/store-%s.so", (int)(slash - info.dli_fname), info.dli_fname,
-			     kind);
-	} else {
+	else if (dladdr((void *)&dlock__scheme_open, &info) && info.dli_fname &&
+		 (lib = realpath(info.dli_fname, NULL)) != NULL && strrchr(lib, '/'))
+		n = snprintf(buf, size, "%.*s/dlock/store-%s.so", (int)(strrchr(lib, '/') - lib), lib, kind);
 #ifdef DLOCK_MODULE_INSTALLED_DIR
+	else
 		n = snprintf(buf, size, "%s/store-%s.so", DLOCK_MODULE_INSTALLED_DIR, kind);
 #endif
-	}
+	free(lib);
 	return n > 0 && (size_t)n < size ? 0 : -1;
 }
 
@@ -182,27 +189,69 @@ static int module_load(const scheme_entry *e)
 	if (module_path(path, sizeof(path), e->module) != 0)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, e->scheme, NULL,
 				       "cannot tell where the %s store's module is (set DLOCK_MODULE_DIR)", e->module);
+	if (!e->built)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, e->scheme, NULL,
+				       "this dlock was built without the %s store (%s=OFF: %s not found at "
+				       "build time)", e->module, e->build_option, e->needs);
+	if (access(path, F_OK) != 0)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, e->scheme, NULL,
+				       "the %s store is not installed: it is a module of its own, %s, which is "
+				       "missing (install dlock's %s store module, or build dlock where %s is found)",
+				       e->module, path, e->module, e->needs);
 	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!h) {
 		const char *why = dlerror();
-		if (!e->built)
-			return dlock_error_set(DLOCK_ENOTSUPPORTED, e->scheme, NULL,
-					       "this dlock was built without the %s store (%s=OFF: its client "
-					       "library was not found at build time)", e->module, e->build_option);
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, e->scheme, NULL,
-				       "the %s store is not installed: it is a module of its own, and %s "
-				       "(install the package that has store-%s.so, e.g. dlock-store-%s)",
-				       e->module, why ? why : path, e->module, e->module);
+				       "the %s store's module cannot be loaded: %s (it needs %s installed)", e->module,
+				       why ? why : path, e->needs);
 	}
-	int (*init)(void) = (int (*)(void))dlsym(h, "dlock_store_module_init");
-	if (!init)
+	dlock_store_module_init_fn init = (dlock_store_module_init_fn)dlsym(h, DLOCK_STORE_MODULE_INIT);
+	if (!init) {
+		dlclose(h);
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, e->scheme, NULL,
-				       "%s is not a dlock store module (no dlock_store_module_init)", path);
+				       "%s is not a dlock store module (no %s)", path, DLOCK_STORE_MODULE_INIT);
+	}
 	/* The handle is kept: a loaded store may have threads and open handles
-	 * until the program ends. A scheme the application registered first
-	 * stays its own: the module's registration of it fails, harmlessly. */
-	(void)init();
+	 * until the program ends. */
+	loading = e->module;
+	int rc = init();
+	loading = NULL;
+	if (rc != 0)
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, e->scheme, NULL, "the %s store's module %s: %s", e->module,
+				       path, dlock_error_last()->message);
 	return 0;
+}
+#endif
+
+/* A child forked while another thread registered a store must not inherit
+ * reg_mu locked: fork waits for it (it is held only for a list update).
+ * load_mu is held across dlopen, which may wait for fork's own lock (a
+ * library's constructor registering fork handlers): fork does not wait for
+ * it, and the child, whose only thread was not loading, starts with it free
+ * (a module the parent was still loading is loaded again there). */
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&reg_mu);
+}
+
+static void fork_parent(void)
+{
+	pthread_mutex_unlock(&reg_mu);
+}
+
+static void fork_child(void)
+{
+	pthread_mutex_init(&reg_mu, NULL);
+#ifndef DLOCK_STORES_BUILTIN
+	pthread_mutex_init(&load_mu, NULL);
+#endif
+}
+
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_handlers(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
 int dlock__scheme_open(const char *scheme, dlock_backend_open_fn *out)
@@ -218,12 +267,17 @@ int dlock__scheme_open(const char *scheme, dlock_backend_open_fn *out)
 	if (!e)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
 				       "unknown store scheme '%s:' (known: sqlite, redis, rediss, redis+sentinel, "
-				       "redis+cluster, redlock, etcd, etcds, zk, postgres, mysql, mariadb, "
-				       "memcached, and any registered with dlock_backend_register)", scheme);
+				       "redis+cluster, rediss+cluster, redlock, etcd, etcds, zk, postgres, "
+				       "postgresql, mysql, mariadb, memcached, and any registered with "
+				       "dlock_backend_register)", scheme);
 	if (!e->module)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, scheme, NULL,
-				       "this dlock was built without the %s store (%s=OFF: its client "
-				       "library was not found at build time)", scheme, e->build_option);
+				       "this dlock was built without the %s store (%s=OFF: %s not found at build "
+				       "time)", scheme, e->build_option, e->needs);
+#ifdef DLOCK_STORES_BUILTIN
+	return dlock_error_set(DLOCK_ENOTSUPPORTED, scheme, NULL, "no %s store in this build", scheme);
+#else
+	pthread_once(&fork_once, fork_handlers);
 	pthread_mutex_lock(&load_mu);
 	int rc = 0;
 	if ((*out = registered_open(scheme)) == NULL && (rc = module_load(e)) == 0 &&
@@ -232,6 +286,7 @@ int dlock__scheme_open(const char *scheme, dlock_backend_open_fn *out)
 				     "the %s store's module was loaded but did not register '%s:'", e->module, scheme);
 	pthread_mutex_unlock(&load_mu);
 	return rc;
+#endif
 }
 
 int dlock_backend_register(const char *scheme, dlock_backend_open_fn open)
@@ -248,13 +303,21 @@ int dlock_backend_register(const char *scheme, dlock_backend_open_fn open)
 					       "dlock_backend_register: scheme '%s' may only have lowercase "
 					       "letters, digits, '+', '-' and '.'", scheme);
 	}
+	/* libdlock's own schemes are its own in every build: built in, or
+	 * registered by their module's init while it loads (and by no one else). */
 	const scheme_entry *e = builtin(scheme);
-	if (e && e->open)
+#ifdef DLOCK_STORES_BUILTIN
+	bool own_module = false;
+#else
+	bool own_module = e && e->module && loading && strcmp(loading, e->module) == 0;
+#endif
+	pthread_once(&fork_once, fork_handlers);
+	if (e && !own_module)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
 				       "dlock_backend_register: '%s' is a scheme of libdlock's own", scheme);
 	pthread_mutex_lock(&reg_mu);
 	registered *r;
-	for (r = regs; r; r = r->next)
+	for (r = atomic_load_explicit(&regs, memory_order_relaxed); r; r = r->next)
 		if (strcmp(r->name, scheme) == 0)
 			break;
 	if (r) {
@@ -267,8 +330,8 @@ int dlock_backend_register(const char *scheme, dlock_backend_open_fn open)
 	if ((r = calloc(1, sizeof(*r))) != NULL) {
 		memcpy(r->name, scheme, n + 1);
 		r->open = open;
-		r->next = regs;
-		regs = r;
+		r->next = atomic_load_explicit(&regs, memory_order_relaxed);
+		atomic_store_explicit(&regs, r, memory_order_release);
 	}
 	pthread_mutex_unlock(&reg_mu);
 	return r ? 0 : dlock_sys_oom();

@@ -20,40 +20,59 @@ PKG_CONFIG_PATH="$libdir" "$cc" -o "$tmp/hello-pc" "$src/examples/hello.c" $(PKG
 out=$("$tmp/hello-pc")
 echo "pkg-config: $out"
 f2=$(fence_of "$out")
-[ -n "$f2" ] && [ "$f2" -gt "$f1" ]
+[ -n "$f2" ] && [ "$f2" -gt "$f1" ] || { echo "FAIL: fence did not grow ($f1, $f2)"; exit 1; }
 # dlock.pc keeps the client libraries' own flags private, and links statically
 cflags=$(PKG_CONFIG_PATH="$libdir" pkg-config --cflags dlock)
 echo "cflags: $cflags"
-! grep -qE -- '-D_FILE_OFFSET_BITS|hiredis|postgresql|mariadb|json-c' <<<"$cflags"
+if grep -qE -- '-D_FILE_OFFSET_BITS|hiredis|postgresql|mariadb|json-c' <<<"$cflags"; then
+	echo "FAIL: dlock.pc hands its client libraries' flags to its users"
+	exit 1
+fi
 static_libs=$(PKG_CONFIG_PATH="$libdir" pkg-config --static --libs dlock | sed 's/-ldlock/-l:libdlock.a/')
 "$cc" -o "$tmp/hello-static" "$src/examples/hello.c" $cflags $static_libs ${EXTRA_LDFLAGS:-}
-! ldd "$tmp/hello-static" | grep -q 'libdlock\.so'
+if ldd "$tmp/hello-static" | grep -q 'libdlock\.so'; then
+	echo "FAIL: the static link still needs libdlock.so"
+	exit 1
+fi
 out=$("$tmp/hello-static")
 echo "static: $out"
 f3=$(fence_of "$out")
-[ -n "$f3" ] && [ "$f3" -gt "$f2" ]
+[ -n "$f3" ] && [ "$f3" -gt "$f2" ] || { echo "FAIL: fence did not grow ($f2, $f3)"; exit 1; }
 test -f "$tmp/home/dlock.db"
 test "$(stat -c %a "$tmp/home/dlock.db")" = 600
 # The tool links libdlock alone (no store client library), finds the libdlock
 # of its own prefix, and loads a store's module from LIBDIR/dlock on the first
 # use of its scheme: an unreachable server is "unavailable" (69), not "not
 # installed". Without the module it names the file and the package.
-modules=$(ls -d "$tmp"/prefix/lib*/dlock | head -1)
-echo "modules: $(cd "$modules" && echo store-*.so)"
+unset DLOCK_MODULE_DIR
+modules=$(ls -d "$tmp"/prefix/lib*/dlock 2>/dev/null | head -1 || true)
 if [ -x "$tmp/prefix/bin/dlock" ] && [ -f "$modules/store-redis.so" ]; then
+	echo "modules: $(cd "$modules" && echo store-*.so)"
 	libs=$(env -u LD_LIBRARY_PATH ldd "$tmp/prefix/bin/dlock")
-	echo "$libs" | grep -qE "$tmp/prefix/(bin/\.\./)?lib[^ ]*/libdlock.so"
-	! echo "$libs" | grep -qE 'hiredis|libpq|mariadb|zookeeper|curl|memcached|json-c'
+	if ! grep -qE "$tmp/prefix/(bin/\.\./)?lib[^ ]*/libdlock.so" <<<"$libs"; then
+		echo "FAIL: the installed tool does not find its own libdlock: $libs"
+		exit 1
+	fi
+	if grep -qE 'hiredis|libssl|libpq|mariadb|zookeeper|curl|memcached|json-c' <<<"$libs"; then
+		echo "FAIL: the installed tool links a store client library: $libs"
+		exit 1
+	fi
 	set +e
 	out=$(env -u LD_LIBRARY_PATH DLOCK_HOME="$tmp/home" "$tmp/prefix/bin/dlock" --store redis://127.0.0.1:1 status 2>&1)
 	rc=$?
 	set -e
 	echo "redis module, no server: $rc $out"
-	[ "$rc" = 69 ] && grep -q "cannot connect to redis" <<<"$out"
+	if [ "$rc" != 69 ] || ! grep -q "cannot connect to redis" <<<"$out"; then
+		echo "FAIL: the redis module did not load from the prefix"
+		exit 1
+	fi
 	mv "$modules/store-redis.so" "$modules/store-redis.so.off"
 	set +e
 	out=$(env -u LD_LIBRARY_PATH DLOCK_HOME="$tmp/home" "$tmp/prefix/bin/dlock" --store redis://127.0.0.1:1 status 2>&1)
 	set -e
 	echo "redis module gone: $out"
-	grep -q "redis store is not installed.*store-redis.so" <<<"$out"
+	if ! grep -q "redis store is not installed.*store-redis.so, which is missing" <<<"$out"; then
+		echo "FAIL: a missing module is not named"
+		exit 1
+	fi
 fi

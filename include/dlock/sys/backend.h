@@ -491,10 +491,29 @@ typedef int (*dlock_backend_open_fn)(dlock_backend **out, dlock_uri *uri);
  * Make `scheme` ("mystore", lowercase letters, digits, '+', '-', '.') open
  * with `open` in dlock_store_open, as sqlite3_vfs_register does for VFSes:
  * a store built outside libdlock. A scheme of libdlock's own cannot be
- * replaced. Thread-safe; registrations last until the process exits.
+ * replaced, whether its store is built in or a module not loaded yet.
+ * Thread-safe; registrations last until the process exits.
  * @return 0; DLOCK_EINVAL (bad or built-in scheme); DLOCK_ENOMEM.
  */
 DLOCK_EXTERN int dlock_backend_register(const char *scheme, dlock_backend_open_fn open);
+
+/**
+ * A store built as a module (a shared object that links libdlock) exports
+ * one function, dlock_store_module_init: it registers the module's schemes
+ * with dlock_backend_register and returns 0, or -1 with the error set.
+ * libdlock loads its own store modules so (LIBDIR/dlock/store-<kind>.so, on
+ * the first use of one of their schemes; only their init may register a
+ * scheme of libdlock's own), and the conformance suite an outside one
+ * (`conformance --load store-mine.so mine://...`). Declared here so that a
+ * module's definition is exported even when it builds with hidden
+ * visibility.
+ */
+#define DLOCK_STORE_MODULE_INIT "dlock_store_module_init"
+typedef int (*dlock_store_module_init_fn)(void);
+#if defined(__GNUC__)
+__attribute__((visibility("default")))
+#endif
+int dlock_store_module_init(void);
 
 /**
  * Open a store over a backend you made yourself (tests use a fake store).

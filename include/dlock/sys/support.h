@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/select.h> /* sigset_t, also in strict C11 */
 #include <sys/time.h>
 
 DLOCK_BEGIN_DECLS
