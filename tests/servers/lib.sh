@@ -28,30 +28,18 @@ free_port() {
 	return 1
 }
 
-# wait_port PORT [SECONDS]: wait until something accepts on 127.0.0.1:PORT.
-wait_port() {
-	local port=$1 secs=${2:-30} i
-	for i in $(seq 1 $((secs * 10))); do
-		if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-			return 0
-		fi
-		sleep 0.1
-	done
-	echo "nothing listening on 127.0.0.1:$port after ${secs}s" >&2
-	return 1
-}
-
 # wait_up PORT PID [SECONDS]: wait until 127.0.0.1:PORT accepts. Returns 0 once
 # it does, 2 as soon as process PID has gone (it failed to start, typically
 # because the port was taken: the caller picks another and retries), 1 when
-# SECONDS pass with the process alive and the port still closed.
+# SECONDS pass with the process alive and the port still closed. An empty PID
+# (a server that daemonizes) is not watched.
 wait_up() {
 	local port=$1 pid=$2 secs=${3:-30} i
 	for i in $(seq 1 $((secs * 10))); do
 		if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
 			return 0
 		fi
-		kill -0 "$pid" 2>/dev/null || return 2
+		[ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || return 2
 		sleep 0.1
 	done
 	echo "nothing listening on 127.0.0.1:$port after ${secs}s" >&2

@@ -169,7 +169,7 @@ restart | restart-member)
 	for d in "$dir"/[0-9]/; do
 		[ "$(cat "$d/port")" = "$port" ] || continue
 		redis-server "$d/redis.conf"
-		wait_port "$port" 30
+		wait_up "$port" "" 30
 		rm -f "$dir/dead-$port"
 		for i in $(seq 1 300); do
 			redis-cli -p "$port" info replication | tr -d '\r' | grep -qx "master_link_status:up" && break
