@@ -13,6 +13,8 @@
 #include "testutil/faultproxy.h"
 #include "testutil/testutil.h"
 
+#include <dlock/sys/backend.h>
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -1187,7 +1189,7 @@ static void case_fork(void)
 
 /* ------------------------------------------------- the network lies (issue 15)
  *
- * Each case puts src/cli/faultproxy.c between one client and the real
+ * Each case puts src/tools/faultproxy.c between one client and the real
  * servers (every host of the URI, one route each) and faults that client's
  * connections only; the other clients talk to the servers directly. SQLite
  * has no network: its "blackhole" is another process that holds the
@@ -1550,41 +1552,56 @@ static int held_by_client(dlock_store *s, const char *name, const char *id)
  * only by luck: a grant of several requests (the answer to an early one is
  * lost, so the last is never sent), or one request that reads the same
  * granted or refused. For them the proxy drops the answers of the one
- * connection whose requests carry `pattern` (dropmatch; %s: the proxied
- * client's id), from that request on. arm_after_release: arm it only once
- * the holder's release has returned, else before the waiter starts.
+ * connection whose requests carry a pattern (dropmatch), from that request
+ * on. The pattern is a store's wire format, so its test file gives it to
+ * its suites (tests/stores/<kind>.cmake, dlock_store_suite's ENV):
+ *   DLOCK_TEST_LOST_REPLY=PATTERN   \n a newline, %s the proxied client's id
+ *   DLOCK_TEST_LOST_REPLY_ARM=release   arm it only once the holder's
+ *                                       release has returned (else before
+ *                                       the waiter starts)
+ *   DLOCK_TEST_LOST_REPLY_OPTION=OPT    added to the proxied URI (the proxy
+ *                                       must read the requests)
  */
-static const struct {
-	const char *scheme, *not_with; /* URI prefix; a URI with not_with is not this entry */
-	const char *pattern;
+typedef struct lost_reply_match {
+	char pattern[256]; /* "" for a blanket drop */
 	bool arm_after_release;
-	const char *proxied_option; /* added to the proxied URI (the proxy must read the requests) */
-} lost_reply_patterns[] = {
-	/* memcached.c: the grant's last write is the cas (or add) of the holder
-	 * list with a line "H <owner> ..." (owner = "<client id>-<serial>"); a
-	 * waiter's own writes only ever add a "Q" line. */
-	{ "memcached:", NULL, "\nH %s-", false, NULL },
-	/* mysql.c t_acquire: one batch per try, the same text granted or refused;
-	 * only an acquire inserts holder rows. The first try the proxy reads
-	 * after the release returned runs after it, so it grants (the waiter is
-	 * alone). */
-	{ "mysql:", "mode=get_lock", "INSERT INTO dlock_holder", true, NULL },
-	{ "mariadb:", "mode=get_lock", "INSERT INTO dlock_holder", true, NULL },
-	/* mysql.c g_wait: the waiter blocks in the server's GET_LOCK(key, timeout)
-	 * and records its grant in the same batch; only g_wait sends
-	 * "@dl_got = GET_LOCK(" (a try sends "IF(IS_USED_LOCK..., GET_LOCK(key, 0))"). */
-	{ "mysql:", NULL, "@dl_got = GET_LOCK(", false, NULL },
-	{ "mariadb:", NULL, "@dl_got = GET_LOCK(", false, NULL },
-	/* postgres: a try is one statement, the same granted or refused, and the
-	 * only one that carries the waiter's owner ("<client id>-<serial>") after
-	 * the release: table mode's acquire binds it, advisory mode's try starts
-	 * with "/\* dlock-hold <owner> *\/". A blanket drop after the release lost
-	 * refusals too (a try sent just before it), and a client cut off by a drop
-	 * cannot connect again: it failed 1 run in 12 under load. In plain text,
-	 * so that the proxy reads it (the direct client keeps the default TLS). */
-	{ "postgres:", NULL, "%s-", true, "sslmode=disable" },
-	{ "postgresql:", NULL, "%s-", true, "sslmode=disable" },
-};
+	const char *proxied_option;
+} lost_reply_match;
+
+static void lost_reply_match_get(lost_reply_match *m)
+{
+	const char *p = getenv("DLOCK_TEST_LOST_REPLY");
+	const char *arm = getenv("DLOCK_TEST_LOST_REPLY_ARM");
+	const char *opt = getenv("DLOCK_TEST_LOST_REPLY_OPTION");
+	size_t n = 0;
+	for (; p && *p && n + 1 < sizeof(m->pattern); p++)
+		if (p[0] == '\\' && p[1] == 'n') {
+			m->pattern[n++] = '\n';
+			p++;
+		} else {
+			m->pattern[n++] = *p;
+		}
+	m->pattern[n] = '\0';
+	m->arm_after_release = arm && strcmp(arm, "release") == 0;
+	m->proxied_option = opt && *opt ? opt : NULL;
+}
+
+/* The pattern with each "%s" replaced by id, into out. */
+static void lost_reply_pattern_fill(char *out, size_t size, const char *pattern, const char *id)
+{
+	size_t n = 0;
+	for (const char *p = pattern; *p && n + 1 < size; p++) {
+		if (p[0] == '%' && p[1] == 's') {
+			n += (size_t)snprintf(out + n, size - n, "%s", id);
+			if (n >= size)
+				n = size - 1;
+			p++;
+		} else {
+			out[n++] = *p;
+		}
+	}
+	out[n] = '\0';
+}
 
 /* A waiter's try applied by the store but its reply lost, then retried:
  * never two holders, and fences still increase. */
@@ -1603,15 +1620,12 @@ static void case_net_lost_reply(void)
 		net_stop(&nt);
 		return;
 	}
-	int lp = -1;
-	for (size_t i = 0; lp < 0 && i < sizeof(lost_reply_patterns) / sizeof(lost_reply_patterns[0]); i++)
-		if (strncmp(uri, lost_reply_patterns[i].scheme, strlen(lost_reply_patterns[i].scheme)) == 0 &&
-		    !(lost_reply_patterns[i].not_with && strstr(uri, lost_reply_patterns[i].not_with)))
-			lp = (int)i;
-	if (lp >= 0 && lost_reply_patterns[lp].proxied_option) {
+	lost_reply_match m;
+	lost_reply_match_get(&m);
+	int lp = m.pattern[0] ? 0 : -1; /* a pattern to match, or a blanket drop */
+	if (m.proxied_option) {
 		size_t len = strlen(nt.uri);
-		if (snprintf(nt.uri + len, sizeof(nt.uri) - len, "&%s", lost_reply_patterns[lp].proxied_option) >=
-		    (int)(sizeof(nt.uri) - len))
+		if (snprintf(nt.uri + len, sizeof(nt.uri) - len, "&%s", m.proxied_option) >= (int)(sizeof(nt.uri) - len))
 			die("URI too long");
 	}
 	dlock_store *direct = open_store();
@@ -1627,8 +1641,8 @@ static void case_net_lost_reply(void)
 	uint64_t fc = dlock_fence(c);
 	char pat[256] = "";
 	if (lp >= 0)
-		snprintf(pat, sizeof(pat), lost_reply_patterns[lp].pattern, dlock_store_client_id(faulty));
-	bool arm_after = lp >= 0 && lost_reply_patterns[lp].arm_after_release;
+		lost_reply_pattern_fill(pat, sizeof(pat), m.pattern, dlock_store_client_id(faulty));
+	bool arm_after = lp >= 0 && m.arm_after_release;
 	if (lp >= 0 && !arm_after)
 		CHECK(tu_proxy_dropmatch(nt.px, -1, pat, strlen(pat)) == 0);
 	timed_acquire ta = { a, 20000, 0, 0, 0, 0, false, true };
@@ -1702,8 +1716,7 @@ static void case_net_lost_reply(void)
 	CHECK(lp < 0 || fired == 1);
 	if (lp >= 0)
 		printf("  dropmatch '%s' fired; the store showed the grant %s\n",
-		       lost_reply_patterns[lp].pattern[0] == '\n' ? lost_reply_patterns[lp].pattern + 1
-								   : lost_reply_patterns[lp].pattern,
+		       m.pattern[0] == '\n' ? m.pattern + 1 : m.pattern,
 		       seen_unanswered ? "before the waiter had its answer" : "(the waiter answered by then)");
 	long long dropped = 0;
 	tu_proxy_stats(nt.px, 0, NULL, NULL, NULL, NULL, &dropped);
@@ -2472,7 +2485,7 @@ static int load_module(void)
 	if (!path || !*path)
 		return 0;
 	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	int (*init)(void) = h ? (int (*)(void))dlsym(h, "dlock_store_module_init") : NULL;
+	dlock_store_module_init_fn init = h ? (dlock_store_module_init_fn)dlsym(h, DLOCK_STORE_MODULE_INIT) : NULL;
 	if (!init) {
 		fprintf(stderr, "conformance --load %s: %s\n", path, h ? "no dlock_store_module_init" : dlerror());
 		return 2;

@@ -1,10 +1,18 @@
 # MySQL/MariaDB: the conformance suite in both modes, plus this store's own tests,
 # all against one MariaDB that tests/servers/mysql.sh starts (fixture server.mysql).
-dlock_store_suite(mysql mysql.sh)
+# net_lost_reply's pattern (conformance.c): t_acquire sends one batch per
+# try, the same text granted or refused, and only an acquire inserts holder
+# rows; the first try the proxy reads after the release returned runs after
+# it, so it grants (the waiter is alone).
+dlock_store_suite(mysql mysql.sh ENV "DLOCK_TEST_LOST_REPLY=INSERT INTO dlock_holder"
+  "DLOCK_TEST_LOST_REPLY_ARM=release")
 
 # The same suite once more in mode=get_lock (same server, URI + "?mode=get_lock").
+# g_wait blocks in the server's GET_LOCK(key, timeout) and records its grant
+# in the same batch; only g_wait sends "@dl_got = GET_LOCK(" (a try sends
+# "IF(IS_USED_LOCK..., GET_LOCK(key, 0))").
 dlock_conformance(mysql_get_lock FIXTURE server.mysql URI_FILE ${DLOCK_SERVER_DIR_mysql}/uri
-  SUFFIX ?mode=get_lock)
+  SUFFIX ?mode=get_lock ENV "DLOCK_TEST_LOST_REPLY=@dl_got = GET_LOCK(")
 
 add_executable(mysql_store mysql_store.c)
 target_link_libraries(mysql_store PRIVATE dlock_testutil)
@@ -45,7 +53,7 @@ if(TARGET dlock_cli)
 endif()
 
 # mysql.net / mysql.net_get_lock: network faults through a fault proxy
-# (src/cli/faultproxy.c): bounded acquire wait and release on a black-holed link, the
+# (src/tools/faultproxy.c): bounded acquire wait and release on a black-holed link, the
 # lost signal before another client's grant, a granting try whose reply is
 # dropped (one holder, fences grow). memcached.cmake builds the same program.
 if(NOT TARGET store_net)
