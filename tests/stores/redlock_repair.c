@@ -273,19 +273,28 @@ static void case_repair(dlock_store *s1, dlock_store *s2)
 
 
 /* A hold on a bare quorum is reported as one: status gives its copies. */
-static unsigned copies_of_holder(dlock_store *s, const char *name, unsigned *of)
+/* Copies of name's one holder as status shows them. A status round stops
+ * waiting for a master that answers well after the others (it counts
+ * "slower than the others", as a hung one): on a loaded machine one read may
+ * miss a copy that is there. So: the most copies of up to five reads, ended
+ * early once `want` is seen (a read showing more than there are still
+ * fails the caller's check). */
+static unsigned copies_of_holder(dlock_store *s, const char *name, unsigned want, unsigned *of)
 {
 	const char *names[] = { name };
-	dlock_lock_status *st = NULL;
-	size_t n = 0;
-	unsigned c = 0;
+	unsigned best = 0;
 	*of = 0;
-	if (dlock_store_status(s, names, 1, &st, &n) == 0 && n == 1 && st[0].nholders == 1) {
-		c = st[0].holders[0].copies;
-		*of = st[0].holders[0].copies_of;
+	for (int read = 0; read < 5 && best != want; read++) {
+		dlock_lock_status *st = NULL;
+		size_t n = 0;
+		if (dlock_store_status(s, names, 1, &st, &n) == 0 && n == 1 && st[0].nholders == 1) {
+			if (st[0].holders[0].copies > best)
+				best = st[0].holders[0].copies;
+			*of = st[0].holders[0].copies_of;
+		}
+		dlock_status_free(st, n);
 	}
-	dlock_status_free(st, n);
-	return c;
+	return best;
 }
 
 static void case_bare_quorum(dlock_store *s1, dlock_store *s2)
@@ -297,10 +306,10 @@ static void case_bare_quorum(dlock_store *s1, dlock_store *s2)
 	CHECK_RC(dlock_lock_new(&a, s1, "bare", &o), 0);
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	unsigned of;
-	CHECK(copies_of_holder(s2, "bare", &of) == NMASTERS && of == NMASTERS);
+	CHECK(copies_of_holder(s2, "bare", NMASTERS, &of) == NMASTERS && of == NMASTERS);
 	master_int(0, "DEL %s", "{dlock:bare}");
 	master_int(1, "DEL %s", "{dlock:bare}");
-	unsigned c = copies_of_holder(s2, "bare", &of);
+	unsigned c = copies_of_holder(s2, "bare", NMASTERS / 2 + 1, &of);
 	printf("bare quorum: status shows the hold on %u of %u masters\n", c, of);
 	CHECK(c == NMASTERS / 2 + 1 && of == NMASTERS);
 	CHECK_RC(dlock_release(a), 0);
