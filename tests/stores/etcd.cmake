@@ -42,9 +42,11 @@ set_tests_properties(etcd.net PROPERTIES TIMEOUT 300 RUN_SERIAL ON)
 target_include_directories(etcd_net PRIVATE ${PROJECT_SOURCE_DIR}/src)
 
 # etcd.etcdctl: recipe=concurrency against `etcdctl lock` (etcd's own
-# concurrency.Mutex) on the suite's server (etcd_etcdctl.sh).
+# concurrency.Mutex) on the suite's server (etcd_etcdctl.sh). It counts the
+# server's Range/Txn requests while a waiter waits: alone, so that no other
+# test's requests on that server are counted.
 if(TARGET dlock_cli)
   add_test(NAME etcd.etcdctl COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/etcd_etcdctl.sh
            $<TARGET_FILE:dlock_cli> ${DLOCK_SERVER_DIR_etcd}/uri)
-  set_tests_properties(etcd.etcdctl PROPERTIES FIXTURES_REQUIRED server.etcd TIMEOUT 300)
+  set_tests_properties(etcd.etcdctl PROPERTIES FIXTURES_REQUIRED server.etcd TIMEOUT 300 RUN_SERIAL ON)
 endif()
