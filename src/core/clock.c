@@ -1,6 +1,8 @@
 #include "core/internal.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/random.h>
 #include <time.h>
@@ -12,8 +14,38 @@ static int64_t ms_of(clockid_t id)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* The simulated clock (dlock__clock_simulate, for the core's tests): while
+ * on, dlock_clock_ms reads sim_ms, which only dlock__clock_advance moves.
+ * Timed waits still sleep on real condition variables, so dlock_sys_abstime
+ * caps each at SIM_LOOK_MS of real time: their loops look at the clock again
+ * and go back to sleep until it has reached what they wait for. */
+#define SIM_LOOK_MS 1
+static atomic_bool sim_on;
+static _Atomic int64_t sim_ms;
+static pthread_mutex_t sim_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t sim_cv = PTHREAD_COND_INITIALIZER; /* sim_ms moved */
+
+void dlock__clock_simulate(bool on, int64_t start_ms)
+{
+	pthread_mutex_lock(&sim_mu);
+	atomic_store(&sim_ms, start_ms);
+	atomic_store(&sim_on, on);
+	pthread_cond_broadcast(&sim_cv);
+	pthread_mutex_unlock(&sim_mu);
+}
+
+void dlock__clock_advance(int64_t ms)
+{
+	pthread_mutex_lock(&sim_mu);
+	atomic_fetch_add(&sim_ms, ms > 0 ? ms : 0);
+	pthread_cond_broadcast(&sim_cv);
+	pthread_mutex_unlock(&sim_mu);
+}
+
 int64_t dlock_clock_ms(void)
 {
+	if (atomic_load_explicit(&sim_on, memory_order_acquire))
+		return atomic_load(&sim_ms);
 	return ms_of(CLOCK_MONOTONIC);
 }
 
@@ -26,6 +58,14 @@ void dlock_sys_sleep_ms(int64_t ms)
 {
 	if (ms <= 0)
 		return;
+	if (atomic_load_explicit(&sim_on, memory_order_acquire)) {
+		pthread_mutex_lock(&sim_mu);
+		int64_t until = atomic_load(&sim_ms) + ms;
+		while (atomic_load(&sim_on) && atomic_load(&sim_ms) < until)
+			pthread_cond_wait(&sim_cv, &sim_mu);
+		pthread_mutex_unlock(&sim_mu);
+		return;
+	}
 	struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000 };
 	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
 		;
@@ -36,6 +76,8 @@ void dlock_sys_abstime(struct timespec *ts, int64_t ms_from_now)
 	clock_gettime(CLOCK_MONOTONIC, ts);
 	if (ms_from_now < 0)
 		ms_from_now = 0;
+	if (ms_from_now > SIM_LOOK_MS && atomic_load_explicit(&sim_on, memory_order_acquire))
+		ms_from_now = SIM_LOOK_MS;
 	if (ms_from_now > (int64_t)86400 * 1000 * 365)
 		ms_from_now = (int64_t)86400 * 1000 * 365;
 	ts->tv_sec += (time_t)(ms_from_now / 1000);

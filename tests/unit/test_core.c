@@ -5,6 +5,7 @@
  */
 #include "testutil/testutil.h"
 
+#include "core/internal.h" /* dlock__clock_simulate */
 #include <dlock/sys/backend.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -44,6 +45,8 @@ typedef struct fake {
 	atomic_int unanswered_from; /* tries after this many go unanswered (0: none) */
 	atomic_int no_retry_hint;  /* a refusal says nothing of when to come back */
 	atomic_int watches, unwatches;
+	atomic_int renews_entered;  /* renew calls begun (before the gate) */
+	atomic_llong renew_at;      /* dlock_clock_ms() of the last renew call */
 	int renew_gate;            /* under mu: renew blocks while set */
 	pthread_cond_t gate_cv;
 } fake;
@@ -111,6 +114,8 @@ static int f_extend(dlock_backend *be, const dlock_request *req, int64_t ttl)
 static int f_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n, int *results)
 {
 	fake *f = (fake *)be;
+	f->renew_at = dlock_clock_ms();
+	f->renews_entered++;
 	pthread_mutex_lock(&f->mu);
 	while (f->renew_gate)
 		pthread_cond_wait(&f->gate_cv, &f->mu);
@@ -187,6 +192,53 @@ static int wait_lost(lost_box *b, int ms)
 	int fired = b->fired;
 	pthread_mutex_unlock(&b->mu);
 	return fired;
+}
+
+/* ---- on the simulated clock (dlock__clock_simulate) ----
+ * Lease deadlines, renewal times and lost signals are then exact: time moves
+ * only when the test moves it, so a loaded machine changes nothing but how
+ * long the test waits (in real time) for the core's threads to act. */
+
+static void sim_start(void)
+{
+	dlock__clock_simulate(true, 1000000);
+}
+
+static void sim_stop(void)
+{
+	dlock__clock_simulate(false, 0);
+}
+
+/* Move the simulated clock on to `to` (never back). */
+static void sim_to(int64_t to)
+{
+	int64_t now = dlock_clock_ms();
+	if (to > now)
+		dlock__clock_advance(to - now);
+}
+
+/* Wait (10 s of real time at most) until *n reaches want. */
+static bool wait_count(atomic_int *n, int want)
+{
+	long long until = tu_now_ms() + 10000;
+	while (*n < want && tu_now_ms() < until)
+		usleep(500);
+	return *n >= want;
+}
+
+/* Move the clock to `to`, then wait for *n to reach want. */
+static bool sim_until(int64_t to, atomic_int *n, int want)
+{
+	sim_to(to);
+	return wait_count(n, want);
+}
+
+static atomic_llong fired_sim; /* dlock_clock_ms() when on_lost_sim ran */
+
+static void on_lost_sim(dlock_lock *lock, void *payload)
+{
+	fired_sim = dlock_clock_ms();
+	on_lost(lock, payload);
 }
 
 static void test_reentrancy(void)
@@ -281,6 +333,7 @@ static void test_deadline_from_before_request(void)
 
 static void test_renewal_batching_and_lost(void)
 {
+	sim_start();
 	fake *f = fake_new();
 	dlock_store *s;
 	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
@@ -295,22 +348,27 @@ static void test_renewal_batching_and_lost(void)
 	dlock_lock *a, *b;
 	CHECK_RC(dlock_lock_new(&a, s, "a", &o), 0);
 	CHECK_RC(dlock_lock_new(&b, s, "b", &o), 0);
+	int64_t t0 = dlock_clock_ms();
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	f->holder[0] = '\0';
 	CHECK_RC(dlock_acquire(b, 0), 0);
-	/* Wait for at least three renewal rounds (every 100 ms). */
-	long long until = tu_now_ms() + 2000;
-	while (f->renew_calls < 3 && tu_now_ms() < until)
-		usleep(5000);
-	CHECK(f->renew_calls >= 3);
-	CHECK(f->max_batch == 2);                    /* both locks in one call */
-	CHECK(dlock_held(a) && dlock_held(b));       /* renewed past the first 300 ms */
+	/* Three renewal rounds, one every third of the lease, both locks in each:
+	 * past three leases, still held. */
+	for (int k = 1; k <= 3; k++) {
+		CHECK(sim_until(t0 + k * 100, &f->renew_calls, k));
+		CHECK(f->renew_at == t0 + k * 100);
+	}
+	sim_to(t0 + 330);
+	CHECK(f->renew_calls == 3 && f->renew_items == 6 && f->max_batch == 2);
+	CHECK(dlock_held(a) && dlock_held(b));
 	CHECK(box.fired == 0);
 
-	/* The store says "not yours": lost at once, callback fires, held() turns false. */
+	/* The store says "not yours": lost at the next renewal, callbacks fire,
+	 * held() turns false. */
 	f->renew_result = DLOCK_ENOTHELD;
-	CHECK(wait_lost(&box, 2000) >= 1);
-	until = tu_now_ms() + 1000;
+	sim_to(t0 + 400);
+	CHECK(wait_lost(&box, 10000) >= 1);
+	long long until = tu_now_ms() + 10000;
 	while (box.fired < 2 && tu_now_ms() < until)
 		usleep(2000);
 	CHECK(box.fired == 2 && box.held_in_cb == 0);
@@ -320,10 +378,15 @@ static void test_renewal_batching_and_lost(void)
 	dlock_lock_free(a);
 	dlock_lock_free(b);
 	dlock_store_close(s);
+	sim_stop();
 }
 
+/* A store that answers nothing keeps being asked (at a third of the lease,
+ * then every tenth), and the lost signal comes exactly at the deadline: the
+ * lease less the drift margin. */
 static void test_lost_when_store_silent(void)
 {
+	sim_start();
 	fake *f = fake_new();
 	f->renew_result = DLOCK_EUNAVAILABLE; /* transient: retried until the deadline */
 	dlock_store *s;
@@ -331,25 +394,30 @@ static void test_lost_when_store_silent(void)
 	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
 	o.ttl_ms = 400;
-	o.on_lost = on_lost;
+	o.on_lost = on_lost_sim;
 	o.payload = &box;
 	dlock_lock *l;
 	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
-	long long t0 = tu_now_ms();
+	int64_t t0 = dlock_clock_ms();
 	CHECK_RC(dlock_acquire(l, 0), 0);
-	CHECK(wait_lost(&box, 3000) == 1);
-	long long at = tu_now_ms() - t0;
-	/* lost no later than the lease (400 ms, and the scheduling grace measured
-	 * in the run) and not before its deadline (400 - 6) */
-	CHECK(at >= 394 - 5 && at <= 400 + TU_SCHED_GRACE_MS);
-	CHECK(f->renew_calls >= 2); /* it kept trying */
+	int64_t deadline = t0 + dlock_ttl_left(l);
+	CHECK(deadline == t0 + 400 - dlock_sys_drift_ms(400));
+	CHECK(sim_until(t0 + 133, &f->renew_calls, 1) && f->renew_at == t0 + 133);
+	CHECK(sim_until(t0 + 173, &f->renew_calls, 2) && f->renew_at == t0 + 173);
+	CHECK(sim_until(deadline - 1, &f->renew_calls, 3) && f->renew_at == deadline - 1);
+	CHECK(box.fired == 0);
+	sim_to(deadline);
+	CHECK(wait_lost(&box, 10000) == 1);
+	CHECK(fired_sim == deadline);
 	CHECK(!dlock_held(l));
 	dlock_lock_free(l);
 	dlock_store_close(s);
+	sim_stop();
 }
 
 static void test_no_renew_still_signals(void)
 {
+	sim_start();
 	fake *f = fake_new();
 	dlock_store *s;
 	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
@@ -357,16 +425,22 @@ static void test_no_renew_still_signals(void)
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
 	o.ttl_ms = 150;
 	o.no_renew = 1;
-	o.on_lost = on_lost;
+	o.on_lost = on_lost_sim;
 	o.payload = &box;
 	dlock_lock *l;
 	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
+	int64_t t0 = dlock_clock_ms();
 	CHECK_RC(dlock_acquire(l, 0), 0);
-	CHECK(wait_lost(&box, 3000) == 1);
+	int64_t deadline = t0 + 150 - dlock_sys_drift_ms(150);
+	CHECK(dlock_ttl_left(l) == deadline - t0);
+	sim_to(deadline);
+	CHECK(wait_lost(&box, 10000) == 1);
+	CHECK(fired_sim == deadline);
 	CHECK(f->renew_calls == 0 && f->extends == 0); /* never renewed */
 	CHECK(!dlock_held(l));
 	dlock_lock_free(l);
 	dlock_store_close(s);
+	sim_stop();
 }
 
 static void free_in_callback(dlock_lock *lock, void *payload)
@@ -481,14 +555,42 @@ static bool late_within(long long late, long long bound)
 	return late >= -2 && late <= bound;
 }
 
-static bool late_ok(long long late)
-{
-	return late_within(late, (UNDER_TSAN ? 100 : 20) + sched_delay_ms());
-}
-
 /* A renewal that hangs in the network must not delay the lost signal: the
  * watchdog fires on_lost at the deadline while the renew call is still stuck. */
 static void test_lost_while_renew_hangs(void)
+{
+	sim_start();
+	fake *f = fake_new();
+	gate(f, 1);
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
+	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = 300;
+	o.on_lost = on_lost_sim;
+	o.payload = &box;
+	dlock_lock *l;
+	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
+	int64_t t0 = dlock_clock_ms();
+	CHECK_RC(dlock_acquire(l, 0), 0);
+	int64_t deadline = t0 + dlock_ttl_left(l);
+	CHECK(sim_until(t0 + 100, &f->renews_entered, 1)); /* and stuck */
+	sim_to(deadline);
+	CHECK(wait_lost(&box, 10000) == 1);
+	CHECK(fired_sim == deadline); /* on time, the renewal still stuck */
+	CHECK(f->renew_calls == 0);
+	CHECK(!dlock_held(l) && box.held_in_cb == 0);
+	gate(f, 0);
+	CHECK(wait_count(&f->renew_calls, 1));
+	dlock_lock_free(l);
+	dlock_store_close(s);
+	sim_stop();
+}
+
+/* Acquiring a lost lock again waits for the stuck renewal of its lost hold
+ * no longer than the wait (this hung for good once). Real time: the bound is
+ * the wait and the clean-up's 50 ms, plus the scheduling delay of this run. */
+static void test_acquire_lost_while_renew_hangs(void)
 {
 	fake *f = fake_new();
 	gate(f, 1);
@@ -497,26 +599,19 @@ static void test_lost_while_renew_hangs(void)
 	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
 	o.ttl_ms = 300;
-	o.on_lost = on_lost_time;
+	o.on_lost = on_lost;
 	o.payload = &box;
 	dlock_lock *l;
 	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
-	fired_at_ms = 0;
 	CHECK_RC(dlock_acquire(l, 0), 0);
-	long long deadline = tu_now_ms() + dlock_ttl_left(l);
-	CHECK(wait_lost(&box, 3000) == 1);
-	long long late = __atomic_load_n(&fired_at_ms, __ATOMIC_SEQ_CST) - deadline;
-	printf("lost signal %lld ms after the deadline while renew hangs\n", late);
-	CHECK(late_ok(late));
+	CHECK(wait_lost(&box, 10000) == 1);
 	CHECK(f->renew_calls == 0); /* the renewal is still stuck */
-	CHECK(!dlock_held(l) && box.held_in_cb == 0);
-	/* Acquiring again waits for the stuck renewal of the lost hold no longer
-	 * than the wait (this hung for good once). */
+	long long bound = 250 + sched_delay_ms();
 	long long t = tu_now_ms();
 	CHECK_RC(dlock_acquire(l, 200), DLOCK_EUNAVAILABLE);
 	long long took = tu_now_ms() - t;
-	printf("acquire(200 ms) of a lost lock while its renewal hangs: %lld ms\n", took);
-	CHECK(took >= 195 && took <= 300); /* the bound is 250; 50 more for a loaded CI machine */
+	printf("acquire(200 ms) of a lost lock while its renewal hangs: %lld ms (bound %lld)\n", took, bound);
+	CHECK(late_within(took - 200, bound - 200));
 	CHECK(!dlock_held(l));
 	gate(f, 0);
 	CHECK_RC(dlock_acquire(l, 1000), 0); /* the renewal let go: the lock is usable again */
@@ -556,6 +651,7 @@ static void slow_cb(dlock_lock *lock, void *payload)
 
 static void test_slow_callback(void)
 {
+	sim_start();
 	fake *f = fake_new();
 	dlock_store *s;
 	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
@@ -568,31 +664,36 @@ static void test_slow_callback(void)
 	ob.ttl_ms = 150; /* renewed */
 	oc.ttl_ms = 400;
 	oc.no_renew = 1;
-	oc.on_lost = on_lost_time;
+	oc.on_lost = on_lost_sim;
 	oc.payload = &box;
 	dlock_lock *a, *b, *c;
 	CHECK_RC(dlock_lock_new(&a, s, "a", &oa), 0);
 	CHECK_RC(dlock_lock_new(&b, s, "b", &ob), 0);
 	CHECK_RC(dlock_lock_new(&c, s, "c", &oc), 0);
+	int64_t t0 = dlock_clock_ms();
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	f->holder[0] = '\0';
 	CHECK_RC(dlock_acquire(b, 0), 0);
 	char bowner[64];
 	snprintf(bowner, sizeof(bowner), "%s", f->holder);
 	f->holder[0] = '\0';
-	fired_at_ms = 0;
 	CHECK_RC(dlock_acquire(c, 0), 0);
-	long long cdeadline = tu_now_ms() + dlock_ttl_left(c);
+	int64_t cdeadline = t0 + dlock_ttl_left(c);
 	snprintf(f->holder, sizeof(f->holder), "%s", bowner); /* b's renewals are answered "ours" */
+	sim_to(t0 + dlock_ttl_left(a));
 	pthread_mutex_lock(&sb.mu);
 	while (!sb.entered)
 		pthread_cond_wait(&sb.cv, &sb.mu);
 	pthread_mutex_unlock(&sb.mu);
-	int renewals = f->renew_calls;
-	CHECK(wait_lost(&box, 3000) == 1); /* c's signal, while a's callback still blocks */
-	long long late = __atomic_load_n(&fired_at_ms, __ATOMIC_SEQ_CST) - cdeadline;
-	CHECK(late_ok(late));
-	CHECK(f->renew_calls >= renewals + 2); /* b was renewed meanwhile */
+	/* while a's callback blocks, b is renewed once every third of its lease ... */
+	for (int k = 1; t0 + k * 50 < cdeadline; k++) {
+		CHECK(sim_until(t0 + k * 50, &f->renew_calls, k));
+		CHECK(f->renew_at > t0 + (k - 1) * 50); /* up to ttl/6 early: batched with a's loss */
+	}
+	/* ... and c's signal comes at its deadline */
+	sim_to(cdeadline);
+	CHECK(wait_lost(&box, 10000) == 1);
+	CHECK(fired_sim == cdeadline);
 	CHECK(dlock_held(b));
 	pthread_mutex_lock(&sb.mu);
 	sb.open = 1;
@@ -605,6 +706,7 @@ static void test_slow_callback(void)
 	CHECK_RC(dlock_release(b), 0);
 	dlock_lock_free(b);
 	dlock_store_close(s);
+	sim_stop();
 }
 
 /* An on_lost that blocks until the test lets it go: on its own lock,
@@ -1386,6 +1488,7 @@ int main(void)
 	test_free_from_callback();
 	test_handles();
 	test_lost_while_renew_hangs();
+	test_acquire_lost_while_renew_hangs();
 	test_slow_callback();
 	test_blocking_callback();
 	test_reentrant_after_deadline();
