@@ -21,6 +21,15 @@ out=$("$tmp/hello-pc")
 echo "pkg-config: $out"
 f2=$(fence_of "$out")
 [ -n "$f2" ] && [ "$f2" -gt "$f1" ] || { echo "FAIL: fence did not grow ($f1, $f2)"; exit 1; }
+# dlock.pc finds its prefix from where it lies, for this LIBDIR and for a
+# multiarch one (lib/x86_64-linux-gnu: Debian's LIBDIR under /usr)
+inc=$(PKG_CONFIG_PATH="$libdir" pkg-config --variable=includedir dlock)
+[ "$(realpath "$inc")" = "$(realpath "$tmp/prefix/include")" ] || { echo "FAIL: dlock.pc's includedir is $inc"; exit 1; }
+cmake -S "$src" -B "$tmp/multiarch" -DCMAKE_INSTALL_LIBDIR=lib/x86_64-linux-gnu -DDLOCK_BUILD_CLI=OFF >/dev/null
+mkdir -p "$tmp/ma/lib/x86_64-linux-gnu/pkgconfig" "$tmp/ma/include"
+cp "$tmp/multiarch/dlock.pc" "$tmp/ma/lib/x86_64-linux-gnu/pkgconfig/"
+inc=$(PKG_CONFIG_PATH="$tmp/ma/lib/x86_64-linux-gnu/pkgconfig" pkg-config --variable=includedir dlock)
+[ "$(realpath "$inc")" = "$(realpath "$tmp/ma/include")" ] || { echo "FAIL: a multiarch dlock.pc's includedir is $inc"; exit 1; }
 # dlock.pc keeps the client libraries' own flags private, and links statically
 cflags=$(PKG_CONFIG_PATH="$libdir" pkg-config --cflags dlock)
 echo "cflags: $cflags"
