@@ -45,7 +45,7 @@ wait_healthy() {
 		ETCDCTL_API=3 etcdctl --endpoints="$eps" --dial-timeout=1s --command-timeout=2s \
 			"${ctlflags[@]}" endpoint health >/dev/null 2>&1 && return 0
 		for m in "$@"; do
-			kill -0 "$(cat "$dir/$m.pid")" 2>/dev/null || dead=$m
+			alive "$(cat "$dir/$m.pid")" || dead=$m
 		done
 		[ -z "$dead" ] || return 2
 		sleep 0.1

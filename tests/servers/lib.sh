@@ -39,7 +39,7 @@ wait_up() {
 		if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
 			return 0
 		fi
-		[ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || return 2
+		[ -z "$pid" ] || alive "$pid" || return 2
 		sleep 0.1
 	done
 	echo "nothing listening on 127.0.0.1:$port after ${secs}s" >&2
@@ -54,6 +54,14 @@ need() {
 	done
 }
 
+# alive PID: the process runs (a zombie does not: this machine's init reaps
+# orphans up to two seconds late, and kill -0 succeeds on a zombie).
+alive() {
+	local st
+	st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
+	[ -n "$st" ] && [ "${st%% *}" != Z ]
+}
+
 # stop_pidfile FILE: TERM the pid in FILE, then KILL after 10 s.
 stop_pidfile() {
 	local f=$1 pid i
@@ -62,7 +70,7 @@ stop_pidfile() {
 	kill -CONT "$pid" 2>/dev/null || true
 	kill -TERM "$pid" 2>/dev/null || true
 	for i in $(seq 1 100); do
-		kill -0 "$pid" 2>/dev/null || { rm -f "$f"; return 0; }
+		alive "$pid" || { rm -f "$f"; return 0; }
 		sleep 0.1
 	done
 	kill -KILL "$pid" 2>/dev/null || true

@@ -154,7 +154,7 @@ kill)
 		[ "$(cat "$d/port")" = "$port" ] || continue
 		pid=$(cat "$d/redis.pid")
 		kill -KILL "$pid"
-		while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+		while alive "$pid"; do sleep 0.05; done
 		rm -f "$d/redis.pid"
 		touch "$dir/dead-$port"
 	done

@@ -119,7 +119,7 @@ stop)
 kill-master)
 	pid=$(cat "$dir/m/redis.pid")
 	kill -KILL "$pid"
-	while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+	while alive "$pid"; do sleep 0.05; done
 	rm -f "$dir/m/redis.pid"
 	;;
 *)

@@ -114,6 +114,11 @@ kill)
 	d=$dir/${3:-0}
 	pid=$(cat "$d/redis.pid")
 	kill -KILL "$pid"
+	# Until the zombie is reaped, not just dead: this machine's init reaps
+	# orphans ~2 s late, and redlock.repair's restarts case depends on that
+	# pause. With `alive` here the master is back empty within ~0.1 s and a
+	# renewed hold is lost in about 2 of 5 runs (no two holders: the
+	# holder is told): an open liveness finding, not yet understood.
 	while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
 	rm -f "$d/redis.pid"
 	;;

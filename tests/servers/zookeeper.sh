@@ -61,7 +61,7 @@ wait_ready() {
 		done
 		[ -n "$ok" ] && return 0
 		for f in "$dir"/m*.pid; do
-			[ -e "$f" ] && ! kill -0 "$(cat "$f")" 2>/dev/null && return 1
+			[ -e "$f" ] && ! alive "$(cat "$f")" && return 1
 		done
 		sleep 0.1
 	done

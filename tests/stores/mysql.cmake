@@ -49,7 +49,7 @@ if(TARGET dlock_cli)
   add_test(NAME mysql.auth_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/auth_cli.sh
            $<TARGET_FILE:dlock_cli> mysql ${DLOCK_SERVER_DIR_mysql}/uri)
   set_tests_properties(mysql.auth_cli PROPERTIES
-    FIXTURES_REQUIRED server.mysql RUN_SERIAL ON TIMEOUT 180)
+    FIXTURES_REQUIRED server.mysql TIMEOUT 180)
 endif()
 
 # mysql.net / mysql.net_get_lock: network faults through a fault proxy

@@ -35,9 +35,12 @@ foreach(t advisory clock errors wake tls session_kill)
   target_include_directories(postgres_${t} PRIVATE ${LIBPQ_INCLUDE_DIRS})
   add_test(NAME postgres.${t} COMMAND postgres_${t} ${FAKETIME})
   set_tests_properties(postgres.${t} PROPERTIES
-    FIXTURES_REQUIRED server.postgres RUN_SERIAL ON TIMEOUT 300
+    FIXTURES_REQUIRED server.postgres TIMEOUT 300
     ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_postgres}/uri")
 endforeach()
+# Alone: advisory ends every dlock session on the shared server, clock, wake
+# and session_kill bound times. errors and tls do neither.
+set_tests_properties(postgres.advisory postgres.clock postgres.wake postgres.session_kill PROPERTIES RUN_SERIAL ON)
 
 # postgres.auth_cli: through the dlock tool, a wrong password exits 69 and no
 # output, message or child environment ever shows a password (auth_cli.sh).
@@ -45,7 +48,7 @@ if(TARGET dlock_cli)
   add_test(NAME postgres.auth_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/auth_cli.sh
            $<TARGET_FILE:dlock_cli> postgres ${DLOCK_SERVER_DIR_postgres}/uri)
   set_tests_properties(postgres.auth_cli PROPERTIES
-    FIXTURES_REQUIRED server.postgres RUN_SERIAL ON TIMEOUT 180)
+    FIXTURES_REQUIRED server.postgres TIMEOUT 180)
 endif()
 
 # postgres.hang: the store's backends (or the postmaster) stopped with SIGSTOP,

@@ -164,13 +164,13 @@ if(TARGET dlock_cli)
   add_test(NAME redis.auth_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/auth_cli.sh
            $<TARGET_FILE:dlock_cli> redis ${DLOCK_SERVER_DIR_redis}/uri)
   set_tests_properties(redis.auth_cli PROPERTIES
-    FIXTURES_REQUIRED server.redis RUN_SERIAL ON TIMEOUT 180)
+    FIXTURES_REQUIRED server.redis TIMEOUT 180)
 endif()
 if(TARGET dlock_cli AND DLOCK_WITH_REDLOCK)
   add_test(NAME redlock.auth_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/auth_cli.sh
            $<TARGET_FILE:dlock_cli> redlock ${DLOCK_SERVER_DIR_redlock}/uri)
   set_tests_properties(redlock.auth_cli PROPERTIES
-    FIXTURES_REQUIRED server.redlock RUN_SERIAL ON TIMEOUT 180)
+    FIXTURES_REQUIRED server.redlock TIMEOUT 180)
 endif()
 
 # redis.hostile: a fake server in the test answers with huge replies (issue 21 row 4).

@@ -228,7 +228,7 @@ int main(int argc, char **argv)
 	kill(mpid, SIGKILL);
 	uint64_t lost = dlock_fence(gl);
 	redisFree(m);
-	while (kill(mpid, 0) == 0)
+	while (!tu_gone(mpid))
 		nanosleep(&(struct timespec){ 0, 1000000 }, NULL);
 	kill(rpid, SIGCONT);
 	unlink(rpid_path);

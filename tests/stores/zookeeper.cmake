@@ -54,7 +54,7 @@ if(TARGET dlock_cli)
   add_test(NAME zookeeper.auth_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/stores/auth_cli.sh
            $<TARGET_FILE:dlock_cli> zookeeper ${DLOCK_SERVER_DIR_zookeeper}/uri)
   set_tests_properties(zookeeper.auth_cli PROPERTIES
-    FIXTURES_REQUIRED server.zookeeper RUN_SERIAL ON TIMEOUT 180)
+    FIXTURES_REQUIRED server.zookeeper TIMEOUT 180)
 endif()
 
 # LeakSanitizer: the completion entries libzookeeper_mt loses when a session

@@ -84,7 +84,7 @@ int main(int argc, char **argv)
 		       (int)(wall.tv_sec / 3600 % 24), (int)(wall.tv_sec / 60 % 60), (int)(wall.tv_sec % 60),
 		       (int)(wall.tv_nsec / 1000000));
 		kill(pid, SIGKILL);
-		while (kill(pid, 0) == 0 && tu_now_ms() - t0 < 5000)
+		while (!tu_gone(pid) && tu_now_ms() - t0 < 5000)
 			usleep(10000);
 		/* Others can still work with two of three members (once they have
 		 * elected a leader: the open may wait for that)... */

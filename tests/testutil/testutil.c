@@ -264,6 +264,20 @@ int tu_stop(pid_t pid)
 	return 0;
 }
 
+bool tu_gone(pid_t pid)
+{
+	char path[64], buf[256];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return kill(pid, 0) != 0 && errno == ESRCH;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	const char *p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+	return n == 0 || (p && p[1] == ' ' && p[2] == 'Z');
+}
+
 int tu_kill(pid_t pid)
 {
 	/* a pidfd turns readable when the process has ended (an event); where
@@ -285,7 +299,7 @@ int tu_kill(pid_t pid)
 			struct pollfd p = { fd, POLLIN, 0 };
 			gone = poll(&p, 1, (int)(until - tu_now_ms())) == 1;
 		} else {
-			gone = kill(pid, 0) != 0 && errno == ESRCH;
+			gone = tu_gone(pid);
 			if (!gone)
 				usleep(1000);
 		}

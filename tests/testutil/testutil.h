@@ -3,6 +3,7 @@
 #define DLOCK_TESTUTIL_H
 
 #include <dlock/dlock.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -97,6 +98,11 @@ void tu_quiesce_before_fork(void);
  * signal was sent but a thread still ran 5 s later (a message says so); -1
  * when the signal could not be sent. */
 int tu_stop(pid_t pid);
+
+/* Whether pid has ended: no such process, or a zombie not reaped yet (this
+ * machine's init reaps orphans up to two seconds late; kill(pid, 0) still
+ * succeeds on a zombie). */
+bool tu_gone(pid_t pid);
 
 /* SIGKILL pid (not a child of ours) and wait (up to 5 s) until it is gone:
  * 0 once gone, 1 when it still ran 5 s later, -1 when the signal could not
