@@ -40,8 +40,8 @@ static void report(const char *what, double *v, int n)
 	for (int i = 0; i < n; i++)
 		sum += v[i];
 	qsort(v, (size_t)n, sizeof(double), cmp_double);
-	printf("%-34s rounds %5d  mean %8.0f us  median %8.0f us  p99 %8.0f us\n", what, n, sum / n,
-	       v[n / 2], v[(int)(n * 0.99)]);
+	printf("%-34s rounds %5d  mean %8.0f us  median %8.0f us  p99 %8.0f us\n", what, n, sum / n, v[n / 2],
+	       v[(int)(n * 0.99)]);
 }
 
 static char *b64(const char *s)
@@ -139,12 +139,13 @@ int main(int argc, char **argv)
 	snprintf(key, sizeof(key), "raw/%s/owner", name);
 	char *k = b64(key), *d = b64(dir), *e = b64(end);
 	char txn[2048], del[512];
-	snprintf(txn, sizeof(txn),
-		 "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\",\"create_revision\":\"0\",\"result\":\"EQUAL\"}],"
-		 "\"success\":[{\"request_put\":{\"key\":\"%s\",\"value\":\"eA==\",\"lease\":\"%s\"}},"
-		 "{\"request_range\":{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\"}}],"
-		 "\"failure\":[]}",
-		 k, k, json_object_get_string(id), d, e);
+	snprintf(
+		txn, sizeof(txn),
+		"{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\",\"create_revision\":\"0\",\"result\":\"EQUAL\"}],"
+		"\"success\":[{\"request_put\":{\"key\":\"%s\",\"value\":\"eA==\",\"lease\":\"%s\"}},"
+		"{\"request_range\":{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\"}}],"
+		"\"failure\":[]}",
+		k, k, json_object_get_string(id), d, e);
 	snprintf(del, sizeof(del), "{\"key\":\"%s\"}", k);
 	double *raw = calloc((size_t)rounds, sizeof(double));
 	double *parts[4];

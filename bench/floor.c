@@ -153,8 +153,7 @@ static int split(parts *p, const char *uri)
 	return 0;
 }
 
-static int fail(char *err, size_t len, int rc, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t len, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static int fail(char *err, size_t len, int rc, const char *fmt, ...)
 {
 	va_list ap;
@@ -210,8 +209,7 @@ static int post(bench_floor *f, const char *url, const char *json, body *b, char
 	long status = 0;
 	curl_easy_getinfo(f->curl, CURLINFO_RESPONSE_CODE, &status);
 	if (c != CURLE_OK || status != 200)
-		return fail(err, len, -1, "etcd %s: %s (HTTP %ld) %.200s", url, curl_easy_strerror(c),
-			    status, b->data);
+		return fail(err, len, -1, "etcd %s: %s (HTTP %ld) %.200s", url, curl_easy_strerror(c), status, b->data);
 	return 0;
 }
 #endif
@@ -349,8 +347,12 @@ static int floor_open(bench_floor **out, const char *uri, char *err, size_t errl
 		const char *keys[] = { "host", "port", "user", "password", "dbname", NULL };
 		char port[16];
 		snprintf(port, sizeof(port), "%d", p.port ? p.port : 5432);
-		const char *vals[] = { p.host, port, p.user[0] ? p.user : NULL,
-				       p.pass[0] ? p.pass : NULL, p.path[0] ? p.path + 1 : NULL, NULL };
+		const char *vals[] = { p.host,
+				       port,
+				       p.user[0] ? p.user : NULL,
+				       p.pass[0] ? p.pass : NULL,
+				       p.path[0] ? p.path + 1 : NULL,
+				       NULL };
 		f->pg = PQconnectdbParams(keys, vals, 0);
 		if (!f->pg || PQstatus(f->pg) != CONNECTION_OK) {
 			rc = fail(err, errlen, -1, "postgres: %s", f->pg ? PQerrorMessage(f->pg) : "out of memory");
@@ -366,8 +368,7 @@ static int floor_open(bench_floor **out, const char *uri, char *err, size_t errl
 		f->kind = K_MYSQL;
 		f->what = "2 x DO 1 (libmariadb)";
 		f->my = mysql_init(NULL);
-		if (!f->my || !mysql_real_connect(f->my, p.host, p.user, p.pass,
-						  p.path[0] ? p.path + 1 : NULL,
+		if (!f->my || !mysql_real_connect(f->my, p.host, p.user, p.pass, p.path[0] ? p.path + 1 : NULL,
 						  (unsigned)(p.port ? p.port : 3306), NULL, 0)) {
 			rc = fail(err, errlen, -1, "mysql: %s", f->my ? mysql_error(f->my) : "out of memory");
 			goto bad;
@@ -383,8 +384,7 @@ static int floor_open(bench_floor **out, const char *uri, char *err, size_t errl
 		f->what = "2 x BEGIN IMMEDIATE/one-row write/COMMIT (sqlite3, WAL)";
 		const char *path = uri + strlen("sqlite://");
 		/* A sibling file: same directory, same file system, same locking. */
-		snprintf(f->file, sizeof(f->file), "%.*s.floor-%d", (int)strcspn(path, "?"), path,
-			 (int)getpid());
+		snprintf(f->file, sizeof(f->file), "%.*s.floor-%d", (int)strcspn(path, "?"), path, (int)getpid());
 		if (sqlite3_open(f->file, &f->db) != SQLITE_OK) {
 			rc = fail(err, errlen, -1, "sqlite %s: %s", f->file,
 				  f->db ? sqlite3_errmsg(f->db) : "out of memory");
@@ -394,7 +394,8 @@ static int floor_open(bench_floor **out, const char *uri, char *err, size_t errl
 		static const char *const sql[4] = { "BEGIN IMMEDIATE", "COMMIT",
 						    "INSERT OR REPLACE INTO f VALUES (1, 'owner')",
 						    "DELETE FROM f WHERE k = 1" };
-		int ok = sqlite3_exec(f->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+		int ok = sqlite3_exec(f->db,
+				      "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
 				      "CREATE TABLE IF NOT EXISTS f (k INTEGER PRIMARY KEY, v TEXT);",
 				      NULL, NULL, NULL) == SQLITE_OK;
 		for (int i = 0; ok && i < 4; i++)
@@ -430,7 +431,7 @@ static int floor_open(bench_floor **out, const char *uri, char *err, size_t errl
 	} else {
 		rc = fail(err, errlen, 1, "no floor for %s:// stores", p.scheme);
 	}
-#if defined(DLOCK_WITH_REDIS) || defined(DLOCK_WITH_ETCD) || defined(DLOCK_WITH_ZOOKEEPER) || \
+#if defined(DLOCK_WITH_REDIS) || defined(DLOCK_WITH_ETCD) || defined(DLOCK_WITH_ZOOKEEPER) ||      \
 	defined(DLOCK_WITH_POSTGRES) || defined(DLOCK_WITH_MYSQL) || defined(DLOCK_WITH_SQLITE) || \
 	defined(DLOCK_WITH_MEMCACHED)
 bad:

@@ -86,8 +86,7 @@ int main(int argc, char **argv)
 	qsort(ratio, (size_t)rounds, sizeof(double), cmp_d);
 	printf("acquire+release: %.0f pairs/s   2xPING: %.0f iterations/s   ratio %.3f "
 	       "(medians of %d rounds x %d; ratio range %.3f-%.3f)\n",
-	       lock_rate[rounds / 2], ping_rate[rounds / 2], ratio[rounds / 2], rounds, n, ratio[0],
-	       ratio[rounds - 1]);
+	       lock_rate[rounds / 2], ping_rate[rounds / 2], ratio[rounds / 2], rounds, n, ratio[0], ratio[rounds - 1]);
 	redisFree(c);
 	dlock_lock_free(l);
 	dlock_store_close(s);

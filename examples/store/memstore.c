@@ -124,8 +124,8 @@ static char *copy(const char *s)
 	return p ? memcpy(p, s, n) : NULL;
 }
 
-static int mem_status(dlock_backend *be, const char *const *names, size_t nnames,
-		      dlock_lock_status **out, size_t *count)
+static int mem_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
+		      size_t *count)
 {
 	(void)be;
 	dlock_lock_status *st = calloc(nnames, sizeof(*st));

@@ -96,8 +96,7 @@ typedef struct dlock_lock_options {
  *         mode, unknown options version; a store opened by the parent of
  *         this fork()'s child); DLOCK_ENOMEM.
  */
-DLOCK_EXTERN int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
-				const dlock_lock_options *opts);
+DLOCK_EXTERN int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name, const dlock_lock_options *opts);
 
 /**
  * Free a handle. A lock still held is released first (all reentrant holds).

@@ -214,8 +214,8 @@ typedef struct dlock_lock_status {
  *
  * @param out    receives an array of *count entries; free with dlock_status_free
  */
-DLOCK_EXTERN int dlock_store_status(dlock_store *store, const char *const *names,
-				    size_t nnames, dlock_lock_status **out, size_t *count);
+DLOCK_EXTERN int dlock_store_status(dlock_store *store, const char *const *names, size_t nnames,
+				    dlock_lock_status **out, size_t *count);
 
 /** Free what dlock_store_status returned. Accepts NULL. */
 DLOCK_EXTERN void dlock_status_free(dlock_lock_status *status, size_t count);
@@ -240,8 +240,7 @@ DLOCK_EXTERN void dlock_status_free(dlock_lock_status *status, size_t count);
  *         connection) or cannot report status; DLOCK_EUNAVAILABLE when the
  *         store does not answer within its request timeout.
  */
-DLOCK_EXTERN int dlock_store_break(dlock_store *store, const char *name, const char *holder_id,
-				   dlock_holder *freed);
+DLOCK_EXTERN int dlock_store_break(dlock_store *store, const char *name, const char *holder_id, dlock_holder *freed);
 
 /** Free the strings of a dlock_holder filled by dlock_store_break. Accepts NULL. */
 DLOCK_EXTERN void dlock_holder_clear(dlock_holder *holder);

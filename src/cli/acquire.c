@@ -36,7 +36,6 @@ static const cli_opt opts[] = {
 	{ NULL, 0, false, 0 },
 };
 
-
 int cli_acquire(cli_global *g, int argc, char **argv)
 {
 	cli_lockopts_ctx c = { g, CLI_LOCKOPTS_INIT };
@@ -91,8 +90,7 @@ int cli_acquire(cli_global *g, int argc, char **argv)
 		char d[32];
 		if (err == DLOCK_ETIMEOUT || err == DLOCK_ELOCKED) {
 			cli_info(g, "lock '%s' is held by another (%s)", name,
-				 err == DLOCK_ELOCKED ? "--no-wait"
-						      : cli_fmt_duration(d, sizeof d, c.lo.wait_ms));
+				 err == DLOCK_ELOCKED ? "--no-wait" : cli_fmt_duration(d, sizeof d, c.lo.wait_ms));
 			rc = CLI_EXIT_NOTACQUIRED;
 		} else {
 			rc = cli_fail(g, err, "acquire");
@@ -113,13 +111,11 @@ int cli_acquire(cli_global *g, int argc, char **argv)
 		cli_json_str(stdout, name);
 		fputs(",\"handle\":", stdout);
 		cli_json_str(stdout, handle);
-		printf(",\"fence\":%llu,\"ttl_ms\":%lld}\n", (unsigned long long)fence,
-		       (long long)ttl_left);
+		printf(",\"fence\":%llu,\"ttl_ms\":%lld}\n", (unsigned long long)fence, (long long)ttl_left);
 	} else {
 		printf("%s\n", handle);
 	}
-	cli_debug(g, "acquired '%s' fence %llu, lease %lld ms", name, (unsigned long long)fence,
-		  (long long)ttl_left);
+	cli_debug(g, "acquired '%s' fence %llu, lease %lld ms", name, (unsigned long long)fence, (long long)ttl_left);
 	if (fflush(stdout) != 0) {
 		/* The script never saw the handle: give the lock back rather than strand it. */
 		cli_error(g, "cannot write the handle; releasing");

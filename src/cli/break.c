@@ -49,8 +49,8 @@ static int on_opt(void *p, int id, const char *value)
 
 static void describe(char *buf, size_t len, const dlock_holder *h)
 {
-	snprintf(buf, len, "%s (%s:%d, fence %llu)", h->id ? h->id : "?",
-		 h->host && *h->host ? h->host : "?", h->pid, (unsigned long long)h->fence);
+	snprintf(buf, len, "%s (%s:%d, fence %llu)", h->id ? h->id : "?", h->host && *h->host ? h->host : "?", h->pid,
+		 (unsigned long long)h->fence);
 }
 
 static void print_freed(const cli_global *g, const char *name, const dlock_holder *h, size_t n)
@@ -98,8 +98,10 @@ int cli_break(cli_global *g, int argc, char **argv)
 	if (rc == 0 && c.holder) {
 		size_t len = strlen(c.holder);
 		if (len != DLOCK_HOLDER_ID_LEN || strspn(c.holder, "0123456789abcdef") != len)
-			rc = cli_usage_error(g, "--holder: expected %d lowercase hex digits as 'dlock status' "
-					     "shows them", DLOCK_HOLDER_ID_LEN);
+			rc = cli_usage_error(g,
+					     "--holder: expected %d lowercase hex digits as 'dlock status' "
+					     "shows them",
+					     DLOCK_HOLDER_ID_LEN);
 	}
 	if (rc != 0)
 		return rc;

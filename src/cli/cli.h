@@ -61,8 +61,7 @@ typedef struct cli_args {
  * in args->rest. Returns 0 or CLI_EXIT_USAGE (the message is printed).
  * args->pos/rest point into argv; args->pos is malloc'd (free it).
  */
-int cli_parse(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt_fn fn,
-	      void *ctx, cli_args *args);
+int cli_parse(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt_fn fn, void *ctx, cli_args *args);
 
 /*
  * One option word `arg` (starting with '-') against `opts`, then the global
@@ -70,8 +69,8 @@ int cli_parse(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt
  * words it took (1 or 2); *help is set by --help/-h. For commands with a
  * grammar of their own (run). Returns 0 or CLI_EXIT_USAGE (message printed).
  */
-int cli_parse_option(cli_global *g, const cli_opt *opts, cli_opt_fn fn, void *ctx,
-		     const char *arg, const char *next, int *used, bool *help);
+int cli_parse_option(cli_global *g, const cli_opt *opts, cli_opt_fn fn, void *ctx, const char *arg, const char *next,
+		     int *used, bool *help);
 
 /* Global options only: used by main() before the command name. */
 int cli_global_option(cli_global *g, const char *arg, const char *next, int *used);
@@ -110,8 +109,7 @@ int cli_fail(const cli_global *g, int rc, const char *what);
 int cli_duration(const cli_global *g, const char *opt, const char *text, int64_t *ms);
 
 /* Parse a positive integer option in [1, max] or print a usage error. */
-int cli_uint(const cli_global *g, const char *opt, const char *text, unsigned long max,
-	     unsigned int *out);
+int cli_uint(const cli_global *g, const char *opt, const char *text, unsigned long max, unsigned int *out);
 
 /* Check a lock name argument (non-empty, valid) or print a usage error. */
 int cli_name(const cli_global *g, const char *name);
@@ -134,8 +132,7 @@ typedef struct cli_lockopts {
 	bool wait_set, no_wait;
 } cli_lockopts;
 
-enum { CLI_OPT_TTL = 1000, CLI_OPT_WAIT, CLI_OPT_NO_WAIT, CLI_OPT_SHARED, CLI_OPT_PERMITS,
-       CLI_OPT_FAIR };
+enum { CLI_OPT_TTL = 1000, CLI_OPT_WAIT, CLI_OPT_NO_WAIT, CLI_OPT_SHARED, CLI_OPT_PERMITS, CLI_OPT_FAIR };
 
 #define CLI_LOCKOPTS_INIT { 0, -1, false, 1, false, false, false }
 
@@ -159,9 +156,8 @@ int cli_lockopts_on_opt(void *ctx, int id, const char *value);
  * exit code (the message is printed).
  */
 #define CLI_HELP_SHOWN (-1)
-int cli_parse_name_handle(cli_global *g, int argc, char **argv, const cli_opt *opts,
-			  cli_opt_fn fn, void *ctx, const cli_lockopts *lo, const char *help,
-			  const char **name, const char **handle);
+int cli_parse_name_handle(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt_fn fn, void *ctx,
+			  const cli_lockopts *lo, const char *help, const char **name, const char **handle);
 void cli_lockopts_apply(const cli_lockopts *lo, dlock_lock_options *opts);
 
 /*
@@ -170,8 +166,8 @@ void cli_lockopts_apply(const cli_lockopts *lo, dlock_lock_options *opts);
  * returned). The hold is never renewed; call cli_handle_drop() (not
  * dlock_release) to let go of it locally without touching the store.
  */
-int cli_handle_attach(const cli_global *g, dlock_store *store, const char *name,
-		      const char *handle, const cli_lockopts *lo, dlock_lock **out);
+int cli_handle_attach(const cli_global *g, dlock_store *store, const char *name, const char *handle,
+		      const cli_lockopts *lo, dlock_lock **out);
 
 /* Forget an attached hold locally (the store keeps it) and free the handle. */
 void cli_handle_drop(dlock_lock *lock);
@@ -195,8 +191,7 @@ const char *cli_store_choice(const cli_global *g);
  * `acquire` leaves one behind; `extend`/`release` with its handle talk to it.
  */
 bool cli_holder_handle(const char *handle);
-int cli_holder_acquire(const cli_global *g, const char *uri, const char *name,
-		       const cli_lockopts *lo);
+int cli_holder_acquire(const cli_global *g, const char *uri, const char *name, const cli_lockopts *lo);
 /*
  * `acquire` starts the holder by executing dlock again as "dlock
  * CLI_HOLDER_ARGV1" (an argv without the store URI or anything secret) and
@@ -214,8 +209,8 @@ typedef struct cli_holder_reply {
 	char text[512];      /* the new handle (extend), or a message */
 } cli_holder_reply;
 /* Send op ("extend"/"release") to the holder of `handle`; 0 with *out, or an exit code. */
-int cli_holder_request(const cli_global *g, const char *name, const char *handle,
-		       const char *op, int64_t ttl_ms, cli_holder_reply *out);
+int cli_holder_request(const cli_global *g, const char *name, const char *handle, const char *op, int64_t ttl_ms,
+		       cli_holder_reply *out);
 
 /* "1.5s", "250ms", "forever" — for messages. Writes into buf. */
 const char *cli_fmt_duration(char *buf, size_t len, int64_t ms);

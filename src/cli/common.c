@@ -125,8 +125,7 @@ int cli_exit_code(int rc)
 int cli_fail(const cli_global *g, int rc, const char *what)
 {
 	const dlock_error *e = dlock_error_last();
-	const char *msg = (e->code == rc && e->message && *e->message) ? e->message
-								       : dlock_strerror(rc);
+	const char *msg = (e->code == rc && e->message && *e->message) ? e->message : dlock_strerror(rc);
 	cli_error(g, "%s: %s", what, msg);
 	last_code = dlock_error_name(rc);
 	return cli_exit_code(rc);
@@ -149,6 +148,7 @@ static const cli_opt *find_short(const cli_opt *opts, char c)
 }
 
 enum { G_STORE = 1, G_JSON, G_QUIET, G_VERBOSE, G_HELP };
+/* clang-format off */
 static const cli_opt global_opts[] = {
 	{ "store", 0, true, G_STORE },
 	{ "json", 0, false, G_JSON },
@@ -157,6 +157,7 @@ static const cli_opt global_opts[] = {
 	{ "help", 'h', false, G_HELP },
 	{ NULL, 0, false, 0 },
 };
+/* clang-format on */
 
 /*
  * Split one option word into its table entry and inline value. Returns the
@@ -205,8 +206,8 @@ static int apply_global(cli_global *g, int id, const char *value, bool *help)
  * One option word at argv[i]: resolve against the command's table, then the
  * global one. *consumed is how many words it used (1 or 2).
  */
-static int one_option(cli_global *g, const cli_opt *opts, cli_opt_fn fn, void *ctx,
-		      const char *arg, const char *next, int *consumed, bool *help)
+static int one_option(cli_global *g, const cli_opt *opts, cli_opt_fn fn, void *ctx, const char *arg, const char *next,
+		      int *consumed, bool *help)
 {
 	const char *inl;
 	const cli_opt *o = lookup(opts, arg, &inl);
@@ -236,8 +237,8 @@ static int one_option(cli_global *g, const cli_opt *opts, cli_opt_fn fn, void *c
 	return fn ? fn(ctx, o->id, value) : 0;
 }
 
-int cli_parse_option(cli_global *g, const cli_opt *opts, cli_opt_fn fn, void *ctx,
-		     const char *arg, const char *next, int *used, bool *help)
+int cli_parse_option(cli_global *g, const cli_opt *opts, cli_opt_fn fn, void *ctx, const char *arg, const char *next,
+		     int *used, bool *help)
 {
 	return one_option(g, opts, fn, ctx, arg, next, used, help);
 }
@@ -251,8 +252,7 @@ int cli_global_option(cli_global *g, const char *arg, const char *next, int *use
 	return rc;
 }
 
-int cli_parse(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt_fn fn,
-	      void *ctx, cli_args *args)
+int cli_parse(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt_fn fn, void *ctx, cli_args *args)
 {
 	memset(args, 0, sizeof *args);
 	args->pos = calloc((size_t)argc + 1, sizeof *args->pos);
@@ -270,8 +270,7 @@ int cli_parse(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt
 		}
 		if (a[0] == '-' && a[1] != '\0') {
 			int used = 1;
-			int rc = one_option(g, opts, fn, ctx, a, i + 1 < argc ? argv[i + 1] : NULL,
-					    &used, &args->help);
+			int rc = one_option(g, opts, fn, ctx, a, i + 1 < argc ? argv[i + 1] : NULL, &used, &args->help);
 			if (rc != 0)
 				return rc;
 			i += used - 1;
@@ -285,20 +284,17 @@ int cli_parse(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt
 int cli_duration(const cli_global *g, const char *opt, const char *text, int64_t *ms)
 {
 	if (dlock_duration_parse(ms, text) != 0)
-		return cli_usage_error(g, "%s: bad duration '%s' (use e.g. 250ms, 30s, 5m, 1h30m, 1d)",
-				       opt, text);
+		return cli_usage_error(g, "%s: bad duration '%s' (use e.g. 250ms, 30s, 5m, 1h30m, 1d)", opt, text);
 	return 0;
 }
 
-int cli_uint(const cli_global *g, const char *opt, const char *text, unsigned long max,
-	     unsigned int *out)
+int cli_uint(const cli_global *g, const char *opt, const char *text, unsigned long max, unsigned int *out)
 {
 	char *end;
 	errno = 0;
 	unsigned long v = strtoul(text, &end, 10);
 	if (text[0] < '0' || text[0] > '9' || *end || errno || v < 1 || v > max)
-		return cli_usage_error(g, "%s: expected a whole number from 1 to %lu, got '%s'", opt,
-				       max, text);
+		return cli_usage_error(g, "%s: expected a whole number from 1 to %lu, got '%s'", opt, max, text);
 	*out = (unsigned int)v;
 	return 0;
 }
@@ -350,8 +346,7 @@ static char *trim(char *s)
  * *line; 1: no such file (ENOENT, unless must_exist) or it names no store;
  * CLI_EXIT_USAGE: unreadable or malformed (message printed).
  */
-static int read_config(const cli_global *g, const char *path, const char *why, bool must_exist, char **uri,
-		       int *line)
+static int read_config(const cli_global *g, const char *path, const char *why, bool must_exist, char **uri, int *line)
 {
 	*uri = NULL;
 	FILE *f = fopen(path, "re");
@@ -386,8 +381,10 @@ static int read_config(const cli_global *g, const char *path, const char *why, b
 			break;
 		}
 		if (!*value) {
-			cli_error(g, "%s line %d: empty store URI (name a store, e.g. 'store = redis://host:6379', "
-				  "or remove the line for the local SQLite file)", path, n);
+			cli_error(g,
+				  "%s line %d: empty store URI (name a store, e.g. 'store = redis://host:6379', "
+				  "or remove the line for the local SQLite file)",
+				  path, n);
 			rc = CLI_EXIT_USAGE;
 			break;
 		}
@@ -426,7 +423,8 @@ static int pick_config(const cli_global *g)
 		int line = 0;
 		int rc = read_config(g, env, "DLOCK_CONFIG", true, &pick.conf_uri, &line);
 		if (rc == 0)
-			snprintf(pick.from, sizeof pick.from, "config file %s line %d, named by DLOCK_CONFIG", env, line);
+			snprintf(pick.from, sizeof pick.from, "config file %s line %d, named by DLOCK_CONFIG", env,
+				 line);
 		else if (rc == 1)
 			snprintf(pick.from, sizeof pick.from,
 				 "the default: no --store or DLOCK_STORE, and config file %s names no store", env);
@@ -443,8 +441,7 @@ static int pick_config(const cli_global *g)
 		if (!paths[i][0])
 			continue;
 		int line = 0;
-		int rc = read_config(g, paths[i], i == 0 ? "the user's" : "the system's", false, &pick.conf_uri,
-				     &line);
+		int rc = read_config(g, paths[i], i == 0 ? "the user's" : "the system's", false, &pick.conf_uri, &line);
 		if (rc == 0) {
 			snprintf(pick.from, sizeof pick.from, "config file %s line %d", paths[i], line);
 			return 0;
@@ -465,7 +462,8 @@ int cli_store_pick(const cli_global *g, const char **uri, const char **from)
 			snprintf(pick.from, sizeof pick.from, "--store");
 			pick.uri = g->store;
 			if (blank(g->store)) {
-				cli_error(g, "empty store URI given with --store: name a store (e.g. --store "
+				cli_error(g,
+					  "empty store URI given with --store: name a store (e.g. --store "
 					  "redis://host:6379), or leave --store out");
 				pick.rc = CLI_EXIT_USAGE;
 			}
@@ -473,7 +471,8 @@ int cli_store_pick(const cli_global *g, const char **uri, const char **from)
 			snprintf(pick.from, sizeof pick.from, "DLOCK_STORE");
 			pick.uri = env;
 			if (blank(env)) {
-				cli_error(g, "DLOCK_STORE is set but empty: name a store there, or unset it (then "
+				cli_error(g,
+					  "DLOCK_STORE is set but empty: name a store there, or unset it (then "
 					  "the config file names the store, else the local SQLite file is used)");
 				pick.rc = CLI_EXIT_USAGE;
 			}
@@ -640,8 +639,8 @@ const char *cli_fmt_time(char *buf, size_t len, int64_t wall_ms)
 	return buf;
 }
 
-int cli_handle_attach(const cli_global *g, dlock_store *store, const char *name,
-		      const char *handle, const cli_lockopts *lo, dlock_lock **out)
+int cli_handle_attach(const cli_global *g, dlock_store *store, const char *name, const char *handle,
+		      const cli_lockopts *lo, dlock_lock **out)
 {
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
 	cli_lockopts_apply(lo, &o);
@@ -654,9 +653,8 @@ int cli_handle_attach(const cli_global *g, dlock_store *store, const char *name,
 		return cli_fail(g, err, "bad lock");
 	err = dlock_lock_attach(lock, handle);
 	if (err != 0) {
-		int rc = err == DLOCK_EINVAL
-				 ? cli_usage_error(g, "bad handle: %s", dlock_error_last()->message)
-				 : cli_fail(g, err, "handle");
+		int rc = err == DLOCK_EINVAL ? cli_usage_error(g, "bad handle: %s", dlock_error_last()->message)
+					     : cli_fail(g, err, "handle");
 		dlock_lock_free(lock);
 		return rc;
 	}
@@ -673,9 +671,8 @@ void cli_handle_drop(dlock_lock *lock)
 	dlock_lock_free(lock);
 }
 
-int cli_parse_name_handle(cli_global *g, int argc, char **argv, const cli_opt *opts,
-			  cli_opt_fn fn, void *ctx, const cli_lockopts *lo, const char *help,
-			  const char **name, const char **handle)
+int cli_parse_name_handle(cli_global *g, int argc, char **argv, const cli_opt *opts, cli_opt_fn fn, void *ctx,
+			  const cli_lockopts *lo, const char *help, const char **name, const char **handle)
 {
 	cli_args a;
 	int rc = cli_parse(g, argc, argv, opts, fn, ctx, &a);
@@ -687,8 +684,7 @@ int cli_parse_name_handle(cli_global *g, int argc, char **argv, const cli_opt *o
 	for (int i = 0; rc == 0 && a.dashdash && i < a.nrest; i++)
 		a.pos[a.npos++] = a.rest[i];
 	if (rc == 0 && a.npos != 2)
-		rc = cli_usage_error(g, "expected NAME HANDLE, got %d argument%s", a.npos,
-				     a.npos == 1 ? "" : "s");
+		rc = cli_usage_error(g, "expected NAME HANDLE, got %d argument%s", a.npos, a.npos == 1 ? "" : "s");
 	if (rc == 0)
 		rc = cli_lockopts_check(g, lo);
 	*name = rc == 0 ? a.pos[0] : NULL;

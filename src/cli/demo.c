@@ -94,8 +94,7 @@ static int api_send(service *s, uint64_t token)
 }
 
 /* One worker process: MESSAGES messages, refreshing the token when told to. */
-static int worker(const cli_global *g, service *s, const char *uri, const char *lock_name,
-		  bool locked)
+static int worker(const cli_global *g, service *s, const char *uri, const char *lock_name, bool locked)
 {
 	dlock_store *store = NULL;
 	dlock_lock *lock = NULL;
@@ -154,8 +153,8 @@ typedef struct phase_result {
 	unsigned stale, fetches, accepted;
 } phase_result;
 
-static int run_phase(const cli_global *g, service *s, const char *uri, const char *lock_name,
-		     bool locked, phase_result *res)
+static int run_phase(const cli_global *g, service *s, const char *uri, const char *lock_name, bool locked,
+		     phase_result *res)
 {
 	pthread_mutexattr_t ma;
 	pthread_mutexattr_init(&ma);
@@ -242,8 +241,8 @@ int cli_demo(cli_global *g, int argc, char **argv)
 	int64_t t0 = cli_mono_ms();
 	rc = run_phase(g, s, uri, lock_name, false, &un);
 	if (rc == 0 && text) {
-		printf("  without a lock: %3u of %d messages rejected for a stale token (%u token fetches)\n",
-		       un.stale, WORKERS * MESSAGES, un.fetches);
+		printf("  without a lock: %3u of %d messages rejected for a stale token (%u token fetches)\n", un.stale,
+		       WORKERS * MESSAGES, un.fetches);
 		fflush(stdout);
 	}
 	if (rc == 0)
@@ -267,8 +266,8 @@ int cli_demo(cli_global *g, int argc, char **argv)
 			cli_json_str(stdout, shown);
 			printf(",\"workers\":%d,\"messages\":%d,\"unlocked\":{\"rejected\":%u,\"fetches\":%u},"
 			       "\"locked\":{\"rejected\":%u,\"fetches\":%u},\"ms\":%lld,\"verdict\":\"%s\"}\n",
-			       WORKERS, WORKERS * MESSAGES, un.stale, un.fetches, lk.stale, lk.fetches,
-			       (long long)took, verdict);
+			       WORKERS, WORKERS * MESSAGES, un.stale, un.fetches, lk.stale, lk.fetches, (long long)took,
+			       verdict);
 		} else if (lk.stale > 0) {
 			printf("verdict: FAIL: %u messages were rejected even under the lock.\n", lk.stale);
 		} else if (un.stale > 0) {

@@ -28,17 +28,14 @@ static const cli_opt opts[] = {
 	{ NULL, 0, false, 0 },
 };
 
-
-static void print_hold(const cli_global *g, const char *name, const char *handle, uint64_t fence,
-		       int64_t ttl_left)
+static void print_hold(const cli_global *g, const char *name, const char *handle, uint64_t fence, int64_t ttl_left)
 {
 	if (g->json) {
 		fputs("{\"name\":", stdout);
 		cli_json_str(stdout, name);
 		fputs(",\"handle\":", stdout);
 		cli_json_str(stdout, handle);
-		printf(",\"fence\":%llu,\"ttl_ms\":%lld}\n", (unsigned long long)fence,
-		       (long long)ttl_left);
+		printf(",\"fence\":%llu,\"ttl_ms\":%lld}\n", (unsigned long long)fence, (long long)ttl_left);
 	} else {
 		printf("%s\n", handle);
 	}
@@ -52,8 +49,7 @@ static int extend_holder(const cli_global *g, const char *name, const char *hand
 	if (rc != 0)
 		return rc;
 	if (r.code == DLOCK_ENOTHELD || r.code == DLOCK_ELOST) {
-		cli_error(g, "lock '%s' is not held by this handle (released or expired); nothing changed",
-			  name);
+		cli_error(g, "lock '%s' is not held by this handle (released or expired); nothing changed", name);
 		return CLI_EXIT_FAIL;
 	}
 	if (r.code != 0) {
@@ -82,8 +78,7 @@ int cli_extend(cli_global *g, int argc, char **argv)
 		goto out;
 	int err = dlock_extend(lock, c.lo.ttl_ms);
 	if (err == DLOCK_ENOTHELD || err == DLOCK_ELOST) {
-		cli_error(g, "lock '%s' is not held by this handle (released or expired); nothing changed",
-			  name);
+		cli_error(g, "lock '%s' is not held by this handle (released or expired); nothing changed", name);
 		rc = CLI_EXIT_FAIL;
 		goto out;
 	}

@@ -82,8 +82,7 @@ static int own_dir(const char *path, bool create)
 	if (fd < 0)
 		return -1;
 	struct stat st;
-	if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
-	    (st.st_mode & 077) != 0) {
+	if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0) {
 		close(fd);
 		errno = EPERM;
 		return -1;
@@ -131,8 +130,8 @@ static bool parse_handle(const char *h, parsed *p)
 	int used = 0;
 	memset(p, 0, sizeof *p);
 	if (strlen(h) > 200 || strspn(h, "dlh0123456789abcdefsx.") != strlen(h) ||
-	    sscanf(h, HANDLE_PREFIX "%c.%u.%" SCNu64 ".%" SCNd64 ".%d.%16[0-9a-f].%32[0-9a-f]%n", &p->mode,
-		   &p->permits, &p->fence, &p->ttl, &p->pid, p->sockid, p->secret, &used) != 7)
+	    sscanf(h, HANDLE_PREFIX "%c.%u.%" SCNu64 ".%" SCNd64 ".%d.%16[0-9a-f].%32[0-9a-f]%n", &p->mode, &p->permits,
+		   &p->fence, &p->ttl, &p->pid, p->sockid, p->secret, &used) != 7)
 		return false;
 	return h[used] == '\0' && strlen(p->sockid) == 16 && strlen(p->secret) == 32 &&
 	       (p->mode == 'x' || p->mode == 's') && p->pid > 0 && p->permits >= 1 && p->ttl > 0;
@@ -169,8 +168,8 @@ static bool write_all(int fd, const char *buf, size_t len)
 static void reply(int fd, int code, int64_t ttl_left, uint64_t fence, const char *text)
 {
 	char line[REQUEST_MAX];
-	int n = snprintf(line, sizeof line, "%d %lld %llu %s\n", code, (long long)ttl_left,
-			 (unsigned long long)fence, text);
+	int n = snprintf(line, sizeof line, "%d %lld %llu %s\n", code, (long long)ttl_left, (unsigned long long)fence,
+			 text);
 	if (n > 0)
 		write_all(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
@@ -221,8 +220,7 @@ typedef struct hold {
 static void make_handle(char *out, size_t len, const hold *h)
 {
 	snprintf(out, len, HANDLE_PREFIX "%c.%u.%llu.%lld.%d.%s.%s", h->mode, h->permits,
-		 (unsigned long long)dlock_fence(h->lock), (long long)h->ttl, (int)getpid(), h->sockid,
-		 h->secret);
+		 (unsigned long long)dlock_fence(h->lock), (long long)h->ttl, (int)getpid(), h->sockid, h->secret);
 }
 
 /* One client request. Returns true when the holder must exit (released or lost). */
@@ -297,8 +295,8 @@ static void serve_until_done(int lfd, hold *h)
 static bool report(int fd, int code, uint64_t fence, int64_t ttl_left, const char *text)
 {
 	char line[REQUEST_MAX];
-	int n = snprintf(line, sizeof line, "%d %llu %lld %s\n", code, (unsigned long long)fence,
-			 (long long)ttl_left, text);
+	int n = snprintf(line, sizeof line, "%d %llu %lld %s\n", code, (unsigned long long)fence, (long long)ttl_left,
+			 text);
 	return n > 0 && write_all(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
@@ -334,7 +332,8 @@ static int listen_socket(const char *sockid)
 		if (fd < 0)
 			return -1;
 		mode_t old = umask(077);
-		int b = bind(fd, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)len + 1));
+		int b = bind(fd, (struct sockaddr *)&a,
+			     (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)len + 1));
 		umask(old);
 		if (b == 0 && listen(fd, 8) == 0)
 			return fd;
@@ -489,7 +488,7 @@ static bool write_config(int fd, const char *uri, const char *name, const cli_lo
 	snprintf(num[0], sizeof num[0], "%lld", (long long)lo->ttl_ms);
 	snprintf(num[1], sizeof num[1], "%lld", (long long)lo->wait_ms);
 	snprintf(num[2], sizeof num[2], "%u", lo->permits);
-	const char *f[CF_N] = { uri ? uri : "", name, num[0], num[1], lo->shared ? "1" : "0", num[2],
+	const char *f[CF_N] = { uri ? uri : "",      name, num[0], num[1], lo->shared ? "1" : "0", num[2],
 				lo->fair ? "1" : "0" };
 	for (int i = 0; i < CF_N; i++)
 		if (!write_all(fd, f[i], strlen(f[i]) + 1))
@@ -512,8 +511,7 @@ static void clean_text(char *dst, size_t cap, const char *src)
 	dst[i] = '\0';
 }
 
-int cli_holder_acquire(const cli_global *g, const char *uri, const char *name,
-		       const cli_lockopts *lo)
+int cli_holder_acquire(const cli_global *g, const char *uri, const char *name, const cli_lockopts *lo)
 {
 	int rp[2], cp[2];
 	char exe[4096];
@@ -556,9 +554,8 @@ int cli_holder_acquire(const cli_global *g, const char *uri, const char *name,
 		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
 		/* Move the pipes above where they go, then into place (dup2 clears CLOEXEC). */
 		int c = fcntl(cp[0], F_DUPFD_CLOEXEC, 10), r = fcntl(rp[1], F_DUPFD_CLOEXEC, 10);
-		if (null < 0 || c < 0 || r < 0 || dup2(null, STDIN_FILENO) < 0 ||
-		    dup2(null, STDOUT_FILENO) < 0 || dup2(null, STDERR_FILENO) < 0 ||
-		    dup2(c, CONFIG_FD) < 0 || dup2(r, REPORT_FD) < 0)
+		if (null < 0 || c < 0 || r < 0 || dup2(null, STDIN_FILENO) < 0 || dup2(null, STDOUT_FILENO) < 0 ||
+		    dup2(null, STDERR_FILENO) < 0 || dup2(c, CONFIG_FD) < 0 || dup2(r, REPORT_FD) < 0)
 			_exit(127);
 		close_range(REPORT_FD + 1, ~0U, 0);
 		if (chdir("/") != 0) {
@@ -588,8 +585,8 @@ int cli_holder_acquire(const cli_global *g, const char *uri, const char *name,
 	char *nl = strchr(buf, '\n');
 	if (nl)
 		*nl = '\0';
-	if (!sent || !nl || sscanf(buf, "%d %llu %lld %n", &code, &fence, &ttl_left, &used) != 3 ||
-	    used == 0 || !known_code(code)) {
+	if (!sent || !nl || sscanf(buf, "%d %llu %lld %n", &code, &fence, &ttl_left, &used) != 3 || used == 0 ||
+	    !known_code(code)) {
 		/* The holder died before reporting: reap it. */
 		waitpid(pid, NULL, 0);
 		cli_error(g, "the lock holder process failed to start");
@@ -660,9 +657,10 @@ static int holder_connect(const cli_global *g, const parsed *p, int *fd_out, int
 		socklen_t crlen = sizeof cr;
 		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) != 0 || cr.uid != getuid() ||
 		    cr.pid != p->pid) {
-			cli_error(g, "refusing to talk to the process at %s: it is not the holder of this "
-				     "handle (pid %d, uid %u; the handle's holder is pid %d). The holder has "
-				     "gone; nothing was sent",
+			cli_error(g,
+				  "refusing to talk to the process at %s: it is not the holder of this "
+				  "handle (pid %d, uid %u; the handle's holder is pid %d). The holder has "
+				  "gone; nothing was sent",
 				  addr.sun_path, (int)cr.pid, (unsigned)cr.uid, p->pid);
 			close(fd);
 			*exit_rc = CLI_EXIT_FAIL;
@@ -674,16 +672,18 @@ static int holder_connect(const cli_global *g, const parsed *p, int *fd_out, int
 	return DLOCK_ENOTHELD;
 }
 
-int cli_holder_request(const cli_global *g, const char *name, const char *handle,
-		       const char *op, int64_t ttl_ms, cli_holder_reply *out)
+int cli_holder_request(const cli_global *g, const char *name, const char *handle, const char *op, int64_t ttl_ms,
+		       cli_holder_reply *out)
 {
 	parsed p;
 	memset(out, 0, sizeof *out);
 	if (strncmp(handle, OLD_HANDLE_PREFIX, strlen(OLD_HANDLE_PREFIX)) == 0)
-		return cli_usage_error(g, "bad handle: a holder handle of an older dlock (dlh1); use "
-					  "that version to release it, or let its TTL pass");
+		return cli_usage_error(g,
+				       "bad handle: a holder handle of an older dlock (dlh1); use "
+				       "that version to release it, or let its TTL pass");
 	if (!parse_handle(handle, &p))
-		return cli_usage_error(g, "bad handle: malformed holder handle (expected what 'dlock acquire' printed)");
+		return cli_usage_error(g,
+				       "bad handle: malformed holder handle (expected what 'dlock acquire' printed)");
 	int fd, exit_rc;
 	if (holder_connect(g, &p, &fd, &exit_rc) != 0) {
 		if (exit_rc)
@@ -719,9 +719,8 @@ int cli_holder_request(const cli_global *g, const char *name, const char *handle
 	int used = 0;
 	long long ttl_left = 0;
 	unsigned long long fence = 0;
-	if (!nl || nl[1] != '\0' ||
-	    sscanf(buf, "%d %lld %llu %n", &out->code, &ttl_left, &fence, &used) != 3 || used == 0 ||
-	    !known_code(out->code)) {
+	if (!nl || nl[1] != '\0' || sscanf(buf, "%d %lld %llu %n", &out->code, &ttl_left, &fence, &used) != 3 ||
+	    used == 0 || !known_code(out->code)) {
 		cli_error(g, "no valid answer from the lock holder process");
 		return CLI_EXIT_UNAVAILABLE;
 	}
@@ -731,10 +730,9 @@ int cli_holder_request(const cli_global *g, const char *name, const char *handle
 	clean_text(out->text, sizeof out->text, buf + used);
 	/* A success says exactly what it must: a handle of the same holder, or "released". */
 	parsed np;
-	bool ok = out->code != 0 ||
-		  (strcmp(op, "extend") == 0 ? parse_handle(out->text, &np) && np.pid == p.pid &&
-						      strcmp(np.secret, p.secret) == 0
-					     : strcmp(out->text, "released") == 0);
+	bool ok = out->code != 0 || (strcmp(op, "extend") == 0 ? parse_handle(out->text, &np) && np.pid == p.pid &&
+									 strcmp(np.secret, p.secret) == 0
+							       : strcmp(out->text, "released") == 0);
 	if (!ok) {
 		cli_error(g, "malformed answer from the lock holder process");
 		return CLI_EXIT_UNAVAILABLE;

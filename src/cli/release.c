@@ -27,11 +27,11 @@ static const cli_opt opts[] = {
 	{ NULL, 0, false, 0 },
 };
 
-
 static void not_held(const cli_global *g, const char *name)
 {
-	cli_error(g, "lock '%s' is not held by this handle (released, expired, or another holder's); "
-		     "nothing changed",
+	cli_error(g,
+		  "lock '%s' is not held by this handle (released, expired, or another holder's); "
+		  "nothing changed",
 		  name);
 }
 

@@ -119,8 +119,7 @@ static int on_opt(void *p, int id, const char *value)
 		errno = 0;
 		long v = strtol(value, &end, 10);
 		if (!*value || *end || errno || v < 0 || v > 255)
-			return cli_usage_error(c->g, "--conflict-exit-code: expected 0 to 255, got '%s'",
-					       value);
+			return cli_usage_error(c->g, "--conflict-exit-code: expected 0 to 255, got '%s'", value);
 		c->conflict_code = (int)v;
 		return 0;
 	}
@@ -164,7 +163,6 @@ static int64_t wall_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-
 /* Runs on the library's renewal thread: record when, wake the main loop, return. */
 static void on_lost(dlock_lock *lock, void *payload)
 {
@@ -205,8 +203,9 @@ static void on_unreachable(dlock_lock *lock, int rc, const char *message, void *
 	if (w->said_at && now - w->said_at < REMIND_MS)
 		return;
 	w->said_at = now;
-	cli_info(w->g, "the store is unreachable (%s); still trying to acquire lock '%s' "
-		       "(saying so every %ds until it answers)",
+	cli_info(w->g,
+		 "the store is unreachable (%s); still trying to acquire lock '%s' "
+		 "(saying so every %ds until it answers)",
 		 message && *message ? message : dlock_strerror(rc), w->name, REMIND_MS / 1000);
 }
 
@@ -308,8 +307,7 @@ static char **child_env(const char *name, uint64_t fence, const cli_global *g, d
 	bool drop = !from_env && se && strchr(se, '@');
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++)
-		if (strncmp(environ[i], "DLOCK_NAME=", 11) != 0 &&
-		    strncmp(environ[i], "DLOCK_FENCE=", 12) != 0 &&
+		if (strncmp(environ[i], "DLOCK_NAME=", 11) != 0 && strncmp(environ[i], "DLOCK_FENCE=", 12) != 0 &&
 		    !(drop && strncmp(environ[i], "DLOCK_STORE=", 12) == 0))
 			env[k++] = environ[i];
 	size_t nlen = strlen(name) + sizeof "DLOCK_NAME=";
@@ -423,8 +421,8 @@ static void cloexec_ours(void)
 /* In the forked child: only async-signal-safe calls until execve. */
 static struct sigaction sigchld_orig;
 
-static void exec_child(const char *path, char **argv, char **env, const sigset_t *mask, bool tty,
-		       int errfd, pid_t parent)
+static void exec_child(const char *path, char **argv, char **env, const sigset_t *mask, bool tty, int errfd,
+		       pid_t parent)
 {
 	setpgid(0, 0);
 	/*
@@ -539,8 +537,8 @@ static void report_lost(const cli_global *g, const char *name, bool command)
 		cli_error(g, "lock '%s' was LOST at %s (lease not renewed in time)", name, when);
 		return;
 	}
-	cli_error(g, "lock '%s' was LOST at %s (lease not renewed in time); sending SIGKILL to the command",
-		  name, when);
+	cli_error(g, "lock '%s' was LOST at %s (lease not renewed in time); sending SIGKILL to the command", name,
+		  when);
 }
 
 /* Where the command stands in the escalation. */
@@ -720,8 +718,8 @@ static void follow_stop(child *ch)
 	kill(-ch->pid, SIGCONT);
 }
 
-static int supervise(const cli_global *g, child *ch, int64_t kill_after, const char *name,
-		     bool *lost, dlock_lock *lock, deadman *dm, escalation *es, int *sig)
+static int supervise(const cli_global *g, child *ch, int64_t kill_after, const char *name, bool *lost, dlock_lock *lock,
+		     deadman *dm, escalation *es, int *sig)
 {
 	for (;;) {
 		/* Keep the deadline (ours and the switch's) at the lease's, renewed or not. */
@@ -755,14 +753,14 @@ static int supervise(const cli_global *g, child *ch, int64_t kill_after, const c
 		now = cli_mono_ms();
 		if (!es->termed && now >= term_time(es->deadline, es->ttl)) {
 			char d[32];
-			cli_error(g, "lock '%s' is at risk: its lease was not renewed and ends in %s; "
-				     "sending SIGTERM to the command, SIGKILL before the lease ends",
+			cli_error(g,
+				  "lock '%s' is at risk: its lease was not renewed and ends in %s; "
+				  "sending SIGTERM to the command, SIGKILL before the lease ends",
 				  name, cli_fmt_duration(d, sizeof d, es->deadline > now ? es->deadline - now : 0));
 			group_signal(ch->pid, SIGTERM);
 			es->termed = now;
 		}
-		if (es->termed && !es->killed &&
-		    now >= kill_time(es->deadline, es->ttl, es->termed, kill_after)) {
+		if (es->termed && !es->killed && now >= kill_time(es->deadline, es->ttl, es->termed, kill_after)) {
 			char d[32];
 			if (group_alive(ch->pid)) {
 				cli_error(g, "the command is still running %s after SIGTERM: sending SIGKILL",
@@ -772,8 +770,8 @@ static int supervise(const cli_global *g, child *ch, int64_t kill_after, const c
 			es->killed = true;
 		}
 		/* Wake for the next step, and to follow renewals (every ttl/3). */
-		int64_t next = es->termed ? (es->killed ? now + 100 : kill_time(es->deadline, es->ttl, es->termed,
-										   kill_after))
+		int64_t next = es->termed ? (es->killed ? now + 100
+							: kill_time(es->deadline, es->ttl, es->termed, kill_after))
 					  : term_time(es->deadline, es->ttl);
 		int64_t follow = lease_left / 6 > 10 ? (lease_left / 6 < 1000 ? lease_left / 6 : 1000) : 10;
 		if (!*lost && next > now + follow)
@@ -821,8 +819,8 @@ static int parse_args(ctx *c, int argc, char **argv, run_args *ra)
 			ended = ra->dashdash = true;
 		} else if (!ended && w[0] == '-' && w[1] != '\0') {
 			int used = 1;
-			int rc = cli_parse_option(c->g, opts, on_opt, c, w, i + 1 < argc ? argv[i + 1] : NULL,
-						  &used, &ra->help);
+			int rc = cli_parse_option(c->g, opts, on_opt, c, w, i + 1 < argc ? argv[i + 1] : NULL, &used,
+						  &ra->help);
 			if (rc != 0)
 				return rc;
 			i += used - 1;
@@ -844,8 +842,8 @@ static int parse_args(ctx *c, int argc, char **argv, run_args *ra)
 			if (w[0] != '-' || w[1] == '\0')
 				break;
 			int used = 1;
-			int rc = cli_parse_option(c->g, opts, on_opt, c, w, i + 1 < argc ? argv[i + 1] : NULL,
-						  &used, &ra->help);
+			int rc = cli_parse_option(c->g, opts, on_opt, c, w, i + 1 < argc ? argv[i + 1] : NULL, &used,
+						  &ra->help);
 			if (rc != 0)
 				return rc;
 			i += used - 1;
@@ -867,8 +865,9 @@ static int parse_args(ctx *c, int argc, char **argv, run_args *ra)
 	/* A script's `dlock run job "$@"` with an empty "$@" would hold the
 	 * lock forever: holding without a command is asked for by name. */
 	if (!c->hold && !c->shell_cmd && ra->ncmd == 0)
-		return cli_usage_error(c->g, "missing COMMAND after '%s' (to hold the lock until interrupted, "
-					     "use --hold: dlock run --hold %s)",
+		return cli_usage_error(c->g,
+				       "missing COMMAND after '%s' (to hold the lock until interrupted, "
+				       "use --hold: dlock run --hold %s)",
 				       ra->name, ra->name);
 	return 0;
 }

@@ -54,8 +54,7 @@ static void print_json(dlock_store *store, const char *from, const dlock_lock_st
 			fputs(",\"host\":", stdout);
 			cli_json_str(stdout, h->host);
 			printf(",\"pid\":%d,\"mode\":\"%s\",\"fence\":%llu,\"ttl_left_ms\":%lld", h->pid,
-			       mode_name(h->mode), (unsigned long long)h->fence,
-			       (long long)h->ttl_left_ms);
+			       mode_name(h->mode), (unsigned long long)h->fence, (long long)h->ttl_left_ms);
 			if (h->copies_of)
 				printf(",\"copies\":%u,\"copies_of\":%u", h->copies, h->copies_of);
 			fputs("}", stdout);
@@ -71,8 +70,8 @@ static int width_of(const char *s, int min)
 	return w > min ? w : min;
 }
 
-static void print_table(dlock_store *store, const char *from, const dlock_lock_status *st, size_t n,
-			bool tty, int verbosity)
+static void print_table(dlock_store *store, const char *from, const dlock_lock_status *st, size_t n, bool tty,
+			int verbosity)
 {
 	/* Bold header only for people; pipes get plain text (and NO_COLOR wins). */
 	bool bold = tty && !getenv("NO_COLOR");
@@ -98,9 +97,8 @@ static void print_table(dlock_store *store, const char *from, const dlock_lock_s
 		printf("no locks held or waited for\n");
 		return;
 	}
-	printf("%s%-*s  %-10s  %*s  %9s  %-*s  %7s  %s%s\n", bold ? "\033[1m" : "", wname, "NAME",
-	       "MODE", wfence, "FENCE", "TTL LEFT", wholder, "HOLDER", "WAITERS", "ID",
-	       bold ? "\033[0m" : "");
+	printf("%s%-*s  %-10s  %*s  %9s  %-*s  %7s  %s%s\n", bold ? "\033[1m" : "", wname, "NAME", "MODE", wfence,
+	       "FENCE", "TTL LEFT", wholder, "HOLDER", "WAITERS", "ID", bold ? "\033[0m" : "");
 	for (size_t i = 0; i < n; i++) {
 		const dlock_lock_status *l = &st[i];
 		char mode[32];
@@ -124,19 +122,18 @@ static void print_table(dlock_store *store, const char *from, const dlock_lock_s
 				snprintf(ttl, sizeof ttl, "?");
 			else
 				snprintf(ttl, sizeof ttl, "%.1fs", (double)h->ttl_left_ms / 1000.0);
-			snprintf(holder, sizeof holder, "%s:%d", h->host && *h->host ? h->host : "?",
-				 h->pid);
+			snprintf(holder, sizeof holder, "%s:%d", h->host && *h->host ? h->host : "?", h->pid);
 			if (j == 0)
 				printf("%-*s  %-10s  %*llu  %9s  %-*s  %7zu  %s\n", wname, l->name, mode, wfence,
 				       (unsigned long long)h->fence, ttl, wholder, holder, l->waiters,
 				       h->id ? h->id : "");
 			else
 				printf("%-*s  %-10s  %*llu  %9s  %-*s  %7s  %s\n", wname, "", mode, wfence,
-				       (unsigned long long)h->fence, ttl, wholder, holder, "",
-				       h->id ? h->id : "");
+				       (unsigned long long)h->fence, ttl, wholder, holder, "", h->id ? h->id : "");
 			if (h->copies_of && h->copies <= h->copies_of / 2 + 1)
 				printf("%-*s  ! on %u of %u servers: a bare quorum (one more lost copy and another "
-				       "client can be granted)\n", wname, "", h->copies, h->copies_of);
+				       "client can be granted)\n",
+				       wname, "", h->copies, h->copies_of);
 		}
 	}
 }
@@ -166,8 +163,7 @@ int cli_status(cli_global *g, int argc, char **argv)
 	}
 	dlock_lock_status *st = NULL;
 	size_t n = 0;
-	int err = dlock_store_status(store, a.npos ? (const char *const *)a.pos : NULL,
-				     (size_t)a.npos, &st, &n);
+	int err = dlock_store_status(store, a.npos ? (const char *const *)a.pos : NULL, (size_t)a.npos, &st, &n);
 	free(a.pos);
 	if (err == DLOCK_ENOTSUPPORTED && a.npos == 0) {
 		cli_error(g, "the %s store cannot list its locks; name them: dlock status NAME...",

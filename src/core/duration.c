@@ -21,8 +21,8 @@ static int64_t unit_at(const char *p, size_t *len)
 
 static int bad(const char *text, const char *why)
 {
-	return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
-			       "bad duration '%s': %s (e.g. 250ms, 30s, 5m, 1h30m, 1d)", text, why);
+	return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "bad duration '%s': %s (e.g. 250ms, 30s, 5m, 1h30m, 1d)", text,
+			       why);
 }
 
 int dlock_duration_parse(int64_t *ms, const char *text)

@@ -28,8 +28,7 @@ void dlock_error_clear(void)
 	last.store_code[0] = '\0';
 }
 
-int dlock_sys_error_vset(int code, const char *store, const char *store_code, const char *fmt,
-		      va_list ap)
+int dlock_sys_error_vset(int code, const char *store, const char *store_code, const char *fmt, va_list ap)
 {
 	/* Format apart first: an argument may be the last message itself
 	 * ("option ttl: %s", dlock_error_last()->message), or the store names. */

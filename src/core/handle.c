@@ -26,9 +26,10 @@ int dlock_lock_detach(dlock_lock *l, char **handle)
 	if (dlock_store_session_bound(l->store))
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, l->store->mt.kind, NULL,
 				       "locks of the %s store live with this process's session and cannot be "
-				       "handed to another process", l->store->mt.kind);
+				       "handed to another process",
+				       l->store->mt.kind);
 	char *h = dlock_sys_sprintf("dl1.%c.%u.%" PRIu64 ".%" PRId64 ".%s", l->opts.mode == DLOCK_SHARED ? 's' : 'x',
-				 l->opts.permits, l->fence, l->ttl_ms, l->owner);
+				    l->opts.permits, l->fence, l->ttl_ms, l->owner);
 	if (!h)
 		return DLOCK_ENOMEM;
 	dlock__renewer_remove(l->store, &l->reg, INT64_MAX);
@@ -67,8 +68,8 @@ int dlock_lock_attach(dlock_lock *l, const char *handle)
 	int64_t ttl = 0;
 	int used = 0;
 	if (strlen(handle) > 128 ||
-	    sscanf(handle, "dl1.%c.%u.%" SCNu64 ".%" SCNd64 ".%63[0-9a-f-]%n", &mode, &permits, &fence, &ttl,
-		   owner, &used) != 5 ||
+	    sscanf(handle, "dl1.%c.%u.%" SCNu64 ".%" SCNd64 ".%63[0-9a-f-]%n", &mode, &permits, &fence, &ttl, owner,
+		   &used) != 5 ||
 	    handle[used] != '\0' || (mode != 'x' && mode != 's') || permits < 1 || ttl < 10 || ttl > DLOCK_TTL_MAX_MS ||
 	    !owner_ok(owner))
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,

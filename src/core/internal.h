@@ -244,8 +244,7 @@ void dlock__renewer_join_opener(dlock_store *s, int64_t by);
  * A cancel the caller could not make in time is made by the renewer once
  * (with the request's slot, which goes with it). */
 typedef enum { DLOCK__ORPHAN_RELEASE, DLOCK__ORPHAN_CANCEL } dlock__orphan_kind;
-int dlock__orphan_add(dlock_store *store, const dlock_request *req, dlock__orphan_kind kind,
-		      int64_t until);
+int dlock__orphan_add(dlock_store *store, const dlock_request *req, dlock__orphan_kind kind, int64_t until);
 /* Take the pending release of `owner` out of the queue (1), or 0 if none. */
 int dlock__orphan_take(dlock_store *store, const char *owner, dlock__orphan **out);
 const dlock_request *dlock__orphan_request(dlock__orphan *o);

@@ -12,8 +12,7 @@
 #define BACKOFF_FIRST_MS 1
 #define BACKOFF_MAX_MS 50
 
-int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
-		   const dlock_lock_options *opts)
+int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name, const dlock_lock_options *opts)
 {
 	dlock_lock_options dflt = DLOCK_LOCK_OPTIONS_INIT;
 	if (!out)
@@ -57,8 +56,7 @@ int dlock_lock_new(dlock_lock **out, dlock_store *store, const char *name,
 	}
 	l->store = store;
 	/* A caller built against version 1 has a shorter struct. */
-	memcpy(&l->opts, opts,
-	       opts->version >= 2 ? sizeof *opts : offsetof(dlock_lock_options, on_unreachable));
+	memcpy(&l->opts, opts, opts->version >= 2 ? sizeof *opts : offsetof(dlock_lock_options, on_unreachable));
 	l->opts.version = DLOCK_LOCK_OPTIONS_VERSION;
 	if (l->opts.permits == 0)
 		l->opts.permits = 1;
@@ -186,8 +184,7 @@ static void call_cancel(dlock_lock *l, int64_t deadline)
 		pthread_mutex_unlock(&l->store->be_mu);
 	} else {
 		/* busy past our bound: the renewer cancels it (the slot goes with it) */
-		dlock__orphan_add(l->store, &l->req, DLOCK__ORPHAN_CANCEL,
-				  dlock_clock_ms() + l->req.queue_ttl_ms);
+		dlock__orphan_add(l->store, &l->req, DLOCK__ORPHAN_CANCEL, dlock_clock_ms() + l->req.queue_ttl_ms);
 	}
 	l->req.slot = NULL; /* the store freed (or will free) its per-attempt state */
 	dlock_sys_error_restore(&saved);
@@ -198,8 +195,7 @@ static int release_in_store(dlock_lock *l, int64_t deadline);
 /* Whether an acquire's answer may hide a grant the server applied. */
 static bool outcome_unknown(int rc)
 {
-	return rc != 0 && rc != DLOCK_ELOCKED && rc != DLOCK_EINVAL && rc != DLOCK_EAUTH &&
-	       rc != DLOCK_ENOTSUPPORTED;
+	return rc != 0 && rc != DLOCK_ELOCKED && rc != DLOCK_EINVAL && rc != DLOCK_EAUTH && rc != DLOCK_ENOTSUPPORTED;
 }
 
 /* Undo whatever the tries of this acquire call may have left in the store:
@@ -471,8 +467,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 	/* The lost hold's renewal may hang until its own deadline: not past ours. */
 	if (was_lost && !forget_lost(l, wait_ms == 0 ? request_deadline(l->store, INT64_MAX) : until))
 		return dlock_error_set(DLOCK_EUNAVAILABLE, l->store->mt.kind, NULL,
-				       "timed out: the store handle was busy renewing the lost hold of '%s'",
-				       l->name);
+				       "timed out: the store handle was busy renewing the lost hold of '%s'", l->name);
 	pthread_mutex_lock(&l->mu);
 	l->state = DLOCK__IDLE;
 	pthread_mutex_unlock(&l->mu);
@@ -487,7 +482,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		/* A try-once ends within one request timeout, its clean-up
 		 * included (what the clean-up cannot finish, the renewer does in
 		 * the background). */
-		.cleanup_by = wait_ms == 0	   ? start + l->store->request_timeout_ms
+		.cleanup_by = wait_ms == 0         ? start + l->store->request_timeout_ms
 			      : until == INT64_MAX ? INT64_MAX
 						   : until + slack_ms(wait_ms) / 2,
 		.rc = DLOCK_EUNAVAILABLE,
@@ -627,8 +622,7 @@ int dlock_release(dlock_lock *l)
 				       "lock '%s' was lost before release: its lease ended", l->name);
 	if (rc == DLOCK_ENOTHELD && !attached)
 		return dlock_error_set(DLOCK_ELOST, l->store->mt.kind, NULL,
-				       "lock '%s' was lost before release: the store no longer has our hold",
-				       l->name);
+				       "lock '%s' was lost before release: the store no longer has our hold", l->name);
 	return rc;
 }
 
@@ -639,8 +633,8 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 	if (dlock__forked(l->store))
 		return dlock__fork_error(l->store, "dlock_extend");
 	if (ttl_ms < 0 || (ttl_ms > 0 && ttl_ms < 10) || ttl_ms > DLOCK_TTL_MAX_MS)
-		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
-				       "bad TTL %lld ms (0, or 10 ms to 366 days)", (long long)ttl_ms);
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "bad TTL %lld ms (0, or 10 ms to 366 days)",
+				       (long long)ttl_ms);
 	pthread_mutex_lock(&l->mu);
 	dlock__state st = l->state;
 	pthread_mutex_unlock(&l->mu);
@@ -704,7 +698,8 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 		rc = dlock_error_set(DLOCK_ELOST, l->store->mt.kind, NULL,
 				     "lock '%s' was lost: the store no longer has our hold", l->name);
 	} else if (rc == 0) {
-		rc = dlock_error_set(DLOCK_ELOST, l->store->mt.kind, NULL, "lock '%s' was lost: its lease ended", l->name);
+		rc = dlock_error_set(DLOCK_ELOST, l->store->mt.kind, NULL, "lock '%s' was lost: its lease ended",
+				     l->name);
 	} else if (l->state == DLOCK__HELD && rc != DLOCK_EINVAL) {
 		/* Unknown outcome: it may land later, setting t0 + ttl_ms at the least. */
 		int64_t d = t0 + ttl_ms - dlock_sys_drift_ms(ttl_ms);

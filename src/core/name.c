@@ -36,8 +36,8 @@ int dlock_name_check(const char *name)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "lock name is empty");
 	size_t n = strlen(name);
 	if (n > DLOCK_NAME_MAX)
-		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
-				       "lock name is %zu bytes long; the limit is %d", n, DLOCK_NAME_MAX);
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "lock name is %zu bytes long; the limit is %d", n,
+				       DLOCK_NAME_MAX);
 	const unsigned char *s = (const unsigned char *)name;
 	for (size_t i = 0; i < n;) {
 		if (s[i] < 0x20 || s[i] == 0x7f)
@@ -45,8 +45,7 @@ int dlock_name_check(const char *name)
 					       "lock name has a control character at byte %zu", i);
 		size_t l = utf8_len(s + i);
 		if (l == 0)
-			return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
-					       "lock name is not valid UTF-8 at byte %zu", i);
+			return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "lock name is not valid UTF-8 at byte %zu", i);
 		i += l;
 	}
 	return 0;

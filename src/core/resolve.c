@@ -230,8 +230,8 @@ int dlock_sys_resolve(dlock_sys_addrs *out, const char *host, int64_t deadline_m
 		return 0;
 	if (deadline_ms - dlock_clock_ms() <= 0) {
 		out->timed_out = true;
-		return dlock_error_set(DLOCK_EUNAVAILABLE, store, "ETIMEDOUT",
-				       "timed out resolving %s (no time left)", host);
+		return dlock_error_set(DLOCK_EUNAVAILABLE, store, "ETIMEDOUT", "timed out resolving %s (no time left)",
+				       host);
 	}
 	pthread_once(&cv_once, cv_init);
 	pthread_mutex_lock(&mu);
@@ -283,7 +283,7 @@ size_t dlock_sys_addrs_join(char *buf, size_t size, const dlock_sys_addrs *a, co
 }
 
 size_t dlock_sys_resolve_all(dlock_sys_addrs *out, int *rcs, const char *const *hosts, size_t n, int64_t deadline_ms,
-			  const char *store)
+			     const char *store)
 {
 	for (size_t i = 0; i < n; i++)
 		dlock_sys_resolve_prefetch(hosts[i]);

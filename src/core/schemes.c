@@ -112,6 +112,7 @@ typedef struct scheme_entry {
 #endif
 #endif
 
+/* clang-format off */
 static const scheme_entry schemes[] = {
 	DLOCK_SCHEMES_SQLITE(SQLITE_E)
 	DLOCK_SCHEMES_REDIS(REDIS_E)
@@ -121,6 +122,7 @@ static const scheme_entry schemes[] = {
 	DLOCK_SCHEMES_MYSQL(MYSQL_E)
 	DLOCK_SCHEMES_MEMCACHED(MEMCACHED_E)
 };
+/* clang-format on */
 
 /* Stores registered by the application or by a module (dlock_backend_register):
  * a list that only grows and whose entries never change once published, so
@@ -204,8 +206,8 @@ static int module_load(const scheme_entry *e)
 	dlock_store_module_init_fn init = (dlock_store_module_init_fn)dlsym(h, DLOCK_STORE_MODULE_INIT);
 	if (!init) {
 		dlclose(h);
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, e->scheme, NULL,
-				       "%s is not a dlock store module (no %s)", path, DLOCK_STORE_MODULE_INIT);
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, e->scheme, NULL, "%s is not a dlock store module (no %s)",
+				       path, DLOCK_STORE_MODULE_INIT);
 	}
 	/* The handle is kept: a loaded store may have threads and open handles
 	 * until the program ends. */
@@ -265,12 +267,14 @@ int dlock__scheme_open(const char *scheme, dlock_backend_open_fn *out)
 				       "unknown store scheme '%s:' (known: sqlite, redis, rediss, redis+sentinel, "
 				       "redis+cluster, rediss+cluster, redlock, etcd, etcds, zk, postgres, "
 				       "postgresql, mysql, mariadb, memcached, and any registered with "
-				       "dlock_backend_register)", scheme);
+				       "dlock_backend_register)",
+				       scheme);
 	/* every entry a built-in table leaves without an open function is here */
 	if (!e->module || !e->built)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, scheme, NULL,
 				       "this dlock was built without the %s store (%s=OFF: %s not found at build "
-				       "time)", e->module ? e->module : scheme, e->build_option, e->needs);
+				       "time)",
+				       e->module ? e->module : scheme, e->build_option, e->needs);
 #ifdef DLOCK_STORES_BUILTIN
 	return DLOCK_ENOTSUPPORTED; /* not reached: a built-in table has no module entries */
 #else
@@ -298,7 +302,8 @@ int dlock_backend_register(const char *scheme, dlock_backend_open_fn open)
 		if (!(islower(c) || isdigit(c) || c == '+' || c == '-' || c == '.'))
 			return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
 					       "dlock_backend_register: scheme '%s' may only have lowercase "
-					       "letters, digits, '+', '-' and '.'", scheme);
+					       "letters, digits, '+', '-' and '.'",
+					       scheme);
 	}
 	/* libdlock's own schemes are its own in every build: built in, or
 	 * registered by their module's init while it loads (and by no one else). */

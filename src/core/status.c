@@ -37,8 +37,8 @@ static void sha256_block(uint32_t h[8], const unsigned char *b)
 	}
 	memcpy(v, h, sizeof(v));
 	for (int i = 0; i < 64; i++) {
-		uint32_t t1 = v[7] + (ror(v[4], 6) ^ ror(v[4], 11) ^ ror(v[4], 25)) +
-			      ((v[4] & v[5]) ^ (~v[4] & v[6])) + K256[i] + w[i];
+		uint32_t t1 = v[7] + (ror(v[4], 6) ^ ror(v[4], 11) ^ ror(v[4], 25)) + ((v[4] & v[5]) ^ (~v[4] & v[6])) +
+			      K256[i] + w[i];
 		uint32_t t2 = (ror(v[0], 2) ^ ror(v[0], 13) ^ ror(v[0], 22)) +
 			      ((v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]));
 		memmove(v + 1, v, 7 * sizeof(v[0]));
@@ -52,8 +52,9 @@ static void sha256_block(uint32_t h[8], const unsigned char *b)
 /* SHA-256 of msg (len bytes) into out[32]. */
 static void sha256(unsigned char out[32], const unsigned char *msg, size_t len)
 {
-	uint32_t h[8] = { 0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-			  0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19 };
+	uint32_t h[8] = {
+		0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19
+	};
 	unsigned char b[64];
 	size_t i = 0;
 	for (; i + 64 <= len; i += 64)
@@ -157,8 +158,7 @@ static int cmp_name(const void *a, const void *b)
 }
 
 /* m->status for every name m->list gives: valid lock names, once each. */
-static int status_listed(const dlock_backend_methods *m, dlock_backend *be, dlock_lock_status **out,
-			 size_t *count)
+static int status_listed(const dlock_backend_methods *m, dlock_backend *be, dlock_lock_status **out, size_t *count)
 {
 	char **all = NULL;
 	size_t n = 0, u = 0;
@@ -183,8 +183,7 @@ static int status_listed(const dlock_backend_methods *m, dlock_backend *be, dloc
 	return rc;
 }
 
-int dlock_store_status(dlock_store *s, const char *const *names, size_t nnames,
-		       dlock_lock_status **out, size_t *count)
+int dlock_store_status(dlock_store *s, const char *const *names, size_t nnames, dlock_lock_status **out, size_t *count)
 {
 	if (!s || !out || !count)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_store_status: NULL argument");
@@ -200,8 +199,8 @@ int dlock_store_status(dlock_store *s, const char *const *names, size_t nnames,
 			return rc;
 	}
 	if (!s->mt.status)
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->mt.kind, NULL,
-				       "the %s store cannot report lock status", s->mt.kind);
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->mt.kind, NULL, "the %s store cannot report lock status",
+				       s->mt.kind);
 	if (!nnames && !s->mt.list)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->mt.kind, NULL,
 				       "the %s store cannot list its locks: name them", s->mt.kind);
@@ -290,8 +289,8 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 				       "a holder id is %d lowercase hex digits (as 'dlock status' shows it)",
 				       DLOCK_HOLDER_ID_LEN);
 	if (!s->mt.release)
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->mt.kind, NULL,
-				       "the %s store cannot release", s->mt.kind);
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, s->mt.kind, NULL, "the %s store cannot release",
+				       s->mt.kind);
 	dlock_lock_status *st = NULL;
 	size_t n = 0;
 	const char *names[1] = { name };
@@ -336,7 +335,8 @@ int dlock_store_break(dlock_store *s, const char *name, const char *holder_id_te
 		if (src == 0 && held)
 			rc = dlock_error_set(DLOCK_ENOTSUPPORTED, s->mt.kind, NULL,
 					     "the %s store cannot free a hold of another connection; end "
-					     "the holder's process or session instead", s->mt.kind);
+					     "the holder's process or session instead",
+					     s->mt.kind);
 	}
 	if (rc == 0 && freed) {
 		*freed = *h;

@@ -82,8 +82,8 @@ static int check_methods(dlock_backend *be)
 	return rc;
 }
 
-static int store_init(dlock_store **out, dlock_backend *be, const char *display_uri,
-		      int64_t default_ttl_ms, int64_t request_timeout_ms, const char *open_text)
+static int store_init(dlock_store **out, dlock_backend *be, const char *display_uri, int64_t default_ttl_ms,
+		      int64_t request_timeout_ms, const char *open_text)
 {
 	dlock_store *s = dlock_sys_calloc(1, sizeof(*s));
 	if (!s) {
@@ -123,8 +123,7 @@ static int store_init(dlock_store **out, dlock_backend *be, const char *display_
 	return 0;
 }
 
-int dlock_store_open_backend(dlock_store **out, dlock_backend *be, const char *display_uri,
-			     int64_t default_ttl_ms)
+int dlock_store_open_backend(dlock_store **out, dlock_backend *be, const char *display_uri, int64_t default_ttl_ms)
 {
 	if (!out || !be)
 		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "dlock_store_open_backend: NULL argument");

@@ -111,8 +111,7 @@ bool dlock_sys_host_is_local(const char *host)
 		return true;
 	unsigned a, b, c, d;
 	char extra;
-	return sscanf(host, "%u.%u.%u.%u%c", &a, &b, &c, &d, &extra) == 4 && a == 127 && b < 256 && c < 256 &&
-	       d < 256;
+	return sscanf(host, "%u.%u.%u.%u%c", &a, &b, &c, &d, &extra) == 4 && a == 127 && b < 256 && c < 256 && d < 256;
 }
 
 static _Thread_local char open_warning[512];
@@ -191,9 +190,10 @@ void dlock_sys_sock_states(const int *fds, size_t n, int *states)
 		p[i] = (struct pollfd){ .fd = fds[i], .events = POLLIN | POLLRDHUP };
 	int r = poll(p, n, 0);
 	for (size_t i = 0; i < n; i++)
-		states[i] = fds[i] < 0 ? 2
-			  : r <= 0 || !p[i].revents ? 0
-			  : p[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL) ? 2 : 1;
+		states[i] = fds[i] < 0                                                  ? 2
+			    : r <= 0 || !p[i].revents                                   ? 0
+			    : p[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL) ? 2
+											: 1;
 }
 
 int64_t dlock_sys_poll_hint(int64_t ahead, int64_t per_place_ms)

@@ -27,7 +27,8 @@ static char *decode(const char *s, size_t n, const char *what)
 			int l = i + 2 < n ? hexval((unsigned char)s[i + 2]) : -1;
 			if (h < 0 || l < 0 || (h == 0 && l == 0)) {
 				free(out);
-				dlock_error_set(DLOCK_EINVAL, NULL, NULL, "bad percent-escape in the %s of the store URI", what);
+				dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+						"bad percent-escape in the %s of the store URI", what);
 				return NULL;
 			}
 			*o++ = (char)(h * 16 + l);
@@ -55,7 +56,8 @@ static bool hostlist_like(const char *s, size_t n)
 				return false;
 			s++;
 		} else {
-			while (s < e && (isalnum((unsigned char)*s) || *s == '.' || *s == '-' || *s == '_' || *s == '%'))
+			while (s < e &&
+			       (isalnum((unsigned char)*s) || *s == '.' || *s == '-' || *s == '_' || *s == '%'))
 				s++;
 			if (s == item)
 				return false;
@@ -151,7 +153,8 @@ static int parse_query(dlock_uri *uri, const char *q)
 			const char *eq = memchr(q, '=', len);
 			size_t klen = eq ? (size_t)(eq - q) : len;
 			if (klen == 0)
-				return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "store URI has an option without a name");
+				return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+						       "store URI has an option without a name");
 			dlock_uri_option *np = realloc(uri->params, (uri->nparams + 1) * sizeof(*np));
 			if (!np)
 				return dlock_sys_oom();
@@ -185,7 +188,8 @@ static int common_options(dlock_uri *uri)
 	uri->prefix = "dlock";
 	if ((v = dlock_uri_param(uri, "ttl"))) {
 		if (dlock_duration_parse(&uri->ttl_ms, v) != 0)
-			return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "store URI option ttl: %s", dlock_error_last()->message);
+			return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "store URI option ttl: %s",
+					       dlock_error_last()->message);
 		if (uri->ttl_ms < 10 || uri->ttl_ms > DLOCK_TTL_MAX_MS)
 			return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
 					       "store URI option ttl must be between 10ms and 366 days");
@@ -195,7 +199,8 @@ static int common_options(dlock_uri *uri)
 			return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "store URI option connect_timeout: %s",
 					       dlock_error_last()->message);
 		if (uri->connect_timeout_ms <= 0)
-			return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "store URI option connect_timeout must be positive");
+			return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
+					       "store URI option connect_timeout must be positive");
 	}
 	uri->request_timeout_ms = uri->connect_timeout_ms < 2000 ? uri->connect_timeout_ms : 2000;
 	if ((v = dlock_uri_param(uri, "timeout"))) {
@@ -226,8 +231,9 @@ int dlock_sys_uri_parse(dlock_uri **out, const char *text)
 	while (isalnum((unsigned char)*p) || *p == '+' || *p == '-' || *p == '.')
 		p++;
 	if (*p != ':')
-		return dlock_error_set(DLOCK_EINVAL, NULL, NULL,
-				       "malformed store URI: no ':' after the scheme (expected e.g. redis://host:port)");
+		return dlock_error_set(
+			DLOCK_EINVAL, NULL, NULL,
+			"malformed store URI: no ':' after the scheme (expected e.g. redis://host:port)");
 	dlock_uri *uri = dlock_sys_calloc(1, sizeof(*uri));
 	if (!uri)
 		return DLOCK_ENOMEM;
@@ -334,8 +340,7 @@ char *dlock__uri_redact(const char *text)
 	char *q = strchr(out, '?');
 	while (q) {
 		char *k = q + 1;
-		if (strncmp(k, "password=", 9) == 0 || strncmp(k, "pass=", 5) == 0 ||
-		    strncmp(k, "token=", 6) == 0) {
+		if (strncmp(k, "password=", 9) == 0 || strncmp(k, "pass=", 5) == 0 || strncmp(k, "token=", 6) == 0) {
 			char *v = strchr(k, '=') + 1;
 			size_t off = (size_t)(v - out), vlen = strcspn(v, "&#");
 			char *r = dlock_sys_sprintf("%.*s***%s", (int)off, out, v + vlen);

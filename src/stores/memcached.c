@@ -124,8 +124,8 @@ static int mc_error(memcached_store *be, memcached_return_t rc, const char *what
 	for (char *c = text; *c; c++)
 		if (*c >= 'A' && *c <= 'Z')
 			*c = (char)(*c - 'A' + 'a');
-	int err = dlock_error_set(code, KIND, memcached_strerror(be->mc, rc), "%s on %s: %s", what,
-				  be->hostport, text[0] ? text : memcached_strerror(be->mc, rc));
+	int err = dlock_error_set(code, KIND, memcached_strerror(be->mc, rc), "%s on %s: %s", what, be->hostport,
+				  text[0] ? text : memcached_strerror(be->mc, rc));
 	if (code == DLOCK_EUNAVAILABLE)
 		drop_conn(be); /* the next call starts on a new connection */
 	return err;
@@ -142,8 +142,7 @@ static int arm(memcached_store *be, const char *what)
 	if (left <= 0) {
 		drop_conn(be);
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "TIMEOUT",
-				       "%s on %s: timed out (no time left before the deadline)", what,
-				       be->hostport);
+				       "%s on %s: timed out (no time left before the deadline)", what, be->hostport);
 	}
 	if (left > INT32_MAX)
 		left = INT32_MAX;
@@ -295,8 +294,7 @@ static int list_parse(list *l, const char *v, size_t len)
 			e->fence = a;
 			e->pid = pid;
 			snprintf(e->host, sizeof e->host, "%s", off ? line + off : "");
-		} else if (line[0] == 'Q' &&
-			   sscanf(line, "Q %71s %d %d %llu", e->owner, &mode, &pid, &b) == 4) {
+		} else if (line[0] == 'Q' && sscanf(line, "Q %71s %d %d %llu", e->owner, &mode, &pid, &b) == 4) {
 			e->kind = 'Q';
 			e->mode = mode;
 			e->fair = pid;
@@ -321,11 +319,11 @@ static char *list_format(const list *l, size_t *len)
 		if (!e->live)
 			continue;
 		if (e->kind == 'H')
-			n += (size_t)snprintf(out + n, cap - n, "H %s %d %u %" PRIu64 " %d %s\n", e->owner,
-					      e->mode, e->permits, e->fence, e->pid, e->host);
+			n += (size_t)snprintf(out + n, cap - n, "H %s %d %u %" PRIu64 " %d %s\n", e->owner, e->mode,
+					      e->permits, e->fence, e->pid, e->host);
 		else
-			n += (size_t)snprintf(out + n, cap - n, "Q %s %d %d %" PRIu64 "\n", e->owner,
-					      e->mode, e->fair, e->seq);
+			n += (size_t)snprintf(out + n, cap - n, "Q %s %d %d %" PRIu64 "\n", e->owner, e->mode, e->fair,
+					      e->seq);
 	}
 	*len = n;
 	return out;
@@ -384,7 +382,7 @@ static int check_leases(memcached_store *be, const char *k, list *l)
 {
 	if (l->n == 0)
 		return 0;
-	char (*names)[320] = calloc(l->n, sizeof *names);
+	char(*names)[320] = calloc(l->n, sizeof *names);
 	const char **keys = calloc(l->n, sizeof *keys);
 	size_t *lens = calloc(l->n, sizeof *lens);
 	int err = 0;
@@ -425,8 +423,7 @@ out:
 
 /* Write the list back: add when it was absent, else cas. *raced = 1 when
  * someone changed it since we read it (the caller starts over). */
-static int write_list(memcached_store *be, const char *k, const list *l, int found, uint64_t cas,
-		      int *raced)
+static int write_list(memcached_store *be, const char *k, const list *l, int found, uint64_t cas, int *raced)
 {
 	size_t len;
 	int err = arm(be, found ? "cas" : "add");
@@ -435,9 +432,8 @@ static int write_list(memcached_store *be, const char *k, const list *l, int fou
 	char *v = list_format(l, &len);
 	if (!v)
 		return dlock_sys_oom();
-	memcached_return_t rc =
-		found ? memcached_cas(be->mc, k, strlen(k), v, len, tidy_exptime(l), 0, cas)
-		      : memcached_add(be->mc, k, strlen(k), v, len, tidy_exptime(l), 0);
+	memcached_return_t rc = found ? memcached_cas(be->mc, k, strlen(k), v, len, tidy_exptime(l), 0, cas)
+				      : memcached_add(be->mc, k, strlen(k), v, len, tidy_exptime(l), 0);
 	free(v);
 	*raced = 0;
 	if (rc == MEMCACHED_SUCCESS || rc == MEMCACHED_STORED)
@@ -684,8 +680,8 @@ static int mc_acquire(dlock_backend *base, const dlock_request *req, dlock_grant
 			return DLOCK_ELOCKED;
 	}
 	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
-			       "lock '%s': too much contention on the holder list (%d cas attempts)",
-			       req->name, CAS_TRIES);
+			       "lock '%s': too much contention on the holder list (%d cas attempts)", req->name,
+			       CAS_TRIES);
 }
 
 /* Drop req->owner's entry of `kind` from the list; *was_live: the entry and
@@ -823,8 +819,7 @@ static int renew_one(memcached_store *be, const dlock_request *req, int *result)
 	bool listed = false;
 	memcached_result_st *res;
 	while (!err && (res = fetch(be, &rc))) {
-		if (memcached_result_key_length(res) == lens[0] &&
-		    !memcmp(memcached_result_key_value(res), k, lens[0]))
+		if (memcached_result_key_length(res) == lens[0] && !memcmp(memcached_result_key_value(res), k, lens[0]))
 			listed = lists_holder(memcached_result_value(res), memcached_result_length(res), req->owner);
 		memcached_result_free(res);
 	}
@@ -854,7 +849,7 @@ static int mc_renew(dlock_backend *base, const dlock_request *const *reqs, size_
 	int main_dropped = be->dropped; /* about the main connection: kept */
 	be->mc = be->rmc;
 	/* lease keys [0, n), holder lists [n, 2n), fence keys [2n, 3n) */
-	char (*keys)[320] = malloc(3 * n * sizeof(*keys));
+	char(*keys)[320] = malloc(3 * n * sizeof(*keys));
 	const char **kp = malloc(3 * n * sizeof(*kp));
 	size_t *kl = malloc(3 * n * sizeof(*kl));
 	bool *listed = calloc(n, sizeof(*listed));
@@ -939,8 +934,8 @@ static int mc_renew(dlock_backend *base, const dlock_request *const *reqs, size_
 	return rc;
 }
 
-static int mc_status(dlock_backend *base, const char *const *names, size_t nnames,
-		     dlock_lock_status **out, size_t *count)
+static int mc_status(dlock_backend *base, const char *const *names, size_t nnames, dlock_lock_status **out,
+		     size_t *count)
 {
 	memcached_store *be = (memcached_store *)base;
 	be->deadline = dlock_clock_ms() + be->request_timeout_ms;
@@ -974,8 +969,7 @@ static int mc_status(dlock_backend *base, const char *const *names, size_t nname
 				continue;
 			}
 			dlock_holder *h = dlock_sys_status_add_holder(s);
-			if (!h || !(h->owner = dlock_sys_strdup(e->owner)) ||
-			    !(h->host = dlock_sys_strdup(e->host))) {
+			if (!h || !(h->owner = dlock_sys_strdup(e->owner)) || !(h->host = dlock_sys_strdup(e->host))) {
 				rc = DLOCK_ENOMEM;
 				break;
 			}
@@ -1051,8 +1045,7 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 				       "memcached: user/password are not supported (SASL is not built in)");
 	if (uri->path && *uri->path && strcmp(uri->path, "/") != 0)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
-				       "memcached: unexpected path '%s' (use memcached://host:port)",
-				       uri->path);
+				       "memcached: unexpected path '%s' (use memcached://host:port)", uri->path);
 	dlock_hostport *hp = NULL;
 	size_t nh = 0;
 	int rc = dlock_uri_hosts(uri, 11211, &hp, &nh);
@@ -1081,8 +1074,7 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 	}
 	int64_t tmo = uri->connect_timeout_ms;
 	be->deadline = dlock_clock_ms() + tmo;
-	be->request_timeout_ms =
-		uri->request_timeout_ms;
+	be->request_timeout_ms = uri->request_timeout_ms;
 	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_SUPPORT_CAS, 1);
 	memcached_behavior_set(be->mc, MEMCACHED_BEHAVIOR_TCP_NODELAY, 1);
 	/* Every socket wait is bounded by POLL_TIMEOUT/CONNECT_TIMEOUT, cut to the

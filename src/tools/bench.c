@@ -185,8 +185,7 @@ typedef struct client {
 
 static int client_fail(client *c, const char *what)
 {
-	snprintf(c->me->err, sizeof(c->me->err), "client %d: %s: %s", c->id, what,
-		 dlock_error_last()->message);
+	snprintf(c->me->err, sizeof(c->me->err), "client %d: %s: %s", c->id, what, dlock_error_last()->message);
 	__atomic_store_n(&c->me->failed, 1, __ATOMIC_RELEASE);
 	return 1;
 }
@@ -388,8 +387,7 @@ static int summarize(const config *cfg, shared *sh, grant *logs, size_t cap, res
 			r->rate += (double)s->ops * 1e9 / (double)s->ours_ns;
 		if (s->floor_ns > 0) {
 			r->floor_rate += (double)s->floor_ops * 1e9 / (double)s->floor_ns;
-			r->floor_cpu_per_k += (double)s->floor_cpu / 1e9 / (double)s->floor_ops * 1000 /
-					      cfg->clients;
+			r->floor_cpu_per_k += (double)s->floor_cpu / 1e9 / (double)s->floor_ops * 1000 / cfg->clients;
 		}
 	}
 	r->ops = ops;
@@ -481,15 +479,14 @@ static void print_json(const config *cfg, const char *kind, const result *r, con
 	printf(",\"workload\":\"%s\",\"clients\":%u,\"locks\":%u,\"fair\":%s,\"hold_ms\":%lld,"
 	       "\"think_ms\":%lld,\"duration_s\":%.3f,\"load\":[%.2f,%.2f,%.2f],\"ops\":%lld,"
 	       "\"rate\":%.1f,\"cpu_s_per_1000\":%.5f",
-	       workload_names[cfg->w], cfg->clients, cfg->locks, cfg->fair ? "true" : "false",
-	       (long long)cfg->hold_ms, (long long)cfg->think_ms, (double)cfg->duration_ms / 1e3, load[0],
-	       load[1], load[2], r->ops, r->rate, r->cpu_per_k);
+	       workload_names[cfg->w], cfg->clients, cfg->locks, cfg->fair ? "true" : "false", (long long)cfg->hold_ms,
+	       (long long)cfg->think_ms, (double)cfg->duration_ms / 1e3, load[0], load[1], load[2], r->ops, r->rate,
+	       r->cpu_per_k);
 	if (cfg->w == W_UNCONTENDED || cfg->w == W_CONTENDED) {
-		printf(",\"latency_us\":{\"p50\":%.1f,\"p90\":%.1f,\"p99\":%.1f,\"max\":%.1f}", r->lat[0],
-		       r->lat[1], r->lat[2], r->lat[3]);
+		printf(",\"latency_us\":{\"p50\":%.1f,\"p90\":%.1f,\"p99\":%.1f,\"max\":%.1f}", r->lat[0], r->lat[1],
+		       r->lat[2], r->lat[3]);
 		printf(",\"release_latency_us\":{\"p50\":%.1f,\"p99\":%.1f}", r->rlat[0], r->rlat[1]);
-		printf(",\"share\":{\"min\":%.0f,\"max\":%.0f,\"jain\":%.4f}", r->share_min, r->share_max,
-		       r->jain);
+		printf(",\"share\":{\"min\":%.0f,\"max\":%.0f,\"jain\":%.4f}", r->share_min, r->share_max, r->jain);
 	}
 	if (cfg->w == W_CONTENDED)
 		printf(",\"handoff\":{\"count\":%lld,\"fraction\":%.4f,\"gap_mean_ms\":%.3f,"
@@ -508,7 +505,8 @@ static void print_json(const config *cfg, const char *kind, const result *r, con
 		cli_json_str(stdout, sh->floor_what);
 		printf(",\"rate\":%.1f,\"cpu_s_per_1000\":%.5f", r->floor_rate, r->floor_cpu_per_k);
 		if (cfg->w == W_CONTENDED)
-			printf(",\"ideal_grants\":%.1f,\"ratio\":%.4f}", r->ideal, r->ideal > 0 ? r->rate / r->ideal : 0);
+			printf(",\"ideal_grants\":%.1f,\"ratio\":%.4f}", r->ideal,
+			       r->ideal > 0 ? r->rate / r->ideal : 0);
 		else
 			printf(",\"ratio\":%.4f}", r->floor_rate > 0 ? r->rate / r->floor_rate : 0);
 	} else if (r->floor_state == -1) {
@@ -527,11 +525,10 @@ static void print_table(const config *cfg, const char *kind, const result *r, co
 	double load[3] = { 0, 0, 0 };
 	getloadavg(load, 3);
 	safe_uri(u, sizeof(u), cfg->uri);
-	printf("dlock bench: %s (%s), %s, %u client%s%s, %s; load %.2f %.2f %.2f\n", u, kind,
-	       workload_names[cfg->w], cfg->clients, cfg->clients == 1 ? "" : "s", cfg->fair ? ", fair" : "",
+	printf("dlock bench: %s (%s), %s, %u client%s%s, %s; load %.2f %.2f %.2f\n", u, kind, workload_names[cfg->w],
+	       cfg->clients, cfg->clients == 1 ? "" : "s", cfg->fair ? ", fair" : "",
 	       cli_fmt_duration(d, sizeof(d), cfg->duration_ms), load[0], load[1], load[2]);
-	const char *unit = cfg->w == W_CONTENDED ? "grants/s" : cfg->w == W_REENTRANT ? "re-acquires/s"
-											: "pairs/s";
+	const char *unit = cfg->w == W_CONTENDED ? "grants/s" : cfg->w == W_REENTRANT ? "re-acquires/s" : "pairs/s";
 	if (cfg->w == W_RENEWAL) {
 		printf("  %-28s %u in %.2f s (%.0f/s), released in %.2f s\n", "locks acquired", cfg->locks,
 		       r->acquire_s, r->acquire_s > 0 ? cfg->locks / r->acquire_s : 0, r->release_s);
@@ -549,13 +546,13 @@ static void print_table(const config *cfg, const char *kind, const result *r, co
 		printf("  %-28s %.0f  (%s)  ratio %.2f\n", "floor, iterations/s", r->floor_rate, sh->floor_what,
 		       r->floor_rate > 0 ? r->rate / r->floor_rate : 0);
 	else if (r->floor_state == 1 && cfg->w == W_CONTENDED)
-		printf("  %-28s %.0f  (1 / (hold + one floor iteration: %s))  ratio %.2f\n",
-		       "ideal grants/s", r->ideal, sh->floor_what, r->ideal > 0 ? r->rate / r->ideal : 0);
+		printf("  %-28s %.0f  (1 / (hold + one floor iteration: %s))  ratio %.2f\n", "ideal grants/s", r->ideal,
+		       sh->floor_what, r->ideal > 0 ? r->rate / r->ideal : 0);
 	else if (r->floor_state == -1)
 		printf("  %-28s none: %s\n", "floor", sh->floor_why);
 	if (cfg->w != W_REENTRANT) {
-		printf("  %-28s p50 %.0f  p90 %.0f  p99 %.0f  max %.0f\n", "acquire latency, us", r->lat[0],
-		       r->lat[1], r->lat[2], r->lat[3]);
+		printf("  %-28s p50 %.0f  p90 %.0f  p99 %.0f  max %.0f\n", "acquire latency, us", r->lat[0], r->lat[1],
+		       r->lat[2], r->lat[3]);
 		printf("  %-28s p50 %.0f  p99 %.0f\n", "release latency, us", r->rlat[0], r->rlat[1]);
 		printf("  %-28s min %.0f  max %.0f  Jain %.3f\n", "per-client grants", r->share_min, r->share_max,
 		       r->jain);
@@ -563,11 +560,10 @@ static void print_table(const config *cfg, const char *kind, const result *r, co
 	if (cfg->w == W_CONTENDED) {
 		printf("  %-28s %lld of %lld grants (%.0f%%)\n", "handoffs to a waiter", r->handoffs, r->ops,
 		       r->ops ? 100.0 * (double)r->handoffs / (double)r->ops : 0);
-		printf("  %-28s mean %.3f  p50 %.3f  p99 %.3f  max %.3f\n", "handoff gap, ms", r->gap_mean,
-		       r->gap_p50, r->gap_p99, r->gap_max);
+		printf("  %-28s mean %.3f  p50 %.3f  p99 %.3f  max %.3f\n", "handoff gap, ms", r->gap_mean, r->gap_p50,
+		       r->gap_p99, r->gap_max);
 		printf("  %-28s %lld\n", "grants out of request order", r->inversions);
-		printf("  %-28s %.3f (asked: %lld)\n", "hold as measured, ms", r->hold_mean,
-		       (long long)cfg->hold_ms);
+		printf("  %-28s %.3f (asked: %lld)\n", "hold as measured, ms", r->hold_mean, (long long)cfg->hold_ms);
 	}
 	printf("  %-28s %.4f", "CPU s per 1000 ops", r->cpu_per_k);
 	if (r->floor_state == 1 && cfg->w == W_UNCONTENDED)
@@ -804,8 +800,7 @@ static int run_renewal(const config *cfg, dlock_store *store, shared *sh, result
 	r->ticks = (double)cfg->duration_ms / ((double)cfg->ttl_ms / 3);
 	r->cpu_per_tick_ms = r->ticks > 0 ? (double)cpu / 1e6 / r->ticks : 0;
 	/* One INFO request sits between the two readings. */
-	r->server_reads_per_tick = ops0 >= 0 && ops1 >= 0 && r->ticks > 0 ? (double)(ops1 - ops0 - 1) / r->ticks
-									  : -1;
+	r->server_reads_per_tick = ops0 >= 0 && ops1 >= 0 && r->ticks > 0 ? (double)(ops1 - ops0 - 1) / r->ticks : -1;
 	r->server_scripts_per_tick = sc0 >= 0 && sc1 >= 0 && r->ticks > 0 ? (double)(sc1 - sc0) / r->ticks : -1;
 	r->ops = got;
 out:;
@@ -822,8 +817,7 @@ out:;
 
 int cli_bench(cli_global *g, int argc, char **argv)
 {
-	config cfg = { .g = g, .w = W_UNCONTENDED, .clients = 1, .locks = 1, .duration_ms = 5000,
-		       .baseline = true };
+	config cfg = { .g = g, .w = W_UNCONTENDED, .clients = 1, .locks = 1, .duration_ms = 5000, .baseline = true };
 	cli_args a;
 	int rc = cli_parse(g, argc, argv, opts, on_opt, &cfg, &a);
 	if (rc == 0 && a.help) {
@@ -851,8 +845,7 @@ int cli_bench(cli_global *g, int argc, char **argv)
 			cfg.ttl_ms = 3000;
 	}
 	if ((cfg.w == W_REENTRANT || cfg.w == W_RENEWAL) && cfg.clients != 1)
-		return cli_usage_error(g, "--workload %s runs in one process (no --clients)",
-				       workload_names[cfg.w]);
+		return cli_usage_error(g, "--workload %s runs in one process (no --clients)", workload_names[cfg.w]);
 	if (cfg.w == W_CONTENDED && cfg.locks_set && cfg.locks != 1)
 		return cli_usage_error(g, "--workload contended uses one name (no --locks)");
 	cfg.uri = cli_store_choice(g);
@@ -923,7 +916,7 @@ int cli_bench(cli_global *g, int argc, char **argv)
 	if (cfg.w == W_CONTENDED && cfg.baseline) {
 		/* The ideal: one hold plus the round trips of one handoff, back to back. */
 		int64_t ms = cfg.duration_ms / 5 < 1000 ? (cfg.duration_ms / 5 > 200 ? cfg.duration_ms / 5 : 200)
-							  : 1000;
+							: 1000;
 		double fr = floor_alone(&cfg, sh, ms, &r.floor_cpu_per_k);
 		r.floor_state = fr > 0 ? 1 : -1;
 		if (fr > 0) {

@@ -157,6 +157,7 @@ static const char help[] =
 	"bad usage; 69 store unavailable;\n"
 	"130 interrupted (SIGINT/SIGTERM) before the end, nothing violated so far.\n";
 
+/* clang-format off */
 static const struct { unsigned kind; const char *name; } fault_names[] = {
 	{ F_PAUSE, "pause" },         { F_KILL, "kill" },
 	{ F_RESTART, "restart" },     { F_MEMBER, "member" },
@@ -184,6 +185,7 @@ static const cli_opt opts_table[] = {
 	{ "replica", 0, true, O_REPLICA },   { "master", 0, true, O_MASTER },
 	{ NULL, 0, false, 0 },
 };
+/* clang-format on */
 
 static int parse_faults(check_opts *o, const char *v)
 {
@@ -198,11 +200,12 @@ static int parse_faults(check_opts *o, const char *v)
 		if (k < NKINDS)
 			o->faults |= fault_names[k].kind;
 		else if (strcmp(w, "none") != 0)
-			return cli_usage_error(o->g,
-					       "--faults: unknown fault '%s' (pause, kill, restart, member, partition, "
-					       "lose-reply, delay, server-pause, file-delete, member-restart, failover, "
-					       "kill-tool, session-kill, evict, failback)",
-					       w);
+			return cli_usage_error(
+				o->g,
+				"--faults: unknown fault '%s' (pause, kill, restart, member, partition, "
+				"lose-reply, delay, server-pause, file-delete, member-restart, failover, "
+				"kill-tool, session-kill, evict, failback)",
+				w);
 	}
 	return 0;
 }
@@ -434,24 +437,31 @@ int cli_check(cli_global *g, int argc, char **argv)
 	if (o.faults & F_KILLTOOL)
 		o.ops |= OP_RUN;
 	if ((o.faults & F_SERVER) && (!o.server_script || !o.server_dir))
-		return cli_usage_error(g, "--faults restart/member/server-pause/member-restart/failover need "
-					  "--server-script and --server-dir");
+		return cli_usage_error(g,
+				       "--faults restart/member/server-pause/member-restart/failover need "
+				       "--server-script and --server-dir");
 	if ((o.faults & F_FAILOVER) && !check_script_offers(o.server_script, "kill-master"))
-		return cli_usage_error(g, "--faults failover: %s has no kill-master (use tests/servers/redis-sentinel.sh)",
+		return cli_usage_error(g,
+				       "--faults failover: %s has no kill-master (use tests/servers/redis-sentinel.sh)",
 				       o.server_script);
 	if (o.faults & F_MRESTART) {
 		bool mfile;
-		if (check_count_members(o.server_dir, &mfile) < 1 || mfile || !check_script_offers(o.server_script, "restart"))
-			return cli_usage_error(g, "--faults member-restart: not available here: needs Redis masters "
-						  "started by tests/servers/redis.sh or redlock.sh (DIR/0/, DIR/1/, ...)");
+		if (check_count_members(o.server_dir, &mfile) < 1 || mfile ||
+		    !check_script_offers(o.server_script, "restart"))
+			return cli_usage_error(g,
+					       "--faults member-restart: not available here: needs Redis masters "
+					       "started by tests/servers/redis.sh or redlock.sh (DIR/0/, DIR/1/, ...)");
 	}
 	if (o.faults & F_SPAUSE) {
 		pid_t sp[256];
 		bool mfile;
 		int nm = check_count_members(o.server_dir, &mfile);
-		if (check_server_pids(o.server_dir, sp, 256) == 0 && !(nm > 0 && !mfile && check_script_offers(o.server_script, "pause")))
-			return cli_usage_error(g, "--faults server-pause: not available here: no server process found "
-						  "in %s and %s has no pause", o.server_dir, o.server_script);
+		if (check_server_pids(o.server_dir, sp, 256) == 0 &&
+		    !(nm > 0 && !mfile && check_script_offers(o.server_script, "pause")))
+			return cli_usage_error(g,
+					       "--faults server-pause: not available here: no server process found "
+					       "in %s and %s has no pause",
+					       o.server_dir, o.server_script);
 	}
 	if (!o.seed_set) {
 		struct timespec ts;
@@ -486,7 +496,8 @@ int cli_check(cli_global *g, int argc, char **argv)
 			c.db_path = check_sqlite_path(c.uri);
 		if (!c.db_path) {
 			free(shown);
-			return cli_usage_error(g, "--faults file-delete: not available on this store: it needs an sqlite store");
+			return cli_usage_error(
+				g, "--faults file-delete: not available on this store: it needs an sqlite store");
 		}
 	}
 	char tmpdir[PATH_MAX];
@@ -542,7 +553,8 @@ int cli_check(cli_global *g, int argc, char **argv)
 		char err[400];
 		if (check_proxy_start(&px, &c, err, sizeof err) != 0) {
 			if (!(o.faults & F_NET))
-				snprintf(err + strlen(err), sizeof err - strlen(err), " (--ops extend delays renewals through it)");
+				snprintf(err + strlen(err), sizeof err - strlen(err),
+					 " (--ops extend delays renewals through it)");
 			close(c.log_fd);
 			munmap(c.sh, sizeof *c.sh);
 			if (own_dir)
@@ -550,16 +562,16 @@ int cli_check(cli_global *g, int argc, char **argv)
 			free(c.db_path);
 			free(c.self);
 			free(shown);
-			return cli_usage_error(g, "--faults partition/lose-reply/delay: not available on this store: %s",
+			return cli_usage_error(g,
+					       "--faults partition/lose-reply/delay: not available on this store: %s",
 					       err);
 		}
 		c.px = &px;
 	}
 
-	cli_info(g, "%u workers on %s for %.1fs (ttl %lldms, hold %lldms, fencing %s, seed %" PRIu64
-		 "); work dir %s",
-		 o.clients, shown, (double)o.duration_ms / 1000.0, (long long)o.ttl_ms,
-		 (long long)o.hold_ms, o.fencing ? "on" : "off", o.seed, o.work_dir);
+	cli_info(g, "%u workers on %s for %.1fs (ttl %lldms, hold %lldms, fencing %s, seed %" PRIu64 "); work dir %s",
+		 o.clients, shown, (double)o.duration_ms / 1000.0, (long long)o.ttl_ms, (long long)o.hold_ms,
+		 o.fencing ? "on" : "off", o.seed, o.work_dir);
 
 	check_t0_us = check_mono_us();
 	c.deadline_us = o.duration_ms * 1000;
@@ -605,14 +617,16 @@ int cli_check(cli_global *g, int argc, char **argv)
 				kind = kinds[check_rnd_below(&rs, (uint64_t)nkinds)];
 			}
 			check_do_fault(&c, kind, &rt, pids, incs, &faults[nfaults]);
-			cli_debug(g, "fault %s at %.0fms: %s", check_fault_name(kind), check_us_to_ms(faults[nfaults].start_us),
+			cli_debug(g, "fault %s at %.0fms: %s", check_fault_name(kind),
+				  check_us_to_ms(faults[nfaults].start_us),
 				  faults[nfaults].ok ? "done" : faults[nfaults].note);
 			nfaults++;
 			if (c.failed_over) /* once: no master is left to fail over */
 				for (int k = 0; k < nkinds; k++)
 					if (kinds[k] == F_FAILOVER)
 						kinds[k] = kinds[--nkinds];
-			next_fault = check_now_us() + (o.every_ms + (int64_t)check_rnd_below(&rs, (uint64_t)o.every_ms / 4 + 1)) * 1000;
+			next_fault = check_now_us() +
+				     (o.every_ms + (int64_t)check_rnd_below(&rs, (uint64_t)o.every_ms / 4 + 1)) * 1000;
 			continue;
 		}
 		check_sleep_ms(10);
@@ -639,7 +653,9 @@ int cli_check(cli_global *g, int argc, char **argv)
 		if (check_now_us() > give_up) {
 			for (unsigned i = 0; i < o.clients; i++)
 				if (pids[i] > 0) {
-					cli_error(g, "worker %u did not stop (a call into the store hangs?); killing it", i);
+					cli_error(g,
+						  "worker %u did not stop (a call into the store hangs?); killing it",
+						  i);
 					kill(pids[i], SIGKILL);
 					stuck++;
 				}

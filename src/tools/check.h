@@ -30,6 +30,7 @@ extern volatile sig_atomic_t check_interrupted;
 
 /* ---- options ---------------------------------------------------------- */
 
+/* clang-format off */
 enum {
 	F_PAUSE = 1, F_KILL = 2, F_RESTART = 4, F_MEMBER = 8, F_PARTITION = 16, F_LOSE = 32, F_DELAY = 64,
 	F_SPAUSE = 128, F_FDELETE = 256, F_MRESTART = 512, F_FAILOVER = 1024,
@@ -38,6 +39,7 @@ enum {
 	F_NET = F_PARTITION | F_LOSE | F_DELAY,              /* through the proxy */
 	F_SERVER = F_RESTART | F_MEMBER | F_SPAUSE | F_MRESTART | F_FAILOVER, /* need the server script */
 };
+/* clang-format on */
 
 /* --ops: what kinds of holds the workers take besides the plain one. */
 enum {
@@ -97,6 +99,7 @@ typedef struct reg_state {
 
 /* ---- faults --------------------------------------------------------------- */
 
+/* clang-format off */
 typedef struct fault {
 	unsigned kind;
 	int slot, inc;          /* target worker, -1 for none or every worker */
@@ -110,6 +113,7 @@ typedef struct fault {
 	int ok;                 /* the fault was carried out */
 	char note[200];
 } fault;
+/* clang-format on */
 
 typedef struct proxy {
 	pid_t pid;
@@ -192,8 +196,8 @@ uint64_t check_rnd_below(uint64_t *s, uint64_t n);
  * write=true: store *value. Returns 1 accepted, 0 refused (stale fence),
  * -1 on an I/O error. *highest_before gets the highest fence seen before.
  */
-int check_reg_access(const char *path, bool fencing, bool write_op, uint64_t fence,
-		      int64_t *value, uint64_t *highest_before);
+int check_reg_access(const char *path, bool fencing, bool write_op, uint64_t fence, int64_t *value,
+		     uint64_t *highest_before);
 
 /* check_worker.c: fork a worker (slot, incarnation). */
 pid_t check_spawn_worker(const run_ctx *c, int slot, int inc);

@@ -259,14 +259,17 @@ void check_analyse(results *r, const check_opts *o)
 		}
 		if (!ran)
 			not_run(r, check_fault_name(k),
-				why ? why : "never scheduled: the run is too short for it (a fault needs --pause + 2 x ttl + hold "
-					    "before the end, one every --fault-every)");
+				why ? why
+				    : "never scheduled: the run is too short for it (a fault needs --pause + 2 x ttl + hold "
+				      "before the end, one every --fault-every)");
 	}
 	if (o && (o->ops & OP_EXTEND) && r->delayed == 0)
-		not_run(r, "extend", r->kinds[K_EXTEND] ? "no renewal could be delayed (the fault proxy or the sqlite3 shell "
-							 "refused)" : "no extended hold in the run");
+		not_run(r, "extend",
+			r->kinds[K_EXTEND] ? "no renewal could be delayed (the fault proxy or the sqlite3 shell "
+					     "refused)"
+					   : "no extended hold in the run");
 	if (o && (o->ops & OP_HANDLE) && r->kinds[K_HANDLE] == 0)
 		not_run(r, "handle", "no hold through a handle in the run");
-	r->pass = r->unexplained == 0 && r->nfence_bad == 0 && r->lost_updates == 0 &&
-		  r->stale_writes == 0 && r->reg.stale_accepted == 0 && r->not_run == 0;
+	r->pass = r->unexplained == 0 && r->nfence_bad == 0 && r->lost_updates == 0 && r->stale_writes == 0 &&
+		  r->reg.stale_accepted == 0 && r->not_run == 0;
 }

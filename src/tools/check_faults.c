@@ -27,8 +27,7 @@
 #include "faultproxy_uri.h"
 
 /* Run `bash SCRIPT ARG...` with output appended to WORK/server.log; its exit code. */
-static int run_script(const char *work, const char *script, const char *a1, const char *a2,
-		      const char *a3)
+static int run_script(const char *work, const char *script, const char *a1, const char *a2, const char *a3)
 {
 	fflush(NULL);
 	pid_t pid = fork();
@@ -209,7 +208,7 @@ void check_proxy_stop(proxy *p)
  */
 int check_proxy_start(proxy *p, run_ctx *c, char *err, size_t errlen)
 {
-	char (*targets)[FAULTPROXY_HOST_MAX] = calloc(FAULTPROXY_MAX_HOSTS, sizeof *targets);
+	char(*targets)[FAULTPROXY_HOST_MAX] = calloc(FAULTPROXY_MAX_HOSTS, sizeof *targets);
 	int *ports = NULL, out[2] = { -1, -1 }, rc = -1;
 	char **argv = NULL;
 	const char *hs = NULL, *he = NULL;
@@ -274,8 +273,8 @@ int check_proxy_start(proxy *p, run_ctx *c, char *err, size_t errlen)
 	for (int r = 0; r < p->nroutes; r++) {
 		char *end;
 		long v = 0;
-		if (read_line_fd(out[0], line, sizeof line, 10000) < 0 || (v = strtol(line, &end, 10)) <= 0 ||
-		    *end || v > 65535) {
+		if (read_line_fd(out[0], line, sizeof line, 10000) < 0 || (v = strtol(line, &end, 10)) <= 0 || *end ||
+		    v > 65535) {
 			snprintf(err, errlen, "the fault proxy did not start (route %d)", r);
 			goto out;
 		}
@@ -671,8 +670,8 @@ void check_do_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *i
 		f->end_us = check_now_us();
 		f->ok = rc == 0;
 		if (rc != 0)
-			snprintf(f->note, sizeof f->note, "%s restart exited %d (see server.log)",
-				 o->server_script, rc);
+			snprintf(f->note, sizeof f->note, "%s restart exited %d (see server.log)", o->server_script,
+				 rc);
 		return;
 	}
 	if (kind == F_SPAUSE) {
@@ -706,8 +705,8 @@ void check_do_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *i
 	bool mfile;
 	int n = check_count_members(o->server_dir, &mfile);
 	if (n < 1 || (kind == F_MRESTART && mfile)) {
-		snprintf(f->note, sizeof f->note, "no %s listed in %.120s", kind == F_MRESTART ? "Redis masters" : "members",
-			 o->server_dir);
+		snprintf(f->note, sizeof f->note, "no %s listed in %.120s",
+			 kind == F_MRESTART ? "Redis masters" : "members", o->server_dir);
 		f->end_us = f->start_us;
 		return;
 	}
@@ -728,7 +727,8 @@ void check_do_fault(run_ctx *c, unsigned kind, uint64_t *rs, pid_t *pids, int *i
 			rc = run_script(o->work_dir, o->server_script, "restart", o->server_dir, idx);
 			bad += rc != 0;
 			if (off < sizeof f->note)
-				off += (size_t)snprintf(f->note + off, sizeof f->note - off, " %d%s", i, rc ? "(FAILED)" : "");
+				off += (size_t)snprintf(f->note + off, sizeof f->note - off, " %d%s", i,
+							rc ? "(FAILED)" : "");
 		}
 		char conf[PATH_MAX], line[256];
 		snprintf(conf, sizeof conf, "%.4000s/0/redis.conf", o->server_dir);
@@ -788,8 +788,8 @@ static bool in_path(const char *prog)
 
 /* Run argv with stdout captured into out (at most cap-1 bytes, NUL-ended),
  * stderr appended to WORK/server.log; the exit code, -1 if it did not run. */
-static int run_capture(const char *work, char *const argv[], const char *env_name, const char *env_val,
-		       char *out, size_t cap)
+static int run_capture(const char *work, char *const argv[], const char *env_name, const char *env_val, char *out,
+		       size_t cap)
 {
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) < 0)
@@ -897,7 +897,9 @@ static int redis_cmd4(const run_ctx *c, const char *hostport, char *out, size_t 
 	if (!colon)
 		return -1;
 	*colon = '\0';
-	char *argv[] = { "redis-cli", "-h", host, "-p", colon + 1, (char *)a1, (char *)a2, (char *)a3, (char *)a4, NULL };
+	char *argv[] = {
+		"redis-cli", "-h", host, "-p", colon + 1, (char *)a1, (char *)a2, (char *)a3, (char *)a4, NULL
+	};
 	uri_parts u;
 	const char *pass = c->uri && split_uri(c->uri, &u) == 0 && u.pass[0] ? u.pass : NULL;
 	char buf[4096];
@@ -920,8 +922,10 @@ int check_seam_prepare(run_ctx *c, const char *shown)
 	const cli_global *g = o->g;
 	if ((o->ops & OP_EXTEND) && shown && strncmp(shown, "sqlite:", 7) == 0) {
 		if (!in_path("sqlite3"))
-			return cli_usage_error(g, "--ops extend: not available on this store: SQLite renewals are delayed by "
-						  "holding its write lock from the sqlite3 shell, which is not in PATH");
+			return cli_usage_error(
+				g,
+				"--ops extend: not available on this store: SQLite renewals are delayed by "
+				"holding its write lock from the sqlite3 shell, which is not in PATH");
 		c->db_path = check_sqlite_path(c->uri);
 		if (!c->db_path)
 			return cli_usage_error(g, "--ops extend: cannot tell the SQLite database file of %s", shown);
@@ -930,8 +934,9 @@ int check_seam_prepare(run_ctx *c, const char *shown)
 		char buf[PATH_MAX];
 		ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
 		if (n <= 0)
-			return cli_usage_error(g, "--faults kill-tool: cannot find this program (/proc/self/exe) to run "
-						  "`dlock run`");
+			return cli_usage_error(g,
+					       "--faults kill-tool: cannot find this program (/proc/self/exe) to run "
+					       "`dlock run`");
 		buf[n] = '\0';
 		c->self = strdup(buf);
 		if (!c->self)
@@ -940,31 +945,43 @@ int check_seam_prepare(run_ctx *c, const char *shown)
 	if (o->faults & F_SESSKILL) {
 		bool pg = scheme_is(shown, pg_schemes), my = scheme_is(shown, my_schemes);
 		if (!pg && !my)
-			return cli_usage_error(g, "--faults session-kill: not available on this store: it kills a PostgreSQL "
-						  "or MySQL server session (postgres://, mysql://)");
+			return cli_usage_error(
+				g,
+				"--faults session-kill: not available on this store: it kills a PostgreSQL "
+				"or MySQL server session (postgres://, mysql://)");
 		if (pg && !in_path("psql"))
-			return cli_usage_error(g, "--faults session-kill: psql is not in PATH (it runs pg_terminate_backend)");
+			return cli_usage_error(
+				g, "--faults session-kill: psql is not in PATH (it runs pg_terminate_backend)");
 		if (my && !in_path("mariadb") && !in_path("mysql"))
-			return cli_usage_error(g, "--faults session-kill: neither mariadb nor mysql is in PATH (they run KILL)");
+			return cli_usage_error(
+				g, "--faults session-kill: neither mariadb nor mysql is in PATH (they run KILL)");
 	}
 	if ((o->faults & F_EVICT) && !scheme_is(shown, (const char *const[]){ "memcached", NULL }))
-		return cli_usage_error(g, "--faults evict: not available on this store: it fills a memcached server "
-					  "(memcached://)");
+		return cli_usage_error(g,
+				       "--faults evict: not available on this store: it fills a memcached server "
+				       "(memcached://)");
 	if (o->faults & F_FAILBACK) {
 		if (!scheme_is(shown, redis_schemes) && !o->master)
-			return cli_usage_error(g, "--faults failback: the topology is not given: on %.40s the master is not "
-						  "the store's host; name it with --master HOST:PORT (and its replica "
-						  "with --replica HOST:PORT)", shown);
+			return cli_usage_error(
+				g,
+				"--faults failback: the topology is not given: on %.40s the master is not "
+				"the store's host; name it with --master HOST:PORT (and its replica "
+				"with --replica HOST:PORT)",
+				shown);
 		if (!o->replica)
-			return cli_usage_error(g, "--faults failback: the topology is not given: name the master's replica "
-						  "with --replica HOST:PORT");
+			return cli_usage_error(
+				g,
+				"--faults failback: the topology is not given: name the master's replica "
+				"with --replica HOST:PORT");
 		if (!in_path("redis-cli"))
 			return cli_usage_error(g, "--faults failback: redis-cli is not in PATH (it runs REPLICAOF)");
 		if (!o->master) {
 			uri_parts u;
 			if (split_uri(c->uri, &u) != 0 || strchr(c->uri, ','))
-				return cli_usage_error(g, "--faults failback: the store has no single master host: name it "
-							  "with --master HOST:PORT");
+				return cli_usage_error(
+					g,
+					"--faults failback: the store has no single master host: name it "
+					"with --master HOST:PORT");
 		}
 		char out[512];
 		if (redis_cmd(c, o->replica, out, sizeof out, "ROLE", NULL, NULL) != 0 || strncmp(out, "slave", 5) != 0)
@@ -1025,7 +1042,8 @@ static void do_failback(run_ctx *c, fault *f)
 	redis_cmd4(c, m, out, sizeof out, "CONFIG", "SET", "repl-diskless-sync-delay", "0");
 	f->start_us = check_now_us();
 	const char *step = "promote the replica";
-	bool ok = redis_cmd(c, o->replica, out, sizeof out, "REPLICAOF", "NO", "ONE") == 0 && strncmp(out, "OK", 2) == 0;
+	bool ok = redis_cmd(c, o->replica, out, sizeof out, "REPLICAOF", "NO", "ONE") == 0 &&
+		  strncmp(out, "OK", 2) == 0;
 	if (ok) {
 		step = "demote the master";
 		ok = redis_cmd(c, m, out, sizeof out, "REPLICAOF", rhost, rport) == 0 && strncmp(out, "OK", 2) == 0;
@@ -1041,11 +1059,11 @@ static void do_failback(run_ctx *c, fault *f)
 	f->ok = ok && back;
 	f->count = f->ok;
 	if (f->ok)
-		snprintf(f->note, sizeof f->note, "master %.64s demoted to a replica of %.64s, resynced, promoted back", m,
-			 o->replica);
+		snprintf(f->note, sizeof f->note, "master %.64s demoted to a replica of %.64s, resynced, promoted back",
+			 m, o->replica);
 	else
-		snprintf(f->note, sizeof f->note, "failback failed at: %s%s (see server.log)", ok ? "promoting back" : step,
-			 back ? "" : "; the topology may be left changed");
+		snprintf(f->note, sizeof f->note, "failback failed at: %s%s (see server.log)",
+			 ok ? "promoting back" : step, back ? "" : "; the topology may be left changed");
 }
 
 /* The local ports of pid's TCP connections to remote port `rport`. */
@@ -1080,8 +1098,9 @@ static int worker_ports(pid_t pid, int rport, int *ports, int max)
 			char la[64], ra[64];
 			unsigned lp, rp, st;
 			unsigned long ino;
-			if (sscanf(line, " %*d: %63[0-9A-Fa-f]:%x %63[0-9A-Fa-f]:%x %x %*s %*s %*s %*s %*s %lu", la, &lp, ra,
-				   &rp, &st, &ino) != 6 || (int)rp != rport)
+			if (sscanf(line, " %*d: %63[0-9A-Fa-f]:%x %63[0-9A-Fa-f]:%x %x %*s %*s %*s %*s %*s %lu", la,
+				   &lp, ra, &rp, &st, &ino) != 6 ||
+			    (int)rp != rport)
 				continue;
 			for (int i = 0; i < ni; i++)
 				if (inodes[i] == ino && n < max)
@@ -1119,10 +1138,11 @@ static void do_session_kill(run_ctx *c, int slot, pid_t pid, fault *f)
 	long long killed = 0;
 	if (pg) {
 		char sql[600], conn[1200];
-		snprintf(sql, sizeof sql,
-			 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE client_port IN (%s) AND pid <> "
-			 "pg_backend_pid()",
-			 list);
+		snprintf(
+			sql, sizeof sql,
+			"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE client_port IN (%s) AND pid <> "
+			"pg_backend_pid()",
+			list);
 		/* the store's server and database, the password in the environment
 		 * (not in a process list), without dlock's own parameters */
 		snprintf(conn, sizeof conn, "postgresql://%s@%s:%d/%s", u.user, u.host, u.port ? u.port : 5432, u.db);
@@ -1149,7 +1169,8 @@ static void do_session_kill(run_ctx *c, int slot, pid_t pid, fault *f)
 			if (ko < sizeof kills)
 				ko += (size_t)snprintf(kills + ko, sizeof kills - ko, "KILL %lld;", atoll(w)), killed++;
 		if (rc == 0 && killed > 0) {
-			char *argv2[] = { (char *)client, "-h", u.host, "-P", port, "-u", u.user, "-N", "-B", "-e", kills, NULL };
+			char *argv2[] = { (char *)client, "-h", u.host, "-P", port,  "-u",
+					  u.user,         "-N", "-B",   "-e", kills, NULL };
 			f->start_us = check_now_us();
 			rc = run_capture(o->work_dir, argv2, "MYSQL_PWD", pass, NULL, 0);
 		}
@@ -1158,10 +1179,11 @@ static void do_session_kill(run_ctx *c, int slot, pid_t pid, fault *f)
 	f->count = killed;
 	f->ok = rc == 0 && killed > 0;
 	if (f->ok)
-		snprintf(f->note, sizeof f->note, "%lld session%s of worker %d killed by the server (client ports %s)", killed,
-			 killed == 1 ? "" : "s", slot, list);
+		snprintf(f->note, sizeof f->note, "%lld session%s of worker %d killed by the server (client ports %s)",
+			 killed, killed == 1 ? "" : "s", slot, list);
 	else
-		snprintf(f->note, sizeof f->note, "%s exited %d, %lld sessions killed (client ports %s; see server.log)",
+		snprintf(f->note, sizeof f->note,
+			 "%s exited %d, %lld sessions killed (client ports %s; see server.log)",
 			 pg ? "psql" : "mysql client", rc, killed, list);
 }
 
@@ -1233,8 +1255,8 @@ static void do_evict(run_ctx *c, uint64_t *rs, fault *f)
 	while (written < 4 * limit && !check_interrupted && check_now_us() < give_up) {
 		/* every slab class a lock's keys may be in: memcached evicts per class */
 		size_t len = 1 + (size_t)check_rnd_below(rs, 300);
-		int n = snprintf(cmd, sizeof cmd, "set dlock-check-fill/%d/%lld 0 300 %zu noreply\r\n", (int)getpid(), keys++,
-				 len);
+		int n = snprintf(cmd, sizeof cmd, "set dlock-check-fill/%d/%lld 0 300 %zu noreply\r\n", (int)getpid(),
+				 keys++, len);
 		memcpy(cmd + n, val, len);
 		memcpy(cmd + n + len, "\r\n", 2);
 		size_t tot = (size_t)n + len + 2, sent = 0;
@@ -1257,10 +1279,11 @@ static void do_evict(run_ctx *c, uint64_t *rs, fault *f)
 	f->count = ev > ev0 ? ev - ev0 : 0;
 	f->ok = f->count > 0;
 	if (f->ok)
-		snprintf(f->note, sizeof f->note, "%lld keys written (%lld KB), %lld evicted", keys, written / 1024, f->count);
+		snprintf(f->note, sizeof f->note, "%lld keys written (%lld KB), %lld evicted", keys, written / 1024,
+			 f->count);
 	else
-		snprintf(f->note, sizeof f->note, "%lld keys written (%lld KB) but nothing evicted (started with -M?)", keys,
-			 written / 1024);
+		snprintf(f->note, sizeof f->note, "%lld keys written (%lld KB) but nothing evicted (started with -M?)",
+			 keys, written / 1024);
 }
 
 /* kill-tool: SIGKILL a worker's `dlock run` while its command (which
@@ -1326,8 +1349,10 @@ static void do_kill_tool(run_ctx *c, uint64_t *rs, fault *f)
 	f->end_us = died;
 	if (!dead) {
 		kill(cmd, SIGKILL);
-		snprintf(f->note, sizeof f->note, "dlock run killed; its command (pid %d) still ran %.0f ms later: killed "
-			 "by the checker", (int)cmd, check_us_to_ms(died - f->start_us));
+		snprintf(f->note, sizeof f->note,
+			 "dlock run killed; its command (pid %d) still ran %.0f ms later: killed "
+			 "by the checker",
+			 (int)cmd, check_us_to_ms(died - f->start_us));
 	}
 	char line[128];
 	int len = snprintf(line, sizeof line, "D %d %d %lld %lld\n", slot, inc, seq, (long long)died);
@@ -1336,7 +1361,8 @@ static void do_kill_tool(run_ctx *c, uint64_t *rs, fault *f)
 	f->ok = 1;
 	f->count = 1;
 	if (dead)
-		snprintf(f->note, sizeof f->note, "dlock run SIGKILLed; its command (ignoring SIGTERM) died %.0f ms later",
+		snprintf(f->note, sizeof f->note,
+			 "dlock run SIGKILLed; its command (ignoring SIGTERM) died %.0f ms later",
 			 check_us_to_ms(died - f->start_us));
 }
 

@@ -35,10 +35,12 @@ static void hold_text(char *buf, size_t len, const hold *h)
 	char kind[48] = "";
 	if (h->kind != K_PLAIN)
 		snprintf(kind, sizeof kind, ", %s%s", check_kind_name(h->kind), h->extended ? " extended" : "");
-	snprintf(buf, len, "worker %d hold %lld (fence %" PRIu64 ", %.1f-%.1f ms%s%s%s)", h->slot,
-		 h->seq, h->fence, check_us_to_ms(h->t_grant), check_us_to_ms(h->t_end), kind, h->paused ? ", paused" : "",
-		 h->killed ? ", killed" : h->tool_killed ? ", its dlock run killed" :
-		 h->t_lost >= 0 && h->t_lost <= h->t_end ? ", lost" : "");
+	snprintf(buf, len, "worker %d hold %lld (fence %" PRIu64 ", %.1f-%.1f ms%s%s%s)", h->slot, h->seq, h->fence,
+		 check_us_to_ms(h->t_grant), check_us_to_ms(h->t_end), kind, h->paused ? ", paused" : "",
+		 h->killed                                 ? ", killed"
+		 : h->tool_killed                          ? ", its dlock run killed"
+		 : h->t_lost >= 0 && h->t_lost <= h->t_end ? ", lost"
+							   : "");
 }
 
 /* The violations one by one (at most MAX_SHOWN of each kind; all are
@@ -67,8 +69,8 @@ static void violation_lines(const results *r, void (*emit)(void *ctx, const char
 		if (!r->holds[i].stale_write)
 			continue;
 		hold_text(a, sizeof a, &r->holds[i]);
-		snprintf(line, sizeof line, "STALE WRITE: %s wrote %lld at %.1f ms after a higher fence had been used", a,
-			 (long long)r->holds[i].write_val, check_us_to_ms(r->holds[i].t_write));
+		snprintf(line, sizeof line, "STALE WRITE: %s wrote %lld at %.1f ms after a higher fence had been used",
+			 a, (long long)r->holds[i].write_val, check_us_to_ms(r->holds[i].t_write));
 		emit(ctx, line);
 		shown_n++;
 	}
@@ -99,7 +101,8 @@ void check_print_text(const check_opts *o, const char *shown, const results *r)
 	       o->fencing ? "on" : "off", o->seed);
 	if (o->ops)
 		printf("  holds: plain %zu, extend %zu, handle %zu, dlock run %zu; extends %lld, renewals delayed %lld\n",
-		       r->kinds[K_PLAIN], r->kinds[K_EXTEND], r->kinds[K_HANDLE], r->kinds[K_RUN], r->extends, r->delayed);
+		       r->kinds[K_PLAIN], r->kinds[K_EXTEND], r->kinds[K_HANDLE], r->kinds[K_RUN], r->extends,
+		       r->delayed);
 	printf("  grants %zu, writes accepted %lld, refused %lld (reads refused %zu), errors %zu, faults %zu\n",
 	       r->nholds, (long long)r->reg.accepted, (long long)r->reg.rejected, reads_refused, r->errors, r->nfaults);
 	for (size_t k = 0; k < r->nfaults; k++) {
@@ -117,18 +120,17 @@ void check_print_text(const check_opts *o, const char *shown, const results *r)
 			snprintf(target, sizeof target, "member %d", f->member);
 		if (f->slot < 0 && (f->kind & F_NET))
 			snprintf(target, sizeof target, "every worker");
-		printf("  fault %-14s %-12s %.0f-%.0fms: %s%s%s\n", check_fault_name(f->kind), target, check_us_to_ms(f->start_us),
-		       check_us_to_ms(f->end_us), f->ok ? heal : "FAILED: ", f->ok && f->note[0] ? "; " : "", f->note);
+		printf("  fault %-14s %-12s %.0f-%.0fms: %s%s%s\n", check_fault_name(f->kind), target,
+		       check_us_to_ms(f->start_us), check_us_to_ms(f->end_us),
+		       f->ok ? heal : "FAILED: ", f->ok && f->note[0] ? "; " : "", f->note);
 	}
 	printf("\n  %-40s %8s\n", "property", "count");
 	printf("  %-40s %8zu%s\n", "overlapping holds (store at fault)", r->unexplained,
 	       r->unexplained ? "  VIOLATED" : "");
 	printf("  %-40s %8zu\n", "overlaps after a pause (lease ran out)", r->noverlaps - r->unexplained);
 	printf("  %-40s %8zu%s\n", "fences out of grant order", r->nfence_bad, r->nfence_bad ? "  VIOLATED" : "");
-	printf("  %-40s %8lld%s\n", "lost updates", (long long)r->lost_updates,
-	       r->lost_updates ? "  VIOLATED" : "");
-	printf("  %-40s %8zu%s\n", "stale writes accepted", r->stale_writes,
-	       r->stale_writes ? "  VIOLATED" : "");
+	printf("  %-40s %8lld%s\n", "lost updates", (long long)r->lost_updates, r->lost_updates ? "  VIOLATED" : "");
+	printf("  %-40s %8zu%s\n", "stale writes accepted", r->stale_writes, r->stale_writes ? "  VIOLATED" : "");
 	printf("  %-40s %8.0f\n", "worst fault end -> next grant (ms)", check_us_to_ms(r->worst_heal_us));
 	if (r->stuck)
 		printf("  %-40s %8zu\n", "workers stuck in a call at the end", r->stuck);
@@ -137,8 +139,9 @@ void check_print_text(const check_opts *o, const char *shown, const results *r)
 	violation_lines(r, print_line, NULL);
 	const char *v = check_verdict(r);
 	printf("\nverdict: %s\n", r->pass ? "PASS: no safety property was violated"
-			 : strcmp(v, "fail") == 0 ? "FAIL: at least one safety property was violated"
-						  : "INCOMPLETE: nothing was violated, but a requested fault or op never ran");
+				  : strcmp(v, "fail") == 0
+					  ? "FAIL: at least one safety property was violated"
+					  : "INCOMPLETE: nothing was violated, but a requested fault or op never ran");
 }
 
 /* The run as one JSON object; `full` adds every hold (for the report). */
@@ -150,7 +153,8 @@ void check_print_json(FILE *f, const check_opts *o, const char *shown, const res
 	cli_json_str(f, o->name);
 	fprintf(f,
 		",\"clients\":%u,\"duration_ms\":%.1f,\"ttl_ms\":%lld,\"hold_ms\":%lld,\"fencing\":%s,"
-		"\"seed\":%" PRIu64 ",\"grants\":%zu,\"writes\":{\"accepted\":%lld,\"refused\":%lld,"
+		"\"seed\":%" PRIu64
+		",\"grants\":%zu,\"writes\":{\"accepted\":%lld,\"refused\":%lld,"
 		"\"stale_accepted\":%zu},\"final_value\":%lld,\"errors\":%zu,"
 		"\"overlaps\":%zu,\"overlaps_after_pause\":%zu,\"fence_order_violations\":%zu,"
 		"\"lost_updates\":%lld,\"stale_writes_accepted\":%zu,\"worst_heal_to_grant_ms\":%.1f,\"workers_stuck\":%zu,"
@@ -158,9 +162,9 @@ void check_print_json(FILE *f, const check_opts *o, const char *shown, const res
 		"\"extends\":%lld,\"renewals_delayed\":%lld,\"not_run\":%u,\"not_run_why\":",
 		o->clients, check_us_to_ms(r->end_us), (long long)o->ttl_ms, (long long)o->hold_ms,
 		o->fencing ? "true" : "false", o->seed, r->nholds, (long long)r->reg.accepted,
-		(long long)r->reg.rejected, r->stale_writes, (long long)r->reg.value, r->errors,
-		r->unexplained, r->noverlaps - r->unexplained, r->nfence_bad, (long long)r->lost_updates,
-		r->stale_writes, check_us_to_ms(r->worst_heal_us), r->stuck, (o->ops & OP_EXTEND) ? "extend" : "",
+		(long long)r->reg.rejected, r->stale_writes, (long long)r->reg.value, r->errors, r->unexplained,
+		r->noverlaps - r->unexplained, r->nfence_bad, (long long)r->lost_updates, r->stale_writes,
+		check_us_to_ms(r->worst_heal_us), r->stuck, (o->ops & OP_EXTEND) ? "extend" : "",
 		(o->ops & OP_EXTEND) && (o->ops & OP_HANDLE) ? "," : "", (o->ops & OP_HANDLE) ? "handle" : "",
 		r->kinds[K_PLAIN], r->kinds[K_EXTEND], r->kinds[K_HANDLE], r->kinds[K_RUN], r->extends, r->delayed,
 		r->not_run);
@@ -168,10 +172,12 @@ void check_print_json(FILE *f, const check_opts *o, const char *shown, const res
 	fputs(",\"faults\":[", f);
 	for (size_t k = 0; k < r->nfaults; k++) {
 		const fault *x = &r->faults[k];
-		fprintf(f, "%s{\"kind\":\"%s\",\"worker\":%d,\"member\":%d,\"start_ms\":%.1f,\"end_ms\":%.1f,"
-			   "\"ok\":%s,\"heal_to_grant_ms\":%.1f,\"split_ms\":%.1f,\"dropped_bytes\":%lld,\"count\":%lld,\"note\":",
-			k ? "," : "", check_fault_name(x->kind), x->slot, x->member, check_us_to_ms(x->start_us), check_us_to_ms(x->end_us),
-			x->ok ? "true" : "false", x->heal_to_grant_us < 0 ? -1.0 : check_us_to_ms(x->heal_to_grant_us),
+		fprintf(f,
+			"%s{\"kind\":\"%s\",\"worker\":%d,\"member\":%d,\"start_ms\":%.1f,\"end_ms\":%.1f,"
+			"\"ok\":%s,\"heal_to_grant_ms\":%.1f,\"split_ms\":%.1f,\"dropped_bytes\":%lld,\"count\":%lld,\"note\":",
+			k ? "," : "", check_fault_name(x->kind), x->slot, x->member, check_us_to_ms(x->start_us),
+			check_us_to_ms(x->end_us), x->ok ? "true" : "false",
+			x->heal_to_grant_us < 0 ? -1.0 : check_us_to_ms(x->heal_to_grant_us),
 			x->split_us < 0 ? -1.0 : check_us_to_ms(x->split_us), x->dropped, x->count);
 		cli_json_str(f, x->note);
 		fputc('}', f);
@@ -183,18 +189,24 @@ void check_print_json(FILE *f, const check_opts *o, const char *shown, const res
 		if (p->explained)
 			continue;
 		const hold *a = &r->holds[p->a], *b = &r->holds[p->b];
-		fprintf(f, "%s{\"kind\":\"overlap\",\"a\":{\"worker\":%d,\"fence\":%" PRIu64 ",\"grant_ms\":%.1f,"
-			   "\"end_ms\":%.1f},\"b\":{\"worker\":%d,\"fence\":%" PRIu64 ",\"grant_ms\":%.1f,\"end_ms\":%.1f}}",
-			n++ ? "," : "", a->slot, a->fence, check_us_to_ms(a->t_grant), check_us_to_ms(a->t_end), b->slot, b->fence,
-			check_us_to_ms(b->t_grant), check_us_to_ms(b->t_end));
+		fprintf(f,
+			"%s{\"kind\":\"overlap\",\"a\":{\"worker\":%d,\"fence\":%" PRIu64
+			",\"grant_ms\":%.1f,"
+			"\"end_ms\":%.1f},\"b\":{\"worker\":%d,\"fence\":%" PRIu64
+			",\"grant_ms\":%.1f,\"end_ms\":%.1f}}",
+			n++ ? "," : "", a->slot, a->fence, check_us_to_ms(a->t_grant), check_us_to_ms(a->t_end),
+			b->slot, b->fence, check_us_to_ms(b->t_grant), check_us_to_ms(b->t_end));
 		if (n >= 100)
 			break; /* all are counted above; a sample is enough here */
 	}
 	for (size_t i = 0; i < r->nfence_bad; i++) {
 		const hold *a = &r->holds[r->fence_bad[i].a], *b = &r->holds[r->fence_bad[i].b];
-		fprintf(f, "%s{\"kind\":\"fence_order\",\"a\":{\"worker\":%d,\"fence\":%" PRIu64 ",\"grant_ms\":%.1f},"
-			   "\"b\":{\"worker\":%d,\"fence\":%" PRIu64 ",\"grant_ms\":%.1f}}",
-			n++ ? "," : "", a->slot, a->fence, check_us_to_ms(a->t_grant), b->slot, b->fence, check_us_to_ms(b->t_grant));
+		fprintf(f,
+			"%s{\"kind\":\"fence_order\",\"a\":{\"worker\":%d,\"fence\":%" PRIu64
+			",\"grant_ms\":%.1f},"
+			"\"b\":{\"worker\":%d,\"fence\":%" PRIu64 ",\"grant_ms\":%.1f}}",
+			n++ ? "," : "", a->slot, a->fence, check_us_to_ms(a->t_grant), b->slot, b->fence,
+			check_us_to_ms(b->t_grant));
 	}
 	for (size_t i = 0; i < r->nholds; i++) {
 		const hold *h = &r->holds[i];
@@ -208,15 +220,18 @@ void check_print_json(FILE *f, const check_opts *o, const char *shown, const res
 		fputs(",\"holds\":[", f);
 		for (size_t i = 0; i < r->nholds; i++) {
 			const hold *h = &r->holds[i];
-			fprintf(f, "%s{\"w\":%d,\"inc\":%d,\"fence\":%" PRIu64 ",\"req\":%.1f,\"grant\":%.1f,"
-				   "\"end\":%.1f,\"write\":%.1f,\"write_ok\":%d,\"stale\":%s,\"paused\":%s,"
-				   "\"killed\":%s,\"lost\":%s,\"kind\":\"%s\",\"extended\":%d,\"tool_killed\":%s}",
-				i ? "," : "", h->slot, h->inc, h->fence, check_us_to_ms(h->t_req), check_us_to_ms(h->t_grant),
-				check_us_to_ms(h->t_end), h->t_write < 0 ? -1.0 : check_us_to_ms(h->t_write), h->write_ok,
+			fprintf(f,
+				"%s{\"w\":%d,\"inc\":%d,\"fence\":%" PRIu64
+				",\"req\":%.1f,\"grant\":%.1f,"
+				"\"end\":%.1f,\"write\":%.1f,\"write_ok\":%d,\"stale\":%s,\"paused\":%s,"
+				"\"killed\":%s,\"lost\":%s,\"kind\":\"%s\",\"extended\":%d,\"tool_killed\":%s}",
+				i ? "," : "", h->slot, h->inc, h->fence, check_us_to_ms(h->t_req),
+				check_us_to_ms(h->t_grant), check_us_to_ms(h->t_end),
+				h->t_write < 0 ? -1.0 : check_us_to_ms(h->t_write), h->write_ok,
 				h->stale_write ? "true" : "false", h->paused ? "true" : "false",
 				h->killed ? "true" : "false",
-				h->t_lost >= 0 && h->t_lost <= h->t_end ? "true" : "false", check_kind_name(h->kind), h->extended,
-				h->tool_killed ? "true" : "false");
+				h->t_lost >= 0 && h->t_lost <= h->t_end ? "true" : "false", check_kind_name(h->kind),
+				h->extended, h->tool_killed ? "true" : "false");
 		}
 		fputs("],\"overlap_pairs\":[", f);
 		for (size_t i = 0; i < r->noverlaps; i++)
@@ -257,7 +272,7 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 		o->clients, check_us_to_ms(r->end_us) / 1000.0, (long long)o->ttl_ms, (long long)o->hold_ms,
 		o->fencing ? "on" : "off", o->seed);
 	fprintf(f, "<div class=\"verdict %s\">%s</div></div>\n", r->pass ? "good" : "bad",
-		r->pass ? "PASS: no safety property was violated"
+		r->pass                                 ? "PASS: no safety property was violated"
 		: strcmp(check_verdict(r), "fail") == 0 ? "FAIL: a safety property was violated"
 							: "INCOMPLETE: a requested fault or op never ran");
 	size_t reads_refused = 0;
@@ -265,7 +280,8 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 		reads_refused += r->holds[i].read_ok == 0;
 	fputs("<div id=\"verdicts\"><table><tr><th>property</th><th>count</th></tr>\n", f);
 	html_row(f, "overlapping holds (store at fault)", (long long)r->unexplained, true);
-	html_row(f, "overlaps after a pause (lease ran out while stopped)", (long long)(r->noverlaps - r->unexplained), false);
+	html_row(f, "overlaps after a pause (lease ran out while stopped)", (long long)(r->noverlaps - r->unexplained),
+		 false);
 	html_row(f, "fences out of grant order", (long long)r->nfence_bad, true);
 	html_row(f, "lost updates", (long long)r->lost_updates, true);
 	html_row(f, "stale writes accepted", (long long)r->stale_writes, true);
@@ -304,8 +320,9 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 	double W = end / 1000.0 * 60 > 1200 ? end / 1000.0 * 60 : 1200;
 	double H = TOP + o->clients * RH + 30;
 #define X(v) (L + (W - L - R) * (v) / end)
-	fprintf(f, "<div id=\"timeline\"><svg id=\"timeline-svg\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
-		   "height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" preserveAspectRatio=\"none\">\n",
+	fprintf(f,
+		"<div id=\"timeline\"><svg id=\"timeline-svg\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
+		"height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" preserveAspectRatio=\"none\">\n",
 		W, H, W, H);
 	double step = pow(10, floor(log10(end / 5)));
 	if (end / step > 12)
@@ -315,32 +332,36 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 	while (end / step > 12 * W / 1200)
 		step *= 2;
 	for (double v = 0; v <= end; v += step) {
-		fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.0f\" y2=\"%.0f\" stroke=\"#eee\"/>", X(v), X(v), TOP - 4,
-			H - 24);
+		fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.0f\" y2=\"%.0f\" stroke=\"#eee\"/>", X(v), X(v),
+			TOP - 4, H - 24);
 		if (v >= 1000)
-			fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%g s</text>\n", X(v), H - 8, v / 1000);
+			fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%g s</text>\n", X(v), H - 8,
+				v / 1000);
 		else
 			fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%g ms</text>\n", X(v), H - 8, v);
 	}
 	for (unsigned i = 0; i < o->clients; i++)
-		fprintf(f, "<text x=\"6\" y=\"%.0f\">worker %u</text><line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.0f\" y2=\"%.0f\" "
-			   "stroke=\"#f3f3f3\"/>\n",
+		fprintf(f,
+			"<text x=\"6\" y=\"%.0f\">worker %u</text><line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.0f\" y2=\"%.0f\" "
+			"stroke=\"#f3f3f3\"/>\n",
 			TOP + i * RH + RH / 2 + 4, i, L, W - R, TOP + (i + 1) * RH, TOP + (i + 1) * RH);
 	for (size_t k = 0; k < r->nfaults; k++) {
 		const fault *x = &r->faults[k];
 		bool all = x->slot < 0;
 		double y = all ? TOP : TOP + x->slot * RH, hh = all ? o->clients * RH : RH;
 		double w = X(check_us_to_ms(x->end_us)) - X(check_us_to_ms(x->start_us));
-		fprintf(f, "<rect class=\"fault\" x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" height=\"%.0f\" fill=\"#bbb\" "
-			   "fill-opacity=\"0.45\"><title>%s: %.0f\u2013%.0f ms",
-			X(check_us_to_ms(x->start_us)), y, w > 2 ? w : 2, hh, check_fault_name(x->kind), check_us_to_ms(x->start_us), check_us_to_ms(x->end_us));
+		fprintf(f,
+			"<rect class=\"fault\" x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" height=\"%.0f\" fill=\"#bbb\" "
+			"fill-opacity=\"0.45\"><title>%s: %.0f\u2013%.0f ms",
+			X(check_us_to_ms(x->start_us)), y, w > 2 ? w : 2, hh, check_fault_name(x->kind),
+			check_us_to_ms(x->start_us), check_us_to_ms(x->end_us));
 		if (!x->ok) {
 			fputs(" (failed: ", f);
 			cli_html(f, x->note);
 			fputc(')', f);
 		}
-		fprintf(f, "</title></rect><text x=\"%.1f\" y=\"%.0f\">%s</text>\n", X(check_us_to_ms(x->start_us)) + 2, TOP - 8,
-			check_fault_name(x->kind));
+		fprintf(f, "</title></rect><text x=\"%.1f\" y=\"%.0f\">%s</text>\n", X(check_us_to_ms(x->start_us)) + 2,
+			TOP - 8, check_fault_name(x->kind));
 	}
 	for (size_t i = 0; i < r->nholds; i++) {
 		const hold *x = &r->holds[i];
@@ -349,9 +370,14 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 			w = 1.5;
 		char text[160];
 		hold_text(text, sizeof text, x);
-		fprintf(f, "<rect class=\"hold\" data-fence=\"%" PRIu64 "\" x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" height=\"%.0f\" "
-			   "rx=\"2\" fill=\"%s\"><title>%s</title></rect>",
-			x->fence, X(check_us_to_ms(x->t_grant)), y, w, RH - 10, x->killed ? "#777" : x->paused ? "#d9a030" : "#4a7fc1",
+		fprintf(f,
+			"<rect class=\"hold\" data-fence=\"%" PRIu64
+			"\" x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" height=\"%.0f\" "
+			"rx=\"2\" fill=\"%s\"><title>%s</title></rect>",
+			x->fence, X(check_us_to_ms(x->t_grant)), y, w, RH - 10,
+			x->killed   ? "#777"
+			: x->paused ? "#d9a030"
+				    : "#4a7fc1",
 			text);
 		char label[24];
 		int n = snprintf(label, sizeof label, "%" PRIu64, x->fence);
@@ -360,14 +386,18 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 				X(check_us_to_ms(x->t_grant)) + w / 2, y + RH / 2, label);
 		if (x->t_write >= 0) {
 			const char *c = x->stale_write ? "#f0f" : x->write_ok == 1 ? "#2a2" : "#000";
-			fprintf(f, "<line class=\"%s\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" "
-				   "stroke-width=\"2.5\"/>",
-				x->stale_write ? "write stale" : x->write_ok == 1 ? "write" : "write refused",
+			fprintf(f,
+				"<line class=\"%s\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" "
+				"stroke-width=\"2.5\"/>",
+				x->stale_write     ? "write stale"
+				: x->write_ok == 1 ? "write"
+						   : "write refused",
 				X(check_us_to_ms(x->t_write)), X(check_us_to_ms(x->t_write)), y - 3, y + RH - 7, c);
 		}
 		if (x->read_ok == 0 && x->t_read >= 0)
-			fprintf(f, "<circle class=\"marker refused\" cx=\"%.1f\" cy=\"%.0f\" r=\"3\" fill=\"#000\">"
-				   "<title>read refused: fence %" PRIu64 " is stale</title></circle>",
+			fprintf(f,
+				"<circle class=\"marker refused\" cx=\"%.1f\" cy=\"%.0f\" r=\"3\" fill=\"#000\">"
+				"<title>read refused: fence %" PRIu64 " is stale</title></circle>",
 				X(check_us_to_ms(x->t_read)), y - 2, x->fence);
 		fputc('\n', f);
 	}
@@ -376,19 +406,22 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 		for (int k = 0; k < 2; k++) {
 			const hold *x = &r->holds[k ? p->b : p->a];
 			double w = X(check_us_to_ms(p->to_us)) - X(check_us_to_ms(p->from_us));
-			fprintf(f, "<rect class=\"overlap\" x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" height=\"%.0f\" fill=\"#e00\" "
-				   "fill-opacity=\"0.75\"><title>overlap of fences %" PRIu64 " and %" PRIu64
-				   " from %.1f to %.1f ms%s</title></rect>\n",
+			fprintf(f,
+				"<rect class=\"overlap\" x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" height=\"%.0f\" fill=\"#e00\" "
+				"fill-opacity=\"0.75\"><title>overlap of fences %" PRIu64 " and %" PRIu64
+				" from %.1f to %.1f ms%s</title></rect>\n",
 				X(check_us_to_ms(p->from_us)), TOP + x->slot * RH + 5, w > 1.5 ? w : 1.5, RH - 10,
-				r->holds[p->a].fence, r->holds[p->b].fence, check_us_to_ms(p->from_us), check_us_to_ms(p->to_us),
+				r->holds[p->a].fence, r->holds[p->b].fence, check_us_to_ms(p->from_us),
+				check_us_to_ms(p->to_us),
 				p->explained ? " (holder was paused: its lease ran out)" : "");
 		}
 	}
 	for (size_t i = 0; i < r->nfence_bad; i++) {
 		const hold *a = &r->holds[r->fence_bad[i].a], *b = &r->holds[r->fence_bad[i].b];
 		double cx = X(check_us_to_ms(b->t_grant)), cy = TOP + b->slot * RH + 3;
-		fprintf(f, "<path class=\"marker fence-order\" d=\"M%.1f %.1f l-5 -8 h10 z\" fill=\"#f80\"><title>fence %" PRIu64
-			   " granted after fence %" PRIu64 " (worker %d): out of order</title></path>\n",
+		fprintf(f,
+			"<path class=\"marker fence-order\" d=\"M%.1f %.1f l-5 -8 h10 z\" fill=\"#f80\"><title>fence %" PRIu64
+			" granted after fence %" PRIu64 " (worker %d): out of order</title></path>\n",
 			cx, cy, b->fence, a->fence, a->slot);
 	}
 #undef X
@@ -406,8 +439,10 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 				snprintf(target, sizeof target, "member %d", x->member);
 			else if (x->kind & F_NET)
 				snprintf(target, sizeof target, "every worker");
-			fprintf(f, "<tr><td>%s</td><td>%s</td><td class=\"n\">%.0f</td><td class=\"n\">%.0f</td><td class=\"n\">",
-				check_fault_name(x->kind), target, check_us_to_ms(x->start_us), check_us_to_ms(x->end_us));
+			fprintf(f,
+				"<tr><td>%s</td><td>%s</td><td class=\"n\">%.0f</td><td class=\"n\">%.0f</td><td class=\"n\">",
+				check_fault_name(x->kind), target, check_us_to_ms(x->start_us),
+				check_us_to_ms(x->end_us));
 			if (x->heal_to_grant_us < 0)
 				fputs("none", f);
 			else

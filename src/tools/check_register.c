@@ -28,8 +28,8 @@
  * write=true: store *value. Returns 1 accepted, 0 refused (stale fence),
  * -1 on an I/O error. *highest_before gets the highest fence seen before.
  */
-int check_reg_access(const char *path, bool fencing, bool write_op, uint64_t fence,
-		      int64_t *value, uint64_t *highest_before)
+int check_reg_access(const char *path, bool fencing, bool write_op, uint64_t fence, int64_t *value,
+		     uint64_t *highest_before)
 {
 	int fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0)

@@ -58,11 +58,13 @@ void cli_html(FILE *f, const char *s)
 {
 	for (; s && *s; s++) {
 		switch (*s) {
+                /* clang-format off */
 		case '<': fputs("&lt;", f); break;
 		case '>': fputs("&gt;", f); break;
 		case '&': fputs("&amp;", f); break;
 		case '"': fputs("&quot;", f); break;
 		default: fputc(*s, f);
+                /* clang-format on */
 		}
 	}
 }

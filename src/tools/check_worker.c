@@ -309,8 +309,8 @@ int check_as_command(const char *spec)
 		fclose(pf);
 		rename(tmp, pidp);
 	}
-	logf_line(fd, "A %d %d %lld %lld %lld %" PRIu64 " %d\n", slot, inc, seq, (long long)t_grant,
-		  (long long)t_grant, fence, K_RUN);
+	logf_line(fd, "A %d %d %lld %lld %lld %" PRIu64 " %d\n", slot, inc, seq, (long long)t_grant, (long long)t_grant,
+		  fence, K_RUN);
 	int64_t v = 0;
 	uint64_t hb = 0;
 	int ok = check_reg_access(regp, fencing, false, fence, &v, &hb);
@@ -373,7 +373,8 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 			if (rc == 0 && (o->ops & OP_HANDLE))
 				rc = dlock_lock_new(&hlock, store, o->name, &lh);
 			if (rc != 0) {
-				logf_line(c->log_fd, "E %d %d %lld %lld %d\n", slot, inc, seq, (long long)check_now_us(), rc);
+				logf_line(c->log_fd, "E %d %d %lld %lld %d\n", slot, inc, seq,
+					  (long long)check_now_us(), rc);
 				dlock_store_close(store);
 				return CLI_EXIT_FAIL; /* replaced by the parent */
 			}
@@ -392,7 +393,8 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 			 * down): noted, try again */
 			if (rc != 0 && rc != CLI_EXIT_NOTACQUIRED && rc != CLI_EXIT_LOST && rc < 128 &&
 			    !atomic_load(&c->sh->stop))
-				logf_line(c->log_fd, "E %d %d %lld %lld %d\n", slot, inc, seq, (long long)check_now_us(), -rc);
+				logf_line(c->log_fd, "E %d %d %lld %lld %d\n", slot, inc, seq,
+					  (long long)check_now_us(), -rc);
 			if (rc != 0)
 				check_sleep_ms(20);
 			continue;
@@ -422,13 +424,13 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 		}
 		int64_t t_grant = check_now_us();
 		uint64_t fence = dlock_fence(l);
-		logf_line(c->log_fd, "A %d %d %lld %lld %lld %" PRIu64 " %d\n", slot, inc, seq,
-			  (long long)t_req, (long long)t_grant, fence, kind);
+		logf_line(c->log_fd, "A %d %d %lld %lld %lld %" PRIu64 " %d\n", slot, inc, seq, (long long)t_req,
+			  (long long)t_grant, fence, kind);
 		int64_t v = 0;
 		uint64_t hb = 0;
 		int ok = check_reg_access(c->reg_path, o->fencing, false, fence, &v, &hb);
-		logf_line(c->log_fd, "W %d %d %lld %lld r %d %" PRIu64 " %lld %" PRIu64 "\n", slot, inc,
-			  seq, (long long)check_now_us(), ok, fence, (long long)v, hb);
+		logf_line(c->log_fd, "W %d %d %lld %lld r %d %" PRIu64 " %lld %" PRIu64 "\n", slot, inc, seq,
+			  (long long)check_now_us(), ok, fence, (long long)v, hb);
 		/* Announced after the read: a pause then falls between read and write. */
 		atomic_store(&c->sh->holding[slot], seq);
 		/* The work; a SIGSTOP here is the GC pause: on waking, write at once.
@@ -440,8 +442,8 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 			int erc = extend_delayed(c, l, ctl, slot, t_grant, &delayed);
 			if (delayed)
 				atomic_fetch_add(&c->sh->delayed, 1);
-			logf_line(c->log_fd, "X %d %d %lld %lld %d %d\n", slot, inc, seq, (long long)check_now_us(), erc,
-				  delayed ? 1 : 0);
+			logf_line(c->log_fd, "X %d %d %lld %lld %d %d\n", slot, inc, seq, (long long)check_now_us(),
+				  erc, delayed ? 1 : 0);
 			if (erc == 0)
 				atomic_fetch_add(&c->sh->extends, 1);
 			else
@@ -452,9 +454,11 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 			for (int64_t t = t_grant + o->ttl_ms * 1000 / 3; t < until; t += o->ttl_ms * 1000 / 3) {
 				check_sleep_until(t);
 				int erc = dlock_extend(l, o->ttl_ms);
-				logf_line(c->log_fd, "X %d %d %lld %lld %d 0\n", slot, inc, seq, (long long)check_now_us(), erc);
+				logf_line(c->log_fd, "X %d %d %lld %lld %d 0\n", slot, inc, seq,
+					  (long long)check_now_us(), erc);
 				if (erc != 0) {
-					logf_line(c->log_fd, "L %d %d %lld %lld\n", slot, inc, seq, (long long)check_now_us());
+					logf_line(c->log_fd, "L %d %d %lld %lld\n", slot, inc, seq,
+						  (long long)check_now_us());
 					break;
 				}
 				atomic_fetch_add(&c->sh->extends, 1);
@@ -464,8 +468,8 @@ static int worker_main(const run_ctx *c, int slot, int inc)
 		if (ok == 1) {
 			int64_t nv = v + 1;
 			ok = check_reg_access(c->reg_path, o->fencing, true, fence, &nv, &hb);
-			logf_line(c->log_fd, "W %d %d %lld %lld w %d %" PRIu64 " %lld %" PRIu64 "\n", slot,
-				  inc, seq, (long long)check_now_us(), ok, fence, (long long)nv, hb);
+			logf_line(c->log_fd, "W %d %d %lld %lld w %d %" PRIu64 " %lld %" PRIu64 "\n", slot, inc, seq,
+				  (long long)check_now_us(), ok, fence, (long long)nv, hb);
 		}
 		atomic_store(&c->sh->holding[slot], 0);
 		/* Logged before the call: the work is done here, and a release that

@@ -107,9 +107,9 @@ struct chunk {
 struct dir {
 	struct chunk *head, *tail;
 	size_t queued;
-	int eof;	/* the source sent FIN */
-	int shut;	/* FIN forwarded to the destination */
-	int blocked;	/* the last write to the destination hit EAGAIN */
+	int eof; /* the source sent FIN */
+	int shut; /* FIN forwarded to the destination */
+	int blocked; /* the last write to the destination hit EAGAIN */
 };
 
 struct route;
@@ -551,8 +551,7 @@ static void arm_timer(void)
 			for (int d = 0; d < 2; d++) {
 				struct chunk *h = c->dir[d].head;
 				int dst = d == UP ? DOWN : UP;
-				if (!h || c->dir[d].blocked || !flows(c, d) || c->fd[dst] < 0 ||
-				    c->connecting)
+				if (!h || c->dir[d].blocked || !flows(c, d) || c->fd[dst] < 0 || c->connecting)
 					continue;
 				int64_t t = chunk_due(&routes[i], h);
 				if (next < 0 || t < next)
@@ -636,11 +635,13 @@ static int unescape(const char *s, char *out, size_t *len)
 		char ch = *s;
 		if (ch == '\\') {
 			switch (*++s) {
+                        /* clang-format off */
 			case 's': ch = ' '; break;
 			case 't': ch = '\t'; break;
 			case 'r': ch = '\r'; break;
 			case 'n': ch = '\n'; break;
 			case '\\': ch = '\\'; break;
+			/* clang-format on */
 			case 'x': {
 				int hi = hexval(s[1]), lo = hi < 0 ? -1 : hexval(s[2]);
 				if (lo < 0)
@@ -875,8 +876,7 @@ int FAULTPROXY_MAIN(int argc, char **argv)
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
-	if ((ep = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
-	    (sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)) < 0 ||
+	if ((ep = epoll_create1(EPOLL_CLOEXEC)) < 0 || (sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)) < 0 ||
 	    (timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)) < 0 ||
 	    add_fd(sig_fd, &sig_it) < 0 || add_fd(timer_fd, &timer_it) < 0) {
 		perror("faultproxy: setup");

@@ -20,8 +20,8 @@
  * targets[]; *hs and *he bound the host list in `uri` (after any userinfo),
  * for faultproxy_uri_rewrite. Returns the number of hosts, or -1 with a
  * message in err. */
-static inline int faultproxy_uri_hosts(const char *uri, char (*targets)[FAULTPROXY_HOST_MAX], int max,
-				       const char **hs, const char **he, char *err, size_t errlen)
+static inline int faultproxy_uri_hosts(const char *uri, char (*targets)[FAULTPROXY_HOST_MAX], int max, const char **hs,
+				       const char **he, char *err, size_t errlen)
 {
 	const char *a = strstr(uri, "://");
 	if (!a) {
@@ -64,8 +64,7 @@ static inline int faultproxy_uri_hosts(const char *uri, char (*targets)[FAULTPRO
  * A Redis Cluster URI (scheme ending in "+cluster") also gets
  * remap=host:port>127.0.0.1:port for every host: the nodes announce their own
  * addresses, which the client must reach through the proxy too. */
-static inline char *faultproxy_uri_rewrite(const char *uri, const char *hs, const char *he, const int *ports,
-					   int n)
+static inline char *faultproxy_uri_rewrite(const char *uri, const char *hs, const char *he, const int *ports, int n)
 {
 	const char *sep = strstr(uri, "://");
 	int cluster = sep && sep - uri >= 8 && !strncmp(sep - 8, "+cluster", 8);
@@ -84,8 +83,8 @@ static inline char *faultproxy_uri_rewrite(const char *uri, const char *hs, cons
 		for (int i = 0; i < n && a < he; i++) {
 			const char *comma = memchr(a, ',', (size_t)(he - a));
 			const char *e = comma ? comma : he;
-			off += (size_t)snprintf(copy + off, cap - off, "%s%.*s>127.0.0.1:%d", i ? "," : "", (int)(e - a), a,
-						ports[i]);
+			off += (size_t)snprintf(copy + off, cap - off, "%s%.*s>127.0.0.1:%d", i ? "," : "",
+						(int)(e - a), a, ports[i]);
 			a = comma ? comma + 1 : he;
 		}
 	}

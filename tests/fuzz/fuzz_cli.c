@@ -17,6 +17,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 enum { OPT_NAME = 1, OPT_HANDLE };
 
+/* clang-format off */
 static const cli_opt opts[] = {
 	{ "ttl", 't', true, CLI_OPT_TTL },
 	{ "wait", 'w', true, CLI_OPT_WAIT },
@@ -27,6 +28,7 @@ static const cli_opt opts[] = {
 	{ "handle", 0, true, OPT_HANDLE },
 	{ NULL, 0, false, 0 },
 };
+/* clang-format on */
 
 typedef struct ctx {
 	cli_global *g;

@@ -38,7 +38,9 @@ static char tmpdir[256];
 static char run_id[32];
 static int unsupported;
 
-typedef struct { int rd, wr; } event;
+typedef struct {
+	int rd, wr;
+} event;
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -69,8 +71,7 @@ static void lock_name(char *buf, size_t n, const char *c)
 	snprintf(buf, n, "conf-%s-%s", run_id, c);
 }
 
-static dlock_lock *new_lock(dlock_store *s, const char *name, dlock_mode mode, unsigned permits,
-			    int fair, int64_t ttl)
+static dlock_lock *new_lock(dlock_store *s, const char *name, dlock_mode mode, unsigned permits, int fair, int64_t ttl)
 {
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
 	o.mode = mode;
@@ -147,8 +148,8 @@ static pid_t spawn_named(const char *fname, long arg)
 	snprintf(fds[1], 16, "%d", ev_a.wr);
 	snprintf(fds[2], 16, "%d", ev_b.rd);
 	snprintf(fds[3], 16, "%d", ev_b.wr);
-	char *argv[] = { self_exe, "--child", uri, tmpdir, run_id, (char *)fname, a, fds[0], fds[1], fds[2],
-			 fds[3], NULL };
+	char *argv[] = { self_exe, "--child", uri,    tmpdir, run_id, (char *)fname,
+			 a,        fds[0],    fds[1], fds[2], fds[3], NULL };
 	pid_t p = tu_spawn_self(argv, NULL, NULL);
 	if (p < 0)
 		die("fork");
@@ -443,8 +444,8 @@ static int paused_holder(long ttl)
 	int rc = dlock_release(l);
 	int ok = lost_fired && !dlock_held(l) && (rc == DLOCK_ELOST || rc == DLOCK_ENOTHELD);
 	if (!ok)
-		fprintf(stderr, "paused holder: lost_fired=%d held=%d release=%s\n", (int)lost_fired,
-			dlock_held(l), dlock_error_name(rc));
+		fprintf(stderr, "paused holder: lost_fired=%d held=%d release=%s\n", (int)lost_fired, dlock_held(l),
+			dlock_error_name(rc));
 	dlock_lock_free(l);
 	dlock_store_close(s);
 	return ok ? 0 : 1;
@@ -876,8 +877,8 @@ static void case_bad_input(void)
 	CHECK_RC(dlock_lock_new(&l, s, "x", &o), DLOCK_EINVAL);
 	CHECK(l == NULL);
 	/* Names a store has to map (paths, quotes, long, non-ASCII) work and stay distinct. */
-	const char *odd[] = { "a/b/../c", "quote'\"; DROP TABLE x; --", "ünïcødé/名前", "{braces}:colon",
-			      "%2F-percent", big + 2 };
+	const char *odd[] = { "a/b/../c", "quote'\"; DROP TABLE x; --", "ünïcødé/名前", "{braces}:colon", "%2F-percent",
+			      big + 2 };
 	dlock_lock *h[6];
 	for (int i = 0; i < 6; i++) {
 		char name[600];
@@ -893,7 +894,6 @@ static void case_bad_input(void)
 	}
 	dlock_store_close(s);
 }
-
 
 /* Another process tries the "two-handles" lock once, opening and closing its
  * own store handle twice (as `dlock status` would): exit 0 if every try got
@@ -969,7 +969,6 @@ static void case_two_handles(void)
 			(bad)++;                                                               \
 		}                                                                              \
 	} while (0)
-
 
 /* ThreadSanitizer refuses new threads in the child of a multi-threaded
  * fork (it dies: die_after_fork): there a child does not take a lock of
@@ -1215,8 +1214,8 @@ static bool is_sqlite(void)
 
 static void with_options(char *out, size_t n, const char *base, long timeout, long connect)
 {
-	if (snprintf(out, n, "%s%stimeout=%ldms&connect_timeout=%ldms", base, strchr(base, '?') ? "&" : "?",
-		     timeout, connect) >= (int)n)
+	if (snprintf(out, n, "%s%stimeout=%ldms&connect_timeout=%ldms", base, strchr(base, '?') ? "&" : "?", timeout,
+		     connect) >= (int)n)
 		die("URI too long");
 }
 
@@ -1361,8 +1360,7 @@ typedef struct net_hold {
  * timeout) and clear net_lost_at. false, with nothing to stop, when the
  * proxy did not start (a failed check) or, when `no_link` is given, on a
  * store with no link to fault (sqlite): `no_link` says why. */
-static bool net_hold_start(net_hold *h, const char *name, long ttl, long timeout, long connect,
-			   const char *no_link)
+static bool net_hold_start(net_hold *h, const char *name, long ttl, long timeout, long connect, const char *no_link)
 {
 	if (net_start(&h->nt, timeout, connect) != 0) {
 		CHECK(!"fault proxy did not start");
@@ -1627,7 +1625,8 @@ static void case_net_lost_reply(void)
 	int lp = m.pattern[0] ? 0 : -1; /* a pattern to match, or a blanket drop */
 	if (m.proxied_option) {
 		size_t len = strlen(nt.uri);
-		if (snprintf(nt.uri + len, sizeof(nt.uri) - len, "&%s", m.proxied_option) >= (int)(sizeof(nt.uri) - len))
+		if (snprintf(nt.uri + len, sizeof(nt.uri) - len, "&%s", m.proxied_option) >=
+		    (int)(sizeof(nt.uri) - len))
 			die("URI too long");
 	}
 	dlock_store *direct = open_store();
@@ -1710,8 +1709,7 @@ static void case_net_lost_reply(void)
 			CHECK(net_set(&nt, "drop") == 0);
 		}
 		long long until = tu_now_ms() + 4000;
-		while (!(seen = held_by_client(direct, name, dlock_store_client_id(faulty))) &&
-		       tu_now_ms() < until)
+		while (!(seen = held_by_client(direct, name, dlock_store_client_id(faulty))) && tu_now_ms() < until)
 			usleep(5000);
 	}
 	CHECK(seen);
@@ -1783,8 +1781,8 @@ static void case_net_delay(void)
 		}
 		usleep(50000);
 	}
-	printf("  %d tries by another client over %ld ms of a %ld ms link: %d granted; on_lost %s\n", tries,
-	       3 * ttl, 2 * ttl / div, stolen, atomic_load(&net_lost_at) ? "fired" : "did not fire");
+	printf("  %d tries by another client over %ld ms of a %ld ms link: %d granted; on_lost %s\n", tries, 3 * ttl,
+	       2 * ttl / div, stolen, atomic_load(&net_lost_at) ? "fired" : "did not fire");
 	CHECK(stolen == 0);
 	CHECK(atomic_load(&net_lost_at) == 0);
 	CHECK(dlock_held(a));
@@ -1885,8 +1883,7 @@ static void net_extend_renewal(long timeout)
 		/* The lease is the session: a request that timed out ended it
 		 * (ELOST), or the session's timeout bounds the ttl (EINVAL,
 		 * ZooKeeper). No expiry to race on; no steal is still checked. */
-		printf("  session-bound store: extend %s (%s)\n", dlock_error_name(rc),
-		       dlock_error_last()->message);
+		printf("  session-bound store: extend %s (%s)\n", dlock_error_name(rc), dlock_error_last()->message);
 	} else if (rc == DLOCK_EUNAVAILABLE) {
 		/* The extend's own request may time out on the lagged link of a
 		 * loaded machine (etcd's lease grant): its outcome is unknown too.
@@ -2052,8 +2049,8 @@ static void case_names(void)
 			snprintf(owner, sizeof(owner), "%s", st[0].holders[0].owner);
 		dlock_status_free(st, ns);
 	}
-	const char *shapes[] = { "%s/f", "%s/o/%s", "%s/o/x", "%s:x", "%s:f", "%s}:f", "%s/x/f",
-				 "%s/", "%s%%2F", "%s%%2Ff", "%s:", "%s%%3A", "%s%%", "%s%%25" };
+	const char *shapes[] = { "%s/f", "%s/o/%s", "%s/o/x",  "%s:x", "%s:f",   "%s}:f", "%s/x/f",
+				 "%s/",  "%s%%2F",  "%s%%2Ff", "%s:",  "%s%%3A", "%s%%",  "%s%%25" };
 	enum { NSHAPES = sizeof(shapes) / sizeof(shapes[0]) };
 	dlock_lock *c[NSHAPES];
 	uint64_t fc[NSHAPES];
@@ -2367,7 +2364,8 @@ static void chaos_round(const chaos_member *m, bool kill_it, long long connect_m
 			slow_grant = w[k].ended - released[k] > slow_grant ? w[k].ended - released[k] : slow_grant;
 		}
 		printf("    release: slowest %lld ms; its waiter granted (then released) %lld ms after at most "
-		       "(bound %lld each)\n", slow_release, slow_grant, request_ms / 2);
+		       "(bound %lld each)\n",
+		       slow_release, slow_grant, request_ms / 2);
 		CHECK(slow_release <= request_ms / 2 + TU_SCHED_GRACE_MS);
 		CHECK(slow_grant <= request_ms / 2 + TU_SCHED_GRACE_MS);
 	}
@@ -2417,12 +2415,14 @@ static void chaos_member_killed(void)
 	chaos_members_fail(true);
 }
 
+/* clang-format off */
 static const struct child_entry children[] = {
 	{ "mutex_child", mutex_child },   { "holder_then_hang", holder_then_hang },
 	{ "paused_holder", paused_holder }, { "fair_waiter", fair_waiter },
 	{ "shared_writer", shared_writer }, { "sem_child", sem_child },
 	{ "other_process_try", other_process_try },
 };
+/* clang-format on */
 
 static int child_main(int argc, char **argv)
 {

@@ -440,8 +440,8 @@ static void server_stop(void)
 	char cmd[1024];
 	if (!server_dir[0])
 		return;
-	snprintf(cmd, sizeof(cmd), "bash '%s' stop '%s' >/dev/null 2>&1; rm -rf '%s'", ETCD_SCRIPT,
-		 server_dir, server_dir);
+	snprintf(cmd, sizeof(cmd), "bash '%s' stop '%s' >/dev/null 2>&1; rm -rf '%s'", ETCD_SCRIPT, server_dir,
+		 server_dir);
 	if (system(cmd) != 0)
 		fprintf(stderr, "etcd_cases: stopping %s failed\n", server_dir);
 	server_dir[0] = '\0';
@@ -463,8 +463,8 @@ static void server_start(int members, const char *extra_args, int tls)
 	atexit(server_stop);
 	signal(SIGTERM, on_signal);
 	signal(SIGINT, on_signal);
-	snprintf(cmd, sizeof(cmd), "DLOCK_ETCD_TLS='%s' DLOCK_ETCD_ARGS='%s' bash '%s' start '%s' %d",
-		 tls ? "1" : "", extra_args, ETCD_SCRIPT, server_dir, members);
+	snprintf(cmd, sizeof(cmd), "DLOCK_ETCD_TLS='%s' DLOCK_ETCD_ARGS='%s' bash '%s' start '%s' %d", tls ? "1" : "",
+		 extra_args, ETCD_SCRIPT, server_dir, members);
 	if (system(cmd) != 0) {
 		fprintf(stderr, "etcd_cases: could not start etcd (%s)\n", cmd);
 		exit(2);
@@ -726,7 +726,8 @@ static void case_chaos_stopped(void)
 	took = tu_now_ms() - t;
 	lag = tu_lag_ms();
 	printf("  try-once acquire through the stopped member: %lld ms (bound: share %lld + healthy call %lld + "
-	       "lag %lld)\n", took, share_ms, base_ms, lag);
+	       "lag %lld)\n",
+	       took, share_ms, base_ms, lag);
 	CHECK(took <= share_ms + base_ms + lag);
 	if (dlock_held(a))
 		CHECK_RC(dlock_release(a), 0);
@@ -747,7 +748,8 @@ static void case_chaos_stopped(void)
 	dlock_store_close(sl);
 	sl = NULL;
 	printf("  open with the first member stopped: %lld ms (bound: share %lld + an open of a live member %lld "
-	       "+ lag %lld)\n", took, open_share_ms, answer_ms, lag);
+	       "+ lag %lld)\n",
+	       took, open_share_ms, answer_ms, lag);
 	CHECK(took <= open_share_ms + answer_ms + lag);
 	/* A long connect_timeout: the stopped member gets one request's worth,
 	 * then a member that answers takes as long as an open of it alone. */
@@ -758,7 +760,8 @@ static void case_chaos_stopped(void)
 	took = tu_now_ms() - t;
 	lag = tu_lag_ms();
 	printf("  open with connect_timeout=30s: %lld ms (bound: one request timeout %lld + an open of a live "
-	       "member %lld + lag %lld)\n", took, request_ms, answer_ms, lag);
+	       "member %lld + lag %lld)\n",
+	       took, request_ms, answer_ms, lag);
 	CHECK(took <= request_ms + answer_ms + lag);
 	dlock_store_close(sl);
 	if (so) {
@@ -834,6 +837,7 @@ int main(int argc, char **argv)
 	const char *what = argc > 1 ? argv[1] : "single";
 	if (strcmp(what, "single") == 0) {
 		tu_uri_from_env(uri, sizeof uri, "etcd_cases");
+		/* clang-format off */
 		static const tu_case cases[] = {
 			{ "killed_holder", case_killed_holder },
 			{ "stopped_waiter", case_stopped_waiter },
@@ -844,6 +848,7 @@ int main(int argc, char **argv)
 			{ "lease_age", case_lease_age },
 			{ "handover", case_handover },
 		};
+		/* clang-format on */
 		tu_run_cases(cases, sizeof cases / sizeof cases[0], argc, argv, 2);
 	} else if (strcmp(what, "auth") == 0) {
 		case_auth();

@@ -88,8 +88,8 @@ static void server_stop(void)
 		return;
 	if (server_pid > 0)
 		kill(server_pid, SIGCONT);
-	snprintf(cmd, sizeof(cmd), "bash '%s' stop '%s' >/dev/null 2>&1; rm -rf '%s'", ETCD_SCRIPT,
-		 server_dir, server_dir);
+	snprintf(cmd, sizeof(cmd), "bash '%s' stop '%s' >/dev/null 2>&1; rm -rf '%s'", ETCD_SCRIPT, server_dir,
+		 server_dir);
 	if (system(cmd) != 0)
 		fprintf(stderr, "etcd_net: stopping %s failed\n", server_dir);
 	server_dir[0] = '\0';
@@ -139,8 +139,7 @@ static void server_start(void)
 static dlock_store *open_proxied(long timeout_ms, long connect_ms)
 {
 	char u[256];
-	snprintf(u, sizeof(u), "%s/?timeout=%ldms&connect_timeout=%ldms", proxied, timeout_ms,
-		 connect_ms);
+	snprintf(u, sizeof(u), "%s/?timeout=%ldms&connect_timeout=%ldms", proxied, timeout_ms, connect_ms);
 	return nu_open(u);
 }
 
@@ -193,8 +192,8 @@ static void case_bounds(void)
 		t0 = tu_now_ms();
 		rc = dlock_acquire(a2, 1000);
 		took = tu_now_ms() - t0;
-		printf("  acquire(wait 1000), timeout 2 s, member stopped: %s after %lld ms\n",
-		       dlock_error_name(rc), took);
+		printf("  acquire(wait 1000), timeout 2 s, member stopped: %s after %lld ms\n", dlock_error_name(rc),
+		       took);
 		CHECK(rc == DLOCK_EUNAVAILABLE || rc == DLOCK_ETIMEOUT);
 		CHECK(took <= 1000 + TU_SCHED_GRACE_MS);
 		dlock_lock_free(a2);
@@ -257,8 +256,7 @@ static void case_bounds(void)
 	}
 	rc = dlock_acquire(a, 1000);
 	took = tu_now_ms() - t0;
-	printf("  acquire(wait 1000), member stopped after 400 ms: %s after %lld ms\n",
-	       dlock_error_name(rc), took);
+	printf("  acquire(wait 1000), member stopped after 400 ms: %s after %lld ms\n", dlock_error_name(rc), took);
 	CHECK(rc == DLOCK_EUNAVAILABLE || rc == DLOCK_ETIMEOUT);
 	/* The core then cancels the registered waiter with a request timeout of
 	 * its own (300 ms here) before it returns: the store's part is the wait. */
@@ -526,8 +524,8 @@ static void case_slow_link(void)
 		tries++;
 		nap_ms(50);
 	}
-	printf("  %d tries by the direct client over %ld ms of a %ld ms round trip: %d granted; on_lost %s\n",
-	       tries, 3 * ttl, 2 * ttl / 5, stolen, nu_lost_at ? "fired" : "did not fire");
+	printf("  %d tries by the direct client over %ld ms of a %ld ms round trip: %d granted; on_lost %s\n", tries,
+	       3 * ttl, 2 * ttl / 5, stolen, nu_lost_at ? "fired" : "did not fire");
 	CHECK(stolen == 0);
 	CHECK(!nu_lost_at);
 	CHECK(dlock_held(a));
@@ -550,6 +548,7 @@ int main(int argc, char **argv)
 	if (!(px = tu_proxy_start(uri, &proxied))) {
 		fprintf(stderr, "etcd_net: the fault proxy did not start\n");
 		return 2;
+        /* clang-format off */
 	}
 	struct {
 		const char *name;
@@ -562,6 +561,7 @@ int main(int argc, char **argv)
 		{ "lostreply", case_lost_reply },
 		{ "slowlink", case_slow_link },
 	};
+	/* clang-format on */
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		int want = argc < 2;
 		for (int j = 1; j < argc; j++)
@@ -572,8 +572,7 @@ int main(int argc, char **argv)
 		long long t = tu_now_ms();
 		px_set("pass");
 		cases[i].fn();
-		printf("%-12s %s (%lld ms)\n", cases[i].name, tu_failures == before ? "ok" : "FAILED",
-		       tu_now_ms() - t);
+		printf("%-12s %s (%lld ms)\n", cases[i].name, tu_failures == before ? "ok" : "FAILED", tu_now_ms() - t);
 	}
 	tu_proxy_stop(px);
 	free(proxied);

@@ -84,8 +84,7 @@ static int many_round(dlock_store *s, long n, int64_t ttl_ms, int round, long *r
 		if (rc == 0)
 			rc = dlock_acquire(locks[i], 0);
 		if (rc != 0 && failed++ < 5)
-			fprintf(stderr, "lock %ld: %s: %s\n", i, dlock_error_name(rc),
-				dlock_error_last()->message);
+			fprintf(stderr, "lock %ld: %s: %s\n", i, dlock_error_name(rc), dlock_error_last()->message);
 	}
 	CHECK(failed == 0);
 	long long t1 = tu_now_ms();
@@ -128,8 +127,8 @@ static int many_round(dlock_store *s, long n, int64_t ttl_ms, int round, long *r
 	free(locks);
 	printf("round %d: %ld locks (ttl %lld ms): acquire %.2f s (%.0f/s), first renewal seen after %.2f s, "
 	       "all held %.1f s later, release+free %.2f s; RSS %ld -> %ld KiB (%.0f B/lock held)\n",
-	       round, n, (long long)ttl_ms, (t1 - t0) / 1000.0, n * 1000.0 / (double)(t1 - t0 + 1),
-	       (t2 - t1) / 1000.0, (t3 - t2) / 1000.0, (t4 - t3) / 1000.0, rss0, *rss_held,
+	       round, n, (long long)ttl_ms, (t1 - t0) / 1000.0, n * 1000.0 / (double)(t1 - t0 + 1), (t2 - t1) / 1000.0,
+	       (t3 - t2) / 1000.0, (t4 - t3) / 1000.0, rss0, *rss_held,
 	       (double)(*rss_held - rss0) * 1024.0 / (double)n);
 	fflush(stdout);
 	return 0;
@@ -267,9 +266,8 @@ static int waiters(int procs, int threads)
 	CHECK(atomic_load(&sh->granted) == total);
 	printf("waiters: %d processes x %d threads = %ld waiters on one lock: set-up %.2f s, all granted "
 	       "in turn in %.2f s (%.0f grants/s); overlaps %d, errors %d, granted %ld\n",
-	       procs, threads, total, (t1 - t0) / 1000.0, (t2 - t1) / 1000.0,
-	       total * 1000.0 / (double)(t2 - t1 + 1), atomic_load(&sh->overlap), atomic_load(&sh->errors),
-	       atomic_load(&sh->granted));
+	       procs, threads, total, (t1 - t0) / 1000.0, (t2 - t1) / 1000.0, total * 1000.0 / (double)(t2 - t1 + 1),
+	       atomic_load(&sh->overlap), atomic_load(&sh->errors), atomic_load(&sh->granted));
 	return tu_done("limits waiters");
 }
 

@@ -209,12 +209,11 @@ int main(void)
 	char ev[64], evi[64];
 	stat_of(host, port, NULL, "evictions", ev, sizeof ev);
 	stat_of(host, port, NULL, "curr_items", evi, sizeof evi);
-	printf("  %ld sets over %lld ms (%ld refused), evictions %s, items left %s\n", sets, fill_ms, refused, ev,
-	       evi);
+	printf("  %ld sets over %lld ms (%ld refused), evictions %s, items left %s\n", sets, fill_ms, refused, ev, evi);
 	printf("  a 4th client of the semaphore of 3: %d tries, %s; the first holder %s\n", tries,
 	       granted_at ? "granted" : "never granted",
 	       told ? (told <= granted_at || !granted_at ? "was told it lost the lock before that"
-							   : "was told it lost the lock at its next renewal")
+							 : "was told it lost the lock at its next renewal")
 		    : "was never told");
 	CHECK(atoll(ev) > 0); /* the test made memcached evict */
 	if (granted_at) {

@@ -56,8 +56,8 @@ static void test_lease_rounding(void)
 	}
 	long long got = tu_now_ms();
 	CHECK_RC(rc, 0);
-	printf("  ttl %lld ms: holder's held() false at +%lld ms, next holder at +%lld ms\n",
-	       (long long)ttl, unheld_at ? unheld_at - t0 : -1, got - t0);
+	printf("  ttl %lld ms: holder's held() false at +%lld ms, next holder at +%lld ms\n", (long long)ttl,
+	       unheld_at ? unheld_at - t0 : -1, got - t0);
 	CHECK(got - t0 >= ttl);
 	CHECK(got - t0 < ttl + 2000 + 1000);
 	CHECK(unheld_at != 0 && unheld_at < got);
@@ -87,8 +87,7 @@ static void test_flush_all(memcached_st *mc)
 	CHECK(!dlock_held(l));
 	dlock_release(l);
 	CHECK_RC(dlock_acquire(l, 0), 0);
-	printf("  fence before flush %llu, after %llu\n", (unsigned long long)f1,
-	       (unsigned long long)dlock_fence(l));
+	printf("  fence before flush %llu, after %llu\n", (unsigned long long)f1, (unsigned long long)dlock_fence(l));
 	CHECK(dlock_fence(l) > f1);
 	CHECK_RC(dlock_release(l), 0);
 	dlock_lock_free(l);
@@ -221,7 +220,8 @@ static void test_batch_faults(void)
 		refused += dlock_acquire(x[i], 0) == DLOCK_ELOCKED;
 	}
 	printf("  renewal replies lost for 1.2 s (%lld bytes dropped): %d of %d held a TTL later, %d refused to "
-	       "another client, %d lost\n", dropped, held, N, refused, (int)batch_lost);
+	       "another client, %d lost\n",
+	       dropped, held, N, refused, (int)batch_lost);
 	CHECK(held == N && refused == N && batch_lost == 0);
 	/* the link dead: every lease ends, each lock's on_lost before anyone gets one */
 	CHECK(tu_proxy_set(p, 0, "blackhole") == 0);
@@ -236,7 +236,8 @@ static void test_batch_faults(void)
 	}
 	int lost_then = batch_lost;
 	printf("  link dead: %d of %d lost by %lld ms (the last at %lld ms), the first taken by another client "
-	       "at %lld ms\n", lost_then, N, first_free ? first_free - t0 : -1,
+	       "at %lld ms\n",
+	       lost_then, N, first_free ? first_free - t0 : -1,
 	       (long long)(batch_last_lost ? batch_last_lost - t0 : -1), first_free ? first_free - t0 : -1);
 	CHECK(got >= 0);
 	CHECK(lost_then == N);

@@ -120,8 +120,7 @@ static void test_release(void)
 		 * sees the close, the lock is free (long before its 30 s lease). */
 		t0 = tu_now_ms();
 		rc = dlock_acquire(ld, 3000);
-		printf("  session store: direct client granted %lld ms after the link came back\n",
-		       tu_now_ms() - t0);
+		printf("  session store: direct client granted %lld ms after the link came back\n", tu_now_ms() - t0);
 		CHECK_RC(rc, 0);
 		CHECK_RC(dlock_release(ld), 0);
 	}
@@ -140,7 +139,8 @@ static void test_lost(void)
 	nu_lost_at = 0;
 	long long t0 = tu_now_ms();
 	CHECK_RC(dlock_acquire(la, 0), 0);
-	long long deadline = tu_now_ms() + dlock_ttl_left(la); /* the client's own deadline (ttl_left counts from now) */
+	long long deadline = tu_now_ms() +
+			     dlock_ttl_left(la); /* the client's own deadline (ttl_left counts from now) */
 	CHECK(tu_proxy_set(proxy, -1, "blackhole") == 0);
 	long long granted = 0;
 	while (tu_now_ms() - t0 < TTL_MS + 6000) {
@@ -164,8 +164,8 @@ static void test_lost(void)
 		dlock_status_free(st, n);
 	}
 	CHECK(tu_proxy_set(proxy, -1, "pass") == 0);
-	printf("  lease deadline +%lld ms; on_lost at +%lld ms; direct client granted at +%lld ms\n",
-	       deadline - t0, nu_lost_at ? nu_lost_at - t0 : -1, granted ? granted - t0 : -1);
+	printf("  lease deadline +%lld ms; on_lost at +%lld ms; direct client granted at +%lld ms\n", deadline - t0,
+	       nu_lost_at ? nu_lost_at - t0 : -1, granted ? granted - t0 : -1);
 	CHECK(nu_lost_at != 0);
 	CHECK(nu_lost_at <= deadline + TU_SCHED_GRACE_MS);
 	CHECK(granted != 0 && nu_lost_at < granted);

@@ -163,9 +163,10 @@ static void test_schema(void)
 	MYSQL *a = admin();
 	dlock_store *s = open_store(uri);
 	CHECK(q1(a, "SELECT v FROM dlock_meta WHERE k = 'schema_version'") == 1);
-	CHECK(q1(a, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'dlock_test' "
-		    "AND TABLE_NAME IN ('dlock_meta','dlock_lock','dlock_holder','dlock_waiter') "
-		    "AND ENGINE = 'InnoDB'") == 4);
+	CHECK(q1(a,
+		 "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'dlock_test' "
+		 "AND TABLE_NAME IN ('dlock_meta','dlock_lock','dlock_holder','dlock_waiter') "
+		 "AND ENGINE = 'InnoDB'") == 4);
 	dlock_store_close(s);
 	/* A schema from a newer dlock is refused, not misread. */
 	CHECK(q1(a, "UPDATE dlock_meta SET v = '99' WHERE k = 'schema_version'") == -1);
@@ -362,7 +363,8 @@ static void test_get_lock_long_names(void)
 	char sql[1024];
 	snprintf(sql, sizeof(sql),
 		 "SELECT IS_USED_LOCK(CONCAT(LEFT(k, 23), '~', LEFT(SHA2(k, 256), 40))) "
-		 "FROM (SELECT CONCAT('dlock_test/dlock/', '%s') AS k) t", n1);
+		 "FROM (SELECT CONCAT('dlock_test/dlock/', '%s') AS k) t",
+		 n1);
 	CHECK(q1(a, sql) > 0);
 	snprintf(sql, sizeof(sql), "SELECT IS_USED_LOCK('dlock_test/dlock/%s')", n1);
 	CHECK(q1(a, sql) == -1);
@@ -479,15 +481,17 @@ static void test_batch_renew(void)
 		locks[i] = new_lock(s, name, 1500, 0);
 		CHECK_RC(dlock_acquire(locks[i], 0), 0);
 	}
-	long long before = q1(a, "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS "
-				 "WHERE VARIABLE_NAME = 'COM_UPDATE'");
+	long long before = q1(a,
+			      "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS "
+			      "WHERE VARIABLE_NAME = 'COM_UPDATE'");
 	long long t0 = tu_now_ms();
 	while (tu_now_ms() - t0 < 3200) {
 		struct timespec ts = { 0, 200 * 1000000L };
 		nanosleep(&ts, NULL);
 	}
-	long long after = q1(a, "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS "
-				"WHERE VARIABLE_NAME = 'COM_UPDATE'");
+	long long after = q1(a,
+			     "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS "
+			     "WHERE VARIABLE_NAME = 'COM_UPDATE'");
 	int held = 0;
 	for (int i = 0; i < N; i++)
 		held += dlock_held(locks[i]) != 0;

@@ -95,8 +95,7 @@ static int run_child(const char *faketime, const char *what, const char *name)
 		 "ASAN_OPTIONS=verify_asan_link_order=0:allocator_release_to_os_interval_ms=-1 "
 		 "FAKETIME_DONT_FAKE_MONOTONIC=1 '%s' -f '%s' "
 		 "'%s' --child %s '%s' '%s' %lld",
-		 faketime, strcmp(what, "ahead") == 0 ? "+10d" : "-10d", self, what, uri, name,
-		 wall_ms());
+		 faketime, strcmp(what, "ahead") == 0 ? "+10d" : "-10d", self, what, uri, name, wall_ms());
 	int st = system(cmd);
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 99;
 }
@@ -144,8 +143,7 @@ int main(int argc, char **argv)
 	CHECK_RC(dlock_release(l), 0);
 	dlock_lock_free(l);
 	int64_t left = ttl_left(s, mine);
-	printf("  lease written by a client 10 days ahead: %lld ms left by the server's clock\n",
-	       (long long)left);
+	printf("  lease written by a client 10 days ahead: %lld ms left by the server's clock\n", (long long)left);
 	CHECK(left > 50000 && left <= 60000);
 
 	/* behind */

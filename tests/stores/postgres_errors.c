@@ -53,11 +53,11 @@ static uint64_t old_adv_fence(PGconn *c, const char *nm)
 {
 	const char *v[] = { "dlock", nm };
 	PGresult *r = PQexecParams(c,
-		"INSERT INTO dlock_locks AS d (ns, name, fence) SELECT $1, $2, 1"
-		" ON CONFLICT (ns, name) DO UPDATE SET fence = d.fence + 1 RETURNING d.fence",
-		2, NULL, v, NULL, NULL, 0);
-	uint64_t f = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1
-			     ? strtoull(PQgetvalue(r, 0, 0), NULL, 10) : 0;
+				   "INSERT INTO dlock_locks AS d (ns, name, fence) SELECT $1, $2, 1"
+				   " ON CONFLICT (ns, name) DO UPDATE SET fence = d.fence + 1 RETURNING d.fence",
+				   2, NULL, v, NULL, NULL, 0);
+	uint64_t f = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 ? strtoull(PQgetvalue(r, 0, 0), NULL, 10)
+									       : 0;
 	if (!f)
 		fprintf(stderr, "old advisory statement: %s\n", PQerrorMessage(c));
 	PQclear(r);
@@ -73,11 +73,12 @@ static uint64_t old_adv_fence(PGconn *c, const char *nm)
  */
 static void advisory_upgrade(PGconn *fc, const char *u)
 {
-	PQclear(PQexec(fc, "DROP TRIGGER dlock_advisory_fence ON dlock_locks;"
-			   " DROP FUNCTION dlock_fence_from_sequence(); DROP SEQUENCE dlock_fences;"
-			   " ALTER TABLE dlock_locks DROP COLUMN by_table;"
-			   " INSERT INTO dlock_locks (ns, name, fence) VALUES ('dlock', 'adv-old', 500);"
-			   " UPDATE dlock_schema SET version = 3"));
+	PQclear(PQexec(fc,
+		       "DROP TRIGGER dlock_advisory_fence ON dlock_locks;"
+		       " DROP FUNCTION dlock_fence_from_sequence(); DROP SEQUENCE dlock_fences;"
+		       " ALTER TABLE dlock_locks DROP COLUMN by_table;"
+		       " INSERT INTO dlock_locks (ns, name, fence) VALUES ('dlock', 'adv-old', 500);"
+		       " UPDATE dlock_schema SET version = 3"));
 	char au[4200];
 	snprintf(au, sizeof au, "%s?mode=advisory", u);
 	dlock_store *s = NULL;
@@ -90,8 +91,9 @@ static void advisory_upgrade(PGconn *fc, const char *u)
 	uint64_t f4 = old_adv_fence(fc, "adv-old");
 	uint64_t f5 = adv_fence(s, "adv-new");
 	printf("advisory fences across the upgrade (counter was 500): new %llu, old %llu, new %llu,"
-	       " old %llu; another name %llu\n", (unsigned long long)f1, (unsigned long long)f2,
-	       (unsigned long long)f3, (unsigned long long)f4, (unsigned long long)f5);
+	       " old %llu; another name %llu\n",
+	       (unsigned long long)f1, (unsigned long long)f2, (unsigned long long)f3, (unsigned long long)f4,
+	       (unsigned long long)f5);
 	CHECK(f1 > 500 && f2 > f1 && f3 > f2 && f4 > f3 && f5 > f4);
 	dlock_store_close(s);
 	dlock_store *t = NULL;
@@ -173,20 +175,21 @@ int main(void)
 	}
 	PGconn *fc = PQconnectdb(u);
 	PGresult *r = PQexec(fc, "SELECT version FROM dlock_schema WHERE component = 'dlock'");
-	CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
-	      strcmp(PQgetvalue(r, 0, 0), "4") == 0);
+	CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "4") == 0);
 	PQclear(r);
 	/* A version 2 database (no `waited` column) is brought to 4 by the next
 	 * open, and a lock with a waiter works in it. */
-	PQclear(PQexec(fc, "ALTER TABLE dlock_holders DROP COLUMN waited;"
-			   " UPDATE dlock_schema SET version = 2"));
+	PQclear(PQexec(fc,
+		       "ALTER TABLE dlock_holders DROP COLUMN waited;"
+		       " UPDATE dlock_schema SET version = 2"));
 	dlock_store *up = NULL;
 	CHECK_RC(dlock_store_open(&up, u), 0);
-	r = PQexec(fc, "SELECT (SELECT version FROM dlock_schema WHERE component = 'dlock'),"
+	r = PQexec(fc,
+		   "SELECT (SELECT version FROM dlock_schema WHERE component = 'dlock'),"
 		   " (SELECT count(*) FROM information_schema.columns"
 		   "  WHERE table_name = 'dlock_holders' AND column_name = 'waited')");
-	CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
-	      strcmp(PQgetvalue(r, 0, 0), "4") == 0 && strcmp(PQgetvalue(r, 0, 1), "1") == 0);
+	CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "4") == 0 &&
+	      strcmp(PQgetvalue(r, 0, 1), "1") == 0);
 	PQclear(r);
 	if (up) {
 		dlock_lock *a = NULL, *b = NULL;

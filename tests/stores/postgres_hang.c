@@ -93,8 +93,9 @@ static void *watchdog(void *arg)
 /* Backend pids of dlock sessions (every one but the admin's). */
 static int dlock_pids(int *out, int max)
 {
-	PGresult *r = PQexec(admin, "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'dlock%'"
-				    " AND pid <> pg_backend_pid()");
+	PGresult *r = PQexec(admin,
+			     "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'dlock%'"
+			     " AND pid <> pg_backend_pid()");
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
 		fprintf(stderr, "admin query failed: %s\n", PQerrorMessage(admin));
 		PQclear(r);
@@ -178,8 +179,7 @@ static int postmaster_pid(void)
 
 static void uri_with(char *buf, size_t n, const char *extra)
 {
-	snprintf(buf, n, "%s?mode=%s%s%s", base_uri, mode_name, extra && *extra ? "&" : "",
-		 extra ? extra : "");
+	snprintf(buf, n, "%s?mode=%s%s%s", base_uri, mode_name, extra && *extra ? "&" : "", extra ? extra : "");
 }
 
 static dlock_store *open_store(const char *extra)
@@ -237,8 +237,8 @@ static void test_acquire_hung(void)
 	long long t0 = tu_now_ms();
 	int rc = dlock_acquire(l, 1000);
 	long long took = tu_now_ms() - t0;
-	printf("  [%s] hung backend: acquire(wait 1000) returned %s after %lld ms\n", mode_name,
-	       dlock_error_name(rc), took);
+	printf("  [%s] hung backend: acquire(wait 1000) returned %s after %lld ms\n", mode_name, dlock_error_name(rc),
+	       took);
 	CHECK(took <= 1000 + SLACK_MS);
 	CHECK(rc == DLOCK_EUNAVAILABLE || rc == DLOCK_ETIMEOUT);
 	if (rc == DLOCK_EUNAVAILABLE)
@@ -348,8 +348,8 @@ static void test_release_hung(void)
 		dlock_lock *ol = nu_lock(o, name, 5000, NU_LOST);
 		t1 = tu_now_ms();
 		CHECK_RC(dlock_acquire(ol, 2000), 0);
-		printf("  [%s] unconfirmed release: another client got the lock %lld ms after resume\n",
-		       mode_name, tu_now_ms() - t1);
+		printf("  [%s] unconfirmed release: another client got the lock %lld ms after resume\n", mode_name,
+		       tu_now_ms() - t1);
 		CHECK_RC(dlock_release(ol), 0);
 		dlock_lock_free(ol);
 	}
@@ -375,8 +375,8 @@ static void test_open_hung(void)
 	int rc = dlock_store_open(&s, uri);
 	long long took = tu_now_ms() - t0;
 	cont_all();
-	printf("  [%s] postmaster stopped: open(connect_timeout=500ms) returned %s after %lld ms\n",
-	       mode_name, dlock_error_name(rc), took);
+	printf("  [%s] postmaster stopped: open(connect_timeout=500ms) returned %s after %lld ms\n", mode_name,
+	       dlock_error_name(rc), took);
 	CHECK(took <= 500 + SLACK_MS);
 	CHECK_RC(rc, DLOCK_EUNAVAILABLE);
 	CHECK(strstr(dlock_error_last()->message, "timed out") != NULL);
@@ -421,8 +421,7 @@ static void test_lost_hung(void)
 	long long lost = atomic_load(&nu_lost_at);
 	printf("  [%s] hung backends, ttl %lld: on_lost %+lld ms from the deadline, other client "
 	       "granted %+lld ms from it\n",
-	       mode_name, (long long)ttl, lost ? lost - deadline : 99999,
-	       granted_at ? granted_at - deadline : 99999);
+	       mode_name, (long long)ttl, lost ? lost - deadline : 99999, granted_at ? granted_at - deadline : 99999);
 	CHECK(lost != 0);
 	CHECK(lost <= deadline + TU_SCHED_GRACE_MS);
 	CHECK(granted_at != 0);

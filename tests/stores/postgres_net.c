@@ -95,8 +95,7 @@ static void test_bounds(void)
 	long long t0 = tu_now_ms();
 	int rc = dlock_acquire(l, 1000);
 	long long took = tu_now_ms() - t0;
-	printf("  [%s] dark link: acquire(wait 1000) %s after %lld ms\n", mode_name, dlock_error_name(rc),
-	       took);
+	printf("  [%s] dark link: acquire(wait 1000) %s after %lld ms\n", mode_name, dlock_error_name(rc), took);
 	CHECK(took <= 1000 + SLACK_MS);
 	CHECK(rc == DLOCK_EUNAVAILABLE || rc == DLOCK_ETIMEOUT);
 
@@ -128,8 +127,8 @@ static void test_bounds(void)
 	net("blackhole", 4000);
 	nu_bg_join(&w);
 	took = w.ended - w.started;
-	printf("  [%s] link dark mid-wait: acquire(wait 1000) %s after %lld ms\n", mode_name,
-	       dlock_error_name(w.rc), took);
+	printf("  [%s] link dark mid-wait: acquire(wait 1000) %s after %lld ms\n", mode_name, dlock_error_name(w.rc),
+	       took);
 	CHECK(took <= 1000 + SLACK_MS);
 	CHECK(w.rc == DLOCK_EUNAVAILABLE || w.rc == DLOCK_ETIMEOUT);
 	net("pass", 0);
@@ -145,8 +144,8 @@ static void test_bounds(void)
 	t0 = tu_now_ms();
 	rc = dlock_release(l);
 	took = tu_now_ms() - t0;
-	printf("  [%s] dark link: release %s after %lld ms (timeout=%d ms)\n", mode_name,
-	       dlock_error_name(rc), took, TIMEOUT_MS);
+	printf("  [%s] dark link: release %s after %lld ms (timeout=%d ms)\n", mode_name, dlock_error_name(rc), took,
+	       TIMEOUT_MS);
 	CHECK(took <= TIMEOUT_MS + SLACK_MS);
 	CHECK(rc != 0);
 	net("pass", 0);
@@ -157,7 +156,8 @@ static void test_bounds(void)
 	CHECK_RC(dlock_acquire(other, 35000), 0);
 	took = tu_now_ms() - t0;
 	printf("  [%s] after the unconfirmed release, a direct client got the lock %lld ms after the link "
-	       "came back\n", mode_name, took);
+	       "came back\n",
+	       mode_name, took);
 	if (strcmp(mode_name, "advisory") == 0)
 		CHECK(took < 1000); /* 3. the session was closed: not the 30 s lease */
 	CHECK_RC(dlock_release(other), 0);
@@ -306,9 +306,8 @@ static void test_lost_reply(void)
 	uint64_t fp = atomic_load(&probe_max_fence);
 	printf("  [%s] reply lost (%lld bytes dropped), retried: acquire %s, held through 1.5 leases: %s; "
 	       "fences %llu (before), %llu (proxied), %llu (last probe); %d overlap(s)\n",
-	       mode_name, dropped, dlock_error_name(h.rc), h.held_through ? "yes" : "no",
-	       (unsigned long long)fc, (unsigned long long)h.fence, (unsigned long long)fp,
-	       atomic_load(&overlaps));
+	       mode_name, dropped, dlock_error_name(h.rc), h.held_through ? "yes" : "no", (unsigned long long)fc,
+	       (unsigned long long)h.fence, (unsigned long long)fp, atomic_load(&overlaps));
 	CHECK_RC(h.rc, 0);
 	CHECK(h.held_through);
 	CHECK_RC(h.release_rc, 0);
@@ -340,8 +339,8 @@ int main(int argc, char **argv)
 		mode_name = modes[m];
 		if (only && strcmp(only, mode_name) != 0)
 			continue;
-		snprintf(px_uri, sizeof px_uri, "%s?mode=%s&timeout=%dms&connect_timeout=%dms", proxied,
-			 mode_name, TIMEOUT_MS, CONNECT_MS);
+		snprintf(px_uri, sizeof px_uri, "%s?mode=%s&timeout=%dms&connect_timeout=%dms", proxied, mode_name,
+			 TIMEOUT_MS, CONNECT_MS);
 		test_bounds();
 		test_lost();
 		if (m == 0)

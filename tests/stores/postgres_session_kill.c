@@ -35,8 +35,7 @@ static void kill_session(dlock_lock *l, const char *name, long long *t0)
 	snprintf(sql, sizeof sql,
 		 "SELECT pg_terminate_backend(pid%s) FROM pg_stat_activity"
 		 " WHERE application_name LIKE 'dlock %d %llu %%'",
-		 PQserverVersion(admin) >= 140000 ? ", 5000" : "", (int)getpid(),
-		 (unsigned long long)dlock_fence(l));
+		 PQserverVersion(admin) >= 140000 ? ", 5000" : "", (int)getpid(), (unsigned long long)dlock_fence(l));
 	*t0 = tu_now_ms();
 	PGresult *r = PQexec(admin, sql);
 	CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0);

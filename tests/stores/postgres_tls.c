@@ -79,8 +79,9 @@ static void drop_role(void)
 {
 	const char *n = admin("", "SELECT count(*)::text FROM pg_roles WHERE rolname = 'dlock_tls'");
 	if (n && strcmp(n, "1") == 0)
-		CHECK(admin("", "REASSIGN OWNED BY dlock_tls TO CURRENT_USER; DROP OWNED BY dlock_tls; "
-				"DROP ROLE dlock_tls") != NULL);
+		CHECK(admin("",
+			    "REASSIGN OWNED BY dlock_tls TO CURRENT_USER; DROP OWNED BY dlock_tls; "
+			    "DROP ROLE dlock_tls") != NULL);
 }
 
 int main(void)
@@ -119,8 +120,8 @@ int main(void)
 		CHECK(strstr(dlock_error_last()->message, "certificate") != NULL);
 		printf("  wrong CA -> %s: %s\n", dlock_error_name(rc), dlock_error_last()->message);
 		snprintf(u, sizeof u,
-			 "postgres://dlock_tls:%s@%s/%s?sslmode=verify-full&sslrootcert=%s/nonexistent.pem",
-			 TLS_PW, hostport, db, dir);
+			 "postgres://dlock_tls:%s@%s/%s?sslmode=verify-full&sslrootcert=%s/nonexistent.pem", TLS_PW,
+			 hostport, db, dir);
 		rc = dlock_store_open(&s, u);
 		CHECK(rc != 0);
 		CHECK(strstr(dlock_error_last()->message, TLS_PW) == NULL);

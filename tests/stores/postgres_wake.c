@@ -97,8 +97,7 @@ static void run(const char *mode)
 	for (int i = 0; i < THREADS; i++)
 		pthread_join(t[i], NULL);
 	long long chain = last_grant - t0;
-	printf("  %s: %d waiters handed the lock on in %lld ms (each held %d ms)\n", mode, THREADS,
-	       chain, HOLD_MS);
+	printf("  %s: %d waiters handed the lock on in %lld ms (each held %d ms)\n", mode, THREADS, chain, HOLD_MS);
 	CHECK(granted == THREADS);
 	CHECK(failures == 0);
 	/* Without the NOTIFY each hand-over waits for the next 1 s heartbeat
@@ -135,8 +134,7 @@ static int exec_ok(PGconn *c, const char *sql)
 static long query_long(PGconn *c, const char *sql)
 {
 	PGresult *r = PQexec(c, sql);
-	long v = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 ?
-			 strtol(PQgetvalue(r, 0, 0), NULL, 10) : -1;
+	long v = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 ? strtol(PQgetvalue(r, 0, 0), NULL, 10) : -1;
 	PQclear(r);
 	return v;
 }
@@ -200,8 +198,7 @@ static int wait_for(PGconn *c, const char *sql, long want)
  * *hs, the waiter's w_lock on w_store), a LISTEN connection *lc and another
  * *oc; then 20 waiting acquires and releases nobody waits behind, which must
  * notify nothing. */
-static void quiet_start(const char *mode, const char *nm, PGconn **lc, PGconn **oc, dlock_store **hs,
-			dlock_lock **h)
+static void quiet_start(const char *mode, const char *nm, PGconn **lc, PGconn **oc, dlock_store **hs, dlock_lock **h)
 {
 	char uri[2200];
 	snprintf(uri, sizeof uri, "%s?mode=%s", base_uri, mode);
@@ -256,15 +253,18 @@ static void quiet_release(void)
 	uint64_t before = dlock_store_requests(w_store);
 	pthread_create(&t, NULL, try_wait, NULL);
 	PGconn *mc = raw_conn();
-	CHECK(wait_for(mc, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-			   " AND query LIKE '%dlock_acquire_v1%'", 1));
+	CHECK(wait_for(mc,
+		       "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+		       " AND query LIKE '%dlock_acquire_v1%'",
+		       1));
 	CHECK(exec_ok(oc, "COMMIT"));
 	pthread_join(t, NULL);
 	CHECK_RC(w_rc, 0);
 	uint64_t tries = dlock_store_requests(w_store) - before - (w_release_rc == 0);
 	int raced = count_notifies(lc, oc, nm);
 	printf("  a release committed while the waiter marked it: granted in %llu request(s), "
-	       "%d notification(s)\n", (unsigned long long)tries, raced);
+	       "%d notification(s)\n",
+	       (unsigned long long)tries, raced);
 	CHECK(tries == 1);
 	CHECK(raced == 0);
 	CHECK_RC(w_release_rc, 0);
@@ -291,8 +291,10 @@ static void quiet_release_advisory(void)
 	CHECK_RC(dlock_acquire(h, 0), 0);
 	pthread_t t;
 	pthread_create(&t, NULL, try_wait, NULL);
-	CHECK(wait_for(oc, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-			   " AND mode = 'ShareLock' AND objsubid = 1", 1));
+	CHECK(wait_for(oc,
+		       "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+		       " AND mode = 'ShareLock' AND objsubid = 1",
+		       1));
 	long long t0 = tu_now_ms();
 	CHECK_RC(dlock_release(h), 0);
 	pthread_join(t, NULL);
@@ -300,12 +302,13 @@ static void quiet_release_advisory(void)
 	CHECK_RC(w_rc, 0);
 	CHECK_RC(w_release_rc, 0);
 	int woke = count_notifies(lc, oc, nm);
-	printf("  advisory: a release a waiter registered for: %d notification(s), granted after %lld ms\n",
-	       woke, took);
+	printf("  advisory: a release a waiter registered for: %d notification(s), granted after %lld ms\n", woke,
+	       took);
 	CHECK(woke == 1);
 	/* Nothing is left registered: the waiter let its key go with the grant. */
-	CHECK(query_long(oc, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-			     " AND mode = 'ShareLock' AND objsubid = 1") == 0);
+	CHECK(query_long(oc,
+			 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+			 " AND mode = 'ShareLock' AND objsubid = 1") == 0);
 	dlock_lock_free(w_lock);
 	dlock_lock_free(h);
 	dlock_store_close(w_store);

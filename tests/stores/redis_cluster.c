@@ -302,8 +302,8 @@ static void case_reshard(void)
 			dlock_release(b);
 		}
 	}
-	printf("  slot %d moved %d -> %d in %lld ms; %d tries by another client, %d granted; on_lost %s\n", slot,
-	       src, dst, moved, tries, granted, atomic_load(&lost) ? "fired" : "did not fire");
+	printf("  slot %d moved %d -> %d in %lld ms; %d tries by another client, %d granted; on_lost %s\n", slot, src,
+	       dst, moved, tries, granted, atomic_load(&lost) ? "fired" : "did not fire");
 	CHECK(granted == 0);
 	CHECK(!atomic_load(&lost));
 	CHECK(dlock_held(a));
@@ -551,8 +551,8 @@ static int m_fence_back;
 
 static bool redirect_text(const char *m)
 {
-	return !strncmp(m, "ASK", 3) || !strncmp(m, "MOVED", 5) || !strncmp(m, "TRYAGAIN", 8) ||
-	       strstr(m, ": ASK ") || strstr(m, ": MOVED ") || strstr(m, ": TRYAGAIN");
+	return !strncmp(m, "ASK", 3) || !strncmp(m, "MOVED", 5) || !strncmp(m, "TRYAGAIN", 8) || strstr(m, ": ASK ") ||
+	       strstr(m, ": MOVED ") || strstr(m, ": TRYAGAIN");
 }
 
 static void m_fail(mclient *c, const char *what, int rc)
@@ -619,8 +619,8 @@ static void move_slot(int slot, int from, const char *from_id, int to, const cha
 		if (!none) {
 			char port[16];
 			snprintf(port, sizeof(port), "%d", to);
-			const char *argv[8] = { "MIGRATE", "127.0.0.1", port, "", "0", "5000", "KEYS",
-						r->element[0]->str };
+			const char *argv[8] = { "MIGRATE", "127.0.0.1", port,   "",
+						"0",       "5000",      "KEYS", r->element[0]->str };
 			redisReply *m = redisCommandArgv(src, 8, argv, NULL);
 			if (!m || m->type == REDIS_REPLY_ERROR) {
 				fprintf(stderr, "  MIGRATE: %s\n", m ? m->str : src->errstr);
@@ -785,6 +785,7 @@ int main(int argc, char **argv)
 			return 1;
 		ports[i] = atoi(line);
 	}
+	/* clang-format off */
 	static const tu_case cases[] = {
 		{ "spread", case_spread },
 		{ "reshard", case_reshard },
@@ -792,6 +793,7 @@ int main(int argc, char **argv)
 		{ "failback", case_failback },
 		{ "failover", case_failover },
 	};
+	/* clang-format on */
 	tu_run_cases(cases, sizeof(cases) / sizeof(cases[0]), argc, argv, 3);
 	return tu_done("redis_cluster");
 }

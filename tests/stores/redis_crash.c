@@ -71,8 +71,8 @@ int main(int argc, char **argv)
 	long long lost = lost_at;
 	pthread_mutex_unlock(&mu);
 	CHECK(lost != 0);
-	printf("killed %lld ms after acquire; lost signal %lld ms after the kill (ttl %lld ms)\n",
-	       t_kill - t_acq, lost ? lost - t_kill : -1, (long long)ttl);
+	printf("killed %lld ms after acquire; lost signal %lld ms after the kill (ttl %lld ms)\n", t_kill - t_acq,
+	       lost ? lost - t_kill : -1, (long long)ttl);
 	CHECK(lost && lost - t_acq <= ttl); /* before the lease could have ended anywhere */
 	CHECK(!dlock_held(l));
 	CHECK_RC(dlock_release(l), DLOCK_ELOST);

@@ -137,8 +137,7 @@ static void case_lost_reply(void)
 	long long got = tu_now_ms();
 	CHECK_RC(rc, 0);
 	printf("lost reply: the next client granted %lld ms after the first's deadline; fences %llu %llu %llu\n",
-	       got - deadline, (unsigned long long)fc, (unsigned long long)b.fence,
-	       (unsigned long long)dlock_fence(d));
+	       got - deadline, (unsigned long long)fc, (unsigned long long)b.fence, (unsigned long long)dlock_fence(d));
 	CHECK(got >= deadline);
 	CHECK(b.fence > fc && dlock_fence(d) > b.fence);
 	dlock_release(d);

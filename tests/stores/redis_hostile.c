@@ -176,8 +176,8 @@ static void hostile(const char *mode)
 	long long took = tu_now_ms() - t0;
 	const char *msg = dlock_error_last()->message;
 	long rss1 = rss_kib();
-	printf("%-6s: %s (%s) after %lld ms; the server sent %lld bytes; VmRSS %+ld KiB\n", mode,
-	       dlock_error_name(rc), msg, took, (long long)atomic_load(&f.sent), rss1 - rss0);
+	printf("%-6s: %s (%s) after %lld ms; the server sent %lld bytes; VmRSS %+ld KiB\n", mode, dlock_error_name(rc),
+	       msg, took, (long long)atomic_load(&f.sent), rss1 - rss0);
 	CHECK_RC(rc, DLOCK_EUNAVAILABLE);
 	CHECK(strstr(msg, "reply refused") != NULL);
 	CHECK(strcmp(dlock_error_last()->store_code, "EPROTO") == 0);

@@ -252,7 +252,8 @@ int main(int argc, char **argv)
 		for (;;) {
 			redisReply *rr = redisCommand(rc2, "ROLE");
 			int is_master = rr && rr->type == REDIS_REPLY_ARRAY && rr->elements > 0 &&
-					rr->element[0]->type == REDIS_REPLY_STRING && !strcmp(rr->element[0]->str, "master");
+					rr->element[0]->type == REDIS_REPLY_STRING &&
+					!strcmp(rr->element[0]->str, "master");
 			if (rr)
 				freeReplyObject(rr);
 			if (is_master || tu_now_ms() > promoted_by)

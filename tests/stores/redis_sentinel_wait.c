@@ -124,8 +124,8 @@ int main(int argc, char **argv)
 	long long prom = atomic_load(&promoted_at);
 	printf("wait started %lld ms after the kill: rc %d after %lld ms (%s); replica promoted %lld ms after the "
 	       "kill, granted %lld ms after that\n",
-	       t0 - killed, rc, granted - t0, rc ? dlock_error_last()->message : "granted",
-	       prom ? prom - killed : -1, prom ? granted - prom : -1);
+	       t0 - killed, rc, granted - t0, rc ? dlock_error_last()->message : "granted", prom ? prom - killed : -1,
+	       prom ? granted - prom : -1);
 	CHECK_RC(rc, 0);
 	if (rc == 0) {
 		CHECK(dlock_fence(l) > f1);

@@ -80,8 +80,8 @@ static void locks_work(const char *u)
 	CHECK_RC(dlock_release(a), 0);
 	CHECK_RC(dlock_acquire(b, 5000), 0);
 	long long took = tu_now_ms() - t0;
-	printf("  released and taken by the other handle in %lld ms; fences %llu, %llu\n", took,
-	       (unsigned long long)fa, (unsigned long long)dlock_fence(b));
+	printf("  released and taken by the other handle in %lld ms; fences %llu, %llu\n", took, (unsigned long long)fa,
+	       (unsigned long long)dlock_fence(b));
 	CHECK(dlock_fence(b) > fa);
 	CHECK_RC(dlock_release(b), 0);
 	dlock_lock_free(a);

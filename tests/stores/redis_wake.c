@@ -97,8 +97,7 @@ static void dead_waiter_case(const char *self)
 	/* the live waiter behind the dead one gets it once the dead registration lapses */
 	CHECK_RC(dlock_acquire(b, 20000), 0);
 	long long took = tu_now_ms() - t0;
-	printf("fair: a dead waiter at the head held up the next one for %lld ms (registration ttl 3000 ms)\n",
-	       took);
+	printf("fair: a dead waiter at the head held up the next one for %lld ms (registration ttl 3000 ms)\n", took);
 	CHECK(took <= 3000 + 1500);
 	CHECK_RC(dlock_release(b), 0);
 	dlock_lock_free(h);

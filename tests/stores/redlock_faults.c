@@ -182,7 +182,8 @@ int main(int argc, char **argv)
 	long long lost = lost_at;
 	pthread_mutex_unlock(&lost_mu);
 	printf("quorum killed under a held lock (%lld ms after the acquire): lost signal %lld ms later "
-	       "(ttl 3000 ms)\n", t_gone - t_acq, lost ? lost - t_gone : -1);
+	       "(ttl 3000 ms)\n",
+	       t_gone - t_acq, lost ? lost - t_gone : -1);
 	CHECK(lost && lost - t_gone <= 3000);
 	CHECK(!dlock_held(c));
 	for (int i = 0; i < 3; i++)

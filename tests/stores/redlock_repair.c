@@ -122,7 +122,8 @@ static void must_refuse(dlock_lock *a, dlock_lock *b, const char *when)
 		fence_back += dlock_fence(b) <= fa;
 		dlock_release(b);
 	} else if (rc != DLOCK_ELOCKED) {
-		fprintf(stderr, "%s: b's try returned %s: %s\n", when, dlock_error_name(rc), dlock_error_last()->message);
+		fprintf(stderr, "%s: b's try returned %s: %s\n", when, dlock_error_name(rc),
+			dlock_error_last()->message);
 		tu_failures++;
 	}
 }
@@ -260,7 +261,8 @@ static void case_repair(dlock_store *s1, dlock_store *s2)
 		nanosleep(&ts, NULL);
 	}
 	printf("repair: 3 of 5 copies gone at once: other client granted (fence %llu > %llu), first told lost "
-	       "after %lld ms\n", (unsigned long long)fb, (unsigned long long)fa, tu_now_ms() - t);
+	       "after %lld ms\n",
+	       (unsigned long long)fb, (unsigned long long)fa, tu_now_ms() - t);
 	CHECK(!dlock_held(a));
 	CHECK(lost == 1);
 	CHECK(fb > fa);
@@ -270,7 +272,6 @@ static void case_repair(dlock_store *s1, dlock_store *s2)
 	dlock_lock_free(a);
 	dlock_lock_free(b);
 }
-
 
 /* A hold on a bare quorum is reported as one: status gives its copies. */
 /* Copies of name's one holder as status shows them. A status round stops
@@ -340,8 +341,8 @@ static void case_restarts(dlock_store *s1, dlock_store *s2)
 				on += has_key(q, "{dlock:restart}");
 			whole += on == NMASTERS;
 			if (on != NMASTERS)
-				fprintf(stderr, "pass %d, master %d: the hold stands on %d of %d masters\n", pass, m, on,
-					NMASTERS);
+				fprintf(stderr, "pass %d, master %d: the hold stands on %d of %d masters\n", pass, m,
+					on, NMASTERS);
 			back += fa <= last;
 			last = fa > last ? fa : last;
 			grants++;

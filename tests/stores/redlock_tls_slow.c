@@ -129,7 +129,8 @@ static long long tries(dlock_lock *l, long long ms)
 			long long r0 = tu_now_ms();
 			int rr = dlock_release(l);
 			if (rr)
-				printf("  release failed after %lld ms: %s\n", tu_now_ms() - r0, dlock_error_last()->message);
+				printf("  release failed after %lld ms: %s\n", tu_now_ms() - r0,
+				       dlock_error_last()->message);
 			CHECK_RC(rr, 0);
 		}
 	}

@@ -144,9 +144,9 @@ static int setup(char *ns_addr, size_t ns_len)
 		return -1;
 	}
 	int rc = bind_over(resolv, "/etc/resolv.conf") || bind_over(nss, "/etc/nsswitch.conf") ||
-			 bind_over(hosts, "/etc/hosts")
-		     ? -1
-		     : 0;
+				 bind_over(hosts, "/etc/hosts")
+			 ? -1
+			 : 0;
 	/* the mounts hold the files: the directory can go */
 	unlink(resolv);
 	unlink(nss);

@@ -243,8 +243,7 @@ static void vanish(const char *uri, const char *bells, bool dir_too, bool fair)
 	pthread_join(t, NULL);
 	CHECK_RC(v.rc, 0);
 	printf("%s removed while a%s waiter waits: granted %lld ms after the release\n",
-	       dir_too ? "the bell directory" : "the bell files", fair ? " fair" : "n unfair",
-	       v.granted - released);
+	       dir_too ? "the bell directory" : "the bell files", fair ? " fair" : "n unfair", v.granted - released);
 	CHECK(v.granted - released < 400 + TU_SCHED_GRACE_MS); /* rung: not the 1 s nap */
 	struct stat st;
 	CHECK(stat(bells, &st) == 0 && S_ISDIR(st.st_mode));
@@ -394,8 +393,7 @@ int main(int argc, char **argv)
 			CHECK(!"the holder did not release");
 			break;
 		}
-		printf("handoff %d: granted %lld ms after the release in another process\n", i + 1,
-		       granted - released);
+		printf("handoff %d: granted %lld ms after the release in another process\n", i + 1, granted - released);
 		CHECK(granted - released < 400 + TU_SCHED_GRACE_MS); /* rung: not the 1 s nap */
 		CHECK_RC(dlock_release(w), 0);
 	}
@@ -425,8 +423,8 @@ int main(int argc, char **argv)
 	CHECK(write(to_w[0][1], "r", 1) == 1);
 	CHECK(read_by(from_w[0][0], &r1, sizeof r1, 30000));
 	CHECK(read_by(from_w[1][0], &g2, sizeof g2, 30000));
-	printf("fair chain: first granted %lld ms after our release, second %lld ms after the first's\n",
-	       g1 - rel0, g2 - r1);
+	printf("fair chain: first granted %lld ms after our release, second %lld ms after the first's\n", g1 - rel0,
+	       g2 - r1);
 	CHECK(g1 && g1 - rel0 < 400 + TU_SCHED_GRACE_MS);
 	CHECK(g2 && r1 && g2 >= r1 && g2 - r1 < 400 + TU_SCHED_GRACE_MS); /* its own bell rang */
 	CHECK(write(to_w[1][1], "r", 1) == 1);

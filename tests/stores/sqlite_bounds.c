@@ -74,8 +74,8 @@ static void acquire_bound(const char *uri, const char *name)
 	long long t0 = tu_now_ms();
 	int rc = dlock_acquire(l, 500);
 	long long took = tu_now_ms() - t0;
-	printf("  acquire(500) with the write lock taken (%s): %s after %lld ms\n", strstr(uri, "timeout=") ? "timeout=300ms" : "default timeout",
-	       dlock_error_name(rc), took);
+	printf("  acquire(500) with the write lock taken (%s): %s after %lld ms\n",
+	       strstr(uri, "timeout=") ? "timeout=300ms" : "default timeout", dlock_error_name(rc), took);
 	CHECK(rc == DLOCK_ETIMEOUT || rc == DLOCK_EUNAVAILABLE);
 	CHECK(took <= 500 + SLACK_MS);
 	if (rc == DLOCK_EUNAVAILABLE)
@@ -159,17 +159,19 @@ int main(int argc, char **argv)
 	unlink(old);
 	sqlite3 *db = NULL;
 	CHECK(sqlite3_open(old, &db) == SQLITE_OK);
-	CHECK(sqlite3_exec(db, "PRAGMA journal_mode=WAL; CREATE TABLE dlock_schema(version INTEGER NOT NULL);"
-			   "INSERT INTO dlock_schema VALUES(1);"
-			   "CREATE TABLE dlock_holders(ns TEXT NOT NULL, name TEXT NOT NULL, owner TEXT NOT NULL,"
-			   " mode INTEGER NOT NULL, permits INTEGER NOT NULL, fence INTEGER NOT NULL,"
-			   " expires INTEGER NOT NULL, host TEXT, pid INTEGER, PRIMARY KEY(ns,name,owner)) WITHOUT ROWID;"
-			   "CREATE TABLE dlock_fences(ns TEXT NOT NULL, name TEXT NOT NULL, fence INTEGER NOT NULL,"
-			   " PRIMARY KEY(ns,name)) WITHOUT ROWID;"
-			   "CREATE TABLE dlock_waiters(seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL,"
-			   " name TEXT NOT NULL, owner TEXT NOT NULL, mode INTEGER NOT NULL, expires INTEGER NOT NULL,"
-			   " host TEXT, pid INTEGER, UNIQUE(ns,name,owner));",
-			   NULL, NULL, NULL) == SQLITE_OK);
+	CHECK(sqlite3_exec(
+		      db,
+		      "PRAGMA journal_mode=WAL; CREATE TABLE dlock_schema(version INTEGER NOT NULL);"
+		      "INSERT INTO dlock_schema VALUES(1);"
+		      "CREATE TABLE dlock_holders(ns TEXT NOT NULL, name TEXT NOT NULL, owner TEXT NOT NULL,"
+		      " mode INTEGER NOT NULL, permits INTEGER NOT NULL, fence INTEGER NOT NULL,"
+		      " expires INTEGER NOT NULL, host TEXT, pid INTEGER, PRIMARY KEY(ns,name,owner)) WITHOUT ROWID;"
+		      "CREATE TABLE dlock_fences(ns TEXT NOT NULL, name TEXT NOT NULL, fence INTEGER NOT NULL,"
+		      " PRIMARY KEY(ns,name)) WITHOUT ROWID;"
+		      "CREATE TABLE dlock_waiters(seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL,"
+		      " name TEXT NOT NULL, owner TEXT NOT NULL, mode INTEGER NOT NULL, expires INTEGER NOT NULL,"
+		      " host TEXT, pid INTEGER, UNIQUE(ns,name,owner));",
+		      NULL, NULL, NULL) == SQLITE_OK);
 	sqlite3_close(db);
 	snprintf(old_uri, sizeof(old_uri), "sqlite://%s?connect_timeout=400ms", old);
 	if (hog_start(&hog, old) == 0) {

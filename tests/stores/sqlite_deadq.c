@@ -24,8 +24,6 @@
 
 static char path[600], uri[700];
 
-
-
 /* The parent's store and its hold of "q". */
 static dlock_store *s;
 static dlock_lock *h;
@@ -83,8 +81,8 @@ static void dead_head(void)
 	/* waited for up to the bound and 2 s more: a failure is seen quickly */
 	int got = n == 6 ? sp_line(&w[4], line, sizeof line, QUEUE_TTL_MS + 2000 + (int)TU_SCHED_GRACE_MS) : -1;
 	long long took = tu_now_ms() - t0, grace = TU_SCHED_GRACE_MS;
-	printf("four dead at the head: the fifth granted %lld ms after the release (bound %d + %lld ms)\n",
-	       took, QUEUE_TTL_MS, grace);
+	printf("four dead at the head: the fifth granted %lld ms after the release (bound %d + %lld ms)\n", took,
+	       QUEUE_TTL_MS, grace);
 	CHECK(got == 0 && strncmp(line, "held ", 5) == 0);
 	CHECK(took <= QUEUE_TTL_MS + grace);
 	/* and the sixth after it */
@@ -104,8 +102,8 @@ static void second_registration(void)
 	int n = queue_up(w, 3);
 	long long first = sp_queue_left(path, "q", 0), second = sp_queue_left(path, "q", 1);
 	long long third = sp_queue_left(path, "q", 2);
-	printf("registrations: the front's %lld ms left, the second's %lld ms, the third's %lld ms\n", first,
-	       second, third);
+	printf("registrations: the front's %lld ms left, the second's %lld ms, the third's %lld ms\n", first, second,
+	       third);
 	CHECK(first > 0 && first <= QUEUE_TTL_MS);
 	CHECK(second > 0 && second <= QUEUE_TTL_MS);
 	CHECK(third > QUEUE_TTL_MS * 5 && third <= QUEUE_TTL_MS * 10);

@@ -35,7 +35,6 @@ static long long mono_ms(void)
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-
 /* A fair waiter in a thread with a store handle of its own: waits up to
  * wait_ms; when granted, holds until `go` is written, then releases. */
 typedef struct waiter {
@@ -95,7 +94,6 @@ static bool granted_by(waiter *w, int ms)
 	}
 	return false;
 }
-
 
 int main(int argc, char **argv)
 {

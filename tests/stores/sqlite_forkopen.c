@@ -69,8 +69,7 @@ static int child(dlock_store *inherited, dlock_lock *l, const char *name, bool t
 		rc = dlock_store_status(own, names, 1, &st, &n);
 		dlock_status_free(st, n);
 	}
-	fprintf(stderr, "child: opened in %lld ms, %s: %s\n", took, take ? "acquire" : "status",
-		dlock_error_name(rc));
+	fprintf(stderr, "child: opened in %lld ms, %s: %s\n", took, take ? "acquire" : "status", dlock_error_name(rc));
 	dlock_store_close(own);
 	return rc == 0 ? 0 : 4;
 }
@@ -89,7 +88,6 @@ static int fork_child(dlock_store *s, dlock_lock *l, const char *name, bool take
 	*took = tu_now_ms() - t0;
 	return rc;
 }
-
 
 int main(int argc, char **argv)
 {

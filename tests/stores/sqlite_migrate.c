@@ -47,12 +47,14 @@ static const char v2[] =
 	"CREATE INDEX dlock_waiters_by_name ON dlock_waiters(ns,name,seq);"
 	"CREATE VIEW dlock_fences AS SELECT ns, name, fence FROM dlock_holders WHERE owner='';"
 	"INSERT INTO dlock_schema VALUES(2);"
-	"INSERT INTO dlock_holders VALUES('dlock','old',''," "0,0,7,9223372036854775807,NULL,NULL);";
+	"INSERT INTO dlock_holders VALUES('dlock','old','',"
+	"0,0,7,9223372036854775807,NULL,NULL);";
 
 /* The statements of an old library (both versions wrote these): its acquire
  * starts by purging expired holders, reads the holders of the name, and when
  * refused enqueues itself; status reads holder rows. */
 enum { O_PURGE, O_HOLDERS, O_ENQUEUE, O_STATUS, O_INSERT, O_EXTEND, O_COUNT };
+/* clang-format off */
 static const char *const old_sql[O_COUNT] = {
 	[O_PURGE] = "DELETE FROM dlock_holders WHERE ns='dlock' AND name=?1 AND expires<=?2",
 	[O_HOLDERS] = "SELECT mode, count(*), min(expires) FROM dlock_holders WHERE ns='dlock' AND name=?1 GROUP BY mode",
@@ -63,6 +65,7 @@ static const char *const old_sql[O_COUNT] = {
 		     "VALUES('dlock',?1,'old-2',0,1,1000,?2,'h',1)",
 	[O_EXTEND] = "UPDATE dlock_holders SET expires=?2 WHERE ns='dlock' AND name=?1 AND owner='old-2'",
 };
+/* clang-format on */
 
 typedef struct old_proc {
 	sqlite3 *db;
@@ -161,8 +164,10 @@ static int queue_indexes(sqlite3 *db)
 {
 	sqlite3_stmt *st = NULL;
 	int n = -1;
-	if (sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master WHERE type='index' AND name IN "
-			       "('dlock_queue_by_expiry','dlock_queue_by_mode')", -1, &st, NULL) == SQLITE_OK &&
+	if (sqlite3_prepare_v2(db,
+			       "SELECT count(*) FROM sqlite_master WHERE type='index' AND name IN "
+			       "('dlock_queue_by_expiry','dlock_queue_by_mode')",
+			       -1, &st, NULL) == SQLITE_OK &&
 	    sqlite3_step(st) == SQLITE_ROW)
 		n = sqlite3_column_int(st, 0);
 	sqlite3_finalize(st);
@@ -223,8 +228,8 @@ static void migrate_case(const char *dir, const char *version, const char *sql, 
 	 * an earlier library of the same version) gets them at its next open. */
 	CHECK(sqlite3_open(path, &db) == SQLITE_OK);
 	CHECK(queue_indexes(db) == 2);
-	CHECK(sqlite3_exec(db, "DROP INDEX dlock_queue_by_expiry; DROP INDEX dlock_queue_by_mode;", NULL, NULL,
-			   NULL) == SQLITE_OK);
+	CHECK(sqlite3_exec(db, "DROP INDEX dlock_queue_by_expiry; DROP INDEX dlock_queue_by_mode;", NULL, NULL, NULL) ==
+	      SQLITE_OK);
 	CHECK(queue_indexes(db) == 0);
 	sqlite3_close(db);
 	CHECK_RC(dlock_store_open(&s, uri), 0);
@@ -236,9 +241,10 @@ static void migrate_case(const char *dir, const char *version, const char *sql, 
 	sqlite3_stmt *st = NULL;
 	/* An old library that opens the file now is refused: its schema step
 	 * (an index on its waiter table) and its statements fail. */
-	CHECK(sqlite3_exec(db, "CREATE INDEX IF NOT EXISTS dlock_waiters_by_name ON dlock_waiters(ns,name,seq)",
-			   NULL, NULL, NULL) != SQLITE_OK);
-	CHECK(sqlite3_prepare_v2(db, "INSERT INTO dlock_fences(ns,name,fence) VALUES('dlock','old',1) "
+	CHECK(sqlite3_exec(db, "CREATE INDEX IF NOT EXISTS dlock_waiters_by_name ON dlock_waiters(ns,name,seq)", NULL,
+			   NULL, NULL) != SQLITE_OK);
+	CHECK(sqlite3_prepare_v2(db,
+				 "INSERT INTO dlock_fences(ns,name,fence) VALUES('dlock','old',1) "
 				 "ON CONFLICT(ns,name) DO UPDATE SET fence=fence+1 RETURNING fence",
 				 -1, &st, NULL) != SQLITE_OK);
 	sqlite3_finalize(st);
@@ -247,8 +253,8 @@ static void migrate_case(const char *dir, const char *version, const char *sql, 
 	sqlite3_finalize(st);
 	st = NULL;
 	/* Its status reads still work, through views. */
-	CHECK(sqlite3_prepare_v2(db, "SELECT fence FROM dlock_fences WHERE ns='dlock' AND name='old'", -1, &st,
-				 NULL) == SQLITE_OK);
+	CHECK(sqlite3_prepare_v2(db, "SELECT fence FROM dlock_fences WHERE ns='dlock' AND name='old'", -1, &st, NULL) ==
+	      SQLITE_OK);
 	CHECK(st && sqlite3_step(st) == SQLITE_ROW && (uint64_t)sqlite3_column_int64(st, 0) == last_old);
 	sqlite3_finalize(st);
 	/* A file from a newer library is refused, not rewritten. */

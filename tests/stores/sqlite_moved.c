@@ -112,8 +112,7 @@ static void one_case(const char *dir, const char *fault)
 		CHECK(at - t0 <= TTL_MS / 3 + 300);
 		fprintf(stderr, "%s: on_lost %lld ms after the fault\n", fault, at - t0);
 	} else {
-		fprintf(stderr, "%s: on_lost did not fire within %d ms; held=%d\n", fault, 2 * TTL_MS,
-			dlock_held(l));
+		fprintf(stderr, "%s: on_lost did not fire within %d ms; held=%d\n", fault, 2 * TTL_MS, dlock_held(l));
 	}
 
 	/* Another process is granted on the file now at the path. */

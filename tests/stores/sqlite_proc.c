@@ -226,8 +226,8 @@ long long sp_queue_left(const char *path, const char *name, int k)
 	sqlite3_stmt *st = NULL;
 	long long left = -1;
 	if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
-	    sqlite3_prepare_v2(db, "SELECT expires FROM dlock_queue WHERE name=?1 ORDER BY seq LIMIT 1 OFFSET ?2",
-			       -1, &st, NULL) == SQLITE_OK) {
+	    sqlite3_prepare_v2(db, "SELECT expires FROM dlock_queue WHERE name=?1 ORDER BY seq LIMIT 1 OFFSET ?2", -1,
+			       &st, NULL) == SQLITE_OK) {
 		sqlite3_busy_timeout(db, 5000);
 		sqlite3_bind_text(st, 1, name, -1, SQLITE_TRANSIENT);
 		sqlite3_bind_int(st, 2, k);

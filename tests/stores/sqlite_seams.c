@@ -126,8 +126,10 @@ static void case_extend_vs_renewal(void)
 	CHECK(sp_finish(&w) == 0);
 	pthread_join(th, NULL);
 	CHECK_RC(e.rc, 0);
-	fprintf(stderr, "extend_vs_renewal: writer ready at %lld ms, write lock let go %lld ms late, "
-		"extend returned at %lld ms\n", ready, late, e.done_at - t0);
+	fprintf(stderr,
+		"extend_vs_renewal: writer ready at %lld ms, write lock let go %lld ms late, "
+		"extend returned at %lld ms\n",
+		ready, late, e.done_at - t0);
 
 	/* The late renewal lands right after the extend: look for a shortened
 	 * lease for a second (an observation window, not a wait for an event;
@@ -305,8 +307,10 @@ static void case_foreign_db(void)
 	sp_remove_db(path);
 	sqlite3 *db = NULL;
 	CHECK(sqlite3_open(path, &db) == SQLITE_OK);
-	CHECK(sqlite3_exec(db, "CREATE TABLE users(id INTEGER PRIMARY KEY, name TEXT);"
-			   "INSERT INTO users(name) VALUES('ada');", NULL, NULL, NULL) == SQLITE_OK);
+	CHECK(sqlite3_exec(db,
+			   "CREATE TABLE users(id INTEGER PRIMARY KEY, name TEXT);"
+			   "INSERT INTO users(name) VALUES('ada');",
+			   NULL, NULL, NULL) == SQLITE_OK);
 	sqlite3_close(db);
 	size_t n0 = 0, n1 = 0;
 	char *before = slurp(path, &n0);
@@ -457,7 +461,8 @@ static void case_bells_dir(void)
 		files++;
 		right += (st.st_mode & 07777) == 0660;
 		if ((st.st_mode & 07777) != 0660)
-			fprintf(stderr, "bells_dir: bell %s has mode %04o\n", e->d_name, (unsigned)(st.st_mode & 07777));
+			fprintf(stderr, "bells_dir: bell %s has mode %04o\n", e->d_name,
+				(unsigned)(st.st_mode & 07777));
 	}
 	if (d)
 		closedir(d);
@@ -473,7 +478,8 @@ static int inotify_fds(void)
 	int n = 0;
 	for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
 		char link[256] = "";
-		if (readlinkat(dirfd(d), e->d_name, link, sizeof link - 1) > 0 && strcmp(link, "anon_inode:inotify") == 0)
+		if (readlinkat(dirfd(d), e->d_name, link, sizeof link - 1) > 0 &&
+		    strcmp(link, "anon_inode:inotify") == 0)
 			n++;
 	}
 	if (d)
@@ -544,7 +550,8 @@ static void case_one_inotify(void)
 	for (int i = 0; i < 3; i++) {
 		pthread_join(t[i], NULL);
 		CHECK_RC(w[i].rc, 0);
-		fprintf(stderr, "one_inotify: waiter %d granted %lld ms after the releases\n", i, w[i].granted - released);
+		fprintf(stderr, "one_inotify: waiter %d granted %lld ms after the releases\n", i,
+			w[i].granted - released);
 		CHECK(w[i].granted - released < 400 + TU_SCHED_GRACE_MS); /* rung: not a nap */
 		dlock_lock_free(w[i].l);
 		dlock_store_close(ws[i]);

@@ -78,8 +78,8 @@ int main(int argc, char **argv)
 	}
 	CHECK(tries >= 4);
 	if (granted)
-		fprintf(stderr, "another process was granted 'job' while this one held it (%d of %d tries)\n",
-			granted, tries);
+		fprintf(stderr, "another process was granted 'job' while this one held it (%d of %d tries)\n", granted,
+			tries);
 	CHECK(sp_run("status", uri, NULL) == 0);
 
 	/* After our release another process is granted, with the next fence. */

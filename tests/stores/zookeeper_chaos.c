@@ -33,7 +33,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 static void nap_ms(long ms)
 {
 	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
@@ -264,8 +263,7 @@ static void *wait_thread(void *p)
 		w->rc = dlock_acquire(l, w->wait_ms);
 	w->took = tu_now_ms() - t;
 	if (w->rc)
-		printf("  wait: %s after %lld ms: %s\n", dlock_error_name(w->rc), w->took,
-		       dlock_error_last()->message);
+		printf("  wait: %s after %lld ms: %s\n", dlock_error_name(w->rc), w->took, dlock_error_last()->message);
 	if (w->rc == 0)
 		dlock_release(l);
 	dlock_lock_free(l);
@@ -440,8 +438,8 @@ int main(int argc, char **argv)
 		dlock_lock_free(l);
 		dlock_store_close(s);
 	}
-	printf("  8 opens with a follower stopped: %d failed, slowest %lld ms (bound %lld + lag)\n", failed,
-	       slowest, connect_ms);
+	printf("  8 opens with a follower stopped: %d failed, slowest %lld ms (bound %lld + lag)\n", failed, slowest,
+	       connect_ms);
 	kill(pid, SIGCONT);
 	case_connected_follower(uri, argv[2]);
 	case_leader_killed(uri, argv[1], argv[2]);

@@ -154,7 +154,8 @@ static void *px_pump(void *arg)
 					xid = be32(cbuf + 4);
 					int op = (int)be32(cbuf + 8);
 					pthread_mutex_lock(&px.mu);
-					if (px.arm_op && op == px.arm_op && memmem(cbuf, 4 + len, px.arm_sub, strlen(px.arm_sub))) {
+					if (px.arm_op && op == px.arm_op &&
+					    memmem(cbuf, 4 + len, px.arm_sub, strlen(px.arm_sub))) {
 						trip = 1;
 						after = px.arm_after;
 						px.arm_op = 0;
@@ -425,7 +426,8 @@ static void *waiter_main(void *unused)
 	(void)unused;
 	waiter_rc = dlock_acquire(waiter_lock, 15000);
 	if (waiter_rc == 0) {
-		waiter_nodes = count_own("dlock", dlock_lock_name(waiter_lock), dlock_store_client_id(waiter_store), NULL);
+		waiter_nodes = count_own("dlock", dlock_lock_name(waiter_lock), dlock_store_client_id(waiter_store),
+					 NULL);
 		waiter_release = dlock_release(waiter_lock);
 	}
 	return NULL;
@@ -628,8 +630,8 @@ static void case_digest_acl(void)
 	dlock_store *b = nu_openf("zk://%s?prefix=%s", server_hp, prefix);
 	dlock_store *c = nu_openf("zk://alice:wrong@%s?prefix=%s", server_hp, prefix);
 	dlock_store *d = nu_openf("zk://alice:secret@%s?prefix=%s", server_hp, prefix);
-	dlock_lock *la = nu_lock_cb(a, "x", 5000, NULL), *lb = nu_lock_cb(b, "x", 5000, NULL), *lc = nu_lock_cb(c, "x", 5000, NULL),
-		   *ld = nu_lock_cb(d, "x", 5000, NULL);
+	dlock_lock *la = nu_lock_cb(a, "x", 5000, NULL), *lb = nu_lock_cb(b, "x", 5000, NULL),
+		   *lc = nu_lock_cb(c, "x", 5000, NULL), *ld = nu_lock_cb(d, "x", 5000, NULL);
 	CHECK_RC(dlock_acquire(la, 0), 0);
 	CHECK_RC(dlock_acquire(lb, 0), DLOCK_EAUTH);
 	CHECK_RC(dlock_acquire(lc, 0), DLOCK_EAUTH);
@@ -671,8 +673,8 @@ static void case_names_and_cleanup(void)
 	snprintf(prefix, sizeof(prefix), "names-%s", run_id);
 	dlock_store *s = nu_openf("%s?prefix=%s", direct_uri, prefix);
 	const char *names[] = { "a/b", "..", ".", "%41", "zookeeper", "sp ace", "\xc3\xbc/..", "_c_x-lock-0000000001" };
-	const char *escaped[] = { "a%2Fb", "%2E%2E", "%2E", "%2541", "zookeeper", "sp%20ace", "%C3%BC%2F..",
-				  "_c_x-lock-0000000001" };
+	const char *escaped[] = { "a%2Fb",     "%2E%2E",   "%2E",         "%2541",
+				  "zookeeper", "sp%20ace", "%C3%BC%2F..", "_c_x-lock-0000000001" };
 	enum { N = sizeof(names) / sizeof(names[0]) };
 	dlock_lock *l[N];
 	for (int i = 0; i < N; i++) {

@@ -176,8 +176,8 @@ static void case_acquire_dark_midwait(void)
 	int rc = dlock_acquire(l, 1000);
 	long long took = tu_now_ms() - t0;
 	pthread_join(t, NULL);
-	printf("  acquire(wait 1000), link dark after %lld ms: %s after %lld ms\n", dark_at - t0,
-	       dlock_error_name(rc), took);
+	printf("  acquire(wait 1000), link dark after %lld ms: %s after %lld ms\n", dark_at - t0, dlock_error_name(rc),
+	       took);
 	CHECK(rc == DLOCK_ETIMEOUT || rc == DLOCK_EUNAVAILABLE);
 	CHECK(took <= 1000 + TU_SCHED_GRACE_MS);
 	px_set_dark(0);
@@ -330,8 +330,8 @@ static void case_cancel_dark(void)
 	dlock_lock *o = nu_lock_cb(os, name, ttl, NULL);
 	rc = dlock_acquire(o, ttl + 2000);
 	long long granted = tu_now_ms() - back;
-	printf("  another client granted %lld ms after the link came back (%s; session timeout %lld ms)\n",
-	       granted, dlock_error_name(rc), (long long)ttl);
+	printf("  another client granted %lld ms after the link came back (%s; session timeout %lld ms)\n", granted,
+	       dlock_error_name(rc), (long long)ttl);
 	CHECK_RC(rc, 0);
 	CHECK(granted <= 1000); /* swept on reconnect, not left to the session's expiry */
 	CHECK(count_own(name, dlock_store_client_id(s)) == 0);
@@ -375,8 +375,8 @@ static void case_create_reply_dropped(void)
 	px_set_dark(0);
 	long long back = tu_now_ms();
 	long long gone = gone_after(name, dlock_store_client_id(s), back, 5000);
-	printf("  replies flow again: the node was gone %lld ms later, process idle (session timeout %lld ms)\n",
-	       gone, (long long)ttl);
+	printf("  replies flow again: the node was gone %lld ms later, process idle (session timeout %lld ms)\n", gone,
+	       (long long)ttl);
 	CHECK(gone >= 0 && gone <= 1500);
 	dlock_lock_free(l);
 	dlock_store_close(s);

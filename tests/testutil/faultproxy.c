@@ -238,8 +238,8 @@ int tu_proxy_fired(tu_proxy *p, int route, long long *fired)
 	return 0;
 }
 
-int tu_proxy_stats(tu_proxy *p, int route, long long *conns, long long *open, long long *up,
-		   long long *down, long long *dropped)
+int tu_proxy_stats(tu_proxy *p, int route, long long *conns, long long *open, long long *up, long long *down,
+		   long long *dropped)
 {
 	char cmd[32], reply[256];
 	long long v[5];

@@ -65,8 +65,8 @@ int tu_proxy_fired(tu_proxy *p, int route, long long *fired);
 /* Counters of route `route`: connections accepted in total, open now, bytes
  * forwarded client->server (up) and server->client (down), bytes discarded.
  * Any out-parameter may be NULL. Returns 0, or -1 (message on stderr). */
-int tu_proxy_stats(tu_proxy *p, int route, long long *conns, long long *open, long long *up,
-		   long long *down, long long *dropped);
+int tu_proxy_stats(tu_proxy *p, int route, long long *conns, long long *open, long long *up, long long *down,
+		   long long *dropped);
 
 /* Number of routes (hosts in the URI). */
 int tu_proxy_routes(const tu_proxy *p);

@@ -33,8 +33,8 @@ static check_opts want;
 
 /* Judge the log `text` (with `nfaults` faults, a register that accepted
  * `accepted` writes and holds `value`) into *r; 0, or -1 if unreadable. */
-static int judge(results *r, const char *text, const fault *faults, size_t nfaults, int64_t accepted,
-		 int64_t value, int64_t end_us)
+static int judge(results *r, const char *text, const fault *faults, size_t nfaults, int64_t accepted, int64_t value,
+		 int64_t end_us)
 {
 	char path[64];
 	snprintf(path, sizeof path, "%s/log", dir);
@@ -95,8 +95,7 @@ int main(void)
 	done(&r);
 
 	/* The second grant before the first release: an overlap nothing explains. */
-	CHECK_RC(judge(&r, "A 0 0 1 90 100 1\nR 0 0 1 300 0\nA 1 0 1 150 200 2\nR 1 0 1 400 0\n", NULL, 0, 0, 0,
-		       1000),
+	CHECK_RC(judge(&r, "A 0 0 1 90 100 1\nR 0 0 1 300 0\nA 1 0 1 150 200 2\nR 1 0 1 400 0\n", NULL, 0, 0, 0, 1000),
 		 0);
 	CHECK(r.noverlaps == 1 && r.unexplained == 1 && !r.pass);
 	CHECK(r.overlaps[0].from_us == 200 && r.overlaps[0].to_us == 300 && !r.overlaps[0].explained);
@@ -114,8 +113,7 @@ int main(void)
 	done(&r);
 
 	/* The lost signal ends what the first holder believed: no overlap. */
-	CHECK_RC(judge(&r, "A 0 0 1 90 100 1\nL 0 0 1 180\nR 0 0 1 300 -6\nA 1 0 1 150 200 2\n", NULL, 0, 0, 0,
-		       1000),
+	CHECK_RC(judge(&r, "A 0 0 1 90 100 1\nL 0 0 1 180\nR 0 0 1 300 -6\nA 1 0 1 150 200 2\n", NULL, 0, 0, 0, 1000),
 		 0);
 	CHECK(r.noverlaps == 0 && r.holds[0].t_end == 180 && r.holds[0].rel_rc == -6 && r.pass);
 	done(&r);
@@ -134,8 +132,7 @@ int main(void)
 	done(&r);
 
 	/* A fence that does not rise from one grant to the next. */
-	CHECK_RC(judge(&r, "A 0 0 1 90 100 5\nR 0 0 1 150 0\nA 1 0 1 150 200 5\nR 1 0 1 250 0\n", NULL, 0, 0, 0,
-		       1000),
+	CHECK_RC(judge(&r, "A 0 0 1 90 100 5\nR 0 0 1 150 0\nA 1 0 1 150 200 5\nR 1 0 1 250 0\n", NULL, 0, 0, 0, 1000),
 		 0);
 	CHECK(r.noverlaps == 0 && r.nfence_bad == 1 && r.fence_bad[0].b == 1 && !r.pass);
 	done(&r);
@@ -148,15 +145,14 @@ int main(void)
 
 	/* Errors are counted; lines it cannot read, and events of holds it never
 	 * saw granted, are skipped. */
-	CHECK_RC(judge(&r, "E 0 0 1 100 -7 timed out\ngarbage\nA 0 0 x\nR 3 0 9 100 0\nA 0 0 1 90 100 1\n", NULL,
-		       0, 0, 0, 1000),
+	CHECK_RC(judge(&r, "E 0 0 1 100 -7 timed out\ngarbage\nA 0 0 x\nR 3 0 9 100 0\nA 0 0 1 90 100 1\n", NULL, 0, 0,
+		       0, 1000),
 		 0);
 	CHECK(r.errors == 1 && r.nholds == 1 && r.pass);
 	done(&r);
 
 	/* Holds come out in grant order whatever order the workers logged them. */
-	CHECK_RC(judge(&r, "A 1 0 1 250 300 2\nR 1 0 1 350 0\nA 0 0 1 90 100 1\nR 0 0 1 200 0\n", NULL, 0, 0, 0,
-		       1000),
+	CHECK_RC(judge(&r, "A 1 0 1 250 300 2\nR 1 0 1 350 0\nA 0 0 1 90 100 1\nR 0 0 1 200 0\n", NULL, 0, 0, 0, 1000),
 		 0);
 	CHECK(r.nholds == 2 && r.holds[0].t_grant == 100 && r.holds[1].t_grant == 300 && r.nfence_bad == 0);
 	done(&r);

@@ -876,8 +876,8 @@ static void test_lease_from_lost_try(void)
 	pthread_join(t, NULL);
 	long long deadline = tu_now_ms() + dlock_ttl_left(l);
 	long long bound = f->applied_at + 1000 - 12; /* server expiry of the lost try, minus drift */
-	printf("lease deadline %lld ms after the lost try was applied (at most %lld)\n",
-	       deadline - f->applied_at, bound - f->applied_at);
+	printf("lease deadline %lld ms after the lost try was applied (at most %lld)\n", deadline - f->applied_at,
+	       bound - f->applied_at);
 	CHECK(f->acquires >= 3);
 	CHECK(deadline <= bound + 1);
 	CHECK_RC(dlock_release(l), 0);
@@ -1053,7 +1053,6 @@ static void f_close_counted(dlock_backend *be)
 	atomic_fetch_add(&fork_closes, 1);
 	f_close(be);
 }
-
 
 /* ThreadSanitizer refuses new threads in the child of a multi-threaded
  * fork (it dies: die_after_fork): there a child does not take a lock of

@@ -4,6 +4,7 @@
 
 int main(void)
 {
+	/* clang-format off */
 	static const struct {
 		const char *text;
 		long long ms;
@@ -14,6 +15,7 @@ int main(void)
 		{ "1h30m", 5400000 }, { "1m30s", 90000 }, { "1d", 86400000 }, { "2h", 7200000 },
 		{ "1h30m15s500ms", 5415500 }, { "1d12h", 129600000 }, { "1.5h", 5400000 }, { "500ms", 500 },
 	};
+	/* clang-format on */
 	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
 		int64_t ms = -1;
 		CHECK_RC(dlock_duration_parse(&ms, good[i].text), 0);
@@ -22,9 +24,10 @@ int main(void)
 			tu_failures++;
 		}
 	}
-	static const char *bad[] = { "", "-1s", "s", "10x", "1 s", "1ss", " 5", "1e3", "99999999999999999999h",
-				     ".", "5sm", "+3", "1h-5m", "1h30", "1x", "1h 30m", "h1", "1d2", "1h30mx",
-				     "9999999999999999d", "1.5.5s" };
+	static const char *bad[] = {
+		"",   "-1s",   "s",    "10x", "1 s",    "1ss", " 5",  "1e3",    "99999999999999999999h", ".",     "5sm",
+		"+3", "1h-5m", "1h30", "1x",  "1h 30m", "h1",  "1d2", "1h30mx", "9999999999999999d",     "1.5.5s"
+	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		int64_t ms = 12345;
 		CHECK_RC(dlock_duration_parse(&ms, bad[i]), DLOCK_EINVAL);

@@ -61,7 +61,8 @@ static void *echo_main(void *arg)
 
 static int connect_to(int port)
 {
-	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+	struct sockaddr_in sin = { .sin_family = AF_INET,
+				   .sin_port = htons((uint16_t)port),
 				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
 	if (fd < 0)

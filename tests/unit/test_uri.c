@@ -67,8 +67,8 @@ int main(void)
 	CHECK_RC(dlock_sys_uri_check_unused(u), 0);
 	dlock_sys_uri_free(u);
 
-	static const char *bad_hosts[] = { "redis://:6379", "redis://h:0", "redis://h:70000", "redis://h:12x",
-					   "redis://[::1", "redis://a,,b", "redis://h:" };
+	static const char *bad_hosts[] = { "redis://:6379", "redis://h:0",  "redis://h:70000", "redis://h:12x",
+					   "redis://[::1",  "redis://a,,b", "redis://h:" };
 	for (size_t i = 0; i < sizeof(bad_hosts) / sizeof(bad_hosts[0]); i++) {
 		u = parse_ok(bad_hosts[i]);
 		if (u) {

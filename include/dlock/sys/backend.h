@@ -186,7 +186,8 @@ typedef struct dlock_uri {
 	char *user;      /**< NULL when absent */
 	char *password;  /**< NULL when absent; never print it */
 	char *hosts;     /**< the authority after any user info: "h:p,h:p"; NULL when the URI has no "//" */
-	char *path;      /**< what follows the authority (starts with '/'), or the opaque part ("relative.db"); "" if none */
+	/** What follows the authority (starts with '/'), or the opaque part ("relative.db"); "" if none. */
+	char *path;
 	size_t nparams;
 	dlock_uri_option *params;
 	/* Options common to every store, already parsed by the core: */
@@ -212,8 +213,7 @@ typedef struct dlock_hostport {
  * `default_port`. *out is freed with dlock_free.
  * @return 0; DLOCK_EINVAL (no host, bad port); DLOCK_ENOMEM.
  */
-DLOCK_EXTERN int dlock_uri_hosts(const dlock_uri *uri, int default_port, dlock_hostport **out,
-				 size_t *count);
+DLOCK_EXTERN int dlock_uri_hosts(const dlock_uri *uri, int default_port, dlock_hostport **out, size_t *count);
 
 /** One hold (or attempt) as the core hands it to a store. */
 typedef struct dlock_request {
@@ -372,8 +372,8 @@ struct dlock_backend_methods {
 	int (*cancel)(dlock_backend *be, const dlock_request *req);
 
 	/** Optional. See dlock_store_status; `names` has nnames >= 1 entries. */
-	int (*status)(dlock_backend *be, const char *const *names, size_t nnames,
-		      dlock_lock_status **out, size_t *count);
+	int (*status)(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
+		      size_t *count);
 
 	/**
 	 * Optional. For dlock_store_status without names: list the names that
@@ -520,16 +520,16 @@ int dlock_store_module_init(void);
  * The store takes ownership of `be` (closing it on dlock_store_close, or at
  * once on failure). `display_uri` is what dlock_store_uri returns.
  */
-DLOCK_EXTERN int dlock_store_open_backend(dlock_store **out, dlock_backend *be,
-					  const char *display_uri, int64_t default_ttl_ms);
+DLOCK_EXTERN int dlock_store_open_backend(dlock_store **out, dlock_backend *be, const char *display_uri,
+					  int64_t default_ttl_ms);
 
 /**
  * Record an error for the calling thread and return `code`, for stores:
  *   return dlock_error_set(DLOCK_EUNAVAILABLE, "redis", "ECONNREFUSED", "connect %s: %s", ...);
  * `store` and `store_code` may be NULL. Never put a password in the message.
  */
-DLOCK_EXTERN int dlock_error_set(int code, const char *store, const char *store_code,
-				 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+DLOCK_EXTERN int dlock_error_set(int code, const char *store, const char *store_code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
 
 /** Milliseconds on CLOCK_MONOTONIC. */
 DLOCK_EXTERN int64_t dlock_clock_ms(void);

@@ -37,8 +37,7 @@ DLOCK_EXTERN void dlock_sys_hex(char *out, const void *bytes, size_t len);
 
 /* ---- errors ---- */
 DLOCK_EXTERN int dlock_sys_oom(void);
-DLOCK_EXTERN int dlock_sys_error_vset(int code, const char *store, const char *store_code, const char *fmt,
-		      va_list ap);
+DLOCK_EXTERN int dlock_sys_error_vset(int code, const char *store, const char *store_code, const char *fmt, va_list ap);
 
 /* Keep the caller's error across cleanup that may record its own. */
 typedef struct dlock_sys_saved_error {
@@ -180,8 +179,8 @@ DLOCK_EXTERN void dlock_sys_resolve_prefetch(const char *host);
  * An ensemble needs only some of them: once any has answered by half the
  * time left, the others are not waited for; else every one gets until
  * deadline_ms. Returns how many resolved; 0 leaves the last error set. */
-DLOCK_EXTERN size_t dlock_sys_resolve_all(dlock_sys_addrs *out, int *rcs, const char *const *hosts, size_t n, int64_t deadline_ms,
-			  const char *store);
+DLOCK_EXTERN size_t dlock_sys_resolve_all(dlock_sys_addrs *out, int *rcs, const char *const *hosts, size_t n,
+					  int64_t deadline_ms, const char *store);
 /* a->addr joined by sep into buf (truncated to size); the length it needed. */
 DLOCK_EXTERN size_t dlock_sys_addrs_join(char *buf, size_t size, const dlock_sys_addrs *a, const char *sep);
 

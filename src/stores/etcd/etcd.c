@@ -44,8 +44,8 @@ static void etcd_close(dlock_backend *be)
 	for (size_t i = 0; e->cmd && i < e->nleases; i++) {
 		int keep = e->leases[i].pinned;
 		for (size_t j = 0; j < e->nholds && !keep; j++)
-			keep = !e->holds[j].orphan && (e->holds[j].lease == e->leases[i].id ||
-						       e->holds[j].maybe == e->leases[i].id);
+			keep = !e->holds[j].orphan &&
+			       (e->holds[j].lease == e->leases[i].id || e->holds[j].maybe == e->leases[i].id);
 		if (keep)
 			continue;
 		json_object *body = json_object_new_object(), *resp;
@@ -92,6 +92,7 @@ static int dup_opt(char **dst, dlock_uri *uri, const char *name)
 	return dlock_sys_opt_dup(dst, dlock_uri_param(uri, name));
 }
 
+/* clang-format off */
 static const dlock_backend_methods etcd_methods = {
 	DLOCK_BACKEND_METHODS_INIT(KIND),
 	.renew_max = TXN_MAX_OPS, /* one Txn reads a batch's keys */
@@ -105,6 +106,7 @@ static const dlock_backend_methods etcd_methods = {
 	.list = dlock__et_list,
 	.close = etcd_close,
 };
+/* clang-format on */
 
 int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 {
@@ -139,11 +141,13 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 	memcpy(e->hp, hp, nhp * sizeof(*hp));
 	for (size_t i = 0; i < nhp; i++) {
 		if (!tls && uri->password && !dlock_sys_host_is_local(hp[i].host))
-			dlock_sys_open_warning("etcd: the password and the lock traffic go to %s over plain HTTP, which a "
-					    "man in the middle can read; use etcds:// with cacert=CA.pem", hp[i].host);
+			dlock_sys_open_warning(
+				"etcd: the password and the lock traffic go to %s over plain HTTP, which a "
+				"man in the middle can read; use etcds:// with cacert=CA.pem",
+				hp[i].host);
 		int v6 = strchr(hp[i].host, ':') != NULL;
 		if (!(e->urls[i] = dlock_sys_sprintf("%s://%s%s%s:%d", tls ? "https" : "http", v6 ? "[" : "",
-						  hp[i].host, v6 ? "]" : "", hp[i].port)))
+						     hp[i].host, v6 ? "]" : "", hp[i].port)))
 			goto fail;
 		e->nurls++;
 	}
@@ -153,7 +157,8 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 	const char *recipe = dlock_uri_param(uri, "recipe");
 	int verbatim = recipe && strcmp(recipe, "concurrency") == 0;
 	if (recipe && !verbatim && strcmp(recipe, "dlock") != 0) {
-		rc = dlock_error_set(DLOCK_EINVAL, KIND, NULL, "etcd: unknown recipe '%s' (dlock or concurrency)", recipe);
+		rc = dlock_error_set(DLOCK_EINVAL, KIND, NULL, "etcd: unknown recipe '%s' (dlock or concurrency)",
+				     recipe);
 		goto fail;
 	}
 	if (verbatim) {
@@ -171,15 +176,14 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 	if ((uri->user && !(e->user = dlock_sys_strdup(uri->user))) ||
 	    (uri->password && !(e->password = dlock_sys_strdup(uri->password))))
 		goto fail;
-	if (dup_opt(&e->cacert, uri, "cacert") || dup_opt(&e->cert, uri, "cert") ||
-	    dup_opt(&e->key, uri, "key"))
+	if (dup_opt(&e->cacert, uri, "cacert") || dup_opt(&e->cert, uri, "cert") || dup_opt(&e->key, uri, "key"))
 		goto fail;
 	if (!tls && (e->cacert || e->cert || e->key)) {
-		rc = dlock_error_set(DLOCK_EINVAL, KIND, NULL,
-				     "cacert/cert/key need the etcds:// scheme (TLS)");
+		rc = dlock_error_set(DLOCK_EINVAL, KIND, NULL, "cacert/cert/key need the etcds:// scheme (TLS)");
 		goto fail;
 	}
-	if (!(e->cmd = dlock__et_handle_new(e)) || !(e->side = dlock__et_handle_new(e)) || !(e->multi = curl_multi_init()))
+	if (!(e->cmd = dlock__et_handle_new(e)) || !(e->side = dlock__et_handle_new(e)) ||
+	    !(e->multi = curl_multi_init()))
 		goto fail;
 	/* The whole open (authentication and the first answer) within connect_timeout. */
 	e->deadline = start + e->connect_timeout_ms;

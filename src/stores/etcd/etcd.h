@@ -97,7 +97,6 @@ typedef struct etcd_store {
 	size_t nholds, capholds;
 } etcd_store;
 
-
 /* ---- what the files of this store share ---- */
 
 /* dlock__et_names_make: find the hold's key, or make one. */
@@ -132,7 +131,6 @@ typedef struct keyset {
 	char *dir, *end, *key; /* key NULL: not a hold of this store handle (see find_by_owner) */
 } keyset;
 
-
 CURL *dlock__et_handle_new(etcd_store *e);
 
 void dlock__et_kit_free(waitkit *k);
@@ -146,21 +144,19 @@ int dlock__et_curl_failover(CURLcode c);
 void dlock__et_endpoint_failed(etcd_store *e, size_t idx);
 
 int dlock__et_xfer_start(etcd_store *e, xfer *x, CURL *h, const char *path, const char *text, int64_t until,
-		      int with_token);
+			 int with_token);
 
 void dlock__et_xfer_end(xfer *x);
 
-int dlock__et_rpc(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out,
-	       rpc_result *res);
+int dlock__et_rpc(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out, rpc_result *res);
 
 int dlock__et_authenticate(etcd_store *e, CURL *h, unsigned seen_gen, int64_t until);
 
-int dlock__et_rpc_until(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out,
-		     rpc_result *res, int64_t until);
+int dlock__et_rpc_until(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out, rpc_result *res,
+			int64_t until);
 
 void dlock__et_rpc_pair(etcd_store *e, const char *path1, json_object *body1, json_object **out1, int *rc1,
-		     rpc_result *res1, const char *path2, json_object *body2, json_object **out2,
-		     int *rc2);
+			rpc_result *res1, const char *path2, json_object *body2, json_object **out2, int *rc2);
 
 void dlock__et_lease_drop(etcd_store *e, int64_t id);
 
@@ -176,8 +172,7 @@ int dlock__et_lease_get(etcd_store *e, int64_t ttl_ms, lease **out);
 
 void dlock__et_names_free(keyset *n);
 
-int dlock__et_holds(const kv *keys, size_t n, const kv *me, dlock_mode mode, unsigned permits,
-		 const kv **watch);
+int dlock__et_holds(const kv *keys, size_t n, const kv *me, dlock_mode mode, unsigned permits, const kv **watch);
 
 int dlock__et_names_make(etcd_store *e, const dlock_request *req, keyset *n, int how);
 
@@ -211,20 +206,19 @@ char *dlock__et_prefix_enc(const char *prefix);
 
 char *dlock__et_range_end(const char *dir);
 
-json_object *dlock__et_op_range(const char *key, const char *end, int by_create, int64_t limit,
-			     int flags);
+json_object *dlock__et_op_range(const char *key, const char *end, int by_create, int64_t limit, int flags);
 
 json_object *dlock__et_op_put(const char *key, const char *value, int64_t lease_id, int ignore_value);
 
 json_object *dlock__et_cmp_create(const char *key, const char *end, const char *result, int64_t rev);
 
 int dlock__et_txn(etcd_store *e, CURL *h, json_object *compare, json_object *success, json_object *failure,
-	       json_object **out, rpc_result *res);
+		  json_object **out, rpc_result *res);
 
 int dlock__et_delete_key(etcd_store *e, CURL *h, const char *key, int64_t *deleted, rpc_result *res);
 
-int dlock__et_status(dlock_backend *be, const char *const *names, size_t nnames,
-		       dlock_lock_status **out, size_t *count);
+int dlock__et_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
+		     size_t *count);
 
 int dlock__et_list(dlock_backend *be, char ***names, size_t *count);
 

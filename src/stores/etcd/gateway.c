@@ -78,7 +78,8 @@ waitkit *dlock__et_kit_take(etcd_store *e)
 	pthread_mutex_unlock(&e->mu);
 	if (k || !(k = calloc(1, sizeof(*k))))
 		return k;
-	if (!(k->multi = curl_multi_init()) || !(k->watch = dlock__et_handle_new(e)) || !(k->read = dlock__et_handle_new(e))) {
+	if (!(k->multi = curl_multi_init()) || !(k->watch = dlock__et_handle_new(e)) ||
+	    !(k->read = dlock__et_handle_new(e))) {
 		dlock__et_kit_free(k);
 		return NULL;
 	}
@@ -129,11 +130,9 @@ void dlock__et_endpoint_failed(etcd_store *e, size_t idx)
 	pthread_mutex_unlock(&e->mu);
 }
 
-
 static int timed_out(const char *what)
 {
-	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out (no time left to send it)",
-			       what);
+	return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out (no time left to send it)", what);
 }
 
 /*
@@ -173,8 +172,8 @@ static int pin_endpoint(etcd_store *e, xfer *x, CURL *h, int64_t until)
 
 /* Prepare one exchange that must end by `until` (CLOCK_MONOTONIC ms): curl's
  * limits are cut to the time left, and nothing is sent when none is left. */
-static int xfer_start_at(etcd_store *e, xfer *x, CURL *h, size_t idx, const char *path, const char *text,
-			 int64_t until, int with_token)
+static int xfer_start_at(etcd_store *e, xfer *x, CURL *h, size_t idx, const char *path, const char *text, int64_t until,
+			 int with_token)
 {
 	int64_t left = until - dlock_clock_ms();
 	memset(x, 0, sizeof(*x));
@@ -219,7 +218,7 @@ static int xfer_start_at(etcd_store *e, xfer *x, CURL *h, size_t idx, const char
 }
 
 int dlock__et_xfer_start(etcd_store *e, xfer *x, CURL *h, const char *path, const char *text, int64_t until,
-		      int with_token)
+			 int with_token)
 {
 	size_t idx;
 	pthread_mutex_lock(&e->mu);
@@ -249,7 +248,6 @@ static void run_one(xfer *x)
 	curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &x->status);
 }
 
-
 enum { NEXT_DONE, NEXT_ENDPOINT, NEXT_REAUTH };
 
 /* Read a finished transfer: 0 and *out, or an error (set) and what to do next. */
@@ -262,8 +260,8 @@ static int xfer_finish(etcd_store *e, xfer *x, json_object **out, rpc_result *re
 		 * answer cannot be read as the answer to a later request. */
 		int rc = x->c == CURLE_OPERATION_TIMEDOUT
 				 ? dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out", x->url)
-				 : dlock_error_set(DLOCK_EUNAVAILABLE, KIND, curl_easy_strerror(x->c), "%s: %s",
-						   x->url, curl_easy_strerror(x->c));
+				 : dlock_error_set(DLOCK_EUNAVAILABLE, KIND, curl_easy_strerror(x->c), "%s: %s", x->url,
+						   curl_easy_strerror(x->c));
 		if (dlock__et_curl_failover(x->c)) {
 			if (!curl_not_sent(x->c))
 				res->ambiguous = 1;
@@ -290,8 +288,8 @@ static int xfer_finish(etcd_store *e, xfer *x, json_object **out, rpc_result *re
 		rc = dlock_error_set(DLOCK_EAUTH, KIND, scode, "%s: %s", x->url, msg ? msg : "denied");
 	} else if (x->status >= 500 || grpc == GRPC_UNAVAILABLE || grpc == GRPC_DEADLINE_EXCEEDED || !j) {
 		/* A member without a leader (or timing out) may recover; another may answer now. */
-		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, scode, "%s: HTTP %ld: %s", x->url,
-				     x->status, msg ? msg : "no JSON answer");
+		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, scode, "%s: HTTP %ld: %s", x->url, x->status,
+				     msg ? msg : "no JSON answer");
 		res->ambiguous = 1;
 		dlock__et_endpoint_failed(e, x->idx);
 		*next = NEXT_ENDPOINT;
@@ -565,8 +563,8 @@ static void races_run(etcd_store *e, race **rs, int nr)
  * once; all by `until`. A 401 "invalid auth token" re-authenticates and
  * retries once. Takes ownership of body; *out gets the answer object.
  */
-static int rpc_ex(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out,
-		  rpc_result *res, int64_t until, int flags)
+static int rpc_ex(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out, rpc_result *res,
+		  int64_t until, int flags)
 {
 	const char *text = json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN);
 	rpc_result dummy;
@@ -633,15 +631,14 @@ static int rpc_ex(etcd_store *e, CURL *h, const char *path, json_object *body, j
 	return rc;
 }
 
-int dlock__et_rpc_until(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out,
-		     rpc_result *res, int64_t until)
+int dlock__et_rpc_until(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out, rpc_result *res,
+			int64_t until)
 {
 	return rpc_ex(e, h, path, body, out, res, until, 0);
 }
 
 /* A request of the current call (under the store mutex): by e->deadline. */
-int dlock__et_rpc(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out,
-	       rpc_result *res)
+int dlock__et_rpc(etcd_store *e, CURL *h, const char *path, json_object *body, json_object **out, rpc_result *res)
 {
 	return rpc_ex(e, h, path, body, out, res, e->deadline, 0);
 }
@@ -653,8 +650,7 @@ int dlock__et_rpc(etcd_store *e, CURL *h, const char *path, json_object *body, j
  * dlock__et_rpc(), which re-authenticates.
  */
 void dlock__et_rpc_pair(etcd_store *e, const char *path1, json_object *body1, json_object **out1, int *rc1,
-		     rpc_result *res1, const char *path2, json_object *body2, json_object **out2,
-		     int *rc2)
+			rpc_result *res1, const char *path2, json_object *body2, json_object **out2, int *rc2)
 {
 	const char *t1 = json_object_to_json_string_ext(body1, JSON_C_TO_STRING_PLAIN);
 	const char *t2 = json_object_to_json_string_ext(body2, JSON_C_TO_STRING_PLAIN);

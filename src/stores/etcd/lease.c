@@ -74,8 +74,7 @@ int dlock__et_keepalive(etcd_store *e, int64_t id, int64_t *ttl_s)
 	lease *l = dlock__et_lease_find_id(e, id);
 	if (l && l->retired)
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
-				       "lease %llx carries a key whose delete failed: not kept alive",
-				       (long long)id);
+				       "lease %llx carries a key whose delete failed: not kept alive", (long long)id);
 	int rc = dlock__et_rpc(e, e->cmd, "/v3/lease/keepalive", dlock__et_keepalive_body(id), &resp, NULL);
 	if (rc != 0)
 		return rc;
@@ -109,11 +108,11 @@ int dlock__et_lease_get(etcd_store *e, int64_t ttl_ms, lease **out)
 		 * still expires it). A retired one is kept until it is revoked. */
 		size_t old = MAX_LEASES;
 		for (size_t i = 0; i < e->nleases; i++)
-			if (!e->leases[i].retired && (old == MAX_LEASES || e->leases[i].touched < e->leases[old].touched))
+			if (!e->leases[i].retired &&
+			    (old == MAX_LEASES || e->leases[i].touched < e->leases[old].touched))
 				old = i;
 		if (old == MAX_LEASES)
-			return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
-					       "too many leases waiting to be revoked");
+			return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "too many leases waiting to be revoked");
 		e->leases[old] = e->leases[--e->nleases];
 	}
 	lease *l = &e->leases[e->nleases++];

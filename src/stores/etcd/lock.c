@@ -6,7 +6,6 @@
 /* ------------------------------------------------------------------ */
 /* the lock protocol */
 
-
 void dlock__et_names_free(keyset *n)
 {
 	free(n->dir);
@@ -86,7 +85,6 @@ static void hold_forget(etcd_store *e, const dlock_request *req)
 	}
 	pthread_mutex_unlock(&e->mu);
 }
-
 
 /*
  * The directory of req->name and, for a hold or waiter of this store handle,
@@ -304,8 +302,7 @@ static int rescue(etcd_store *e)
  * permits among the holders and the caller.
  * For waiters, *before gets the key to watch (or NULL: watch the directory).
  */
-int dlock__et_holds(const kv *keys, size_t n, const kv *me, dlock_mode mode, unsigned permits,
-		 const kv **watch)
+int dlock__et_holds(const kv *keys, size_t n, const kv *me, dlock_mode mode, unsigned permits, const kv **watch)
 {
 	size_t older = 0;
 	unsigned limit = permits; /* the smallest permits among the older writers and me */
@@ -353,8 +350,7 @@ static char *value_json(const dlock_request *req)
 }
 
 /* Delete req's key (an undo, a release): forget it, or, when that fails, orphan it. */
-static int drop_key(etcd_store *e, const dlock_request *req, const char *key, int64_t *deleted,
-		    rpc_result *res)
+static int drop_key(etcd_store *e, const dlock_request *req, const char *key, int64_t *deleted, rpc_result *res)
 {
 	int rc = dlock__et_delete_key(e, e->cmd, key, deleted, res);
 	if (rc == 0)
@@ -452,7 +448,7 @@ int dlock__et_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 			int ka_rc;
 			json_object_get(body);
 			dlock__et_rpc_pair(e, "/v3/kv/txn", body, &resp, &rc, &res, "/v3/lease/keepalive",
-				 dlock__et_keepalive_body(lease_id), &ka_resp, &ka_rc);
+					   dlock__et_keepalive_body(lease_id), &ka_resp, &ka_rc);
 			if (ka_rc == 0 && dlock__et_keepalive_read(e, lease_id, ka_resp, ka_sent, &ka_left) != 0)
 				ka_left = -1;
 			/* One attempt only: fail over or re-authenticate through dlock__et_rpc(). The
@@ -645,8 +641,7 @@ int dlock__et_release(dlock_backend *be, const dlock_request *req)
 		return rc;
 	/* After an attempt that may have been applied, "nothing to delete" means ours went. */
 	if (deleted == 0 && !res.ambiguous)
-		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "%s: not held by %s", req->name,
-				       req->owner);
+		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "%s: not held by %s", req->name, req->owner);
 	return 0;
 }
 
@@ -714,8 +709,7 @@ int dlock__et_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms
 		int moved = dlock__et_jbool(resp, "succeeded");
 		json_object_put(resp);
 		if (!moved) {
-			rc = dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "%s: not held by %s", req->name,
-					     req->owner);
+			rc = dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "%s: not held by %s", req->name, req->owner);
 			goto out;
 		}
 		lease *own = dlock__et_lease_find_id(e, lease_id);
@@ -782,7 +776,8 @@ int dlock__et_renew(dlock_backend *be, const dlock_request *const *reqs, size_t 
 			break;
 		/* Not ours (never is, for a renewed hold): the bare directory name,
 		 * which is never a key, reads as "gone". */
-		json_object_array_add(ok, dlock__et_op_range(nm.key ? nm.key : nm.dir, NULL, 0, 0, R_KEYS_ONLY | R_SERIALIZABLE));
+		json_object_array_add(ok, dlock__et_op_range(nm.key ? nm.key : nm.dir, NULL, 0, 0,
+							     R_KEYS_ONLY | R_SERIALIZABLE));
 		dlock__et_names_free(&nm);
 	}
 	if (rc != 0) {
@@ -799,7 +794,7 @@ int dlock__et_renew(dlock_backend *be, const dlock_request *const *reqs, size_t 
 			int64_t sent = dlock_clock_ms();
 			json_object_get(body);
 			dlock__et_rpc_pair(e, "/v3/kv/txn", body, &resp, &rc, &res, "/v3/lease/keepalive",
-				 dlock__et_keepalive_body(ka_id), &ka_resp, &ka_rc);
+					   dlock__et_keepalive_body(ka_id), &ka_resp, &ka_rc);
 			if (ka_rc != 0 || dlock__et_keepalive_read(e, ka_id, ka_resp, sent, &ka_left) != 0)
 				ka_left = -1;
 			/* One attempt only: fail over or re-authenticate through dlock__et_rpc(). */
@@ -831,7 +826,8 @@ int dlock__et_renew(dlock_backend *be, const dlock_request *const *reqs, size_t 
 		if (results[i] != 1)
 			continue;
 		int64_t left = 0;
-		int krc = leases[i] == ka_id && ka_left >= 0 ? (left = ka_left, 0) : dlock__et_keepalive(e, leases[i], &left);
+		int krc = leases[i] == ka_id && ka_left >= 0 ? (left = ka_left, 0)
+							     : dlock__et_keepalive(e, leases[i], &left);
 		int r = krc != 0 ? krc : left > 0 ? 0 : DLOCK_ENOTHELD;
 		for (size_t j = i; j < n; j++)
 			if (results[j] == 1 && leases[j] == leases[i])

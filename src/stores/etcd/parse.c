@@ -196,9 +196,7 @@ char *dlock__et_range_end(const char *dir)
 /* ------------------------------------------------------------------ */
 /* Txn building and reading */
 
-
-json_object *dlock__et_op_range(const char *key, const char *end, int by_create, int64_t limit,
-			     int flags)
+json_object *dlock__et_op_range(const char *key, const char *end, int by_create, int64_t limit, int flags)
 {
 	json_object *r = json_object_new_object(), *op = json_object_new_object();
 	if (dlock__et_jadd_b64(r, "key", key, strlen(key)) != 0 ||
@@ -300,10 +298,9 @@ int dlock__etcd_kv_parse(json_object *j, kv *out)
 int dlock__etcd_txn_range(json_object *dlock__et_txn, size_t i, kv **out, size_t *n)
 {
 	json_object *resps = dlock__et_jget(dlock__et_txn, "responses");
-	json_object *r = resps && json_object_is_type(resps, json_type_array) &&
-				 i < json_object_array_length(resps)
-			 ? dlock__et_jget(json_object_array_get_idx(resps, i), "response_range")
-			 : NULL;
+	json_object *r = resps && json_object_is_type(resps, json_type_array) && i < json_object_array_length(resps)
+				 ? dlock__et_jget(json_object_array_get_idx(resps, i), "response_range")
+				 : NULL;
 	json_object *arr = dlock__et_jget(r, "kvs");
 	size_t cnt = arr && json_object_is_type(arr, json_type_array) ? json_object_array_length(arr) : 0;
 	*out = NULL;
@@ -327,7 +324,7 @@ int dlock__etcd_txn_range(json_object *dlock__et_txn, size_t i, kv **out, size_t
 }
 
 int dlock__et_txn(etcd_store *e, CURL *h, json_object *compare, json_object *success, json_object *failure,
-	       json_object **out, rpc_result *res)
+		  json_object **out, rpc_result *res)
 {
 	json_object *body = json_object_new_object();
 	json_object_object_add(body, "compare", compare ? compare : json_object_new_array());

@@ -40,8 +40,7 @@ static int fill_status(etcd_store *e, dlock_lock_status *st, kv *keys, size_t n)
 	return 0;
 }
 
-int dlock__et_status(dlock_backend *be, const char *const *names, size_t nnames,
-		       dlock_lock_status **out, size_t *count)
+int dlock__et_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out, size_t *count)
 {
 	etcd_store *e = (etcd_store *)be;
 	int rc = 0;

@@ -11,8 +11,8 @@
  * wait for (we hold, our key is gone) or the read failed: 0, and acquire
  * finds out which.
  */
-static int wait_read(etcd_store *e, CURL *h, const keyset *nm, const dlock_request *req, int64_t until,
-		     int64_t *rev, char **target)
+static int wait_read(etcd_store *e, CURL *h, const keyset *nm, const dlock_request *req, int64_t until, int64_t *rev,
+		     char **target)
 {
 	json_object *ok = json_object_new_array(), *body = json_object_new_object(), *resp = NULL;
 	kv *mine = NULL, *keys = NULL;
@@ -29,9 +29,8 @@ static int wait_read(etcd_store *e, CURL *h, const keyset *nm, const dlock_reque
 	if (dlock__et_rpc_until(e, h, "/v3/kv/txn", body, &resp, NULL, until) != 0)
 		return 0;
 	*rev = dlock__et_jint(dlock__et_jget(resp, "header"), "revision");
-	if (dlock__etcd_txn_range(resp, 0, &mine, &nmine) == 0 &&
-	    dlock__etcd_txn_range(resp, 1, &keys, &nkeys) == 0 && nmine &&
-	    !dlock__et_holds(keys, nkeys, &mine[0], req->mode, permits, &behind))
+	if (dlock__etcd_txn_range(resp, 0, &mine, &nmine) == 0 && dlock__etcd_txn_range(resp, 1, &keys, &nkeys) == 0 &&
+	    nmine && !dlock__et_holds(keys, nkeys, &mine[0], req->mode, permits, &behind))
 		waiting = !behind || !behind->key || (*target = dlock_sys_strdup(behind->key)) != NULL;
 	json_object_put(resp);
 	dlock__etcd_kvs_free(mine, nmine);
@@ -126,9 +125,8 @@ int dlock__et_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_
 			/* Revisions moved between our read and the watch: read again, at
 			 * least at the watch's revision, that we still queue behind the
 			 * same key. Else let acquire look. */
-			if (w.rev > rev && (!wait_read(e, k->read, &nm, req, until, &rev2, &again) ||
-					    rev2 < w.rev || (target && (!again || strcmp(again, target) != 0)) ||
-					    (!target && again)))
+			if (w.rev > rev && (!wait_read(e, k->read, &nm, req, until, &rev2, &again) || rev2 < w.rev ||
+					    (target && (!again || strcmp(again, target) != 0)) || (!target && again)))
 				break;
 			continue;
 		}
@@ -137,7 +135,8 @@ int dlock__et_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_
 	}
 	curl_multi_remove_handle(k->multi, k->watch);
 	/* A timeout is the normal end of a wait; only a broken connection moves us on. */
-	if (x.c != CURLE_OK && x.c != CURLE_WRITE_ERROR && x.c != CURLE_OPERATION_TIMEDOUT && dlock__et_curl_failover(x.c))
+	if (x.c != CURLE_OK && x.c != CURLE_WRITE_ERROR && x.c != CURLE_OPERATION_TIMEDOUT &&
+	    dlock__et_curl_failover(x.c))
 		dlock__et_endpoint_failed(e, x.idx);
 out:
 	dlock__et_xfer_end(&x);

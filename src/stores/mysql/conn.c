@@ -9,7 +9,6 @@
 
 /* ---- small string builder ---- */
 
-
 /* Append a hex literal X'..' of a byte string: nothing from a caller is ever quoted or escaped. */
 void dlock__my_sb_hex(sbuf *s, const char *bytes)
 {
@@ -84,7 +83,8 @@ static int sql_fail(const mysql_store *b, MYSQL *c, const char *what)
 	snprintf(code, sizeof(code), "%u/%s", e, mysql_sqlstate(c));
 	int rc = map_errno(e);
 	if (e == ER_BAD_DB_ERROR)
-		return dlock_error_set(rc, KIND, code, "mysql: %s (create the database first: CREATE DATABASE ...)", msg);
+		return dlock_error_set(rc, KIND, code, "mysql: %s (create the database first: CREATE DATABASE ...)",
+				       msg);
 	return dlock_error_set(rc, KIND, code, "mysql %s: %s", what, msg);
 }
 
@@ -283,7 +283,7 @@ int dlock__my_read_all(mysql_store *b, MYSQL *c, MYSQL_RES **out, const char *wh
 
 /* Run a batch of statements on c (see dlock__my_read_all). */
 int dlock__my_exec(mysql_store *b, MYSQL *c, const char *sql, size_t len, MYSQL_RES **out, const char *what,
-		int64_t deadline)
+		   int64_t deadline)
 {
 	dlock__my_tl_timed_out = 0;
 	if (out)
@@ -380,8 +380,8 @@ static int conn_open_at(mysql_store *b, MYSQL **out, const char *host, int64_t d
 		if (rc == DLOCK_EINVAL)
 			return dlock_error_set(rc, KIND, code, "mysql: %s (create database '%s' first)", msg, b->db);
 		return dlock_error_set(rc == DLOCK_ESTORE ? DLOCK_EUNAVAILABLE : rc, KIND, code,
-				       "mysql: cannot connect to %s:%d: %s", b->socket ? b->socket : b->host,
-				       b->port, msg);
+				       "mysql: cannot connect to %s:%d: %s", b->socket ? b->socket : b->host, b->port,
+				       msg);
 	}
 	/* libmariadb 3.3 treats MYSQL_OPT_SSL_ENFORCE as "try TLS": refuse plain text ourselves. */
 	if (b->ssl_enforce && !mysql_get_ssl_cipher(c)) {
@@ -507,7 +507,8 @@ int dlock__my_schema_ensure(mysql_store *b, int64_t deadline)
 		/* Only now DDL: a user without CREATE can run on tables an admin made. */
 		mysql_free_result(res);
 		res = NULL;
-		if ((rc = dlock__my_exec(b, b->conn, schema_sql, sizeof(schema_sql) - 1, &res, "creating the schema", deadline)) != 0)
+		if ((rc = dlock__my_exec(b, b->conn, schema_sql, sizeof(schema_sql) - 1, &res, "creating the schema",
+					 deadline)) != 0)
 			return rc;
 		row = res ? mysql_fetch_row(res) : NULL;
 	}
@@ -516,7 +517,8 @@ int dlock__my_schema_ensure(mysql_store *b, int64_t deadline)
 	if (v != SCHEMA_VERSION)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
 				       "mysql: table dlock_meta in database '%s' says schema version %ld; this "
-				       "dlock knows version %d", b->db, v, SCHEMA_VERSION);
+				       "dlock knows version %d",
+				       b->db, v, SCHEMA_VERSION);
 	return 0;
 }
 
@@ -547,8 +549,7 @@ long long dlock__my_us(int64_t ms)
 
 int dlock__my_too_late(const dlock_request *req)
 {
-	return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait",
-			       req->name);
+	return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' not acquired by the end of the wait", req->name);
 }
 
 /* After a try that timed out: 1 if its answer (the result set whose first

@@ -121,13 +121,14 @@ static void sb_grant(sbuf *s, const mysql_store *b, const dlock_request *req, co
 	/* The fence is counted while the lock is already ours, so fences grow in
 	 * grant order. The holder row is a record for status; older rows of this
 	 * name are of sessions that no longer hold it (we do). */
-	sb_add(s, "START TRANSACTION;"
-		  "INSERT INTO dlock_lock (ns, name, fence) SELECT %s, %s, LAST_INSERT_ID(1) FROM DUAL "
-		  "WHERE @dl_got = 1 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(dlock_lock.fence + 1);"
-		  "SET @dl_f = IF(@dl_got = 1, LAST_INSERT_ID(), 0);"
-		  "DELETE FROM dlock_holder WHERE @dl_got = 1 AND ns = %s AND name = %s AND conn_id <> 0;"
-		  "INSERT INTO dlock_holder (ns, name, owner, mode, permits, fence, expires, host, pid, conn_id) "
-		  "SELECT %s, %s, ",
+	sb_add(s,
+	       "START TRANSACTION;"
+	       "INSERT INTO dlock_lock (ns, name, fence) SELECT %s, %s, LAST_INSERT_ID(1) FROM DUAL "
+	       "WHERE @dl_got = 1 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(dlock_lock.fence + 1);"
+	       "SET @dl_f = IF(@dl_got = 1, LAST_INSERT_ID(), 0);"
+	       "DELETE FROM dlock_holder WHERE @dl_got = 1 AND ns = %s AND name = %s AND conn_id <> 0;"
+	       "INSERT INTO dlock_holder (ns, name, owner, mode, permits, fence, expires, host, pid, conn_id) "
+	       "SELECT %s, %s, ",
 	       b->ns_hex, nm, b->ns_hex, nm, b->ns_hex, nm);
 	dlock__my_sb_hex(s, req->owner);
 	sb_add(s, ", 0, 1, @dl_f, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND, ", dlock__my_us(req->ttl_ms));
@@ -141,8 +142,9 @@ static void sb_grant(sbuf *s, const mysql_store *b, const dlock_request *req, co
 	if (waiting) {
 		sb_add(s, "INSERT INTO dlock_waiter (ns, name, owner, mode, expires) SELECT %s, %s, ", b->ns_hex, nm);
 		dlock__my_sb_hex(s, req->owner);
-		sb_add(s, ", 0, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND FROM DUAL WHERE @dl_got <> 1 "
-			  "ON DUPLICATE KEY UPDATE expires = VALUES(expires);",
+		sb_add(s,
+		       ", 0, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND FROM DUAL WHERE @dl_got <> 1 "
+		       "ON DUPLICATE KEY UPDATE expires = VALUES(expires);",
 		       dlock__my_us(req->queue_ttl_ms));
 	}
 }
@@ -154,8 +156,9 @@ static int g_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
 				       "mysql mode=get_lock has only exclusive locks: GET_LOCK has no shared mode, "
 				       "no permits and no FIFO queue (use mode=table for %s)",
-				       req->mode == DLOCK_SHARED ? "shared locks" :
-				       req->permits > 1 ? "semaphores" : "fair locks");
+				       req->mode == DLOCK_SHARED ? "shared locks"
+				       : req->permits > 1        ? "semaphores"
+								 : "fair locks");
 	MYSQL *waited = NULL;
 	if (req->slot) {
 		gl_hold *old = req->slot;
@@ -212,7 +215,8 @@ static int g_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 		if (rc == 0)
 			break;
 		/* A pooled session the server ended meanwhile (wait_timeout): use a new one. */
-		int retry = pooled && !dlock__my_tl_timed_out && dlock__my_is_conn_error(mysql_errno(c)) && dlock_clock_ms() < deadline;
+		int retry = pooled && !dlock__my_tl_timed_out && dlock__my_is_conn_error(mysql_errno(c)) &&
+			    dlock_clock_ms() < deadline;
 		/* Closing also drops a GET_LOCK the failed batch may have taken (a batch
 		 * that timed out may have been applied: its session ends with it). */
 		mysql_close(c);
@@ -224,8 +228,8 @@ static int g_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 	/* Refused, and only the COMMIT's OK missing: refused (the connection, which
 	 * holds nothing, is closed already). */
 	if (rc && dlock__my_tl_timed_out && dlock__my_refused_before_timeout("@dl_got"))
-		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' is held (the answer came, its commit's did not)",
-				       req->name);
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL,
+				       "lock '%s' is held (the answer came, its commit's did not)", req->name);
 	mysql_free_result(dlock__my_tl_partial);
 	dlock__my_tl_partial = NULL;
 	if (rc)
@@ -234,7 +238,8 @@ static int g_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 	if (!row || !row[0] || !row[2]) {
 		mysql_free_result(res);
 		mysql_close(c);
-		return dlock_error_set(DLOCK_ESTORE, KIND, NULL, "mysql GET_LOCK returned NULL (an error in the server)");
+		return dlock_error_set(DLOCK_ESTORE, KIND, NULL,
+				       "mysql GET_LOCK returned NULL (an error in the server)");
 	}
 	if (dlock__my_row_i64(row, 0, 0) != 1) {
 		mysql_free_result(res);
@@ -319,7 +324,8 @@ static int g_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_m
 	}
 	free(nm.p);
 	MYSQL_RES *res = NULL;
-	if (nm.failed || dlock__my_sb_check(&s) || dlock__my_exec(b, c, s.p, s.len, &res, "GET_LOCK wait", deadline) != 0) {
+	if (nm.failed || dlock__my_sb_check(&s) ||
+	    dlock__my_exec(b, c, s.p, s.len, &res, "GET_LOCK wait", deadline) != 0) {
 		free(s.p);
 		mysql_close(c);
 		return 0;
@@ -350,7 +356,8 @@ static int no_slot(const dlock_request *req)
 {
 	return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL,
 			       "lock '%s' is not held here: a GET_LOCK hold belongs to the connection (and "
-			       "process) that took it", req->name);
+			       "process) that took it",
+			       req->name);
 }
 
 static int conn_lost(const dlock_request *req)
@@ -396,8 +403,9 @@ static int g_release(dlock_backend *be, const dlock_request *req)
 	int ok = row && dlock__my_row_i64(row, 0, 0) == 1;
 	mysql_free_result(res);
 	dlock__my_hold_free(b, h, ok);
-	return ok ? 0 : dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s' was no longer held by our connection",
-					req->name);
+	return ok ? 0
+		  : dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s' was no longer held by our connection",
+				    req->name);
 }
 
 /* Leave the waiters' record (status) of a wait that ended without a grant;
@@ -464,8 +472,9 @@ static int g_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms)
 	MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
 	int ok = row && dlock__my_row_i64(row, 0, 0) == 1;
 	mysql_free_result(res);
-	return ok ? 0 : dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s' is no longer held by our connection",
-					req->name);
+	return ok ? 0
+		  : dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s' is no longer held by our connection",
+				    req->name);
 }
 
 /* One check per hold, each on its own connection: send them all, then read them

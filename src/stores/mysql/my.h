@@ -66,8 +66,6 @@ typedef struct mysql_store {
 	size_t nwait_pool;
 } mysql_store;
 
-
-
 /* ---- what the files of this store share ---- */
 
 /* The store's SQL text: support.h's growable string. */
@@ -108,7 +106,7 @@ int dlock__my_nb_send(MYSQL *c, const char *sql, size_t len, int64_t deadline);
 int dlock__my_nb_read_result(MYSQL *c, int64_t deadline);
 
 int dlock__my_exec(mysql_store *b, MYSQL *c, const char *sql, size_t len, MYSQL_RES **out, const char *what,
-		int64_t deadline);
+		   int64_t deadline);
 
 int dlock__my_conn_open(mysql_store *b, MYSQL **out, int64_t deadline);
 
@@ -131,7 +129,7 @@ void dlock__my_sb_key(sbuf *s, const mysql_store *b, const char *name_sql);
 void dlock__my_hold_free(mysql_store *b, gl_hold *h, int reuse);
 
 int dlock__my_be_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
-		    size_t *count);
+			size_t *count);
 
 int dlock__my_be_list(dlock_backend *be, char ***names, size_t *count);
 

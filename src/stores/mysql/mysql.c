@@ -75,8 +75,9 @@ static int parse(mysql_store *b, dlock_uri *uri)
 		return DLOCK_ENOMEM;
 	if (!uri->hosts || !*uri->hosts) {
 		if (!b->socket)
-			return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
-					       "mysql URI needs a host (mysql://user:pass@host:port/db) or ?socket=PATH");
+			return dlock_error_set(
+				DLOCK_EINVAL, KIND, NULL,
+				"mysql URI needs a host (mysql://user:pass@host:port/db) or ?socket=PATH");
 		b->host = dlock_sys_strdup("localhost");
 		b->port = 0;
 	} else {
@@ -87,7 +88,8 @@ static int parse(mysql_store *b, dlock_uri *uri)
 			return rc;
 		if (nh != 1) {
 			dlock_free(hp);
-			return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql URI takes exactly one host, got %zu", nh);
+			return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql URI takes exactly one host, got %zu",
+					       nh);
 		}
 		b->host = dlock_sys_strdup(hp[0].host);
 		b->port = hp[0].port;
@@ -121,7 +123,8 @@ static int parse(mysql_store *b, dlock_uri *uri)
 		b->ssl_verify = b->ssl_ca || b->ssl_capath;
 	} else if (strcmp(ssl, "off") == 0 || strcmp(ssl, "0") == 0 || strcmp(ssl, "false") == 0) {
 		if (any_file)
-			return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql: ssl=off contradicts the ssl_* options");
+			return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
+					       "mysql: ssl=off contradicts the ssl_* options");
 	} else if (strcmp(ssl, "required") == 0 || strcmp(ssl, "on") == 0 || strcmp(ssl, "1") == 0 ||
 		   strcmp(ssl, "true") == 0) {
 		b->ssl_enforce = 1;
@@ -130,15 +133,17 @@ static int parse(mysql_store *b, dlock_uri *uri)
 		b->ssl_enforce = 1;
 		b->ssl_verify = 1;
 	} else {
-		return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql: ssl=%s: expected off, required or verify", ssl);
+		return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql: ssl=%s: expected off, required or verify",
+				       ssl);
 	}
 
 	if (!b->ssl_verify && !b->socket && !dlock_sys_host_is_local(b->host))
-		dlock_sys_open_warning("mysql: %s: on the way to %s a man in the middle could read the password and "
-				    "the lock traffic; use ssl=verify&ssl_ca=CA.pem",
-				    b->ssl_enforce ? "ssl=required encrypts but does not verify the server"
-						   : "no TLS (the default)",
-				    b->host);
+		dlock_sys_open_warning(
+			"mysql: %s: on the way to %s a man in the middle could read the password and "
+			"the lock traffic; use ssl=verify&ssl_ca=CA.pem",
+			b->ssl_enforce ? "ssl=required encrypts but does not verify the server"
+				       : "no TLS (the default)",
+			b->host);
 	const char *prefix = uri->prefix ? uri->prefix : "dlock";
 	if (strlen(prefix) > 255)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "mysql: prefix longer than 255 bytes");
@@ -150,7 +155,6 @@ static int parse(mysql_store *b, dlock_uri *uri)
 	return 0;
 }
 
-
 int dlock__mysql_open(dlock_backend **out, dlock_uri *uri)
 {
 	*out = NULL;
@@ -161,7 +165,8 @@ int dlock__mysql_open(dlock_backend **out, dlock_uri *uri)
 	int rc = parse(b, uri);
 	int64_t deadline = dlock_clock_ms() + b->connect_timeout_ms;
 	if (rc == 0) {
-		dlock_backend_init(&b->base, b->mode == MODE_TABLE ? &dlock__my_table_methods : &dlock__my_get_lock_methods);
+		dlock_backend_init(&b->base,
+				   b->mode == MODE_TABLE ? &dlock__my_table_methods : &dlock__my_get_lock_methods);
 		rc = dlock__my_conn_open(b, &b->conn, deadline);
 	}
 	/* Both modes need the counter table (get_lock takes its fences there). */

@@ -14,8 +14,7 @@ static dlock_lock_status *status_find(dlock_lock_status *arr, size_t n, const ch
 	return NULL;
 }
 
-static dlock_lock_status *status_get(dlock_lock_status **arr, size_t *n, const char *name, size_t len,
-				     int create)
+static dlock_lock_status *status_get(dlock_lock_status **arr, size_t *n, const char *name, size_t len, int create)
 {
 	dlock_lock_status *st = status_find(*arr, *n, name, len);
 	if (st || !create)
@@ -30,7 +29,7 @@ static dlock_lock_status *status_get(dlock_lock_status **arr, size_t *n, const c
 }
 
 int dlock__my_be_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
-		    size_t *count)
+			size_t *count)
 {
 	mysql_store *b = (mysql_store *)be;
 	int64_t deadline = dlock_clock_ms() + b->request_timeout_ms;
@@ -53,9 +52,11 @@ int dlock__my_be_status(dlock_backend *be, const char *const *names, size_t nnam
 	for (int step = 0; step < 3 && rc == 0; step++) {
 		sbuf s = { 0 };
 		if (step == 0) {
-			sb_add(&s, "SELECT name, owner, mode, permits, fence, "
-				   "GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires) DIV 1000), host, pid "
-				   "FROM dlock_holder WHERE ns = %s%s AND ", b->ns_hex, f);
+			sb_add(&s,
+			       "SELECT name, owner, mode, permits, fence, "
+			       "GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires) DIV 1000), host, pid "
+			       "FROM dlock_holder WHERE ns = %s%s AND ",
+			       b->ns_hex, f);
 			if (b->mode == MODE_TABLE) {
 				sb_add(&s, "conn_id = 0 AND expires > UTC_TIMESTAMP(6)");
 			} else {
@@ -66,8 +67,10 @@ int dlock__my_be_status(dlock_backend *be, const char *const *names, size_t nnam
 			}
 			sb_add(&s, " ORDER BY name, fence");
 		} else if (step == 1)
-			sb_add(&s, "SELECT name, COUNT(*) FROM dlock_waiter WHERE ns = %s%s AND expires > UTC_TIMESTAMP(6) "
-				   "GROUP BY name", b->ns_hex, f);
+			sb_add(&s,
+			       "SELECT name, COUNT(*) FROM dlock_waiter WHERE ns = %s%s AND expires > UTC_TIMESTAMP(6) "
+			       "GROUP BY name",
+			       b->ns_hex, f);
 		else
 			sb_add(&s, "SELECT name, fence FROM dlock_lock WHERE ns = %s%s", b->ns_hex, f);
 		MYSQL_RES *res;

@@ -19,17 +19,21 @@ static int t_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 	/* The X lock on the counter row (taken by the upsert, kept until COMMIT)
 	 * serialises every acquire of this name: holder rows of a name are only ever
 	 * inserted by a transaction holding it, so the checks below cannot race. */
-	sb_add(&s, "START TRANSACTION;"
-		   "INSERT INTO dlock_lock (ns, name, fence) VALUES (%s, ", b->ns_hex);
+	sb_add(&s,
+	       "START TRANSACTION;"
+	       "INSERT INTO dlock_lock (ns, name, fence) VALUES (%s, ",
+	       b->ns_hex);
 	dlock__my_sb_hex(&s, req->name);
-	sb_add(&s, ", 0) ON DUPLICATE KEY UPDATE fence = fence;"
-		   "SELECT fence FROM dlock_lock WHERE ");
+	sb_add(&s,
+	       ", 0) ON DUPLICATE KEY UPDATE fence = fence;"
+	       "SELECT fence FROM dlock_lock WHERE ");
 	dlock__my_where_name(&s, b, req->name);
-	sb_add(&s, " FOR UPDATE;"
-		   "SET @dl_now = UTC_TIMESTAMP(6);"
+	sb_add(&s,
+	       " FOR UPDATE;"
+	       "SET @dl_now = UTC_TIMESTAMP(6);"
 		   /* Expired holds go; so does an earlier grant to this very owner token
 		    * (a retry whose first reply was lost). */
-		   "DELETE FROM dlock_holder WHERE ");
+	       "DELETE FROM dlock_holder WHERE ");
 	dlock__my_where_name(&s, b, req->name);
 	sb_add(&s, " AND (expires <= @dl_now OR owner = ");
 	dlock__my_sb_hex(&s, req->owner);
@@ -73,9 +77,11 @@ static int t_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 	}
 	sb_add(&s, ");UPDATE dlock_lock SET fence = LAST_INSERT_ID(fence + 1) WHERE @dl_ok AND ");
 	dlock__my_where_name(&s, b, req->name);
-	sb_add(&s, ";SET @dl_f = IF(@dl_ok, LAST_INSERT_ID(), 0);"
-		   "INSERT INTO dlock_holder (ns, name, owner, mode, permits, fence, expires, host, pid) "
-		   "SELECT %s, ", b->ns_hex);
+	sb_add(&s,
+	       ";SET @dl_f = IF(@dl_ok, LAST_INSERT_ID(), 0);"
+	       "INSERT INTO dlock_holder (ns, name, owner, mode, permits, fence, expires, host, pid) "
+	       "SELECT %s, ",
+	       b->ns_hex);
 	dlock__my_sb_hex(&s, req->name);
 	sb_add(&s, ", ");
 	dlock__my_sb_hex(&s, req->owner);
@@ -95,9 +101,10 @@ static int t_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 		dlock__my_sb_hex(&s, req->owner);
 		/* a refresh only once half the registration has passed: most
 		 * refused tries then change no row (and commit nothing to the log) */
-		sb_add(&s, ", %d, @dl_now + INTERVAL %lld MICROSECOND FROM DUAL WHERE NOT @dl_ok "
-			   "ON DUPLICATE KEY UPDATE expires = IF(expires < VALUES(expires) - INTERVAL %lld MICROSECOND, "
-			   "VALUES(expires), expires);",
+		sb_add(&s,
+		       ", %d, @dl_now + INTERVAL %lld MICROSECOND FROM DUAL WHERE NOT @dl_ok "
+		       "ON DUPLICATE KEY UPDATE expires = IF(expires < VALUES(expires) - INTERVAL %lld MICROSECOND, "
+		       "VALUES(expires), expires);",
 		       mode, dlock__my_us(req->queue_ttl_ms), dlock__my_us(req->queue_ttl_ms / 2));
 	}
 	/* a fair waiter: how many are ahead of it (how soon it should look again) */
@@ -126,8 +133,8 @@ static int t_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 	dlock__my_tl_want_partial = 0;
 	free(s.p);
 	if (rc && dlock__my_tl_timed_out && dlock__my_refused_before_timeout("@dl_ok"))
-		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL, "lock '%s' is held (the answer came, its commit's did not)",
-				       req->name);
+		return dlock_error_set(DLOCK_ELOCKED, KIND, NULL,
+				       "lock '%s' is held (the answer came, its commit's did not)", req->name);
 	mysql_free_result(dlock__my_tl_partial); /* a partial answer that says nothing for sure */
 	dlock__my_tl_partial = NULL;
 	if (rc)
@@ -196,7 +203,8 @@ static int t_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms)
 	mysql_store *b = (mysql_store *)be;
 	sbuf s = { 0 };
 	/* The later expiry is kept (sys/backend.h, "Extend and renewal"). */
-	sb_add(&s, "UPDATE dlock_holder SET expires = GREATEST(expires, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND) WHERE ",
+	sb_add(&s,
+	       "UPDATE dlock_holder SET expires = GREATEST(expires, UTC_TIMESTAMP(6) + INTERVAL %lld MICROSECOND) WHERE ",
 	       dlock__my_us(ttl_ms));
 	dlock__my_where_name(&s, b, req->name);
 	sb_add(&s, " AND owner = ");
@@ -230,8 +238,9 @@ static int t_renew_chunk(mysql_store *b, const dlock_request *const *reqs, size_
 		       dlock__my_us(reqs[i]->ttl_ms));
 	}
 	/* Owner tokens are unique per hold, so (name, owner) names exactly one row. */
-	sb_add(&s, " ELSE expires END WHERE ns = %s AND (name, owner) IN (%s) AND expires > UTC_TIMESTAMP(6);"
-		   "SELECT owner FROM dlock_holder WHERE ns = %s AND (name, owner) IN (%s) AND expires > UTC_TIMESTAMP(6)",
+	sb_add(&s,
+	       " ELSE expires END WHERE ns = %s AND (name, owner) IN (%s) AND expires > UTC_TIMESTAMP(6);"
+	       "SELECT owner FROM dlock_holder WHERE ns = %s AND (name, owner) IN (%s) AND expires > UTC_TIMESTAMP(6)",
 	       b->ns_hex, in.p ? in.p : "", b->ns_hex, in.p ? in.p : "");
 	free(in.p);
 	MYSQL_RES *res;

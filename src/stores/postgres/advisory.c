@@ -102,8 +102,8 @@ static adv_sess *sess_of(PGconn *c)
 /* Pool an idle session; one that still holds a waiter's registration is closed. */
 static void pool_put(postgres_store *be, PGconn *c)
 {
-	if (c && PQstatus(c) == CONNECTION_OK && PQtransactionStatus(c) == PQTRANS_IDLE &&
-	    be->npool < POOL_MAX && sess_wait_key(c) == 0)
+	if (c && PQstatus(c) == CONNECTION_OK && PQtransactionStatus(c) == PQTRANS_IDLE && be->npool < POOL_MAX &&
+	    sess_wait_key(c) == 0)
 		be->pool[be->npool++] = c;
 	else
 		PQfinish(c);
@@ -130,16 +130,16 @@ static int pool_get(postgres_store *be, int64_t deadline, PGconn **out)
  * dlock__pg_run does. A failed call leaves the session's state unknown: the
  * callers close the session on any error.
  */
-static int sess_run(PGconn **cp, int64_t deadline, const char *what, int which, const char *decl,
-		    const char *body, const char *tag, int n, const char *const *vals, PGresult **out)
+static int sess_run(PGconn **cp, int64_t deadline, const char *what, int which, const char *decl, const char *body,
+		    const char *tag, int n, const char *const *vals, PGresult **out)
 {
 	static const char *const names[] = { [A_TRY] = "dlock_try", [A_RELEASE] = "dlock_release" };
 	const char *name = names[which];
 	adv_sess *s = sess_of(*cp);
 	unsigned bit = 1u << which;
 	if (s && (s->ready & bit) && (which != A_TRY || strcmp(s->tag, tag) == 0))
-		return dlock__pg_finish(cp, deadline, what,
-					PQsendQueryPrepared(*cp, name, n, vals, NULL, NULL, 0), out);
+		return dlock__pg_finish(cp, deadline, what, PQsendQueryPrepared(*cp, name, n, vals, NULL, NULL, 0),
+					out);
 	if (!s || n > 12)
 		return dlock_sys_oom(); /* (n: the callers pass 7 to 10) */
 	/* "<tag>[DEALLOCATE name; ]PREPARE name(decl) AS body; EXECUTE name('v1', ...)" */
@@ -155,8 +155,8 @@ static int sess_run(PGconn **cp, int64_t deadline, const char *what, int which, 
 	if (sql) {
 		int again = (s->ready & bit) != 0; /* prepared for another tag: replace it */
 		size_t at = (size_t)snprintf(sql, len, "%s%s%s%sPREPARE %s(%s) AS %s; EXECUTE %s(", tag,
-					     again ? "DEALLOCATE " : "", again ? name : "", again ? "; " : "",
-					     name, decl, body, name);
+					     again ? "DEALLOCATE " : "", again ? name : "", again ? "; " : "", name,
+					     decl, body, name);
 		for (int i = 0; i < n; i++)
 			at += (size_t)snprintf(sql + at, len - at, "%s%s", i ? ", " : "", lit[i]);
 		snprintf(sql + at, len - at, ")");
@@ -214,8 +214,9 @@ static int adv_try(PGconn **cp, int64_t deadline, const dlock_request *req, int6
 	snprintf(app, sizeof app, "%s", req->host ? req->host : "");
 	hold_tag(tag, sizeof tag, serial, req->owner);
 	/* The whole owner is a parameter too: every try carries it on the wire. */
-	const char *v[] = { k, shared ? "t" : "f", lease ? ttl : "0", ik, pid, app, req->owner ? req->owner : "",
-			    serial, rk, uk };
+	const char *v[] = {
+		k, shared ? "t" : "f", lease ? ttl : "0", ik, pid, app, req->owner ? req->owner : "", serial, rk, uk
+	};
 	/*
 	 * One round trip: take the key, then (only if taken) the next fence from
 	 * the sequence (schema.sql), the session's idle timeout set to the lease
@@ -225,18 +226,18 @@ static int adv_try(PGconn **cp, int64_t deadline, const dlock_request *req, int6
 	 * waiter registers ($9); granted, it lets its registration go ($10).
 	 */
 	PGresult *r;
-	int rc = sess_run(cp, deadline, "acquire", A_TRY,
-			  "bigint, boolean, text, bigint, text, text, text, text, bigint, bigint",
-		 "SELECT ok, fence, CASE WHEN ok AND $3 <> '0' THEN set_config('idle_session_timeout', $3, false) END,"
-		 " CASE WHEN ok AND $4 <> 0 THEN pg_advisory_unlock($4) END,"
-		 " CASE WHEN ok THEN set_config('application_name',"
-		 "  'dlock ' || $5 || ' ' || fence || ' ' || $3 || ' ' || $8 || ' ' || $6, false) END, $7,"
-		 " CASE WHEN NOT ok AND $9 <> 0 THEN pg_try_advisory_lock_shared($9) END,"
-		 " CASE WHEN ok AND $10 <> 0 THEN pg_advisory_unlock_shared($10) END"
-		 " FROM (SELECT ok, CASE WHEN ok THEN nextval('dlock_fences') END AS fence FROM"
-		 "  (SELECT CASE WHEN $2 THEN pg_try_advisory_lock_shared($1) ELSE pg_try_advisory_lock($1) END"
-		 "   AS ok OFFSET 0) l OFFSET 0) f",
-		 tag, 10, v, &r);
+	int rc = sess_run(
+		cp, deadline, "acquire", A_TRY, "bigint, boolean, text, bigint, text, text, text, text, bigint, bigint",
+		"SELECT ok, fence, CASE WHEN ok AND $3 <> '0' THEN set_config('idle_session_timeout', $3, false) END,"
+		" CASE WHEN ok AND $4 <> 0 THEN pg_advisory_unlock($4) END,"
+		" CASE WHEN ok THEN set_config('application_name',"
+		"  'dlock ' || $5 || ' ' || fence || ' ' || $3 || ' ' || $8 || ' ' || $6, false) END, $7,"
+		" CASE WHEN NOT ok AND $9 <> 0 THEN pg_try_advisory_lock_shared($9) END,"
+		" CASE WHEN ok AND $10 <> 0 THEN pg_advisory_unlock_shared($10) END"
+		" FROM (SELECT ok, CASE WHEN ok THEN nextval('dlock_fences') END AS fence FROM"
+		"  (SELECT CASE WHEN $2 THEN pg_try_advisory_lock_shared($1) ELSE pg_try_advisory_lock($1) END"
+		"   AS ok OFFSET 0) l OFFSET 0) f",
+		tag, 10, v, &r);
 	if (rc)
 		return rc;
 	*got = PQgetvalue(r, 0, 0)[0] == 't';
@@ -267,6 +268,7 @@ static int sem_enter(PGconn **cp, int64_t deadline, int32_t cls, unsigned permit
 	snprintf(ps, sizeof ps, "%u", permits);
 	const char *v[] = { cs, ps };
 	PGresult *r;
+	/* clang-format off */
 	int rc = dlock__pg_run(cp, deadline, "acquire",
 		     /* the count is a subquery of t's row: pg_locks is read after our key is taken */
 		     "WITH t AS MATERIALIZED (SELECT pg_try_advisory_lock_shared($1::int, $2::int) AS ok),"
@@ -277,6 +279,7 @@ static int sem_enter(PGconn **cp, int64_t deadline, int32_t cls, unsigned permit
 		     " SELECT c.within, CASE WHEN c.ok AND NOT c.within"
 		     "  THEN pg_advisory_unlock_shared($1::int, $2::int) END FROM c",
 		     2, v, &r);
+	/* clang-format on */
 	if (rc)
 		return rc;
 	*ok = PQgetvalue(r, 0, 0)[0] == 't';
@@ -352,8 +355,8 @@ static int adv_acquire(dlock_backend *base, const dlock_request *req, dlock_gran
 			snprintf(cs, sizeof cs, "%" PRId32, sem_class);
 			snprintf(ps, sizeof ps, "%u", permits);
 			const char *v[] = { cs, ps };
-			if ((rc = dlock__pg_run(&c, deadline, "acquire", "SELECT pg_advisory_unlock_shared($1::int, $2::int)", 2,
-				      v, NULL))) {
+			if ((rc = dlock__pg_run(&c, deadline, "acquire",
+						"SELECT pg_advisory_unlock_shared($1::int, $2::int)", 2, v, NULL))) {
 				dlock__pg_drop_conn(&c, 0);
 				return rc;
 			}
@@ -378,8 +381,8 @@ static int adv_acquire(dlock_backend *base, const dlock_request *req, dlock_gran
 	}
 	if (wait_key && !ss->wait_key) {
 		/* Refused before the try (writer intent, permits): register now. */
-		if (!tried_reg &&
-		    (rc = key_query(&c, deadline, "SELECT pg_try_advisory_lock_shared($1::bigint)", wait_key, NULL, &reg)))
+		if (!tried_reg && (rc = key_query(&c, deadline, "SELECT pg_try_advisory_lock_shared($1::bigint)",
+						  wait_key, NULL, &reg)))
 			return rc;
 		/* What refused us was seen before the registration was in place:
 		 * try again now rather than miss its release's notification. Not
@@ -473,7 +476,8 @@ static int adv_release(dlock_backend *base, const dlock_request *req)
 	 */
 	snprintf(body, sizeof body,
 		 "SELECT was, CASE WHEN free THEN pg_advisory_unlock($7) END,"
-		 " CASE WHEN NOT free THEN pg_notify('" CHANNEL "', $5 || chr(31) || $6) END"
+		 " CASE WHEN NOT free THEN pg_notify('" CHANNEL
+		 "', $5 || chr(31) || $6) END"
 		 " FROM (SELECT was, pg_try_advisory_lock($7) AS free FROM"
 		 "  (SELECT CASE WHEN $2 THEN pg_advisory_unlock_shared($1) ELSE pg_advisory_unlock($1) END AS was,"
 		 "   CASE WHEN $3 <> 0 THEN pg_advisory_unlock_shared($3, $4) END%s,"
@@ -658,8 +662,8 @@ static int adv_cancel(dlock_backend *base, const dlock_request *req)
 	return 0;
 }
 
-static int adv_status(dlock_backend *base, const char *const *names, size_t nnames,
-		      dlock_lock_status **out, size_t *count)
+static int adv_status(dlock_backend *base, const char *const *names, size_t nnames, dlock_lock_status **out,
+		      size_t *count)
 {
 	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = dlock_clock_ms() + be->request_timeout_ms;
@@ -688,16 +692,16 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 		 * library older than schema version 4 wrote "dlock <pid> <fence> <lease>
 		 * <host>" and named the whole owner in the statement. */
 		rc = dlock__pg_run(&be->conn, deadline, "status",
-			 "SELECT l.pid, l.mode, a.application_name,"
-			 " floor(extract(epoch FROM (clock_timestamp() - a.state_change)) * 1000)::bigint,"
-			 " (SELECT fence FROM dlock_locks WHERE ns = $3 AND name = $4),"
-			 " (SELECT count(*) FROM pg_locks w WHERE w.locktype = 'advisory' AND w.granted"
-			 "  AND w.objsubid = 1 AND w.classid = $5::oid AND w.objid = $6::oid),"
-			 " substring(a.query FROM '^/\\* dlock-hold ([0-9a-fA-F-]+) \\*/')"
-			 " FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted"
-			 " AND l.objsubid = 1 AND l.classid = $1::oid AND l.objid = $2::oid"
-			 " LEFT JOIN pg_stat_activity a ON a.pid = l.pid",
-			 6, v, &r);
+				   "SELECT l.pid, l.mode, a.application_name,"
+				   " floor(extract(epoch FROM (clock_timestamp() - a.state_change)) * 1000)::bigint,"
+				   " (SELECT fence FROM dlock_locks WHERE ns = $3 AND name = $4),"
+				   " (SELECT count(*) FROM pg_locks w WHERE w.locktype = 'advisory' AND w.granted"
+				   "  AND w.objsubid = 1 AND w.classid = $5::oid AND w.objid = $6::oid),"
+				   " substring(a.query FROM '^/\\* dlock-hold ([0-9a-fA-F-]+) \\*/')"
+				   " FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted"
+				   " AND l.objsubid = 1 AND l.classid = $1::oid AND l.objid = $2::oid"
+				   " LEFT JOIN pg_stat_activity a ON a.pid = l.pid",
+				   6, v, &r);
 		if (rc)
 			goto fail;
 		for (int row = 0; row < PQntuples(r); row++) {
@@ -712,8 +716,7 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 				rc = DLOCK_ENOMEM;
 				goto fail;
 			}
-			h->mode = strcmp(PQgetvalue(r, row, 1), "ShareLock") == 0 ? DLOCK_SHARED
-										   : DLOCK_EXCLUSIVE;
+			h->mode = strcmp(PQgetvalue(r, row, 1), "ShareLock") == 0 ? DLOCK_SHARED : DLOCK_EXCLUSIVE;
 			h->ttl_left_ms = -1;
 			int pid = 0, n = 0;
 			unsigned long long fence = 0;
@@ -731,15 +734,16 @@ static int adv_status(dlock_backend *base, const char *const *names, size_t nnam
 					h->ttl_left_ms = lease - strtoll(PQgetvalue(r, row, 3), NULL, 10);
 				host = app + n;
 				size_t sl = strspn(host, "0123456789");
-				if (tag && !strchr(tag, '-') && sl && sl < sizeof serial && (!host[sl] || host[sl] == ' ')) {
+				if (tag && !strchr(tag, '-') && sl && sl < sizeof serial &&
+				    (!host[sl] || host[sl] == ' ')) {
 					memcpy(serial, host, sl);
 					serial[sl] = 0;
 					host += sl + (host[sl] == ' ');
 				}
 			}
-			h->owner = !tag ? dlock_sys_sprintf("backend-%s", PQgetvalue(r, row, 0))
-			       : serial[0] ? dlock_sys_sprintf("%s-%s", tag, serial)
-					   : dlock_sys_strdup(tag);
+			h->owner = !tag        ? dlock_sys_sprintf("backend-%s", PQgetvalue(r, row, 0))
+				   : serial[0] ? dlock_sys_sprintf("%s-%s", tag, serial)
+					       : dlock_sys_strdup(tag);
 			if (!h->owner || !(h->host = dlock_sys_strdup(host))) {
 				PQclear(r);
 				rc = DLOCK_ENOMEM;

@@ -28,12 +28,10 @@ static int code_for_sqlstate(const char *st)
 	/* Connection trouble, shutdown, too many connections, and transaction
 	 * rollbacks are transient: the core retries them. */
 	if (sqlstate_in(st, SQLSTATE_CLASS_CONNECTION_EXCEPTION) ||
-	    sqlstate_in(st, SQLSTATE_ADMIN_CRASH_SHUTDOWN_PREFIX) ||
-	    strcmp(st, SQLSTATE_TOO_MANY_CONNECTIONS) == 0 ||
+	    sqlstate_in(st, SQLSTATE_ADMIN_CRASH_SHUTDOWN_PREFIX) || strcmp(st, SQLSTATE_TOO_MANY_CONNECTIONS) == 0 ||
 	    sqlstate_in(st, SQLSTATE_CLASS_TRANSACTION_ROLLBACK))
 		return DLOCK_EUNAVAILABLE;
-	if (sqlstate_in(st, SQLSTATE_CLASS_INVALID_AUTHORIZATION) ||
-	    strcmp(st, SQLSTATE_INSUFFICIENT_PRIVILEGE) == 0)
+	if (sqlstate_in(st, SQLSTATE_CLASS_INVALID_AUTHORIZATION) || strcmp(st, SQLSTATE_INSUFFICIENT_PRIVILEGE) == 0)
 		return DLOCK_EAUTH;
 	return DLOCK_ESTORE;
 }
@@ -51,8 +49,8 @@ static int query_error(PGconn *c, PGresult *res, const char *what)
 	const char *st = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
 	int code = code_for_sqlstate(st);
 	char msg[512];
-	snprintf(msg, sizeof msg, "%s", res && *PQresultErrorMessage(res) ? PQresultErrorMessage(res)
-									  : PQerrorMessage(c));
+	snprintf(msg, sizeof msg, "%s",
+		 res && *PQresultErrorMessage(res) ? PQresultErrorMessage(res) : PQerrorMessage(c));
 	chomp(msg);
 	if (PQstatus(c) == CONNECTION_BAD)
 		code = DLOCK_EUNAVAILABLE;
@@ -221,11 +219,12 @@ PGconn *dlock__pg_connect_db(postgres_store *be, int64_t deadline, int *code)
 		snprintf(msg, sizeof msg, "%s", PQerrorMessage(c));
 		chomp(msg);
 		int auth = strstr(msg, "authentication failed") || strstr(msg, "no password supplied") ||
-			   strstr(msg, "role") || strstr(msg, "permission denied") ||
-			   strstr(msg, "pg_hba.conf");
+			   strstr(msg, "role") || strstr(msg, "permission denied") || strstr(msg, "pg_hba.conf");
 		int nodb = strstr(msg, "database") && strstr(msg, "does not exist");
-		*code = dlock_error_set(nodb ? DLOCK_EINVAL : auth ? DLOCK_EAUTH : DLOCK_EUNAVAILABLE, KIND, "",
-					"connect to %s:%s: %s", be->host ? be->host : "localhost",
+		*code = dlock_error_set(nodb   ? DLOCK_EINVAL
+					: auth ? DLOCK_EAUTH
+					       : DLOCK_EUNAVAILABLE,
+					KIND, "", "connect to %s:%s: %s", be->host ? be->host : "localhost",
 					be->port ? be->port : "5432", msg);
 		PQfinish(c);
 		return NULL;
@@ -343,8 +342,8 @@ int dlock__pg_finish(PGconn **cp, int64_t deadline, const char *what, int sent, 
 }
 
 /* Run one statement with parameters on *cp by `deadline`; *out gets the result. */
-int dlock__pg_run(PGconn **cp, int64_t deadline, const char *what, const char *sql, int n,
-		 const char *const *vals, PGresult **out)
+int dlock__pg_run(PGconn **cp, int64_t deadline, const char *what, const char *sql, int n, const char *const *vals,
+		  PGresult **out)
 {
 	int sent = PQsendQueryParams(*cp, sql, n, NULL, vals, NULL, NULL, 0);
 	return dlock__pg_finish(cp, deadline, what, sent, out);
@@ -359,6 +358,7 @@ int dlock__pg_run(PGconn **cp, int64_t deadline, const char *what, const char *s
 static const struct {
 	const char *name, *sql;
 	int nparams;
+/* clang-format off */
 } stmts[S_COUNT] = {
 	[S_ACQUIRE] = { "dlock_acquire",
 			"SELECT o_fence, o_retry_ms FROM dlock_acquire_v1($1, $2, $3, $4::int, $5::int,"
@@ -372,22 +372,21 @@ static const struct {
 			" SELECT d.live, CASE WHEN d.waited THEN pg_notify('" CHANNEL "', $1 || chr(31) || $2) END"
 			" FROM d", 3 },
 };
+/* clang-format on */
 
 /* Run stmts[which] on the main connection by `deadline`, preparing it there first if needed. */
-int dlock__pg_run_stmt(postgres_store *be, int64_t deadline, int which, const char *what,
-		      const char *const *vals, PGresult **out)
+int dlock__pg_run_stmt(postgres_store *be, int64_t deadline, int which, const char *what, const char *const *vals,
+		       PGresult **out)
 {
 	*out = NULL;
 	if (!(be->prepared & (1u << which))) {
-		int sent = PQsendPrepare(be->conn, stmts[which].name, stmts[which].sql,
-					 stmts[which].nparams, NULL);
+		int sent = PQsendPrepare(be->conn, stmts[which].name, stmts[which].sql, stmts[which].nparams, NULL);
 		int code = dlock__pg_finish(&be->conn, deadline, what, sent, NULL);
 		if (code)
 			return code;
 		be->prepared |= 1u << which;
 	}
-	int sent = PQsendQueryPrepared(be->conn, stmts[which].name, stmts[which].nparams, vals, NULL,
-				       NULL, 0);
+	int sent = PQsendQueryPrepared(be->conn, stmts[which].name, stmts[which].nparams, vals, NULL, NULL, 0);
 	return dlock__pg_finish(&be->conn, deadline, what, sent, out);
 }
 
@@ -413,7 +412,7 @@ int dlock__pg_ensure_schema(postgres_store *be, int64_t deadline)
 		return rc;
 	PGresult *r = NULL;
 	rc = dlock__pg_run(&be->conn, deadline, "read schema version",
-		 "SELECT version FROM dlock_schema WHERE component = 'dlock'", 0, NULL, &r);
+			   "SELECT version FROM dlock_schema WHERE component = 'dlock'", 0, NULL, &r);
 	if (rc == 0 && PQntuples(r) == 1) {
 		int v = atoi(PQgetvalue(r, 0, 0));
 		PQclear(r);
@@ -422,7 +421,8 @@ int dlock__pg_ensure_schema(postgres_store *be, int64_t deadline)
 		if (v > SCHEMA_VERSION)
 			return dlock_error_set(DLOCK_ESTORE, KIND, "",
 					       "dlock schema version %d in the database is newer than "
-					       "this library's (%d)", v, SCHEMA_VERSION);
+					       "this library's (%d)",
+					       v, SCHEMA_VERSION);
 	} else {
 		PQclear(r);
 	}
@@ -433,7 +433,7 @@ int dlock__pg_ensure_schema(postgres_store *be, int64_t deadline)
 	if ((rc = dlock__pg_run(&be->conn, deadline, "create schema", "BEGIN", 0, NULL, NULL)))
 		return rc;
 	if ((rc = dlock__pg_run(&be->conn, deadline, "create schema",
-		      "SELECT pg_advisory_xact_lock(" SCHEMA_LOCK_KEY ")", 0, NULL, NULL)) ||
+				"SELECT pg_advisory_xact_lock(" SCHEMA_LOCK_KEY ")", 0, NULL, NULL)) ||
 	    (rc = run_script(&be->conn, deadline, "create schema", schema_sql)) ||
 	    (rc = dlock__pg_run(&be->conn, deadline, "create schema", "COMMIT", 0, NULL, NULL))) {
 		if (be->conn) {
@@ -448,7 +448,6 @@ int dlock__pg_ensure_schema(postgres_store *be, int64_t deadline)
 }
 
 /* ------------------------------------------------------------------- keys */
-
 
 /* The advisory key of (prefix, name, slot): FNV-1a 64 over
  * prefix NUL name [NUL "slot"] — stable across versions, platforms and

@@ -95,8 +95,8 @@ enum { S_ACQUIRE, S_RELEASE, S_COUNT };
 
 /* conn.c: one statement with parameters on *cp by `deadline`; *out gets the
  * result (caller PQclear). A timeout or a broken link drops *cp. */
-int dlock__pg_run(PGconn **cp, int64_t deadline, const char *what, const char *sql, int n,
-		 const char *const *vals, PGresult **out);
+int dlock__pg_run(PGconn **cp, int64_t deadline, const char *what, const char *sql, int n, const char *const *vals,
+		  PGresult **out);
 
 /* Finish the command just sent on *cp (sent: what PQsend* returned) by
  * `deadline`, as dlock__pg_run does. */
@@ -122,8 +122,8 @@ int dlock__pg_main_conn(postgres_store *be, int64_t deadline, PGconn **out);
 int dlock__pg_q_step(PGconn *c, const char *what, PGresult **last, int *code);
 
 /* Run prepared statement `which` (S_*) on the main connection, preparing it first. */
-int dlock__pg_run_stmt(postgres_store *be, int64_t deadline, int which, const char *what,
-		      const char *const *vals, PGresult **out);
+int dlock__pg_run_stmt(postgres_store *be, int64_t deadline, int which, const char *what, const char *const *vals,
+		       PGresult **out);
 
 /* Create or check table mode's schema (schema.sql) once per store handle. */
 int dlock__pg_ensure_schema(postgres_store *be, int64_t deadline);

@@ -57,22 +57,20 @@ void dlock__pg_close(dlock_backend *base)
 	free(be);
 }
 
-
-
 int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 {
 	*out = NULL;
 	const char *mode = dlock_uri_param(uri, "mode");
 	const char *sslmode = dlock_uri_param(uri, "sslmode");
-	static const char *const sslmodes[] = { "disable", "allow", "prefer", "require", "verify-ca",
-						"verify-full" };
+	static const char *const sslmodes[] = { "disable", "allow", "prefer", "require", "verify-ca", "verify-full" };
 	int ssl_ok = !sslmode;
 	for (size_t i = 0; !ssl_ok && i < sizeof sslmodes / sizeof sslmodes[0]; i++)
 		ssl_ok = strcmp(sslmode, sslmodes[i]) == 0;
 	if (!ssl_ok)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
 				       "postgres: unknown sslmode '%s' (disable, allow, prefer, require, "
-				       "verify-ca or verify-full)", sslmode);
+				       "verify-ca or verify-full)",
+				       sslmode);
 	int advisory = 0;
 	if (mode && strcmp(mode, "advisory") == 0)
 		advisory = 1;
@@ -88,17 +86,17 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 			return rc;
 		if (nh != 1) {
 			dlock_free(hp);
-			return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
-					       "postgres: give exactly one host:port");
+			return dlock_error_set(DLOCK_EINVAL, KIND, NULL, "postgres: give exactly one host:port");
 		}
 	}
 	const char *db = uri->path && uri->path[0] == '/' ? uri->path + 1 : uri->path;
 	if (!dlock_sys_host_is_local(hp ? hp[0].host : NULL) &&
 	    (!sslmode || (strcmp(sslmode, "verify-ca") != 0 && strcmp(sslmode, "verify-full") != 0)))
-		dlock_sys_open_warning("postgres: sslmode=%s does not verify the server: on the way to %s a man in "
-				    "the middle could read the password and the lock traffic; use "
-				    "sslmode=verify-full&sslrootcert=CA.pem",
-				    sslmode ? sslmode : "prefer (the default)", hp[0].host);
+		dlock_sys_open_warning(
+			"postgres: sslmode=%s does not verify the server: on the way to %s a man in "
+			"the middle could read the password and the lock traffic; use "
+			"sslmode=verify-full&sslrootcert=CA.pem",
+			sslmode ? sslmode : "prefer (the default)", hp[0].host);
 
 	postgres_store *be = calloc(1, sizeof *be);
 	if (!be) {

@@ -26,9 +26,17 @@ static int tbl_acquire(dlock_backend *base, const dlock_request *req, dlock_gran
 	dlock__pg_i64s(ttl, sizeof ttl, req->ttl_ms);
 	dlock__pg_i64s(qttl, sizeof qttl, req->queue_ttl_ms);
 	snprintf(pid, sizeof pid, "%d", req->pid);
-	const char *v[] = { be->ns, req->name, req->owner, mode, permits, ttl,
-			    req->waiting ? "t" : "f", req->fair ? "t" : "f", qttl,
-			    req->host ? req->host : "", pid };
+	const char *v[] = { be->ns,
+			    req->name,
+			    req->owner,
+			    mode,
+			    permits,
+			    ttl,
+			    req->waiting ? "t" : "f",
+			    req->fair ? "t" : "f",
+			    qttl,
+			    req->host ? req->host : "",
+			    pid };
 	PGresult *r;
 	rc = dlock__pg_run_stmt(be, deadline, S_ACQUIRE, "acquire", v, &r);
 	if (rc)
@@ -75,10 +83,11 @@ static int tbl_extend(dlock_backend *base, const dlock_request *req, int64_t ttl
 	dlock__pg_i64s(ttl, sizeof ttl, ttl_ms);
 	const char *v[] = { be->ns, req->name, req->owner, ttl };
 	PGresult *r;
-	rc = dlock__pg_run(&be->conn, deadline, "extend",
-		 "UPDATE dlock_holders SET expires = GREATEST(expires, clock_timestamp() + $4::bigint * interval '1 millisecond')"
-		 " WHERE ns = $1 AND name = $2 AND owner = $3 AND expires > clock_timestamp() RETURNING 1",
-		 4, v, &r);
+	rc = dlock__pg_run(
+		&be->conn, deadline, "extend",
+		"UPDATE dlock_holders SET expires = GREATEST(expires, clock_timestamp() + $4::bigint * interval '1 millisecond')"
+		" WHERE ns = $1 AND name = $2 AND owner = $3 AND expires > clock_timestamp() RETURNING 1",
+		4, v, &r);
 	if (rc)
 		return rc;
 	int ok = PQntuples(r) == 1;
@@ -156,8 +165,7 @@ static int tbl_renew(dlock_backend *base, const dlock_request *const *reqs, size
 	if (rc)
 		return rc;
 	arr names = { 0 }, owners = { 0 }, ttls = { 0 }, idx = { 0 };
-	if ((rc = arr_init(&names)) || (rc = arr_init(&owners)) || (rc = arr_init(&ttls)) ||
-	    (rc = arr_init(&idx)))
+	if ((rc = arr_init(&names)) || (rc = arr_init(&owners)) || (rc = arr_init(&ttls)) || (rc = arr_init(&idx)))
 		goto out;
 	for (size_t i = 0; i < n; i++) {
 		char t[24], k[24];
@@ -167,19 +175,19 @@ static int tbl_renew(dlock_backend *base, const dlock_request *const *reqs, size
 		    (rc = arr_push(&ttls, t)) || (rc = arr_push(&idx, k)))
 			goto out;
 	}
-	if ((rc = arr_close(&names)) || (rc = arr_close(&owners)) || (rc = arr_close(&ttls)) ||
-	    (rc = arr_close(&idx)))
+	if ((rc = arr_close(&names)) || (rc = arr_close(&owners)) || (rc = arr_close(&ttls)) || (rc = arr_close(&idx)))
 		goto out;
 	const char *v[] = { be->ns, names.buf, owners.buf, ttls.buf, idx.buf };
 	PGresult *r;
 	/* One statement for the whole batch; only live rows of their owners move,
 	 * never back: a renewal that lands after an extend keeps its expiry. */
-	rc = dlock__pg_run(&be->conn, deadline, "renew",
-		 "UPDATE dlock_holders h SET expires = GREATEST(h.expires, clock_timestamp() + r.ttl * interval '1 millisecond')"
-		 " FROM unnest($2::text[], $3::text[], $4::bigint[], $5::int[]) AS r(name, owner, ttl, i)"
-		 " WHERE h.ns = $1 AND h.name = r.name AND h.owner = r.owner"
-		 " AND h.expires > clock_timestamp() RETURNING r.i",
-		 5, v, &r);
+	rc = dlock__pg_run(
+		&be->conn, deadline, "renew",
+		"UPDATE dlock_holders h SET expires = GREATEST(h.expires, clock_timestamp() + r.ttl * interval '1 millisecond')"
+		" FROM unnest($2::text[], $3::text[], $4::bigint[], $5::int[]) AS r(name, owner, ttl, i)"
+		" WHERE h.ns = $1 AND h.name = r.name AND h.owner = r.owner"
+		" AND h.expires > clock_timestamp() RETURNING r.i",
+		5, v, &r);
 	if (rc)
 		goto out;
 	for (size_t i = 0; i < n; i++)
@@ -209,9 +217,9 @@ static int tbl_cancel(dlock_backend *base, const dlock_request *req)
 	const char *v[] = { be->ns, req->name, req->owner };
 	/* The queue head may have changed: wake the others. */
 	return dlock__pg_run(&be->conn, deadline, "cancel",
-		   "WITH d AS (DELETE FROM dlock_waiters WHERE ns = $1 AND name = $2 AND owner = $3"
-		   " RETURNING 1) SELECT pg_notify('" CHANNEL "', $1 || chr(31) || $2) FROM d",
-		   3, v, NULL);
+			     "WITH d AS (DELETE FROM dlock_waiters WHERE ns = $1 AND name = $2 AND owner = $3"
+			     " RETURNING 1) SELECT pg_notify('" CHANNEL "', $1 || chr(31) || $2) FROM d",
+			     3, v, NULL);
 }
 
 static char *dupval(PGresult *r, int row, int col)
@@ -250,9 +258,9 @@ static int tbl_list(dlock_backend *base, char ***names, size_t *count)
 	PGresult *r = NULL;
 	const char *v[] = { be->ns };
 	rc = dlock__pg_run(&be->conn, deadline, "list",
-		 "SELECT name FROM dlock_holders WHERE ns = $1 AND expires > clock_timestamp()"
-		 " UNION SELECT name FROM dlock_waiters WHERE ns = $1 AND expires > clock_timestamp()",
-		 1, v, &r);
+			   "SELECT name FROM dlock_holders WHERE ns = $1 AND expires > clock_timestamp()"
+			   " UNION SELECT name FROM dlock_waiters WHERE ns = $1 AND expires > clock_timestamp()",
+			   1, v, &r);
 	if (rc)
 		return rc;
 	int n = PQntuples(r);
@@ -268,8 +276,8 @@ static int tbl_list(dlock_backend *base, char ***names, size_t *count)
 	return rc;
 }
 
-static int tbl_status(dlock_backend *base, const char *const *names, size_t nnames,
-		      dlock_lock_status **out, size_t *count)
+static int tbl_status(dlock_backend *base, const char *const *names, size_t nnames, dlock_lock_status **out,
+		      size_t *count)
 {
 	postgres_store *be = (postgres_store *)base;
 	int64_t deadline = dlock_clock_ms() + be->request_timeout_ms;
@@ -293,15 +301,15 @@ static int tbl_status(dlock_backend *base, const char *const *names, size_t nnam
 	}
 	const char *v[] = { be->ns, a.buf };
 	rc = dlock__pg_run(&be->conn, deadline, "status",
-		 "SELECT l.name, l.fence, h.owner, h.host, h.pid, h.mode, h.permits, h.fence,"
-		 " floor(extract(epoch FROM (h.expires - clock_timestamp())) * 1000)::bigint,"
-		 " (SELECT count(*) FROM dlock_waiters w WHERE w.ns = l.ns AND w.name = l.name"
-		 "   AND w.expires > clock_timestamp())"
-		 " FROM dlock_locks l LEFT JOIN dlock_holders h ON h.ns = l.ns AND h.name = l.name"
-		 "  AND h.expires > clock_timestamp()"
-		 " WHERE l.ns = $1 AND l.name = ANY($2::text[])"
-		 " ORDER BY l.name, h.fence",
-		 2, v, &r);
+			   "SELECT l.name, l.fence, h.owner, h.host, h.pid, h.mode, h.permits, h.fence,"
+			   " floor(extract(epoch FROM (h.expires - clock_timestamp())) * 1000)::bigint,"
+			   " (SELECT count(*) FROM dlock_waiters w WHERE w.ns = l.ns AND w.name = l.name"
+			   "   AND w.expires > clock_timestamp())"
+			   " FROM dlock_locks l LEFT JOIN dlock_holders h ON h.ns = l.ns AND h.name = l.name"
+			   "  AND h.expires > clock_timestamp()"
+			   " WHERE l.ns = $1 AND l.name = ANY($2::text[])"
+			   " ORDER BY l.name, h.fence",
+			   2, v, &r);
 	if (rc)
 		goto fail;
 	for (int row = 0; row < PQntuples(r); row++) {

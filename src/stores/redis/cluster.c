@@ -192,8 +192,8 @@ static int map_from(cluster_store *s, int i, int64_t deadline)
 	}
 	if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
 		freeReplyObject(r);
-		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "CLUSTERDOWN", "%s:%d serves no slots (not a cluster?)",
-				       s->node[i].host, s->node[i].port);
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "CLUSTERDOWN",
+				       "%s:%d serves no slots (not a cluster?)", s->node[i].host, s->node[i].port);
 	}
 	char asked[256];
 	snprintf(asked, sizeof(asked), "%s", s->node[i].host);
@@ -341,8 +341,8 @@ static const char *const busy_what[] = {
 	[BUSY_FAILOVER] = "had no reachable master (failover under way?)",
 };
 
-static redisReply *exec(cluster_store *s, int script, int slot, int argc, const char **argv, size_t *lens, unsigned flags,
-			int64_t deadline, int *rc, int *node)
+static redisReply *exec(cluster_store *s, int script, int slot, int argc, const char **argv, size_t *lens,
+			unsigned flags, int64_t deadline, int *rc, int *node)
 {
 	bool eval = !s->sha[script][0] || (flags & EXEC_EVAL), with_sid = flags & EXEC_SID;
 	int ask = -1, redirects = 0;
@@ -443,7 +443,8 @@ static redisReply *exec(cluster_store *s, int script, int slot, int argc, const 
 			 * scripts are safe to repeat — instead of after the deadline. */
 			int64_t left = dlock__rms_left(deadline), q = left / 4 < CHECK_MS ? left / 4 : CHECK_MS;
 			*rc = dlock__rread_by(s->conn[i].c, &s->node[i], KIND, dlock_clock_ms() + q, &r);
-			if (*rc && !strcmp(dlock_error_last()->store_code, "ETIMEDOUT") && dlock__rms_left(deadline) > 0) {
+			if (*rc && !strcmp(dlock_error_last()->store_code, "ETIMEDOUT") &&
+			    dlock__rms_left(deadline) > 0) {
 				if (map_refresh_skip(s, dlock_clock_ms() + dlock__rms_left(deadline) / 2, i) == 0 &&
 				    slot_node(s, slot) >= 0 && slot_node(s, slot) != i) {
 					node_drop(s, i);
@@ -823,8 +824,7 @@ static void c_unwatch(dlock_backend *be, const dlock_request *req)
 	dlock__rnotify_forget(CS(be)->nt, req);
 }
 
-static int c_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
-		    size_t *count)
+static int c_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out, size_t *count)
 {
 	cluster_store *s = CS(be);
 	int64_t deadline = dlock_clock_ms() + s->seeds[0].timeout_ms;
@@ -929,8 +929,8 @@ static int parse_remap(cluster_store *s, const char *v)
 		size_t len = strcspn(v, ",");
 		const char *gt = memchr(v, '>', len);
 		size_t a = gt ? (size_t)(gt - v) : 0, b = gt ? len - a - 1 : 0;
-		if (!gt || s->nremap == REMAP_MAX || !a || !b || a >= ADDR_MAX || b >= ADDR_MAX ||
-		    !memchr(v, ':', a) || !memchr(gt + 1, ':', b))
+		if (!gt || s->nremap == REMAP_MAX || !a || !b || a >= ADDR_MAX || b >= ADDR_MAX || !memchr(v, ':', a) ||
+		    !memchr(gt + 1, ':', b))
 			return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
 					       "option remap: want announced-host:port>reachable-host:port[,...] "
 					       "(at most %d), not '%.*s'",

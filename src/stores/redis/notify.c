@@ -20,7 +20,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-
 /* ------------------------------------------------------------------------ */
 /* notifier                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -112,7 +111,8 @@ int dlock__rnotify_new(dlock__rnotify **out, dlock_backend *be, dlock__rserver *
 	nt->backoff = calloc(n, sizeof(*nt->backoff));
 	nt->sub_since = calloc(n, sizeof(*nt->sub_since));
 	nt->wantw = calloc(n, 1);
-	if (!nt->c || !nt->retry_at || !nt->backoff || !nt->sub_since || !nt->wantw || pipe2(nt->pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+	if (!nt->c || !nt->retry_at || !nt->backoff || !nt->sub_since || !nt->wantw ||
+	    pipe2(nt->pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
 		int rc = nt->c && nt->retry_at && nt->backoff && nt->sub_since && nt->wantw
 				 ? dlock_error_set(DLOCK_ESTORE, kind, NULL, "pipe: %s", strerror(errno))
 				 : dlock_sys_oom();
@@ -188,7 +188,6 @@ static bool chan_ok(const dlock__rnotify *nt, const rn_chan *ch)
 			return true;
 	return false;
 }
-
 
 /* Whether server i should carry ch's subscription. */
 static bool wanted_on(const rn_chan *ch, size_t i)

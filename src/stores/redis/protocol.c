@@ -21,7 +21,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-
 /* ------------------------------------------------------------------------ */
 /* servers, connections, errors                                              */
 /* ------------------------------------------------------------------------ */
@@ -91,8 +90,10 @@ int dlock__rserver_parse(dlock__rserver **out, size_t *n, dlock_uri *uri, const 
 	s[0].tls_owner = true;
 	for (size_t i = 0; i < nh; i++) {
 		if (uri->password && !tls && !dlock_sys_host_is_local(hp[i].host))
-			dlock_sys_open_warning("%s: the password and the lock traffic go to %s over plain TCP, which a "
-					    "man in the middle can read (use rediss://, or tls=yes)", kind, hp[i].host);
+			dlock_sys_open_warning(
+				"%s: the password and the lock traffic go to %s over plain TCP, which a "
+				"man in the middle can read (use rediss://, or tls=yes)",
+				kind, hp[i].host);
 		s[i].tls = tls;
 		snprintf(s[i].host, sizeof(s[i].host), "%s", hp[i].host);
 		s[i].port = hp[i].port;
@@ -119,7 +120,10 @@ int dlock__rconn_error(const redisContext *c, const dlock__rserver *srv, const c
 	if (c && c->err == REDIS_ERR_EOF)
 		what = "server closed the connection";
 	return dlock_error_set(DLOCK_EUNAVAILABLE, kind,
-			       !c ? "ECONN" : c->err == REDIS_ERR_IO ? "EIO" : c->err == REDIS_ERR_PROTOCOL ? "EPROTO" : "ECONN",
+			       !c                             ? "ECONN"
+			       : c->err == REDIS_ERR_IO       ? "EIO"
+			       : c->err == REDIS_ERR_PROTOCOL ? "EPROTO"
+							      : "ECONN",
 			       "%s %s:%d: %s", kind, srv->host, srv->port, what);
 }
 
@@ -300,16 +304,15 @@ static int io_reply(redisContext *c, int64_t deadline, redisReply **out)
 static int io_error(int io, const redisContext *c, const dlock__rserver *srv, const char *kind)
 {
 	if (io == IO_TIMEOUT)
-		return dlock_error_set(DLOCK_EUNAVAILABLE, kind, "ETIMEDOUT", "%s %s:%d: timed out waiting for the server",
-				       kind, srv->host, srv->port);
+		return dlock_error_set(DLOCK_EUNAVAILABLE, kind, "ETIMEDOUT",
+				       "%s %s:%d: timed out waiting for the server", kind, srv->host, srv->port);
 	if (c->err)
 		return dlock__rconn_error(c, srv, kind);
 	return dlock_error_set(DLOCK_EUNAVAILABLE, kind, "EIO", "%s %s:%d: %s", kind, srv->host, srv->port,
 			       strerror(errno));
 }
 
-int dlock__rread_by(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline,
-		    redisReply **out)
+int dlock__rread_by(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline, redisReply **out)
 {
 	int io = io_reply(c, deadline, out);
 	return io ? io_error(io, c, srv, kind) : 0;
@@ -345,8 +348,7 @@ static int simple_cmd(redisContext *c, const dlock__rserver *srv, const char *ki
 }
 
 /* connect + AUTH + SELECT by the deadline; nonblock: leave the socket non-blocking. */
-static int connect_by(redisContext **out, const dlock__rserver *srv, const char *kind, int64_t deadline,
-		      bool nonblock)
+static int connect_by(redisContext **out, const dlock__rserver *srv, const char *kind, int64_t deadline, bool nonblock)
 {
 	*out = NULL;
 	int64_t ct = dlock__rms_left(deadline);
@@ -370,7 +372,8 @@ static int connect_by(redisContext **out, const dlock__rserver *srv, const char 
 				break;
 			dlock__rfree(c);
 		}
-		c = redisConnectWithTimeout(ad.n ? ad.addr[i] : srv->host, srv->port, dlock_sys_ms_timeval(left > 0 ? left : 1));
+		c = redisConnectWithTimeout(ad.n ? ad.addr[i] : srv->host, srv->port,
+					    dlock_sys_ms_timeval(left > 0 ? left : 1));
 		if (!c)
 			return dlock_sys_oom();
 		if (!c->err)
@@ -572,8 +575,8 @@ int dlock__rreply_int(const redisReply *r, long long *v)
 int dlock__racquire_reply(const redisReply *r, uint64_t *fence, int64_t *retry_ms, const char *kind)
 {
 	long long ok, v;
-	if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->elements > 3 || dlock__rreply_int(r->element[0], &ok) ||
-	    dlock__rreply_int(r->element[1], &v))
+	if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->elements > 3 ||
+	    dlock__rreply_int(r->element[0], &ok) || dlock__rreply_int(r->element[1], &v))
 		return dlock__rbad_reply(kind, "acquire");
 	if (ok == 1) {
 		*fence = (uint64_t)v;
@@ -675,12 +678,10 @@ int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char 
 	return 0;
 }
 
-
 static const char confirm_lua[] = DLOCK__LUA_CONFIRM;
 
-long long dlock__rwait_replicas(redisContext *c, const dlock__rserver *srv, const char *kind, int n,
-				long long reserve, const dlock__rkeys *k, const char *server_id, int64_t deadline,
-				bool *drop)
+long long dlock__rwait_replicas(redisContext *c, const dlock__rserver *srv, const char *kind, int n, long long reserve,
+				const dlock__rkeys *k, const char *server_id, int64_t deadline, bool *drop)
 {
 	*drop = false;
 	int64_t left = dlock__rms_left(deadline);

@@ -162,9 +162,10 @@ static int connect_master(redis_store *s, int64_t deadline)
 	freeReplyObject(r);
 	if (!master) {
 		drop(s);
-		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "READONLY",
-				       "%s:%d, named master '%s' by the sentinels, is not a master (failover in progress?)",
-				       s->srv[0].host, s->srv[0].port, s->master_name);
+		return dlock_error_set(
+			DLOCK_EUNAVAILABLE, KIND, "READONLY",
+			"%s:%d, named master '%s' by the sentinels, is not a master (failover in progress?)",
+			s->srv[0].host, s->srv[0].port, s->master_name);
 	}
 	return 0;
 }
@@ -223,8 +224,8 @@ static int connect_cmd(redis_store *s, int64_t deadline)
 	}
 	if (last[0])
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ETIMEDOUT",
-				       "timed out finding the master '%s' through the sentinels (last: %s)", s->master_name,
-				       last);
+				       "timed out finding the master '%s' through the sentinels (last: %s)",
+				       s->master_name, last);
 	return timed_out_error(rc, "timed out finding the master through the sentinels: ");
 }
 
@@ -255,8 +256,7 @@ static int read_pending(redis_store *s, int64_t deadline)
 
 /* Send one command and read its reply by the deadline, after the replies of
  * the pipelined releases sent before it: they share one round trip. */
-static int exchange(redis_store *s, int argc, const char **argv, const size_t *lens, int64_t deadline,
-		    redisReply **out)
+static int exchange(redis_store *s, int argc, const char **argv, const size_t *lens, int64_t deadline, redisReply **out)
 {
 	*out = NULL;
 	if (redisAppendCommandArgv(s->c, argc, argv, lens) != REDIS_OK)
@@ -308,8 +308,9 @@ static redisReply *run_argv(redis_store *s, int script, int argc, const char **a
 	bool eval = !s->sha[script][0];
 	s->retried = false;
 	if (dlock__rms_left(deadline) < 3) { /* too late to start: nothing sent, no late reply to fear */
-		*rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ETIMEDOUT", "%s %s:%d: timed out before the request was sent",
-				      KIND, s->srv[0].host, s->srv[0].port);
+		*rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "ETIMEDOUT",
+				      "%s %s:%d: timed out before the request was sent", KIND, s->srv[0].host,
+				      s->srv[0].port);
 		return NULL;
 	}
 	drop_if_closed(s);
@@ -384,7 +385,8 @@ static redis_store *RS(dlock_backend *be)
  * Otherwise give the grant back: a grant or a fence that a failover can lose
  * is not handed out. @return 0; DLOCK_EUNAVAILABLE.
  */
-static int replicate_grant(redis_store *s, const dlock_request *req, const dlock__rkeys *k, long long reserve, int64_t deadline)
+static int replicate_grant(redis_store *s, const dlock_request *req, const dlock__rkeys *k, long long reserve,
+			   int64_t deadline)
 {
 	int n = s->wait_replicas;
 	if (reserve > 0 && s->fence_replicas > n)
@@ -392,8 +394,7 @@ static int replicate_grant(redis_store *s, const dlock_request *req, const dlock
 	if (n <= 0)
 		return 0;
 	bool broken;
-	long long acked = dlock__rwait_replicas(s->c, &s->srv[0], KIND, n, reserve, k, s->server_id, deadline,
-						&broken);
+	long long acked = dlock__rwait_replicas(s->c, &s->srv[0], KIND, n, reserve, k, s->server_id, deadline, &broken);
 	if (broken)
 		drop(s);
 	if (acked == -2)
@@ -459,7 +460,8 @@ static int r_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *o
 	if (rc == 0 && (s->wait_replicas > 0 || reserve > 0) && s->c)
 		rc = replicate_grant(s, req, &k, reserve, deadline);
 	else if (rc == 0 && !s->c && (s->wait_replicas > 0 || reserve > 0))
-		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "lock '%s': connection lost before WAIT", req->name);
+		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "lock '%s': connection lost before WAIT",
+				     req->name);
 	dlock__racquire_done(req, rc, out);
 	return rc;
 }
@@ -602,7 +604,7 @@ static int scan_names(redisContext **cp, const dlock__rserver *srv, const char *
 	do {
 		int64_t until = deadline > 0 ? deadline : dlock_clock_ms() + srv->timeout_ms;
 		if (!*cp && (rc = deadline > 0 ? dlock__rconnect_by(cp, srv, kind, until)
-					      : dlock__rconnect(cp, srv, kind)) != 0)
+					       : dlock__rconnect(cp, srv, kind)) != 0)
 			break;
 		const char *argv[6] = { "SCAN", cursor, "MATCH", pat, "COUNT", "1000" };
 		redisReply *r = NULL;
@@ -668,8 +670,7 @@ int dlock__rscan_names_by(redisContext **cp, const dlock__rserver *srv, const ch
 
 /* The core lists through r_list, so names is never NULL here. Bounded by the
  * request timeout from the call (the contract's bound for status). */
-static int r_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
-		    size_t *count)
+static int r_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out, size_t *count)
 {
 	redis_store *s = RS(be);
 	int64_t deadline = dlock_clock_ms() + s->srv[0].timeout_ms;

@@ -114,8 +114,7 @@ int dlock__rconnect_by(redisContext **out, const dlock__rserver *srv, const char
  * connection broke or the deadline passed (store code "ETIMEDOUT"): then the
  * caller must redisFree(c), so that no late reply answers a later request.
  */
-int dlock__rread_by(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline,
-		    redisReply **out);
+int dlock__rread_by(redisContext *c, const dlock__rserver *srv, const char *kind, int64_t deadline, redisReply **out);
 
 /* Write what is appended on c by `deadline`, without reading a reply
  * (a pipelined command). @return 0; -1 (broken or timed out: drop c). */
@@ -235,9 +234,8 @@ int dlock__rrenew_reply(const redisReply *r, size_t n, int *results, const char 
  * ask; -2: the WAIT got no answer). *drop: the connection broke or timed
  * out (the caller drops c; with an answer >= n the grant still stands).
  */
-long long dlock__rwait_replicas(redisContext *c, const dlock__rserver *srv, const char *kind, int n,
-				long long reserve, const dlock__rkeys *k, const char *server_id, int64_t deadline,
-				bool *drop);
+long long dlock__rwait_replicas(redisContext *c, const dlock__rserver *srv, const char *kind, int n, long long reserve,
+				const dlock__rkeys *k, const char *server_id, int64_t deadline, bool *drop);
 /* The run_id of the server on c (INFO server) into out: new for every
  * server process. The fence guard's scripts add the server's master_replid
  * (new on every promotion) themselves, atomically with the grant: run_id
@@ -259,8 +257,8 @@ int dlock__rreplicas_option(dlock_uri *uri, const char *kind, int *wait, int *fe
 /* Append to *names (of *n) the lock names with holders or waiters under prefix on one
  * server (SCAN; connects *c if NULL; duplicates and foreign keys possible: be->list).
  * Free each name and the array with free(). */
-int dlock__rscan_names(redisContext **c, const dlock__rserver *srv, const char *prefix, const char *kind,
-		       char ***names, size_t *n);
+int dlock__rscan_names(redisContext **c, const dlock__rserver *srv, const char *prefix, const char *kind, char ***names,
+		       size_t *n);
 
 /* dlock__rscan_names with the whole scan bounded by `deadline`; a connection
  * it makes is non-blocking (dlock__rconnect_by). */
@@ -273,8 +271,7 @@ typedef struct dlock__rnotify dlock__rnotify;
 /* Make a notifier over n servers (borrowed; must outlive it; their addresses are
  * changed only through dlock__rnotify_moved) that wakes be's waiters through
  * the core's board. Nothing connects yet. */
-int dlock__rnotify_new(dlock__rnotify **out, dlock_backend *be, dlock__rserver *srv, size_t n,
-		       const char *kind);
+int dlock__rnotify_new(dlock__rnotify **out, dlock_backend *be, dlock__rserver *srv, size_t n, const char *kind);
 /* Server i moved (Sentinel failover): update its address and resubscribe there. Any thread. */
 void dlock__rnotify_moved(dlock__rnotify *nt, size_t i, const char *host, int port);
 void dlock__rnotify_free(dlock__rnotify *nt);

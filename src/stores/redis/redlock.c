@@ -291,8 +291,7 @@ static void append_cmd(redlock_store *s, size_t i, rl_op *op, const rl_cmd *cmd)
 
 /* raise.lua's arguments after EVAL/EVALSHA and the script: one key, the fence
  * (written into tok). */
-static void raise_args(const char **argv, size_t *lens, const char *key, size_t keylen, uint64_t top,
-		       char tok[24])
+static void raise_args(const char **argv, size_t *lens, const char *key, size_t keylen, uint64_t top, char tok[24])
 {
 	argv[2] = "1";
 	lens[2] = 1;
@@ -630,8 +629,9 @@ static void rl_leave_owed(redlock_store *s, rl_op *ops, const size_t *idx, size_
 			op_fail(s, &ops[i], i, "TLS handshake not finished when the others had answered");
 			continue;
 		}
-		ops[i].rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "EIO", "redlock master %s:%d: slower than the others",
-					    s->srv[i].host, s->srv[i].port);
+		ops[i].rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "EIO",
+					    "redlock master %s:%d: slower than the others", s->srv[i].host,
+					    s->srv[i].port);
 		ops[i].done = true;
 		bool kept = true;
 		for (int h = 0; kept && h < ops[i].skip; h++)
@@ -959,8 +959,8 @@ static int rl_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 	const rl_after after = { true, g };
 	ops_all(s, ops);
 	bool waiting = req->waiting;
-	rl_round(s, ops, &(rl_cmd){ DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens }, tmo, try_end, acquire_decided, &waiting,
-		 &after);
+	rl_round(s, ops, &(rl_cmd){ DLOCK__RS_ACQUIRE, a.argc, a.argv, a.lens }, tmo, try_end, acquire_decided,
+		 &waiting, &after);
 	size_t grants = 0, refused = 0, at_top = 0, unknown = 0;
 	uint64_t top = 0;
 	int64_t soonest = -1;
@@ -1012,7 +1012,8 @@ static int rl_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 		size_t lens[5];
 		raise_args(argv, lens, k.k[DLOCK__RK_H], k.len[DLOCK__RK_H], top, tok);
 		ops_all(s, ops);
-		rl_round(s, ops, &(rl_cmd){ DLOCK__RS_RAISE, 5, argv, lens }, tmo, try_end, raise_decided, &top, &PROMPT);
+		rl_round(s, ops, &(rl_cmd){ DLOCK__RS_RAISE, 5, argv, lens }, tmo, try_end, raise_decided, &top,
+			 &PROMPT);
 		size_t raised = 0;
 		for (size_t i = 0; i < s->n; i++) {
 			long long v;
@@ -1043,7 +1044,8 @@ static int rl_acquire(dlock_backend *be, const dlock_request *req, dlock_grant *
 				       errmsg[0] ? errmsg : "timed out");
 	if (grants >= s->quorum)
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
-				       "lock '%s': granted by a quorum too late (timed out: validity spent)", req->name);
+				       "lock '%s': granted by a quorum too late (timed out: validity spent)",
+				       req->name);
 	dlock__racquire_done(req, DLOCK_ELOCKED, out);
 	/* a split vote (some grants) retries after a random delay; else when the lease ends */
 	int64_t jitter = dlock_sys_rand_between(s->retry_ms / 2 + 1, s->retry_ms);
@@ -1087,7 +1089,8 @@ static int rl_release(dlock_backend *be, const dlock_request *req)
 	if (answered < s->n - s->quorum + 1)
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
 				       "release of '%s' confirmed by %zu of %zu redlock masters (need %zu): %s",
-				       req->name, answered, s->n, s->n - s->quorum + 1, errmsg[0] ? errmsg : "timed out");
+				       req->name, answered, s->n, s->n - s->quorum + 1,
+				       errmsg[0] ? errmsg : "timed out");
 	if (released)
 		return 0;
 	return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s' is not held by %s on any master", req->name,
@@ -1097,9 +1100,8 @@ static int rl_release(dlock_backend *be, const dlock_request *req)
 /* The tail of a hold's value after its expiry: "fence mode permits pid host". */
 static int hold_tail(char *buf, size_t n, const dlock_request *req, uint64_t fence)
 {
-	int len = snprintf(buf, n, "%llu %c %u %d %s", (unsigned long long)fence,
-			   req->mode == DLOCK_SHARED ? 's' : 'x', req->permits, req->pid,
-			   req->host ? req->host : "");
+	int len = snprintf(buf, n, "%llu %c %u %d %s", (unsigned long long)fence, req->mode == DLOCK_SHARED ? 's' : 'x',
+			   req->permits, req->pid, req->host ? req->host : "");
 	return len < 0 ? 0 : (size_t)len < n ? len : (int)n - 1;
 }
 
@@ -1111,17 +1113,17 @@ static int hold_tail(char *buf, size_t n, const dlock_request *req, uint64_t fen
  * for a hold below a quorum: that hold may have dissolved, and another client
  * may have held the name meanwhile.
  */
-static void repair(redlock_store *s, const dlock_request *const *reqs, size_t n, unsigned char *absent, const uint64_t *fence,
-		   const bool *standing, size_t *copies, int64_t tmo, int64_t deadline)
+static void repair(redlock_store *s, const dlock_request *const *reqs, size_t n, unsigned char *absent,
+		   const uint64_t *fence, const bool *standing, size_t *copies, int64_t tmo, int64_t deadline)
 {
 	rl_op *ops = calloc(s->n, sizeof(*ops));
 	size_t *cnt = calloc(s->n, sizeof(*cnt));
 	const char ***av = calloc(s->n, sizeof(*av));
 	size_t **lv = calloc(s->n, sizeof(*lv));
-	char (*keys)[DLOCK__REDIS_KEY_MAX] = calloc(n, sizeof(*keys));
-	char (*nums)[24] = calloc(n, sizeof(*nums));
-	char (*tails)[320] = calloc(n, sizeof(*tails));
-	char (*nk)[24] = calloc(s->n, sizeof(*nk));
+	char(*keys)[DLOCK__REDIS_KEY_MAX] = calloc(n, sizeof(*keys));
+	char(*nums)[24] = calloc(n, sizeof(*nums));
+	char(*tails)[320] = calloc(n, sizeof(*tails));
+	char(*nk)[24] = calloc(s->n, sizeof(*nk));
 	size_t **which = calloc(s->n, sizeof(*which));
 	bool any = false;
 	if (!ops || !cnt || !av || !lv || !keys || !nums || !tails || !nk || !which)
@@ -1232,8 +1234,7 @@ static int rl_renew(dlock_backend *be, const dlock_request *const *reqs, size_t 
 	int64_t tmo = min64(master_timeout(s), ttl - drift_ms(s, ttl)), deadline = reqs[0]->deadline_ms;
 	ops_all(s, ops);
 	size_t nn = n;
-	rl_round(s, ops, &(rl_cmd){ DLOCK__RS_RENEW, b.argc, b.argv, b.lens }, tmo, deadline, renew_decided, &nn,
-		 NULL);
+	rl_round(s, ops, &(rl_cmd){ DLOCK__RS_RENEW, b.argc, b.argv, b.lens }, tmo, deadline, renew_decided, &nn, NULL);
 	size_t answered = 0;
 	bool missing = false;
 	for (size_t i = 0; i < s->n; i++) {
@@ -1269,7 +1270,8 @@ static int rl_renew(dlock_backend *be, const dlock_request *const *reqs, size_t 
 			results[j] = DLOCK_EUNAVAILABLE;
 	}
 	if (!answered)
-		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "no redlock master answered the renewal (timed out)");
+		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
+				     "no redlock master answered the renewal (timed out)");
 	else if (answered < s->quorum)
 		dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "only %zu of %zu redlock masters answered the renewal",
 				answered, s->n);
@@ -1301,7 +1303,8 @@ static int rl_extend(dlock_backend *be, const dlock_request *req, int64_t ttl_ms
 		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
 				       "lock '%s': too few redlock masters confirmed the extension", req->name);
 	if (dlock_clock_ms() - t0 >= ttl_ms - drift_ms(RL(be), ttl_ms))
-		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s': extension confirmed too late", req->name);
+		return dlock_error_set(DLOCK_ENOTHELD, KIND, NULL, "lock '%s': extension confirmed too late",
+				       req->name);
 	return 0;
 }
 
@@ -1360,7 +1363,8 @@ static int status_one(redlock_store *s, const char *name, dlock_lock_status **ou
 	free(ops);
 	if (!rc && nper < s->quorum)
 		rc = dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
-				     "only %zu of %zu redlock masters answered (a quorum is %zu)", nper, s->n, s->quorum);
+				     "only %zu of %zu redlock masters answered (a quorum is %zu)", nper, s->n,
+				     s->quorum);
 	dlock_lock_status *st = rc ? NULL : dlock_sys_status_add(out, count);
 	if (!rc && (!st || !(st->name = dlock_sys_strdup(name))))
 		rc = DLOCK_ENOMEM;
@@ -1401,7 +1405,8 @@ static int status_one(redlock_store *s, const char *name, dlock_lock_status **ou
 			if (votes < s->quorum)
 				continue;
 			dlock_holder *nh = dlock_sys_status_add_holder(st);
-			if (!nh || !(nh->owner = dlock_sys_strdup(ho->owner)) || !(nh->host = dlock_sys_strdup(ho->host))) {
+			if (!nh || !(nh->owner = dlock_sys_strdup(ho->owner)) ||
+			    !(nh->host = dlock_sys_strdup(ho->host))) {
 				rc = DLOCK_ENOMEM;
 				break;
 			}
@@ -1417,8 +1422,7 @@ static int status_one(redlock_store *s, const char *name, dlock_lock_status **ou
 	return rc;
 }
 
-static int rl_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
-		     size_t *count)
+static int rl_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out, size_t *count)
 {
 	redlock_store *s = RL(be);
 	int64_t deadline = dlock_clock_ms() + s->request_timeout_ms;
@@ -1458,8 +1462,9 @@ static int rl_list(dlock_backend *be, char ***names, size_t *n)
 			redisSetTimeout(s->c[i], ms_tv(s->srv[i].timeout_ms));
 	}
 	if (reached < s->quorum)
-		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL, "only %zu of %zu redlock masters answered SCAN%s",
-				       reached, s->n, dlock_clock_ms() >= deadline ? " (timed out)" : "");
+		return dlock_error_set(DLOCK_EUNAVAILABLE, KIND, NULL,
+				       "only %zu of %zu redlock masters answered SCAN%s", reached, s->n,
+				       dlock_clock_ms() >= deadline ? " (timed out)" : "");
 	return 0;
 }
 
@@ -1525,7 +1530,8 @@ static size_t load_scripts(redlock_store *s, int64_t deadline, int *err, char *m
 			if (j == 0 && r) {
 				up[i] = true;
 				nup++;
-			} else if (j == 0 && ops[i].want && (!*err || ops[i].rc == DLOCK_EAUTH) && *err != DLOCK_EAUTH) {
+			} else if (j == 0 && ops[i].want && (!*err || ops[i].rc == DLOCK_EAUTH) &&
+				   *err != DLOCK_EAUTH) {
 				*err = ops[i].rc ? ops[i].rc : DLOCK_EUNAVAILABLE;
 				snprintf(msg, msglen, "%s", dlock_error_last()->message);
 			}
@@ -1592,8 +1598,8 @@ static int refuse_duplicates(const dlock__rserver *srv, size_t n, int64_t deadli
 				rc = dlock_error_set(DLOCK_EINVAL, KIND, NULL,
 						     "redlock masters %zu (%s:%d) and %zu (%s:%d) are the same server "
 						     "(%s port %d): a quorum must be of independent masters",
-						     i + 1, srv[i].host, srv[i].port, j + 1, srv[j].host, srv[j].port, same,
-						     srv[i].port);
+						     i + 1, srv[i].host, srv[i].port, j + 1, srv[j].host, srv[j].port,
+						     same, srv[i].port);
 		}
 	}
 out:
@@ -1677,8 +1683,9 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 	if (up < s->quorum) {
 		rc = first_err == DLOCK_EAUTH || first_err == DLOCK_EINVAL ? first_err : DLOCK_EUNAVAILABLE;
 		rl_close(&s->base);
-		return dlock_error_set(rc, KIND, NULL, "only %zu of %zu redlock masters reachable (a quorum is %zu): %s",
-				       up, n, n / 2 + 1, msg);
+		return dlock_error_set(rc, KIND, NULL,
+				       "only %zu of %zu redlock masters reachable (a quorum is %zu): %s", up, n,
+				       n / 2 + 1, msg);
 	}
 	*out = &s->base;
 	return 0;

@@ -5,6 +5,7 @@
 #include "redis.h"
 #include "redis_lua.h"
 
+/* clang-format off */
 const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 	[DLOCK__RS_ACQUIRE] = DLOCK__LUA_ACQUIRE,
 	[DLOCK__RS_RELEASE] = DLOCK__LUA_RELEASE,
@@ -13,3 +14,4 @@ const char *const dlock__rscript_text[DLOCK__RS_COUNT] = {
 	[DLOCK__RS_STATUS] = DLOCK__LUA_STATUS,
 	[DLOCK__RS_RAISE] = DLOCK__LUA_RAISE,
 };
+/* clang-format on */

@@ -73,9 +73,10 @@ int dlock__rtls_parse(dlock__rtls **out, dlock_uri *uri, const char *kind)
 		return DLOCK_ENOMEM;
 	t->insecure = insecure != NULL;
 	if (t->insecure)
-		dlock_sys_open_warning("%s: insecure=yes-i-know: the server's certificate is not checked; anyone on "
-				    "the path can pose as the server and read the password and the lock traffic",
-				    kind);
+		dlock_sys_open_warning(
+			"%s: insecure=yes-i-know: the server's certificate is not checked; anyone on "
+			"the path can pose as the server and read the password and the lock traffic",
+			kind);
 	int rc = 0;
 	if (sni && !(t->name = dlock_sys_strdup(sni))) {
 		rc = DLOCK_ENOMEM;
@@ -91,7 +92,8 @@ int dlock__rtls_parse(dlock__rtls **out, dlock_uri *uri, const char *kind)
 	SSL_CTX_set_verify(t->ctx, t->insecure ? SSL_VERIFY_NONE : SSL_VERIFY_PEER, NULL);
 	if (cacert ? SSL_CTX_load_verify_locations(t->ctx, cacert, NULL) != 1
 		   : SSL_CTX_set_default_verify_paths(t->ctx) != 1) {
-		rc = tls_fail(kind, cacert ? "TLS: cannot read the CA certificates of cacert" : "TLS: no system CA store");
+		rc = tls_fail(kind,
+			      cacert ? "TLS: cannot read the CA certificates of cacert" : "TLS: no system CA store");
 		goto fail;
 	}
 	if (cert && (SSL_CTX_use_certificate_chain_file(t->ctx, cert) != 1 ||
@@ -250,7 +252,9 @@ int dlock__rtls_step(redisContext *c, const dlock__rserver *srv, const char *kin
 				       srv->host, srv->port, X509_verify_cert_error_string(v), name);
 	return dlock_error_set(DLOCK_EUNAVAILABLE, kind, "TLS", "%s %s:%d: TLS handshake failed: %s", kind, srv->host,
 			       srv->port,
-			       buf[0] ? buf : e == SSL_ERROR_SYSCALL ? "the connection was closed" : "no reason given");
+			       buf[0]                   ? buf
+			       : e == SSL_ERROR_SYSCALL ? "the connection was closed"
+							: "no reason given");
 }
 
 static int tls_timed_out(const dlock__rserver *srv, const char *kind)

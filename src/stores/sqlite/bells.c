@@ -304,8 +304,7 @@ static bool waiter_gone(const sqlite_store *b, int dir, const char *owner)
 	if (fd < 0)
 		return false;
 	struct stat st;
-	bool gone = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
-		    flock(fd, LOCK_EX | LOCK_NB) == 0;
+	bool gone = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && flock(fd, LOCK_EX | LOCK_NB) == 0;
 	close(fd); /* and our lock with it */
 	return gone;
 }
@@ -340,7 +339,8 @@ int dlock__sq_drop_dead_front(sqlite_store *b, const dlock_request *req, int64_t
 		sqlite3_reset(s);
 		for (int i = 0; i < n && !rc && !alive; i++) {
 			if (!(alive = !waiter_gone(b, dir, owners[i])) &&
-			    !(rc = dlock__sq_run(b, dlock__sq_prep(b, Q_DEQUEUE, req->name, owners[i]), "drop a dead waiter")))
+			    !(rc = dlock__sq_run(b, dlock__sq_prep(b, Q_DEQUEUE, req->name, owners[i]),
+						 "drop a dead waiter")))
 				++*dropped;
 		}
 		if (n < FRONT_BATCH)
@@ -522,7 +522,8 @@ static int bells_start(sqlite_store *b)
 	if (dir < 0)
 		return dlock_error_set(DLOCK_ESTORE, "sqlite", NULL,
 				       "sqlite: %s.bells is not a directory of this database's owner (or it "
-				       "cannot be made): waiters poll", b->paths[0]);
+				       "cannot be made): waiters poll",
+				       b->paths[0]);
 	sweep_stale_bells(dir);
 	close(dir);
 	pthread_mutex_lock(&hub.mu);
@@ -784,4 +785,3 @@ bool dlock__sq_bell_behind(sqlite_store *b, const char *owner, bool behind, bool
 	pthread_mutex_unlock(&bl->mu);
 	return again;
 }
-

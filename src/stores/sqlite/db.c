@@ -31,6 +31,7 @@
 #define SQL_INT64_MAX "9223372036854775807"
 #define FENCE_ROW_EXPIRES SQL_INT64_MAX
 
+/* clang-format off */
 static const char *const sql[Q_COUNT] = {
 	[Q_BEGIN] = "BEGIN IMMEDIATE",
 	[Q_COMMIT] = "COMMIT",
@@ -94,6 +95,7 @@ static const char *const sql[Q_COUNT] = {
 	/* the first ?3 in line (drop_dead_front) */
 	[Q_FRONT] = "SELECT owner FROM dlock_queue WHERE ns=?1 AND name=?2 ORDER BY seq LIMIT ?3",
 };
+/* clang-format on */
 
 /*
  * fork(): SQLite keeps state per process (its mutexes, its table of open
@@ -157,10 +159,11 @@ void dlock__sq_calls_leave(void)
 int dlock__sq_fork_check(void)
 {
 	if (atomic_load(&sq_busy_fork))
-		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
-				       "sqlite: this process is a fork() child made while a store call of its parent was "
-				       "inside SQLite (its mutexes and files may be half changed here): SQLite cannot be "
-				       "used in this process; fork while no store call runs, or exec");
+		return dlock_error_set(
+			DLOCK_EINVAL, "sqlite", NULL,
+			"sqlite: this process is a fork() child made while a store call of its parent was "
+			"inside SQLite (its mutexes and files may be half changed here): SQLite cannot be "
+			"used in this process; fork while no store call runs, or exec");
 	return 0;
 }
 
@@ -233,9 +236,10 @@ int dlock__sq_check_files(sqlite_store *b, bool always)
 		}
 	}
 	dlock__sq_disconnect(b, true);
-	return dlock_error_set(DLOCK_ENOTHELD, "sqlite", NULL,
-			       "sqlite: %s was deleted or replaced since it was opened: holds made in the old file are gone",
-			       b->paths[0]);
+	return dlock_error_set(
+		DLOCK_ENOTHELD, "sqlite", NULL,
+		"sqlite: %s was deleted or replaced since it was opened: holds made in the old file are gone",
+		b->paths[0]);
 }
 
 /* For acquire and status: on moved files, open the path again (bounded by deadline). */
@@ -287,10 +291,11 @@ int dlock__sq_fail(sqlite_store *b, int rc, const char *what)
 				       "sqlite: %s timed out: another connection holds the database's write lock",
 				       what);
 	int err = (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED ? DLOCK_EUNAVAILABLE
-		: (rc & 0xff) == SQLITE_NOMEM ? DLOCK_ENOMEM
-		: (rc & 0xff) == SQLITE_CANTOPEN || (rc & 0xff) == SQLITE_PERM ||
-		  (rc & 0xff) == SQLITE_READONLY || (rc & 0xff) == SQLITE_IOERR ? DLOCK_EUNAVAILABLE
-		: DLOCK_ESTORE;
+		  : (rc & 0xff) == SQLITE_NOMEM                              ? DLOCK_ENOMEM
+		  : (rc & 0xff) == SQLITE_CANTOPEN || (rc & 0xff) == SQLITE_PERM || (rc & 0xff) == SQLITE_READONLY ||
+				  (rc & 0xff) == SQLITE_IOERR
+			  ? DLOCK_EUNAVAILABLE
+			  : DLOCK_ESTORE;
 	return dlock_error_set(err, "sqlite", code, "sqlite: %s: %s", what,
 			       b->db ? sqlite3_errmsg(b->db) : sqlite3_errstr(rc));
 }
@@ -495,4 +500,3 @@ out:
 		dlock__sq_disconnect(b, true);
 	return rc;
 }
-

@@ -24,8 +24,8 @@
  * (permits) among the live exclusive holders (INT64_MAX: none), earliest live
  * expiry, the last fence handed out (-1: no fence row yet), whether any waiter
  * rows exist. */
-static int read_holders(sqlite_store *b, const char *n, int64_t now, int64_t *nshared, int64_t *nexcl,
-			int64_t *limit, int64_t *first_expiry, int64_t *last_fence, bool *any_waiters)
+static int read_holders(sqlite_store *b, const char *n, int64_t now, int64_t *nshared, int64_t *nexcl, int64_t *limit,
+			int64_t *first_expiry, int64_t *last_fence, bool *any_waiters)
 {
 	sqlite3_stmt *s = dlock__sq_prep(b, Q_HOLDERS, n, NULL);
 	int r;
@@ -356,4 +356,3 @@ bool dlock__sq_peek_held(sqlite_store *b, const dlock_request *req, int64_t now,
 	sqlite3_reset(s);
 	return held;
 }
-

@@ -65,7 +65,8 @@ static const char rename_v2[] =
 /* Version 1 kept fences in a table dlock_fences: into fence rows. */
 static const char fences_v1[] =
 	"INSERT INTO dlock_holds(ns,name,owner,mode,permits,fence,expires)"
-	" SELECT ns, name, '', 0, 0, fence, " FENCE_ROW_EXPIRES " FROM dlock_fences WHERE true"
+	" SELECT ns, name, '', 0, 0, fence, " FENCE_ROW_EXPIRES
+	" FROM dlock_fences WHERE true"
 	" ON CONFLICT(ns,name,owner) DO UPDATE SET fence=max(fence,excluded.fence);"
 	"DROP TABLE dlock_fences;";
 
@@ -180,7 +181,8 @@ int dlock__sq_parent_exists(const char *path)
 	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
 		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
 				       "sqlite: directory %s does not exist (only the default store's "
-				       "directories are created)", dir);
+				       "directories are created)",
+				       dir);
 	return 0;
 }
 
@@ -220,10 +222,11 @@ int dlock__sq_open_db(sqlite3 **db, const char *path)
 int dlock__sq_foreign_object(sqlite3 *db, char *buf, size_t len)
 {
 	sqlite3_stmt *s = NULL;
-	int r = sqlite3_prepare_v2(db,
-				   "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'dlock\\_%' ESCAPE '\\'"
-				   " AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY type='table' DESC, name LIMIT 1",
-				   -1, &s, NULL);
+	int r = sqlite3_prepare_v2(
+		db,
+		"SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'dlock\\_%' ESCAPE '\\'"
+		" AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY type='table' DESC, name LIMIT 1",
+		-1, &s, NULL);
 	if (r != SQLITE_OK)
 		return r;
 	buf[0] = '\0';
@@ -233,4 +236,3 @@ int dlock__sq_foreign_object(sqlite3 *db, char *buf, size_t len)
 	sqlite3_finalize(s);
 	return r == SQLITE_ROW || r == SQLITE_DONE ? SQLITE_OK : r;
 }
-

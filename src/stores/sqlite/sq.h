@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+/* clang-format off */
 enum {
 	Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
 	Q_PURGE_HOLDERS, Q_PURGE_WAITERS, Q_HOLDERS, Q_ANY_WAITERS, Q_MYSEQ, Q_AHEAD, Q_EXCL_AHEAD, Q_WRITER_WAITING,
@@ -20,6 +21,7 @@ enum {
 	Q_STATUS_HOLDERS, Q_STATUS_FENCE, Q_STATUS_WAITERS, Q_STATUS_NAMES, Q_HEAD, Q_CUT_HEAD, Q_PEEK, Q_FRONT,
 	Q_COUNT
 };
+/* clang-format on */
 
 /*
  * A name's fence counter is a row of dlock_holds with owner '' (owner tokens
@@ -66,7 +68,6 @@ typedef struct sqlite_store {
 	bool wq_check;       /* someone outside our line held the write lock: is the line still the file's? */
 	int64_t wq_next;     /* dlock_clock_ms before which no line is made again after a failure */
 } sqlite_store;
-
 
 /* ---- db.c: the connection, statements, transactions and the fork rule ---- */
 /* Count a thread into SQLite through a store method (the fork rule). */

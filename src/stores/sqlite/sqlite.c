@@ -43,7 +43,8 @@ static int acquire_in(dlock_backend *be, const dlock_request *req, dlock_grant *
 		if (rc == DLOCK_EUNAVAILABLE && b->timed_out)
 			rc = dlock_error_set(DLOCK_ELOCKED, "sqlite", "5",
 					     "sqlite: lock '%s' not tried: another connection kept the database's "
-					     "write lock until the deadline", req->name);
+					     "write lock until the deadline",
+					     req->name);
 		return rc;
 	}
 	memset(b->front, 0, sizeof b->front);
@@ -180,8 +181,7 @@ static char *col_text(sqlite3_stmt *s, int col)
 	return dlock_sys_strdup(t ? (const char *)t : "");
 }
 
-static int status_one(sqlite_store *b, const char *name, int64_t now, dlock_lock_status **out,
-		      size_t *count)
+static int status_one(sqlite_store *b, const char *name, int64_t now, dlock_lock_status **out, size_t *count)
 {
 	dlock_lock_status *st = dlock_sys_status_add(out, count);
 	if (!st || !(st->name = dlock_sys_strdup(name)))
@@ -217,8 +217,7 @@ static int status_one(sqlite_store *b, const char *name, int64_t now, dlock_lock
 	return rc;
 }
 
-static int status_in(dlock_backend *be, const char *const *names, size_t nnames,
-		     dlock_lock_status **out, size_t *count)
+static int status_in(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out, size_t *count)
 {
 	sqlite_store *b = (sqlite_store *)be;
 	dlock__sq_set_deadline(b, dlock_clock_ms() + b->request_timeout_ms);
@@ -343,8 +342,7 @@ static int sq_cancel(dlock_backend *be, const dlock_request *req)
 	return rc;
 }
 
-static int sq_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
-		     size_t *count)
+static int sq_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out, size_t *count)
 {
 	dlock__sq_calls_enter();
 	int rc = status_in(be, names, nnames, out, count);
@@ -381,8 +379,9 @@ static const dlock_backend_methods sqlite_methods = {
 int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 {
 	if (uri->hosts && *uri->hosts)
-		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
-				       "sqlite URIs name a file, not a host: use sqlite:///abs/path.db or sqlite:rel.db");
+		return dlock_error_set(
+			DLOCK_EINVAL, "sqlite", NULL,
+			"sqlite URIs name a file, not a host: use sqlite:///abs/path.db or sqlite:rel.db");
 	int forked = dlock__sq_fork_guard();
 	if (forked)
 		return forked;
@@ -412,7 +411,8 @@ int dlock__sqlite_open(dlock_backend **out, dlock_uri *uri)
 	if (fo && strcmp(fo, "ok") != 0) {
 		free(dflt);
 		return dlock_error_set(DLOCK_EINVAL, "sqlite", NULL,
-				       "sqlite: bad foreign '%s' (foreign=ok shares a database that has other tables)", fo);
+				       "sqlite: bad foreign '%s' (foreign=ok shares a database that has other tables)",
+				       fo);
 	}
 	int64_t busy_ms = 0; /* none: each call's own deadline */
 	const char *v = dlock_uri_param(uri, "busy_timeout");

@@ -57,8 +57,7 @@ static mode_t db_write_bits(const struct stat *db)
 static bool trusted(const struct stat *st, const struct stat *db)
 {
 	return S_ISREG(st->st_mode) && st->st_size >= WQ_SIZE &&
-	       (st->st_uid == geteuid() || st->st_uid == db->st_uid) &&
-	       !(st->st_mode & 0022 & ~db_write_bits(db));
+	       (st->st_uid == geteuid() || st->st_uid == db->st_uid) && !(st->st_mode & 0022 & ~db_write_bits(db));
 }
 
 /* A new line in a file of its own, linked in under `path` only once its
@@ -69,7 +68,8 @@ static int make_line(const char *path, const struct stat *db)
 	char *tmp = malloc(n);
 	if (!tmp)
 		return -1;
-	snprintf(tmp, n, "%s.%d.%08llx", path, (int)getpid(), (unsigned long long)dlock_sys_rand_between(0, 0xffffffff));
+	snprintf(tmp, n, "%s.%d.%08llx", path, (int)getpid(),
+		 (unsigned long long)dlock_sys_rand_between(0, 0xffffffff));
 	mode_t mode = 0600 | (db->st_mode & 0020 ? 0060 : 0) | (db->st_mode & 0002 ? 0006 : 0);
 	int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
 	int rc = -1;
@@ -86,8 +86,7 @@ static int make_line(const char *path, const struct stat *db)
 		goto out;
 	bool ok = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED) == 0 &&
 		  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST) == 0 &&
-		  pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ERRORCHECK) == 0 &&
-		  pthread_mutex_init(&pg->mu, &a) == 0;
+		  pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ERRORCHECK) == 0 && pthread_mutex_init(&pg->mu, &a) == 0;
 	pthread_mutexattr_destroy(&a);
 	if (!ok)
 		goto out;

@@ -347,7 +347,7 @@ bool dlock__zk_owned_by(const char *c, const char *owner)
 /* Delete every node of `owner` under dir, by `deadline`.
  * @return ZOK, ZNONODE (no dir), or an error (ZDEADLINE: in doubt). */
 int dlock__zk_delete_owned(zookeeper_store *st, zhandle_t *zh, const char *dir, const char *owner, int64_t deadline,
-			int *deleted)
+			   int *deleted)
 {
 	struct String_vector sv = { 0, NULL };
 	int rc = dlock__zk_z_children(st, zh, dir, deadline, &sv, NULL);
@@ -402,9 +402,10 @@ static int make_parents(zookeeper_store *st, zsess *z, const char *dir, int64_t 
 		bool ours = strlen(p) > chroot_len;
 		zop *op = dlock__zk_op_new(st);
 		ops[n++] = dlock__zk_op_sent(st, op,
-				   op ? zoo_acreate2(z->zh, p, NULL, -1, &st->acl, ours ? ZOO_CONTAINER : ZOO_PERSISTENT,
-						     dlock__zk_cb_created, op)
-				      : ZSYSTEMERROR);
+					     op ? zoo_acreate2(z->zh, p, NULL, -1, &st->acl,
+							       ours ? ZOO_CONTAINER : ZOO_PERSISTENT,
+							       dlock__zk_cb_created, op)
+						: ZSYSTEMERROR);
 		*c = save;
 		if (save == '\0')
 			break;
@@ -478,7 +479,7 @@ int dlock__zk_find_own(zookeeper_store *st, hold *h, int64_t deadline)
 static char *node_data(const dlock_request *req, int *len)
 {
 	char *d = dlock_sys_sprintf("dlock1 pid=%d ttl=%lld permits=%u host=%s", req->pid, (long long)req->ttl_ms,
-				 req->permits, req->host ? req->host : "");
+				    req->permits, req->host ? req->host : "");
 	*len = d ? (int)strlen(d) : 0;
 	return d;
 }
@@ -496,7 +497,7 @@ static char *node_prefix(const zookeeper_store *st, const hold *h, const dlock_r
 {
 	if (st->recipe == RECIPE_CURATOR_RW)
 		return dlock_sys_sprintf("%s/_c_%s-%s", h->dir, h->owner,
-				      req_kind(req) == K_READ ? "__READ__" : "__WRIT__");
+					 req_kind(req) == K_READ ? "__READ__" : "__WRIT__");
 	if (req_kind(req) == K_SEM)
 		return dlock_sys_sprintf("%s/_c_%s-sem%u-", h->dir, h->owner, req->permits);
 	return dlock_sys_sprintf("%s/_c_%s-%s-", h->dir, h->owner, dlock__zk_kind_word(req_kind(req)));
@@ -527,8 +528,9 @@ int dlock__zk_place_node(zookeeper_store *st, hold *h, const dlock_request *req,
 		} else {
 			zop *op = dlock__zk_op_new(st);
 			dlock__zk_op_sent(st, op,
-				op ? zoo_acreate2(zh, prefix, data, dlen, &st->acl, ZOO_EPHEMERAL_SEQUENTIAL, dlock__zk_cb_created, op)
-				   : ZSYSTEMERROR);
+					  op ? zoo_acreate2(zh, prefix, data, dlen, &st->acl, ZOO_EPHEMERAL_SEQUENTIAL,
+							    dlock__zk_cb_created, op)
+					     : ZSYSTEMERROR);
 			r = dlock__zk_op_wait1(st, zh, op, deadline);
 			if (r == ZOK) {
 				h->node = op->value;

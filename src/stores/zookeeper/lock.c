@@ -40,10 +40,10 @@ static int acquire_try(zookeeper_store *st, const dlock_request *req, dlock_gran
 {
 	int64_t start = dlock_clock_ms();
 	int64_t deadline = req->deadline_ms;
-	if (st->recipe != RECIPE_DLOCK && (req->permits > 1 || (st->recipe == RECIPE_CURATOR &&
-								 req->mode == DLOCK_SHARED)))
-		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL,
-				       "recipe=%s: %s", st->recipe == RECIPE_CURATOR ? "curator" : "curator-rw",
+	if (st->recipe != RECIPE_DLOCK &&
+	    (req->permits > 1 || (st->recipe == RECIPE_CURATOR && req->mode == DLOCK_SHARED)))
+		return dlock_error_set(DLOCK_ENOTSUPPORTED, KIND, NULL, "recipe=%s: %s",
+				       st->recipe == RECIPE_CURATOR ? "curator" : "curator-rw",
 				       req->permits > 1 ? "Curator's semaphores lay out nodes of their own: no "
 							  "semaphores in a Curator recipe"
 							: "Curator's InterProcessMutex does not order read nodes: "
@@ -289,15 +289,16 @@ static void renew_session(zookeeper_store *st, zsess *z, const dlock_request *co
 		if (results[i] != -1 || !h || h->sess != z)
 			continue;
 		zop *op = dlock__zk_op_new(st);
-		ops[k] = dlock__zk_op_sent(st, op, op ? zoo_aexists(z->zh, h->node, 0, dlock__zk_cb_stat, op) : ZSYSTEMERROR);
+		ops[k] = dlock__zk_op_sent(st, op,
+					   op ? zoo_aexists(z->zh, h->node, 0, dlock__zk_cb_stat, op) : ZSYSTEMERROR);
 		idx[k++] = i;
 	}
 	dlock__zk_ops_wait(st, z->zh, ops, k, deadline);
 	for (size_t j = 0; j < k; j++) {
 		int r = dlock__zk_op_rc(st, ops[j]);
-		results[idx[j]] = r == ZOK ? 0
+		results[idx[j]] = r == ZOK                                                       ? 0
 				  : (r == ZNONODE || r == ZSESSIONEXPIRED || r == ZINVALIDSTATE) ? DLOCK_ENOTHELD
-				  : DLOCK_EUNAVAILABLE;
+												 : DLOCK_EUNAVAILABLE;
 		if (r == ZOK && !dlock__zk_lease_set(st, reqs[idx[j]]->slot, start, reqs[idx[j]]->ttl_ms, true))
 			results[idx[j]] = DLOCK_ENOTHELD; /* its lease ended: the sweep deletes it */
 		dlock__zk_op_put(st, ops[j]);
@@ -362,9 +363,9 @@ int dlock__zk_wait(dlock_backend *be, const dlock_request *req, int64_t timeout_
 	/* A data watch, not an exists watch: it is set only if the node exists,
 	 * so a vanished predecessor leaves no watch behind. */
 	zop *op = dlock__zk_op_new(st);
-	int r = !op ? ZSYSTEMERROR
-	      : h->watch_children ? zoo_awget_children2(z->zh, h->dir, dlock__zk_watcher, z, dlock__zk_cb_kids, op)
-				  : zoo_awget(z->zh, h->watch, dlock__zk_watcher, z, dlock__zk_cb_data, op);
+	int r = !op                 ? ZSYSTEMERROR
+		: h->watch_children ? zoo_awget_children2(z->zh, h->dir, dlock__zk_watcher, z, dlock__zk_cb_kids, op)
+				    : zoo_awget(z->zh, h->watch, dlock__zk_watcher, z, dlock__zk_cb_data, op);
 	dlock__zk_op_sent(st, op, r);
 
 	pthread_mutex_lock(&st->mu);

@@ -7,6 +7,7 @@
 static const char *zcode(int rc)
 {
 	switch (rc) {
+        /* clang-format off */
 	case ZCONNECTIONLOSS: return "ZCONNECTIONLOSS";
 	case ZOPERATIONTIMEOUT: return "ZOPERATIONTIMEOUT";
 	case ZSESSIONEXPIRED: return "ZSESSIONEXPIRED";
@@ -24,6 +25,7 @@ static const char *zcode(int rc)
 	case ZDEADLINE: return "TIMEDOUT";
 	case ZRUNTIMEINCONSISTENCY: return "ZRUNTIMEINCONSISTENCY";
 	default: return "ZSYSTEMERROR";
+        /* clang-format on */
 	}
 }
 
@@ -38,8 +40,7 @@ int dlock__zk_zerr(int rc, const char *what, const char *path)
 		return dlock_error_set(code, KIND, zcode(rc),
 				       "zookeeper: %s %s: timed out (no reply by the call's deadline; outcome unknown)",
 				       what, path ? path : "");
-	return dlock_error_set(code, KIND, zcode(rc), "zookeeper: %s %s: %s", what, path ? path : "",
-			       zerror(rc));
+	return dlock_error_set(code, KIND, zcode(rc), "zookeeper: %s %s: %s", what, path ? path : "", zerror(rc));
 }
 
 /* The request may or may not have been applied. (libzookeeper fails the
@@ -251,8 +252,8 @@ int dlock__zk_op_wait1(zookeeper_store *st, zhandle_t *zh, zop *op, int64_t dead
 }
 
 /* The bounded forms of the synchronous calls. */
-int dlock__zk_z_children(zookeeper_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct String_vector *out,
-		      int32_t *cversion)
+int dlock__zk_z_children(zookeeper_store *st, zhandle_t *zh, const char *path, int64_t deadline,
+			 struct String_vector *out, int32_t *cversion)
 {
 	zop *op = dlock__zk_op_new(st);
 	dlock__zk_op_sent(st, op, op ? zoo_aget_children2(zh, path, 0, dlock__zk_cb_kids, op) : ZSYSTEMERROR);

@@ -6,8 +6,8 @@
 
 bool dlock__zk_plain(unsigned char c)
 {
-	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-	       c == '_' || c == '.';
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+	       c == '.';
 }
 
 /* One znode name component for s: reversible percent-encoding of everything
@@ -107,8 +107,7 @@ bool dlock__zk_parse_child(const char *name, child *c)
 	else if (d[-1] == '-' && scale > 1 && w - name >= 4 && strncmp(w - 4, "-sem", 4) == 0) {
 		c->kind = K_SEM;
 		c->permits = p > 0 && p < 1000000 ? (unsigned)p : 1;
-	}
-	else if (n >= SEQ_DIGITS + 9 && strncmp(d - 9, "__rlock__", 9) == 0)
+	} else if (n >= SEQ_DIGITS + 9 && strncmp(d - 9, "__rlock__", 9) == 0)
 		c->kind = K_READ;
 	else if (n >= SEQ_DIGITS + 8 && strncmp(d - 8, "__READ__", 8) == 0)
 		c->kind = K_READ; /* Curator's InterProcessReadWriteLock ("__WRIT__": exclusive) */

@@ -125,8 +125,7 @@ static int status_one(zookeeper_store *st, zhandle_t *zh, const char *name, int6
 
 /* The core lists through dlock__zk_list, so names is never NULL here. Bounded by
  * the request timeout from the start of the call. */
-int dlock__zk_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out,
-		     size_t *count)
+int dlock__zk_status(dlock_backend *be, const char *const *names, size_t nnames, dlock_lock_status **out, size_t *count)
 {
 	zookeeper_store *st = (zookeeper_store *)be;
 	int64_t deadline = dlock_clock_ms() + st->request_ms;

@@ -135,7 +135,6 @@ enum { RECIPE_DLOCK, RECIPE_CURATOR, RECIPE_CURATOR_RW };
  * deadline: its outcome is unknown, like ZCONNECTIONLOSS. */
 #define ZDEADLINE (-9000)
 
-
 /*
  * Every request is sent with libzookeeper's asynchronous API and waited for
  * on st->cv until the call's deadline; a synchronous zoo_* call cannot be
@@ -245,8 +244,8 @@ void dlock__zk_op_put(zookeeper_store *st, zop *op);
 int dlock__zk_op_wait1(zookeeper_store *st, zhandle_t *zh, zop *op, int64_t deadline);
 
 /* The bounded forms of the synchronous calls. */
-int dlock__zk_z_children(zookeeper_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct String_vector *out,
-		      int32_t *cversion);
+int dlock__zk_z_children(zookeeper_store *st, zhandle_t *zh, const char *path, int64_t deadline,
+			 struct String_vector *out, int32_t *cversion);
 
 int dlock__zk_z_exists(zookeeper_store *st, zhandle_t *zh, const char *path, int64_t deadline, struct Stat *stat);
 
@@ -338,7 +337,7 @@ bool dlock__zk_owned_by(const char *c, const char *owner);
 /* Delete every node of `owner` under dir, by `deadline`.
  * @return ZOK, ZNONODE (no dir), or an error (ZDEADLINE: in doubt). */
 int dlock__zk_delete_owned(zookeeper_store *st, zhandle_t *zh, const char *dir, const char *owner, int64_t deadline,
-			int *deleted);
+			   int *deleted);
 
 /* Find our own node after a lost connection (h->node NULL afterwards if
  * none; h->doubt cleared once the listing answered). */

@@ -101,6 +101,7 @@ static int check_chroot(const char *path)
 }
 
 /* Ephemeral nodes live with our session: DLOCK_BACKEND_F_SESSION. */
+/* clang-format off */
 static const dlock_backend_methods zookeeper_methods = {
 	DLOCK_BACKEND_METHODS_INIT(KIND),
 	.flags = DLOCK_BACKEND_F_SESSION,
@@ -114,6 +115,7 @@ static const dlock_backend_methods zookeeper_methods = {
 	.list = dlock__zk_list,
 	.close = dlock__zk_close,
 };
+/* clang-format on */
 
 int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 {
@@ -122,7 +124,8 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 				       "zookeeper URIs name servers: zk://host:port[,host:port...][/chroot]");
 	if (check_chroot(uri->path))
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
-				       "zookeeper: bad chroot '%s' (want /a/b: no empty, '.' or '..' parts)", uri->path);
+				       "zookeeper: bad chroot '%s' (want /a/b: no empty, '.' or '..' parts)",
+				       uri->path);
 	int64_t fixed = 0;
 	const char *v = dlock_uri_param(uri, "session_timeout");
 	if (v && (dlock_duration_parse(&fixed, v) != 0 || fixed < 10 || fixed > INT32_MAX / 2))
@@ -190,9 +193,11 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 		st->auth = dlock_sys_sprintf("%s:%s", uri->user, uri->password);
 	for (size_t i = 0; uri->user && i < nh; i++)
 		if (!dlock_sys_host_is_local(hp[i].host)) {
-			dlock_sys_open_warning("zookeeper: the digest password and the lock traffic go to %s over "
-					    "dlock__zk_plain TCP, which a man in the middle can read (this build's client has "
-					    "no TLS)", hp[i].host);
+			dlock_sys_open_warning(
+				"zookeeper: the digest password and the lock traffic go to %s over "
+				"dlock__zk_plain TCP, which a man in the middle can read (this build's client has "
+				"no TLS)",
+				hp[i].host);
 			break;
 		}
 	if (!st->hosts || !st->root || (uri->user && !st->auth)) {
@@ -216,7 +221,8 @@ int dlock__zk_open(dlock_backend **out, dlock_uri *uri)
 	/* Connect now: a wrong address or credentials should fail at open (a
 	 * ttl the session cannot cover is refused per lock, at acquire). */
 	zsess *z;
-	rc = dlock__zk_get_session(st, dlock__zk_session_key(st, st->default_ttl), dlock_clock_ms() + st->connect_ms, &z);
+	rc = dlock__zk_get_session(st, dlock__zk_session_key(st, st->default_ttl), dlock_clock_ms() + st->connect_ms,
+				   &z);
 	if (rc) {
 		dlock__zk_close(&st->base);
 		return rc;
