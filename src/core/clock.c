@@ -28,8 +28,12 @@ static pthread_cond_t sim_cv = PTHREAD_COND_INITIALIZER; /* sim_ms moved */
 void dlock__clock_simulate(bool on, int64_t start_ms)
 {
 	pthread_mutex_lock(&sim_mu);
-	atomic_store(&sim_ms, start_ms);
-	atomic_store(&sim_on, on);
+	if (on) { /* the time first, then the switch: no reader sees a stale time */
+		atomic_store(&sim_ms, start_ms);
+		atomic_store(&sim_on, true);
+	} else {
+		atomic_store(&sim_on, false);
+	}
 	pthread_cond_broadcast(&sim_cv);
 	pthread_mutex_unlock(&sim_mu);
 }

@@ -25,10 +25,12 @@
 /* ---- the simulated clock (clock.c), for the core's tests ----
  * dlock__clock_simulate(true, t) stops dlock_clock_ms at t: from then on it
  * moves only when dlock__clock_advance moves it, dlock_sys_sleep_ms waits for
- * it, and every timed wait built on dlock_sys_abstime looks at it again at
- * least each millisecond of real time. dlock__clock_simulate(false, 0) gives
- * the real clock back. Lease deadlines, renewal times and the lost signal
- * then come at exact, load-independent times. */
+ * it, and the timed waits built on dlock_sys_abstime (the renewer's, the
+ * watchdog's, the board's) look at it again at least each millisecond of
+ * real time. Waits on a mutex (lock_be_by's timedlock) stay on the real
+ * clock. dlock__clock_simulate(false, 0) gives the real clock back. Lease
+ * deadlines, renewal times and the lost signal then come at exact,
+ * load-independent times. */
 void dlock__clock_simulate(bool on, int64_t start_ms);
 void dlock__clock_advance(int64_t ms);
 

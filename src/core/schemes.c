@@ -276,7 +276,8 @@ int dlock__scheme_open(const char *scheme, dlock_backend_open_fn *out)
 				       "time)",
 				       e->module ? e->module : scheme, e->build_option, e->needs);
 #ifdef DLOCK_STORES_BUILTIN
-	return DLOCK_ENOTSUPPORTED; /* not reached: a built-in table has no module entries */
+	/* not reached: a built-in table has no module entries */
+	return dlock_error_set(DLOCK_ENOTSUPPORTED, scheme, NULL, "no %s store in this build", scheme);
 #else
 	pthread_once(&fork_once, fork_handlers);
 	pthread_mutex_lock(&load_mu);

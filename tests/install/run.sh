@@ -25,6 +25,8 @@ f2=$(fence_of "$out")
 # multiarch one (lib/x86_64-linux-gnu: Debian's LIBDIR under /usr)
 inc=$(PKG_CONFIG_PATH="$libdir" pkg-config --variable=includedir dlock)
 [ "$(realpath "$inc")" = "$(realpath "$tmp/prefix/include")" ] || { echo "FAIL: dlock.pc's includedir is $inc"; exit 1; }
+lib=$(PKG_CONFIG_PATH="$libdir" pkg-config --variable=libdir dlock)
+[ "$(realpath "$lib")" = "$(realpath "$libdir/..")" ] || { echo "FAIL: dlock.pc's libdir is $lib"; exit 1; }
 cmake -S "$src" -B "$tmp/multiarch" -DCMAKE_INSTALL_LIBDIR=lib/x86_64-linux-gnu -DDLOCK_BUILD_CLI=OFF >/dev/null
 mkdir -p "$tmp/ma/lib/x86_64-linux-gnu/pkgconfig" "$tmp/ma/include"
 cp "$tmp/multiarch/dlock.pc" "$tmp/ma/lib/x86_64-linux-gnu/pkgconfig/"

@@ -54,12 +54,17 @@ need() {
 	done
 }
 
-# alive PID: the process runs (a zombie does not: this machine's init reaps
-# orphans up to two seconds late, and kill -0 succeeds on a zombie).
+# alive PID: the process runs. A zombie whose threads have all ended does
+# not (this machine's init reaps orphans up to two seconds late, and kill -0
+# succeeds on a zombie); a zombie leader whose other threads still exit does
+# (they may still hold its ports and files).
 alive() {
-	local st
+	local st tasks
 	st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
-	[ -n "$st" ] && [ "${st%% *}" != Z ]
+	[ -n "$st" ] || return 1
+	[ "${st%% *}" != Z ] && return 0
+	tasks=(/proc/"$1"/task/*)
+	[ "${#tasks[@]}" -gt 1 ]
 }
 
 # stop_pidfile FILE: TERM the pid in FILE, then KILL after 10 s.

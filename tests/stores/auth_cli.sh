@@ -166,7 +166,7 @@ if [ -n "$goodpass" ]; then
 	if [ "$KIND" = zookeeper ]; then
 		# NAME is held by alice: a waiting run with the right password times
 		# out (75) and prints nothing secret.
-		expect_rc 75 "$KIND: run --wait while held" "$DLOCK" -v --store "$URI" run --wait 200ms "$NAME" -- env
+		expect_rc 75 "$KIND: run --wait while held" "$DLOCK" -v --store "$URI" run --wait 3s "$NAME" -- env
 		no_secret "$KIND: -v run timeout messages" "$goodpass" "$T/out" "$T/err"
 	fi
 fi

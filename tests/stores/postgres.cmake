@@ -38,9 +38,12 @@ foreach(t advisory clock errors wake tls session_kill)
     FIXTURES_REQUIRED server.postgres TIMEOUT 300
     ENVIRONMENT "DLOCK_TEST_URI_FILE=${DLOCK_SERVER_DIR_postgres}/uri")
 endforeach()
-# Alone: advisory ends every dlock session on the shared server, clock, wake
-# and session_kill bound times. errors and tls do neither.
-set_tests_properties(postgres.advisory postgres.clock postgres.wake postgres.session_kill PROPERTIES RUN_SERIAL ON)
+# Alone: advisory ends every dlock session on the shared server; clock, wake
+# and session_kill bound times; tls makes and drops a role that may own the
+# shared database's tables (REASSIGN OWNED locks them). errors does none of
+# these (a database of its own).
+set_tests_properties(postgres.advisory postgres.clock postgres.wake postgres.session_kill postgres.tls
+                     PROPERTIES RUN_SERIAL ON)
 
 # postgres.auth_cli: through the dlock tool, a wrong password exits 69 and no
 # output, message or child environment ever shows a password (auth_cli.sh).

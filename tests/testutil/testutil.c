@@ -275,7 +275,18 @@ bool tu_gone(pid_t pid)
 	fclose(f);
 	buf[n] = '\0';
 	const char *p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
-	return n == 0 || (p && p[1] == ' ' && p[2] == 'Z');
+	if (n == 0 || !p || p[1] != ' ' || p[2] != 'Z')
+		return n == 0;
+	/* a zombie leader whose other threads still exit is not gone yet: they
+	 * may still hold its ports and files */
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	int tasks = 0;
+	for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+		tasks += e->d_name[0] != '.';
+	if (d)
+		closedir(d);
+	return tasks <= 1;
 }
 
 int tu_kill(pid_t pid)

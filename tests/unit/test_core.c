@@ -120,10 +120,10 @@ static int f_renew(dlock_backend *be, const dlock_request *const *reqs, size_t n
 	while (f->renew_gate)
 		pthread_cond_wait(&f->gate_cv, &f->mu);
 	pthread_mutex_unlock(&f->mu);
-	f->renew_calls++;
 	f->renew_items += (int)n;
 	if ((int)n > f->max_batch)
 		f->max_batch = (int)n;
+	f->renew_calls++; /* last: a test that saw it sees the others */
 	for (size_t i = 0; i < n; i++)
 		results[i] = f->renew_result;
 	return 0;
@@ -231,6 +231,32 @@ static bool sim_until(int64_t to, atomic_int *n, int want)
 {
 	sim_to(to);
 	return wait_count(n, want);
+}
+
+/* Move the clock to `to` and wait (10 s of real time at most) until the
+ * watchdog of s, and its renewer unless `busy_renewer` (stuck in a call the
+ * test holds), have done what was due by then: each has gone back to sleep
+ * until a later time. What they did not do at `to`, they would not do. */
+static bool sim_step_of(dlock_store *s, int64_t to, bool busy_renewer)
+{
+	sim_to(to);
+	long long until = tu_now_ms() + 10000;
+	for (;;) {
+		pthread_mutex_lock(&s->reg_mu);
+		bool settled = (busy_renewer || !s->renewer_started || s->renewer_wake > to) &&
+			       (!s->watchdog_started || s->watchdog_wake > to);
+		pthread_mutex_unlock(&s->reg_mu);
+		if (settled)
+			return true;
+		if (tu_now_ms() >= until)
+			return false;
+		usleep(200);
+	}
+}
+
+static bool sim_step(dlock_store *s, int64_t to)
+{
+	return sim_step_of(s, to, false);
 }
 
 static atomic_llong fired_sim; /* dlock_clock_ms() when on_lost_sim ran */
@@ -355,10 +381,10 @@ static void test_renewal_batching_and_lost(void)
 	/* Three renewal rounds, one every third of the lease, both locks in each:
 	 * past three leases, still held. */
 	for (int k = 1; k <= 3; k++) {
-		CHECK(sim_until(t0 + k * 100, &f->renew_calls, k));
-		CHECK(f->renew_at == t0 + k * 100);
+		CHECK(sim_step(s, t0 + k * 100));
+		CHECK(f->renew_calls == k && f->renew_at == t0 + k * 100);
 	}
-	sim_to(t0 + 330);
+	CHECK(sim_step(s, t0 + 330));
 	CHECK(f->renew_calls == 3 && f->renew_items == 6 && f->max_batch == 2);
 	CHECK(dlock_held(a) && dlock_held(b));
 	CHECK(box.fired == 0);
@@ -402,11 +428,11 @@ static void test_lost_when_store_silent(void)
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	int64_t deadline = t0 + dlock_ttl_left(l);
 	CHECK(deadline == t0 + 400 - dlock_sys_drift_ms(400));
-	CHECK(sim_until(t0 + 133, &f->renew_calls, 1) && f->renew_at == t0 + 133);
-	CHECK(sim_until(t0 + 173, &f->renew_calls, 2) && f->renew_at == t0 + 173);
-	CHECK(sim_until(deadline - 1, &f->renew_calls, 3) && f->renew_at == deadline - 1);
-	CHECK(box.fired == 0);
-	sim_to(deadline);
+	CHECK(sim_step(s, t0 + 133) && f->renew_calls == 1 && f->renew_at == t0 + 133);
+	CHECK(sim_step(s, t0 + 173) && f->renew_calls == 2 && f->renew_at == t0 + 173);
+	CHECK(sim_step(s, deadline - 1) && f->renew_calls == 3 && f->renew_at == deadline - 1);
+	CHECK(dlock_held(l)); /* the watchdog looked at deadline - 1: not yet */
+	CHECK(sim_step(s, deadline));
 	CHECK(wait_lost(&box, 10000) == 1);
 	CHECK(fired_sim == deadline);
 	CHECK(!dlock_held(l));
@@ -433,7 +459,8 @@ static void test_no_renew_still_signals(void)
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	int64_t deadline = t0 + 150 - dlock_sys_drift_ms(150);
 	CHECK(dlock_ttl_left(l) == deadline - t0);
-	sim_to(deadline);
+	CHECK(sim_step(s, deadline - 1) && dlock_held(l));
+	CHECK(sim_step(s, deadline));
 	CHECK(wait_lost(&box, 10000) == 1);
 	CHECK(fired_sim == deadline);
 	CHECK(f->renew_calls == 0 && f->extends == 0); /* never renewed */
@@ -575,7 +602,8 @@ static void test_lost_while_renew_hangs(void)
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	int64_t deadline = t0 + dlock_ttl_left(l);
 	CHECK(sim_until(t0 + 100, &f->renews_entered, 1)); /* and stuck */
-	sim_to(deadline);
+	CHECK(sim_step_of(s, deadline - 1, true) && dlock_held(l));
+	CHECK(sim_step_of(s, deadline, true));
 	CHECK(wait_lost(&box, 10000) == 1);
 	CHECK(fired_sim == deadline); /* on time, the renewal still stuck */
 	CHECK(f->renew_calls == 0);
@@ -680,18 +708,27 @@ static void test_slow_callback(void)
 	CHECK_RC(dlock_acquire(c, 0), 0);
 	int64_t cdeadline = t0 + dlock_ttl_left(c);
 	snprintf(f->holder, sizeof(f->holder), "%s", bowner); /* b's renewals are answered "ours" */
-	sim_to(t0 + dlock_ttl_left(a));
+	CHECK(sim_step(s, t0 + dlock_ttl_left(a)));
+	long long until = tu_now_ms() + 10000;
 	pthread_mutex_lock(&sb.mu);
-	while (!sb.entered)
-		pthread_cond_wait(&sb.cv, &sb.mu);
+	while (!sb.entered && tu_now_ms() < until) {
+		pthread_mutex_unlock(&sb.mu);
+		usleep(500);
+		pthread_mutex_lock(&sb.mu);
+	}
+	CHECK(sb.entered); /* a is lost, its callback blocks */
 	pthread_mutex_unlock(&sb.mu);
-	/* while a's callback blocks, b is renewed once every third of its lease ... */
-	for (int k = 1; t0 + k * 50 < cdeadline; k++) {
-		CHECK(sim_until(t0 + k * 50, &f->renew_calls, k));
-		CHECK(f->renew_at > t0 + (k - 1) * 50); /* up to ttl/6 early: batched with a's loss */
+	/* While it blocks, b is renewed every third of its lease: the first
+	 * renewal at 50 ms or already at a's loss (within ttl/6 of its time, it
+	 * is batched with that wake-up), then at 100, 150, ... */
+	CHECK(sim_step(s, t0 + 50) && f->renew_calls == 1 && f->renew_at >= t0 + 48);
+	for (int k = 2; t0 + k * 50 < cdeadline; k++) {
+		CHECK(sim_step(s, t0 + k * 50));
+		CHECK(f->renew_calls == k && f->renew_at == t0 + k * 50);
 	}
 	/* ... and c's signal comes at its deadline */
-	sim_to(cdeadline);
+	CHECK(sim_step(s, cdeadline - 1) && dlock_held(c));
+	CHECK(sim_step(s, cdeadline));
 	CHECK(wait_lost(&box, 10000) == 1);
 	CHECK(fired_sim == cdeadline);
 	CHECK(dlock_held(b));
