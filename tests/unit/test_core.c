@@ -194,6 +194,18 @@ static int wait_lost(lost_box *b, int ms)
 	return fired;
 }
 
+/* A new lock on s, a lease of ttl_ms, whose on_lost is cb(payload). */
+static dlock_lock *watched_lock(dlock_store *s, const char *name, int64_t ttl_ms, dlock_lost_fn cb, void *payload)
+{
+	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
+	o.ttl_ms = ttl_ms;
+	o.on_lost = cb;
+	o.payload = payload;
+	dlock_lock *l = NULL;
+	CHECK_RC(dlock_lock_new(&l, s, name, &o), 0);
+	return l;
+}
+
 /* ---- on the simulated clock (dlock__clock_simulate) ----
  * Lease deadlines, renewal times and lost signals are then exact: time moves
  * only when the test moves it, so a loaded machine changes nothing but how
@@ -367,13 +379,7 @@ static void test_renewal_batching_and_lost(void)
 	 * so both locks are renewed by one store: give each its own name but let the fake grant
 	 * by resetting holder between acquires. */
 	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = 300;
-	o.on_lost = on_lost;
-	o.payload = &box;
-	dlock_lock *a, *b;
-	CHECK_RC(dlock_lock_new(&a, s, "a", &o), 0);
-	CHECK_RC(dlock_lock_new(&b, s, "b", &o), 0);
+	dlock_lock *a = watched_lock(s, "a", 300, on_lost, &box), *b = watched_lock(s, "b", 300, on_lost, &box);
 	int64_t t0 = dlock_clock_ms();
 	CHECK_RC(dlock_acquire(a, 0), 0);
 	f->holder[0] = '\0';
@@ -418,19 +424,20 @@ static void test_lost_when_store_silent(void)
 	dlock_store *s;
 	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
 	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = 400;
-	o.on_lost = on_lost_sim;
-	o.payload = &box;
-	dlock_lock *l;
-	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
+	dlock_lock *l = watched_lock(s, "a", 400, on_lost_sim, &box);
 	int64_t t0 = dlock_clock_ms();
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	int64_t deadline = t0 + dlock_ttl_left(l);
 	CHECK(deadline == t0 + 400 - dlock_sys_drift_ms(400));
-	CHECK(sim_step(s, t0 + 133) && f->renew_calls == 1 && f->renew_at == t0 + 133);
-	CHECK(sim_step(s, t0 + 173) && f->renew_calls == 2 && f->renew_at == t0 + 173);
-	CHECK(sim_step(s, deadline - 1) && f->renew_calls == 3 && f->renew_at == deadline - 1);
+	/* A failed renewal's retry (a tenth of the lease on) is already within
+	 * the sixth of a lease in which the renewer renews whatever it wakes up
+	 * to: each of the simulated clock's looks can retry it at once, so
+	 * "at least one more" is what a step can say. */
+	CHECK(sim_step(s, t0 + 133) && f->renew_calls >= 1 && f->renew_at == t0 + 133);
+	int calls = f->renew_calls;
+	CHECK(sim_step(s, t0 + 173) && f->renew_calls > calls && f->renew_at == t0 + 173);
+	calls = f->renew_calls;
+	CHECK(sim_step(s, deadline - 1) && f->renew_calls > calls && f->renew_at == deadline - 1);
 	CHECK(dlock_held(l)); /* the watchdog looked at deadline - 1: not yet */
 	CHECK(sim_step(s, deadline));
 	CHECK(wait_lost(&box, 10000) == 1);
@@ -592,12 +599,7 @@ static void test_lost_while_renew_hangs(void)
 	dlock_store *s;
 	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
 	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = 300;
-	o.on_lost = on_lost_sim;
-	o.payload = &box;
-	dlock_lock *l;
-	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
+	dlock_lock *l = watched_lock(s, "a", 300, on_lost_sim, &box);
 	int64_t t0 = dlock_clock_ms();
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	int64_t deadline = t0 + dlock_ttl_left(l);
@@ -625,12 +627,7 @@ static void test_acquire_lost_while_renew_hangs(void)
 	dlock_store *s;
 	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fake://", 30000), 0);
 	lost_box box = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
-	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
-	o.ttl_ms = 300;
-	o.on_lost = on_lost;
-	o.payload = &box;
-	dlock_lock *l;
-	CHECK_RC(dlock_lock_new(&l, s, "a", &o), 0);
+	dlock_lock *l = watched_lock(s, "a", 300, on_lost, &box);
 	CHECK_RC(dlock_acquire(l, 0), 0);
 	CHECK(wait_lost(&box, 10000) == 1);
 	CHECK(f->renew_calls == 0); /* the renewal is still stuck */
