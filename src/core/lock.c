@@ -139,21 +139,20 @@ static bool lock_be_by(dlock_store *s, int64_t by)
 	return ok;
 }
 
-/* One try. A waiting try of a store with wake-ups arms the board first and
- * has the store watch the name (*watched: the store agreed; *armed: the
- * board's generation from before the try). */
+/* One try. A waiting try of a store with wake-ups arms the board first
+ * (*armed: the board's generation from before the try); the store is asked
+ * to watch the name only after a refused try (*watched: it agreed), so a
+ * lock nobody holds costs its round trips and no subscription. A release
+ * between the refusal and the watch taking effect still wakes the waiter:
+ * a store's watch wakes the name once it is in place (sys/backend.h). */
 static int call_acquire(dlock_lock *l, dlock_grant *out, int64_t until, bool *watched, uint64_t *armed)
 {
 	dlock_store *s = l->store;
 	if (!lock_be_by(s, until))
 		return BE_BUSY;
-	if (s->mt.watch && l->req.waiting) {
+	bool watching = s->mt.watch && l->req.waiting;
+	if (watching)
 		*armed = dlock__board_arm(s->board, l->name, l->req.owner);
-		dlock_sys_saved_error saved; /* a watch that fails only costs polling */
-		dlock_sys_error_save(&saved);
-		*watched = s->mt.watch(s->be, &l->req) == 0 || *watched;
-		dlock_sys_error_restore(&saved);
-	}
 	l->req.deadline_ms = request_deadline(s, until);
 	if (dlock_try_too_late(&l->req, s->request_timeout_ms)) {
 		/* would most likely only time out and leave an outcome to undo: not
@@ -166,6 +165,12 @@ static int call_acquire(dlock_lock *l, dlock_grant *out, int64_t until, bool *wa
 	dlock__counted(s);
 	int rc = dlock__heard(s, s->mt.acquire(s->be, &l->req, out));
 	l->req.slot = out->slot;
+	if (watching && rc == DLOCK_ELOCKED) {
+		dlock_sys_saved_error saved; /* a watch that fails only costs polling */
+		dlock_sys_error_save(&saved);
+		*watched = s->mt.watch(s->be, &l->req) == 0 || *watched;
+		dlock_sys_error_restore(&saved);
+	}
 	pthread_mutex_unlock(&s->be_mu);
 	return rc;
 }

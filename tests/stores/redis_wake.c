@@ -5,6 +5,8 @@
  *  - it is granted within a few ms of the release, far sooner than its
  *    1 s re-registration nap would give,
  *  - it listens on its own lock's channel only and unsubscribes once granted;
+ *  - a waiting acquire that is granted at once subscribes to nothing: an
+ *    uncontended pair is its two script calls and nothing else;
  *  - renewal of many held locks is one script call per tick, not one per lock;
  *  - fair mode: a waiter that dies in the queue drops out after its
  *    registration deadline (3 s) instead of blocking the live waiter behind it
@@ -210,6 +212,33 @@ static void batch_renew_case(redisContext *raw)
 	dlock_store_close(s);
 }
 
+/* Waiting acquires of a free lock (and their releases): two script calls
+ * per pair, no SUBSCRIBE or UNSUBSCRIBE (issue: a subscription per pair). */
+static void uncontended_case(redisContext *raw)
+{
+	enum { N = 50 };
+	dlock_store *s = NULL;
+	dlock_lock *l = NULL;
+	CHECK_RC(dlock_store_open(&s, uri), 0);
+	CHECK_RC(dlock_lock_new(&l, s, "uncontended", NULL), 0);
+	CHECK_RC(dlock_acquire(l, 5000), 0); /* the scripts loaded */
+	CHECK_RC(dlock_release(l), 0);
+	long ev0 = rt_cmdstat(raw, "evalsha") + rt_cmdstat(raw, "eval");
+	long sub0 = rt_cmdstat(raw, "subscribe") + rt_cmdstat(raw, "unsubscribe");
+	for (int i = 0; i < N; i++) {
+		CHECK_RC(dlock_acquire(l, 5000), 0);
+		CHECK_RC(dlock_release(l), 0);
+	}
+	long evals = rt_cmdstat(raw, "evalsha") + rt_cmdstat(raw, "eval") - ev0;
+	long subs = rt_cmdstat(raw, "subscribe") + rt_cmdstat(raw, "unsubscribe") - sub0;
+	printf("uncontended: %d waiting acquires and releases sent %ld script calls and %ld (UN)SUBSCRIBE\n", N, evals,
+	       subs);
+	CHECK(evals == 2 * N);
+	CHECK(subs == 0);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
 int main(int argc, char **argv)
 {
 	rt_read_uri(uri, sizeof(uri));
@@ -263,6 +292,7 @@ int main(int argc, char **argv)
 	dlock_store_close(s);
 	redisFree(raw);
 	raw = rt_raw(uri);
+	uncontended_case(raw);
 	batch_renew_case(raw);
 	wake_one_case(raw);
 	redisFree(raw);

@@ -1510,6 +1510,34 @@ static void test_board_wakeup(void)
 	dlock_store_close(s);
 }
 
+/* A waiting acquire granted at once has the store watch nothing: a lock
+ * nobody holds costs no subscription (sys/backend.h, `watch`). */
+static void test_uncontended_unwatched(void)
+{
+	static const dlock_backend_methods watch_methods = {
+		DLOCK_BACKEND_METHODS_INIT("fakewatch"),
+		.acquire = f_acquire,
+		.release = f_release,
+		.renew = f_renew,
+		.watch = f_watch,
+		.unwatch = f_unwatch,
+		.close = f_close,
+	};
+	fake *f = fake_new();
+	CHECK_RC(dlock_backend_init(&f->base, &watch_methods), 0);
+	dlock_store *s;
+	CHECK_RC(dlock_store_open_backend(&s, &f->base, "fakewatch://", 30000), 0);
+	dlock_lock *l;
+	CHECK_RC(dlock_lock_new(&l, s, "q", NULL), 0);
+	for (int i = 0; i < 20; i++) {
+		CHECK_RC(dlock_acquire(l, 5000), 0);
+		CHECK_RC(dlock_release(l), 0);
+	}
+	CHECK(f->acquires == 20 && f->watches == 0 && f->unwatches == 0);
+	dlock_lock_free(l);
+	dlock_store_close(s);
+}
+
 int main(void)
 {
 	test_reentrancy();
@@ -1535,6 +1563,7 @@ int main(void)
 	test_slot_round_trip();
 	test_renew_apart();
 	test_board_wakeup();
+	test_uncontended_unwatched();
 #ifndef DLOCK_TEST_NO_INTERPOSE
 	test_threads_fail();
 #endif

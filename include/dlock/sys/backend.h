@@ -61,8 +61,9 @@
  * come from an instance that did not make the grant.
  *
  * Wake-ups. The core keeps a wake-up board per store handle: a
- * waiter arms it before each try and, when refused, sleeps on it until the
- * store says that the name may have changed or until its back-off ends. A
+ * waiter arms it before each try and, when refused, has the store watch the
+ * name and sleeps on the board until the store says that the name may have
+ * changed or until its back-off ends. A
  * store with a notification channel (Redis pub/sub, PostgreSQL LISTEN,
  * watches) implements `watch`/`unwatch` and feeds the board from its
  * channel with dlock_backend_wake (one name), dlock_backend_wake_owner (one
@@ -347,11 +348,14 @@ struct dlock_backend_methods {
 	/**
 	 * Optional (with `unwatch`): make changes of req->name reach the board
 	 * (dlock_backend_wake) from now on, for req->owner's wait. Called under
-	 * the store mutex right before each waiting try, after the core armed
-	 * the board: it must not wait for the network (start a subscription in
-	 * the store's notification thread, which wakes the name once it is in
-	 * place, so that a release between the try and the subscription is not
-	 * missed). @return 0; an error makes the core poll with back-off.
+	 * the store mutex right after each refused waiting try (the core armed
+	 * the board before that try), never for a try that was granted or that
+	 * did not wait, so a lock nobody holds costs no subscription. It must
+	 * not wait for the network: start a subscription in the store's
+	 * notification thread, which wakes the name once it is in place, so
+	 * that a release between the refusal and the subscription is not
+	 * missed; a second call for the same wait only says it goes on.
+	 * @return 0; an error makes the core poll with back-off.
 	 */
 	int (*watch)(dlock_backend *be, const dlock_request *req);
 

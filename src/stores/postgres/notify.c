@@ -102,7 +102,7 @@ static int listener_start(postgres_store *be)
 }
 
 /*
- * be->watch, before each waiting try: make sure the LISTEN thread runs. It
+ * be->watch, after each refused waiting try: make sure the LISTEN thread runs. It
  * connects on its own, so no call waits for that connect: a notification
  * sent before its LISTEN is in place is covered by the wake-up of every
  * waiter that follows each (re)connect. Names need no subscription of their

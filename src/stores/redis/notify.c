@@ -32,18 +32,19 @@
  * process is waiting for: the lock's own ("*": wake every waiter) and our
  * direct one (a fair queue names its new head's owner). A waiter is a
  * dlock_request (one per lock handle, stable across the tries of one acquire)
- * that the core watches before each try (dlock__rnotify_watch) and unwatches
- * when the wait is over. Messages go to the core's board: "*" wakes the name
+ * that the core watches after each refused try (dlock__rnotify_watch: a lock
+ * nobody holds costs no subscription) and unwatches when the wait is over. Messages go to the core's board: "*" wakes the name
  * (dlock_backend_wake), an owner of ours wakes that waiter alone
  * (dlock_backend_wake_owner), a reconnection after an outage wakes everyone.
  *
  * The race: the core tries, is refused, then sleeps on the board. The core
  * arms the board before each try, so a release published after the arming
- * wakes the sleeper even if it comes before the sleep; a release before the
- * subscription is in place is covered by the wake-up of the name that
- * follows each confirmation of its subscription. The subscription stays up
- * across tries and is dropped when the waiter is unwatched, or (a backstop)
- * when no try of it came for FORGET_IDLE_MS.
+ * wakes the sleeper even if it comes before the sleep, once the channel is
+ * subscribed; a release before the subscription is in place is covered by
+ * the wake-up of the name that follows each confirmation of a subscription
+ * (the waiter then tries once more). The subscription stays up across tries
+ * and is dropped when the waiter is unwatched, or (a backstop) when no
+ * refused try of it came for FORGET_IDLE_MS.
  */
 #define FORGET_IDLE_MS 10000
 #define RECONNECT_MAX_MS 2000

@@ -58,6 +58,7 @@ typedef struct bell_watch {
 	int own_wd;    /* inotify watch of its own bell file, -1: none (yet, or its file was removed) */
 	int live_fd;   /* its own bell file, open with a shared flock: its presence (-1: none) */
 	bool behind;   /* a fair waiter with others ahead: only its own bell wakes it */
+	bool placed;   /* its bells are watched (dlock__sq_watch ran for this wait) */
 } bell_watch;
 
 typedef struct bells {
@@ -351,9 +352,9 @@ int dlock__sq_drop_dead_front(sqlite_store *b, const dlock_request *req, int64_t
 }
 
 /* Ring a bell file (best effort; nothing when no waiter made the directory).
- * A waiter's own bell (`own`) is rung only while it exists: its waiter made
- * it, and watches it, before the try that registered it, and removes it when
- * its wait ends. Not made here, nor removed after the ring: a second ring
+ * A waiter's own bell (`own`) is rung only while it exists: its waiter makes
+ * it, and watches it, after the try that registered it (then looks again at
+ * once), and removes it when its wait ends. Not made here, nor removed after the ring: a second ring
  * before the waiter looked again would then go to a new file nobody watches
  * (a grant rings the second in line, and the next grant the same waiter at
  * the front). */
@@ -683,6 +684,39 @@ static void bucket_unheard(bells *bl, unsigned v)
 	}
 }
 
+/* The wait of req->owner (under bl->mu): found, or made (not yet listening:
+ * `placed` false), or moved to req->name (a handle reused for another name:
+ * listening again). NULL when out of memory. */
+static bell_watch *watch_get(bells *bl, const sqlite_store *b, const dlock_request *req)
+{
+	bell_watch *w;
+	for (w = bl->watches; w; w = w->next)
+		if (strcmp(w->owner, req->owner) == 0)
+			break;
+	if (w && strcmp(w->name, req->name) != 0) {
+		char *n = dlock_sys_strdup(req->name);
+		if (!n)
+			return NULL;
+		free(w->name);
+		w->name = n;
+		w->bucket = bell_bucket(b, req->name);
+		w->behind = false;
+		w->placed = false;
+	} else if (!w && (w = calloc(1, sizeof(*w))) != NULL) {
+		if (!(w->name = dlock_sys_strdup(req->name))) {
+			free(w);
+			return NULL;
+		}
+		snprintf(w->owner, sizeof(w->owner), "%s", req->owner);
+		w->bucket = bell_bucket(b, req->name);
+		w->own_wd = -1;
+		w->live_fd = -1;
+		w->next = bl->watches;
+		bl->watches = w;
+	}
+	return w;
+}
+
 int dlock__sq_watch(dlock_backend *be, const dlock_request *req)
 {
 	sqlite_store *b = (sqlite_store *)be;
@@ -691,40 +725,30 @@ int dlock__sq_watch(dlock_backend *be, const dlock_request *req)
 		return rc;
 	bells *bl = b->bells;
 	pthread_mutex_lock(&bl->mu);
-	bell_watch *w;
-	for (w = bl->watches; w; w = w->next)
-		if (strcmp(w->owner, req->owner) == 0)
-			break;
-	if (w && strcmp(w->name, req->name) != 0) { /* a handle reused for another name */
-		char *n = dlock_sys_strdup(req->name);
-		if (n) {
-			free(w->name);
-			w->name = n;
-			w->bucket = bell_bucket(b, req->name);
-		}
-	} else if (!w && (w = calloc(1, sizeof(*w))) != NULL) {
-		if ((w->name = dlock_sys_strdup(req->name)) != NULL) {
-			snprintf(w->owner, sizeof(w->owner), "%s", req->owner);
-			w->bucket = bell_bucket(b, req->name);
-			w->own_wd = -1;
-			w->live_fd = -1;
-			w->next = bl->watches;
-			bl->watches = w;
-		} else {
-			free(w);
-			w = NULL;
-		}
-	}
-	rc = w ? 0 : DLOCK_ENOMEM;
+	bell_watch *w = watch_get(bl, b, req);
+	bool fresh = false;
+	rc = w ? 0 : dlock_sys_oom();
 	if (w) {
-		char own[24];
+		/* The core calls this after a refused try: a ring between that
+		 * try's look and this watch found no one listening here. A new wait
+		 * (or one moved to another name), or one whose bell had to be
+		 * watched again (its file was removed), looks once more at once.
+		 * A fair waiter behind others listens to its own bell alone (its
+		 * refused try said so: dlock__sq_bell_behind). */
+		fresh = !w->placed || (!w->behind && bl->bucket_wd[w->bucket] < 0) || (req->fair && w->own_wd < 0);
+		w->placed = true;
+		if (!w->behind)
+			rc = watch_bucket(b, w->bucket);
 		/* only a fair waiter may be rung alone (when it comes to the front) */
-		if (!(rc = watch_bucket(b, w->bucket)) && req->fair) {
+		if (!rc && req->fair) {
+			char own[24];
 			bell_name(b, w->owner, own, sizeof own);
 			rc = watch_bell(b, own, &w->own_wd, &w->live_fd);
 		}
 	}
 	pthread_mutex_unlock(&bl->mu);
+	if (fresh && rc == 0)
+		dlock_backend_wake(be, req->name);
 	return rc;
 }
 
@@ -760,28 +784,30 @@ void dlock__sq_unwatch(dlock_backend *be, const dlock_request *req)
 }
 
 /*
- * After a refused try of a watched waiter: whether it has others ahead.
- * True when it came to the front and its bucket was watched again just now:
- * a release between its look and that watch rang unheard, so it must look
- * again at once.
+ * After a refused try of a fair waiter: whether it has others ahead. Its
+ * wait is noted here (watch_get) before the core's watch comes, so that a
+ * waiter behind others never listens to its bucket, not even once. True
+ * when a waiter already listening came to the front and its bucket was
+ * watched again just now: a release between its look and that watch rang
+ * unheard, so it must look again at once.
  */
-bool dlock__sq_bell_behind(sqlite_store *b, const char *owner, bool behind, bool *own_heard)
+bool dlock__sq_bell_behind(sqlite_store *b, const dlock_request *req, bool behind, bool *own_heard)
 {
+	*own_heard = false;
+	if (bells_start(b) != 0)
+		return false;
 	bells *bl = b->bells;
 	bool again = false;
-	*own_heard = false;
-	if (!bl)
-		return false;
 	pthread_mutex_lock(&bl->mu);
-	for (bell_watch *w = bl->watches; w; w = w->next)
-		if (strcmp(w->owner, owner) == 0) {
-			w->behind = behind;
-			*own_heard = w->own_wd >= 0;
-			if (behind)
-				bucket_unheard(bl, w->bucket);
-			else if (bl->bucket_wd[w->bucket] < 0)
-				again = watch_bucket(b, w->bucket) == 0;
-		}
+	bell_watch *w = watch_get(bl, b, req);
+	if (w) {
+		w->behind = behind;
+		*own_heard = w->own_wd >= 0;
+		if (behind)
+			bucket_unheard(bl, w->bucket);
+		else if (w->placed && bl->bucket_wd[w->bucket] < 0)
+			again = watch_bucket(b, w->bucket) == 0;
+	}
 	pthread_mutex_unlock(&bl->mu);
 	return again;
 }

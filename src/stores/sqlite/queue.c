@@ -220,7 +220,7 @@ static int mark_behind(sqlite_store *b, const dlock_request *req, queue_look *q,
 	int rc = look_place(b, req, 2, q);
 	*ahead = req->mode == DLOCK_SHARED ? q->excl_ahead : q->ahead;
 	if (!rc)
-		*again = dlock__sq_bell_behind(b, req->owner, *ahead > 0, own_heard);
+		*again = dlock__sq_bell_behind(b, req, *ahead > 0, own_heard);
 	return rc;
 }
 
@@ -270,7 +270,7 @@ int dlock__sq_decide(sqlite_store *b, const dlock_request *req, int64_t now, dlo
 			if ((rc = look_purged(b, req, now, &q)))
 				return rc;
 			/* where it will stand, before its registration (a new one goes last) */
-			if (req->fair && b->bells && (rc = mark_behind(b, req, &q, &ahead, &again, &own_heard)))
+			if (req->fair && (rc = mark_behind(b, req, &q, &ahead, &again, &own_heard)))
 				return rc;
 			int64_t ttl = registration_ms(req, ahead, own_heard);
 			s = dlock__sq_prep(b, Q_ENQUEUE, n, req->owner);
@@ -342,7 +342,7 @@ bool dlock__sq_peek_held(sqlite_store *b, const dlock_request *req, int64_t now,
 		int64_t ahead = sqlite3_column_int64(s, 2), left = sqlite3_column_int64(s, 1) - now;
 		bool again = false, own_heard = false;
 		if (req->fair)
-			again = dlock__sq_bell_behind(b, req->owner, ahead > 0, &own_heard);
+			again = dlock__sq_bell_behind(b, req, ahead > 0, &own_heard);
 		/* refused by a read while the registration fits its place: not
 		 * half gone, nor longer than the place wants (a decision cuts it) */
 		int64_t ttl = registration_ms(req, ahead, own_heard);

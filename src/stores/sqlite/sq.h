@@ -138,8 +138,8 @@ void dlock__sq_bells_free(sqlite_store *b, bool in_parent);
 int dlock__sq_watch(dlock_backend *be, const dlock_request *req);
 /* The `unwatch` method. */
 void dlock__sq_unwatch(dlock_backend *be, const dlock_request *req);
-/* After a refused try of a watched waiter: whether it has others ahead (see bells.c). */
-bool dlock__sq_bell_behind(sqlite_store *b, const char *owner, bool behind, bool *own_heard);
+/* After a refused try of a fair waiter: whether it has others ahead (see bells.c). */
+bool dlock__sq_bell_behind(sqlite_store *b, const dlock_request *req, bool behind, bool *own_heard);
 /* In a fork()'s child: whether a call was inside SQLite at the fork. */
 bool dlock__sq_busy_at_fork(void);
 /* The open's first step: the fork handlers in place, then dlock__sq_fork_check(). */
