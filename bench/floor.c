@@ -574,6 +574,28 @@ static long long floor_server_scripts(bench_floor *f)
 	return -1;
 }
 
+static long long floor_server_commands(bench_floor *f)
+{
+#ifdef DLOCK_WITH_REDIS
+	/* What a client of the Redis stores or of the floor sends itself; the
+	 * commands scripts call inside are counted by Redis too, so the sum of
+	 * every entry would count each script's body. INFO counts: a reading
+	 * adds one to the next (bench.c subtracts it). */
+	static const char *const keys[] = {
+		"cmdstat_evalsha:calls=",     "cmdstat_eval:calls=",           "cmdstat_evalsha_ro:calls=",
+		"cmdstat_eval_ro:calls=",     "cmdstat_subscribe:calls=",      "cmdstat_unsubscribe:calls=",
+		"cmdstat_ssubscribe:calls=",  "cmdstat_sunsubscribe:calls=",   "cmdstat_ping:calls=",
+		"cmdstat_script|load:calls=", "cmdstat_hello:calls=",          "cmdstat_auth:calls=",
+		"cmdstat_select:calls=",      "cmdstat_client|setname:calls=", "cmdstat_client|id:calls=",
+		"cmdstat_role:calls=",        "cmdstat_wait:calls=",           "cmdstat_info:calls=",
+	};
+	if (f && f->kind == K_REDIS)
+		return redis_info_sum(f, "commandstats", keys, (int)(sizeof keys / sizeof keys[0]));
+#endif
+	(void)f;
+	return -1;
+}
+
 static void floor_close(bench_floor *f)
 {
 	if (!f)
@@ -627,5 +649,6 @@ const bench_floor_module dlock_bench_floor_module = {
 	.step = floor_step,
 	.server_ops = floor_server_ops,
 	.server_scripts = floor_server_scripts,
+	.server_commands = floor_server_commands,
 	.close = floor_close,
 };

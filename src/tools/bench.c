@@ -98,6 +98,8 @@ typedef struct slot {
 	long long ops, floor_ops;       /* ops is read live by the progress bar */
 	int64_t ours_ns, floor_ns;      /* time spent in each (uncontended) */
 	int64_t ours_cpu, floor_cpu;    /* process CPU ns spent in each */
+	long long ours_csw, floor_csw;  /* context switches of the process (every thread) in each */
+	long long ours_cmds, floor_cmds; /* server commands in each (one client only; -1: unknown) */
 	size_t ngrants;                 /* entries logged (<= the slot's capacity) */
 	char err[256];
 } slot;
@@ -118,12 +120,34 @@ static int64_t now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static int64_t cpu_ns(void)
+/* The process's CPU ns so far, and (csw not NULL) its context switches,
+ * voluntary and not, of all its threads. */
+static int64_t usage(long long *csw)
 {
 	struct rusage ru;
 	getrusage(RUSAGE_SELF, &ru);
+	if (csw)
+		*csw = ru.ru_nvcsw + ru.ru_nivcsw;
 	return ((int64_t)ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000 +
 	       ((int64_t)ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000;
+}
+
+static int64_t cpu_ns(void)
+{
+	return usage(NULL);
+}
+
+/* Server commands between two readings (each reading is one INFO, counted
+ * by the next), or -1 when either is unknown. */
+static long long commands_between(long long a, long long b)
+{
+	return a >= 0 && b >= 0 ? b - a - 1 : -1;
+}
+
+/* Add one slice's count to a slot's (-1 sticks). */
+static void add_count(long long *sum, long long n)
+{
+	*sum = *sum < 0 || n < 0 ? -1 : *sum + n;
 }
 
 static void sleep_until(int64_t t)
@@ -267,8 +291,12 @@ static int run_client(client *c)
 	if (wait_go(c) != 0)
 		return 1;
 	int64_t hold = cfg->hold_ms * 1000000, think = cfg->think_ms * 1000000;
-	int64_t end = c->sh->end, t = now_ns(), cpu0 = cpu_ns();
+	long long csw0, csw1, csw2;
+	int64_t end = c->sh->end, t = now_ns(), cpu0 = usage(&csw0);
 	unsigned int j = 0;
+	/* Server commands are counted only when one client is alone on the server. */
+	bool count = floor && cfg->clients == 1;
+	c->me->ours_cmds = c->me->floor_cmds = count ? 0 : -1;
 	while (t < end) {
 		if (cfg->w == W_CONTENDED) {
 			int rc = cycle(c, locks[0], ACQUIRE_WAIT_MS, hold);
@@ -280,16 +308,21 @@ static int run_client(client *c)
 			continue;
 		}
 		/* Uncontended: a slice of ours, then a slice of the floor. */
-		int64_t slice_end = t + SLICE_NS, c0 = cpu_ns();
+		long long k0 = count ? bench_floor_server_commands(floor) : -1;
+		int64_t slice_end = t + SLICE_NS, c0 = usage(&csw0);
 		while (t < slice_end && t < end) {
 			if (cycle(c, locks[j], ACQUIRE_WAIT_MS, hold) != 0)
 				return client_fail(c, "acquire/release");
 			j = (j + 1) % nlocks;
 			t = now_ns();
 		}
-		int64_t t1 = now_ns(), c1 = cpu_ns();
+		int64_t t1 = now_ns(), c1 = usage(&csw1);
+		long long k1 = count ? bench_floor_server_commands(floor) : -1;
 		c->me->ours_ns += t1 - (slice_end - SLICE_NS);
 		c->me->ours_cpu += c1 - c0;
+		c->me->ours_csw += csw1 - csw0;
+		if (count)
+			add_count(&c->me->ours_cmds, commands_between(k0, k1));
 		if (!floor || t1 >= end) {
 			t = t1;
 			continue;
@@ -307,10 +340,15 @@ static int run_client(client *c)
 			t = now_ns();
 		}
 		c->me->floor_ns += t - t1;
-		c->me->floor_cpu += cpu_ns() - c1;
+		c->me->floor_cpu += usage(&csw2) - c1;
+		c->me->floor_csw += csw2 - csw1;
+		if (count)
+			add_count(&c->me->floor_cmds, commands_between(k1, bench_floor_server_commands(floor)));
 	}
-	if (cfg->w == W_CONTENDED)
-		c->me->ours_cpu = cpu_ns() - cpu0;
+	if (cfg->w == W_CONTENDED) {
+		c->me->ours_cpu = usage(&csw1) - cpu0;
+		c->me->ours_csw = csw1 - csw0;
+	}
 	bench_floor_close(floor);
 	for (unsigned int k = 0; k < nlocks; k++)
 		dlock_lock_free(locks[k]);
@@ -354,6 +392,7 @@ typedef struct result {
 	double hold_mean;               /* measured got -> release call, ms (sleeps overshoot) */
 	double share_min, share_max, jain;
 	double cpu_per_k;               /* CPU s per 1000 ops, client side */
+	double csw_per_op, cmds_per_op; /* context switches, server commands (-1: unknown) per op */
 	/* contended */
 	long long handoffs;             /* grants to another client that was waiting */
 	double gap_mean, gap_p50, gap_p99, gap_max; /* ms */
@@ -361,6 +400,7 @@ typedef struct result {
 	/* the floor */
 	int floor_state;
 	double floor_rate, floor_cpu_per_k, ideal;
+	double floor_csw_per_op, floor_cmds_per_op;
 	/* reentrant / renewal */
 	double acquire_s, release_s, cpu_per_tick_ms, server_reads_per_tick, server_scripts_per_tick, ticks;
 	long long lost;
@@ -372,7 +412,8 @@ static int summarize(const config *cfg, shared *sh, grant *logs, size_t cap, res
 	double sum = 0, sum2 = 0;
 	r->share_min = INFINITY;
 	int64_t cpu = 0;
-	long long ops = 0;
+	long long ops = 0, csw = 0, fops = 0, fcsw = 0;
+	r->cmds_per_op = r->floor_cmds_per_op = -1;
 	for (unsigned int i = 0; i < cfg->clients; i++) {
 		slot *s = &sh->slots[i];
 		n += s->ngrants;
@@ -383,6 +424,13 @@ static int summarize(const config *cfg, shared *sh, grant *logs, size_t cap, res
 		r->share_max = fmax(r->share_max, x);
 		cpu += s->ours_cpu;
 		ops += s->ops;
+		csw += s->ours_csw;
+		fops += s->floor_ops;
+		fcsw += s->floor_csw;
+		if (cfg->clients == 1 && s->ours_cmds >= 0 && s->ops > 0)
+			r->cmds_per_op = (double)s->ours_cmds / (double)s->ops;
+		if (cfg->clients == 1 && s->floor_cmds >= 0 && s->floor_ops > 0)
+			r->floor_cmds_per_op = (double)s->floor_cmds / (double)s->floor_ops;
 		if (cfg->w == W_UNCONTENDED && s->ours_ns > 0)
 			r->rate += (double)s->ops * 1e9 / (double)s->ours_ns;
 		if (s->floor_ns > 0) {
@@ -393,6 +441,8 @@ static int summarize(const config *cfg, shared *sh, grant *logs, size_t cap, res
 	r->ops = ops;
 	r->jain = sum2 > 0 ? sum * sum / (cfg->clients * sum2) : 0;
 	r->cpu_per_k = ops ? (double)cpu / 1e9 / (double)ops * 1000 : 0;
+	r->csw_per_op = ops ? (double)csw / (double)ops : 0;
+	r->floor_csw_per_op = fops ? (double)fcsw / (double)fops : 0;
 	tagged *all = calloc(n ? n : 1, sizeof(*all));
 	int64_t *lat = calloc(n ? n : 1, sizeof(*lat));
 	int64_t *gaps = calloc(n ? n : 1, sizeof(*gaps));
@@ -483,6 +533,9 @@ static void print_json(const config *cfg, const char *kind, const result *r, con
 	       (long long)cfg->think_ms, (double)cfg->duration_ms / 1e3, load[0], load[1], load[2], r->ops, r->rate,
 	       r->cpu_per_k);
 	if (cfg->w == W_UNCONTENDED || cfg->w == W_CONTENDED) {
+		printf(",\"context_switches_per_op\":%.3f", r->csw_per_op);
+		if (r->cmds_per_op >= 0)
+			printf(",\"server_commands_per_op\":%.3f", r->cmds_per_op);
 		printf(",\"latency_us\":{\"p50\":%.1f,\"p90\":%.1f,\"p99\":%.1f,\"max\":%.1f}", r->lat[0], r->lat[1],
 		       r->lat[2], r->lat[3]);
 		printf(",\"release_latency_us\":{\"p50\":%.1f,\"p99\":%.1f}", r->rlat[0], r->rlat[1]);
@@ -504,6 +557,11 @@ static void print_json(const config *cfg, const char *kind, const result *r, con
 		printf("{\"what\":");
 		cli_json_str(stdout, sh->floor_what);
 		printf(",\"rate\":%.1f,\"cpu_s_per_1000\":%.5f", r->floor_rate, r->floor_cpu_per_k);
+		if (cfg->w == W_UNCONTENDED) {
+			printf(",\"context_switches_per_op\":%.3f", r->floor_csw_per_op);
+			if (r->floor_cmds_per_op >= 0)
+				printf(",\"server_commands_per_op\":%.3f", r->floor_cmds_per_op);
+		}
 		if (cfg->w == W_CONTENDED)
 			printf(",\"ideal_grants\":%.1f,\"ratio\":%.4f}", r->ideal,
 			       r->ideal > 0 ? r->rate / r->ideal : 0);
@@ -565,10 +623,23 @@ static void print_table(const config *cfg, const char *kind, const result *r, co
 		printf("  %-28s %lld\n", "grants out of request order", r->inversions);
 		printf("  %-28s %.3f (asked: %lld)\n", "hold as measured, ms", r->hold_mean, (long long)cfg->hold_ms);
 	}
+	bool fl = r->floor_state == 1 && cfg->w == W_UNCONTENDED;
 	printf("  %-28s %.4f", "CPU s per 1000 ops", r->cpu_per_k);
-	if (r->floor_state == 1 && cfg->w == W_UNCONTENDED)
+	if (fl)
 		printf("  (floor %.4f)", r->floor_cpu_per_k);
 	printf("\n");
+	if (cfg->w == W_UNCONTENDED || cfg->w == W_CONTENDED) {
+		printf("  %-28s %.2f", "context switches per op", r->csw_per_op);
+		if (fl)
+			printf("  (floor %.2f)", r->floor_csw_per_op);
+		printf("\n");
+	}
+	if (r->cmds_per_op >= 0) {
+		printf("  %-28s %.2f", "server commands per op", r->cmds_per_op);
+		if (fl && r->floor_cmds_per_op >= 0)
+			printf("  (floor %.2f)", r->floor_cmds_per_op);
+		printf("\n");
+	}
 }
 
 static void progress(const config *cfg, shared *sh, bool tty)

@@ -43,6 +43,12 @@ long long bench_floor_server_ops(bench_floor *f);
  * each is one request the client waited for, i.e. one round trip. */
 long long bench_floor_server_scripts(bench_floor *f);
 
+/* Commands clients sent the server so far (Redis: INFO commandstats, the
+ * calls of the commands a client sends: scripts, pub/sub, PING, connection
+ * set-up, INFO — not the calls a script makes inside), or -1. This reading
+ * is one INFO: it counts in the next reading. */
+long long bench_floor_server_commands(bench_floor *f);
+
 /* Close the connection and free f (NULL is fine). */
 void bench_floor_close(bench_floor *f);
 
@@ -52,7 +58,7 @@ void bench_floor_close(bench_floor *f);
  * The tool looks for it in $DLOCK_FLOOR_MODULE, next to its own executable,
  * then where `make install` puts it; without it, benches run with no floor.
  */
-#define BENCH_FLOOR_VERSION 1
+#define BENCH_FLOOR_VERSION 2
 #define BENCH_FLOOR_SYMBOL "dlock_bench_floor_module"
 #define BENCH_FLOOR_FILE "dlock-floor.so"
 typedef struct bench_floor_module {
@@ -63,6 +69,7 @@ typedef struct bench_floor_module {
 	long long (*server_ops)(bench_floor *f);
 	long long (*server_scripts)(bench_floor *f);
 	void (*close)(bench_floor *f);
+	long long (*server_commands)(bench_floor *f); /* version 2 */
 } bench_floor_module;
 extern const bench_floor_module dlock_bench_floor_module;
 

@@ -91,6 +91,11 @@ long long bench_floor_server_scripts(bench_floor *f)
 	return f && module ? module->server_scripts(f) : -1;
 }
 
+long long bench_floor_server_commands(bench_floor *f)
+{
+	return f && module ? module->server_commands(f) : -1;
+}
+
 void bench_floor_close(bench_floor *f)
 {
 	if (f && module)
