@@ -22,6 +22,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -145,6 +146,7 @@ static atomic_llong lost_wall_ms;
 static _Atomic int64_t lease_deadline; /* CLOCK_MONOTONIC ms, last seen by the main loop */
 
 static sigset_t handled; /* taken by the signal thread */
+static atomic_bool sig_stop; /* the signal thread ends at its next signal (a SIGCHLD sent to it) */
 static pthread_mutex_t phase_mu = PTHREAD_MUTEX_INITIALIZER;
 /* Under phase_mu. Before the lock is held a signal kills us; after, it is forwarded. */
 static enum { PHASE_ACQUIRING, PHASE_HOLDING } phase;
@@ -216,6 +218,8 @@ static void *signal_thread(void *arg)
 		int sig;
 		if (sigwait(&handled, &sig) != 0)
 			continue;
+		if (atomic_load(&sig_stop))
+			return NULL;
 		if (sig == SIGCHLD) {
 			post((unsigned char)sig);
 			continue;
@@ -447,6 +451,21 @@ static void exec_child(const char *path, char **argv, char **env, const sigset_t
 	_exit(127);
 }
 
+/*
+ * Start the command: vfork, so that neither dlock's page tables nor its
+ * threads' TLBs pay for a copy the command drops at its exec (the child
+ * runs on our memory, suspending us, until execve or _exit, and makes
+ * system calls only). In a function of its own so that no variable of the
+ * caller lives across the vfork.
+ */
+static pid_t spawn(const char *path, char **argv, char **env, const sigset_t *mask, bool tty, int errfd, pid_t parent)
+{
+	pid_t pid = vfork();
+	if (pid == 0)
+		exec_child(path, argv, env, mask, tty, errfd, parent); /* never returns */
+	return pid;
+}
+
 /* A member of the group exists (a zombie counts: dlock reaps its own). */
 static bool group_alive(pid_t pgid)
 {
@@ -594,12 +613,19 @@ static void drain(const cli_global *g, child *ch, bool *lost, escalation *es, co
  * The dead man's switch: a small process of our own that runs the same
  * escalation on the command's process group from the lease deadline dlock
  * last published (after each renewal it sees), should dlock not: when
- * dlock is gone (killed, OOM: it holds the read end of a pipe whose only
- * writer is dlock, and sees EOF) it starts at once; while dlock is stopped
+ * dlock is gone (killed, OOM: it holds one end of a socket whose other end
+ * is only dlock's, and sees EOF) it starts at once; while dlock is stopped
  * (SIGSTOP, a debugger) at the deadline's own times. It keeps copies of
  * dlock's store connections open until the group is gone: on a store whose
  * lock lives with a session, the server cannot free it while the command
  * still runs.
+ *
+ * It is forked first thing, while dlock is small and has no thread (a fork
+ * of the process that holds the lock, with its store, its heap and four
+ * threads, cost 5 ms of a 20 ms run in page-table copies, copy-on-write
+ * faults and TLB shoot-downs), and armed once the lock is held: the
+ * deadline is published, and dlock's descriptors (its store connections)
+ * are passed over the socket (SCM_RIGHTS).
  */
 typedef struct deadman {
 	_Atomic int64_t deadline; /* CLOCK_MONOTONIC ms, as dlock_ttl_left sees it */
@@ -609,7 +635,53 @@ typedef struct deadman {
 	_Atomic pid_t pgid;       /* the command's process group; 0 until it exists */
 } deadman;
 
-static int dm_alive_fd = -1; /* dlock's end of the pipe the switch watches */
+#define DM_UNARMED INT64_MAX /* deadman.deadline before deadman_arm */
+#define DM_FDS_MAX 250       /* descriptors per message (the kernel takes 253) */
+
+/* One byte, with n descriptors attached (none: a bare wake-up). */
+static bool send_fds(int sock, const int *fds, size_t n)
+{
+	char byte = 0;
+	char ctl[CMSG_SPACE(sizeof(int) * DM_FDS_MAX)];
+	memset(ctl, 0, sizeof ctl);
+	struct iovec iov = { &byte, 1 };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (n > 0) {
+		m.msg_control = ctl;
+		m.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int) * n);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
+	}
+	ssize_t r;
+	while ((r = sendmsg(sock, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+		;
+	return r == 1;
+}
+
+static int dm_alive_fd = -1; /* dlock's end of the socket the switch watches */
+
+/* In the switch: take what dlock sent (descriptors to keep, which wake it to
+ * read the deadline again). False on EOF: dlock is gone. */
+static bool deadman_receive(int fd)
+{
+	for (;;) {
+		char byte;
+		char ctl[CMSG_SPACE(sizeof(int) * DM_FDS_MAX)];
+		struct iovec iov = { &byte, 1 };
+		struct msghdr m = {
+			.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl
+		};
+		ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+		if (n == 0)
+			return false;
+		if (n < 0)
+			return errno == EAGAIN || errno == EINTR;
+		/* the descriptors are now ours too: kept open until we exit */
+	}
+}
 
 static void sleep_until_ms(int64_t when)
 {
@@ -636,11 +708,14 @@ static void deadman_main(deadman *dm, int alive_fd, int64_t kill_after)
 		int64_t ttl = atomic_load(&dm->ttl);
 		if (atomic_load(&dm->done))
 			_exit(0);
-		int64_t t = term_time(d, ttl);
+		if (d == DM_UNARMED && orphaned)
+			_exit(0); /* dlock went before it held the lock: no command to end */
+		int64_t t = d == DM_UNARMED ? INT64_MAX : term_time(d, ttl);
 		if (!orphaned && now < t) {
 			struct pollfd pfd = { .fd = alive_fd, .events = POLLIN };
-			if (poll(&pfd, 1, (int)(t - now > 60000 ? 60000 : t - now)) > 0)
-				orphaned = true; /* EOF: nobody writes to it, dlock is gone */
+			int wait = t == INT64_MAX ? -1 : (int)(t - now > 60000 ? 60000 : t - now);
+			if (poll(&pfd, 1, wait) > 0 && !deadman_receive(alive_fd))
+				orphaned = true; /* EOF: dlock is gone */
 			continue;
 		}
 		pid_t pgid = atomic_load(&dm->pgid);
@@ -662,11 +737,12 @@ static void deadman_main(deadman *dm, int alive_fd, int64_t kill_after)
 	}
 }
 
-/* Start the switch (before the command); NULL (no switch) if it cannot be. */
-static deadman *deadman_start(int64_t deadline, int64_t ttl, int64_t kill_after, pid_t *pid)
+/* Start the switch, unarmed (first thing, see above); NULL (no switch) if it
+ * cannot be. */
+static deadman *deadman_start(int64_t kill_after, pid_t *pid)
 {
 	int alive[2];
-	if (pipe2(alive, O_CLOEXEC) != 0)
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, alive) != 0)
 		return NULL;
 	deadman *dm = mmap(NULL, sizeof(*dm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (dm == MAP_FAILED) {
@@ -674,8 +750,8 @@ static deadman *deadman_start(int64_t deadline, int64_t ttl, int64_t kill_after,
 		close(alive[1]);
 		return NULL;
 	}
-	atomic_store(&dm->deadline, deadline);
-	atomic_store(&dm->ttl, ttl);
+	atomic_store(&dm->deadline, DM_UNARMED);
+	atomic_store(&dm->ttl, 0);
 	atomic_store(&dm->done, 0);
 	atomic_store(&dm->fired, 0);
 	atomic_store(&dm->pgid, 0);
@@ -692,6 +768,38 @@ static deadman *deadman_start(int64_t deadline, int64_t ttl, int64_t kill_after,
 	}
 	dm_alive_fd = alive[1];
 	return dm;
+}
+
+/* The lock is held: publish its deadline and hand the switch dlock's own
+ * descriptors (every one not inherited, the store's connections among
+ * them). False if they could not all be sent (the switch still ends the
+ * command at the deadline). */
+static bool deadman_arm(deadman *dm, int64_t deadline, int64_t ttl)
+{
+	atomic_store(&dm->ttl, ttl);
+	atomic_store(&dm->deadline, deadline);
+	int fds[DM_FDS_MAX];
+	size_t n = 0;
+	bool ok = true;
+	DIR *d = opendir("/proc/self/fd");
+	for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		int fd = atoi(e->d_name);
+		if (fd == dirfd(d) || fd == dm_alive_fd ||
+		    bsearch(&fd, inherited, n_inherited, sizeof *inherited, cmp_int))
+			continue;
+		fds[n++] = fd;
+		if (n == DM_FDS_MAX) {
+			ok &= send_fds(dm_alive_fd, fds, n);
+			n = 0;
+		}
+	}
+	if (d)
+		closedir(d);
+	/* the last batch, or a bare byte: either wakes the switch to read the deadline */
+	ok &= send_fds(dm_alive_fd, fds, n);
+	return ok && d;
 }
 
 static void deadman_stop(deadman *dm, pid_t pid)
@@ -964,6 +1072,9 @@ int cli_run(cli_global *g, int argc, char **argv)
 	 */
 	prctl(PR_SET_CHILD_SUBREAPER, 1);
 
+	/* The switch first, while we are small and alone (see deadman). */
+	pid_t dm_pid = -1;
+	deadman *dm = cmd ? deadman_start(c.kill_after_ms, &dm_pid) : NULL;
 	pthread_t sig_thread;
 	dlock_store *store = NULL;
 	dlock_lock *lock = NULL;
@@ -971,11 +1082,10 @@ int cli_run(cli_global *g, int argc, char **argv)
 	child ch = { 0 };
 	bool lost = false, at_risk = false;
 	int sig = 0; /* the last terminating signal we received and forwarded */
-	deadman *dm = NULL;
-	pid_t dm_pid = -1;
 	if (pipe2(ev_pipe, O_CLOEXEC | O_NONBLOCK) != 0 ||
 	    pthread_create(&sig_thread, NULL, signal_thread, NULL) != 0) {
 		cli_error(g, "cannot set up signal handling: %s", strerror(errno));
+		deadman_stop(dm, dm_pid);
 		free(path);
 		return CLI_EXIT_FAIL;
 	}
@@ -1053,7 +1163,8 @@ int cli_run(cli_global *g, int argc, char **argv)
 	 * before the exec-error pipe, which must close when the command execs.
 	 */
 	escalation es = { cli_mono_ms() + dlock_ttl_left(lock), dlock_ttl_left(lock), 0, false };
-	dm = deadman_start(es.deadline, es.ttl, c.kill_after_ms, &dm_pid);
+	if (dm && !deadman_arm(dm, es.deadline, es.ttl))
+		cli_debug(g, "the switch did not get every descriptor: it still ends the command at the deadline");
 	int errp[2];
 	if (pipe2(errp, O_CLOEXEC) != 0) {
 		cli_error(g, "pipe: %s", strerror(errno));
@@ -1062,7 +1173,7 @@ int cli_run(cli_global *g, int argc, char **argv)
 	}
 	fflush(NULL);
 	pid_t self = getpid();
-	ch.pid = fork();
+	ch.pid = spawn(path, cmd, env, &old_mask, ch.tty, errp[1], self);
 	if (ch.pid < 0) {
 		cli_error(g, "fork: %s", strerror(errno));
 		close(errp[0]);
@@ -1070,8 +1181,6 @@ int cli_run(cli_global *g, int argc, char **argv)
 		rc = CLI_EXIT_FAIL;
 		goto out;
 	}
-	if (ch.pid == 0)
-		exec_child(path, cmd, env, &old_mask, ch.tty, errp[1], self);
 	/* Both sides set the group: whichever runs first, kill(-pid) works after this. */
 	setpgid(ch.pid, ch.pid);
 	if (dm)
@@ -1140,8 +1249,11 @@ out:
 		rc = CLI_EXIT_LOST;
 	dlock_lock_free(lock);
 	dlock_store_close(store);
-	/* sigwait() is a cancellation point; the thread holds nothing there. */
-	pthread_cancel(sig_thread);
+	/* Not pthread_cancel: its unwinder is a library to load (libgcc_s,
+	 * ~2 ms of every run). SIGCHLD is blocked everywhere: sent to the
+	 * thread, it is its sigwait's to take. */
+	atomic_store(&sig_stop, true);
+	pthread_kill(sig_thread, SIGCHLD);
 	pthread_join(sig_thread, NULL);
 	free_env(env);
 	free(path);
