@@ -65,6 +65,7 @@ int cli_acquire(cli_global *g, int argc, char **argv)
 		return rc;
 
 	dlock_store *store = NULL;
+	int64_t asked_wait = c.lo.wait_ms; /* the open takes its time out of c.lo.wait_ms */
 	if ((rc = cli_store_open_within(g, &store, &c.lo.wait_ms)) != 0)
 		return rc;
 
@@ -73,7 +74,7 @@ int cli_acquire(cli_global *g, int argc, char **argv)
 	if (dlock_store_session_bound(store) || (force && *force == '1')) {
 		/* The hold would die with our session: a holder process keeps it. */
 		dlock_store_close(store);
-		return cli_holder_acquire(g, cli_store_choice(g), name, &c.lo);
+		return cli_holder_acquire(g, cli_store_choice(g), name, &c.lo, asked_wait);
 	}
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
 	cli_lockopts_apply(&c.lo, &o);
@@ -87,11 +88,8 @@ int cli_acquire(cli_global *g, int argc, char **argv)
 	}
 	err = dlock_acquire(lock, c.lo.wait_ms);
 	if (err != 0) {
-		char d[32];
 		if (err == DLOCK_ETIMEOUT || err == DLOCK_ELOCKED) {
-			cli_info(g, "lock '%s' is held by another (%s)", name,
-				 err == DLOCK_ELOCKED ? "--no-wait" : cli_fmt_duration(d, sizeof d, c.lo.wait_ms));
-			rc = CLI_EXIT_NOTACQUIRED;
+			rc = cli_not_acquired(g, store, name, err, asked_wait, CLI_EXIT_NOTACQUIRED);
 		} else {
 			rc = cli_fail(g, err, "acquire");
 		}

@@ -93,10 +93,27 @@ int cli_exit_code(int rc);
 /*
  * With --json: print the last error this process reported (cli_error,
  * cli_fail, cli_usage_error) as one JSON object on stdout,
- * {"error":{"exit":N,"code":"DLOCK_..."|null,"command":"...","message":"..."}}.
+ * {"error":{"exit":N,"code":"DLOCK_..."|null,"command":"...","message":"..."}},
+ * a conflict's (cli_not_acquired) with "name" and "holders" as well.
  * Nothing when no error was reported (a command's own exit status).
  */
 void cli_json_error(const cli_global *g, int exit_status);
+
+/* Levenshtein distance of two short words ((size_t)-1 past 64 characters). */
+size_t cli_edit_distance(const char *a, const char *b);
+
+/* The holders of one lock as a JSON array (status --json's "holders"). */
+void cli_json_holders(FILE *f, const dlock_lock_status *l);
+
+/*
+ * Report that lock NAME was not acquired (err: DLOCK_ELOCKED for a try,
+ * DLOCK_ETIMEOUT for a wait of wait_ms, as asked) and return `code`. The
+ * message names the holder, from one status request to the store
+ * ("lock 'x' is held by build1:4711 (fence 7, 12 s left); not acquired
+ * within 5s"); with --json the error object (cli_json_error) also has
+ * "name" and "holders" (as status --json gives them).
+ */
+int cli_not_acquired(const cli_global *g, dlock_store *store, const char *name, int err, int64_t wait_ms, int code);
 
 /*
  * Report a failed libdlock call: prints "dlock CMD: WHAT: <last error>" and
@@ -191,7 +208,8 @@ const char *cli_store_choice(const cli_global *g);
  * `acquire` leaves one behind; `extend`/`release` with its handle talk to it.
  */
 bool cli_holder_handle(const char *handle);
-int cli_holder_acquire(const cli_global *g, const char *uri, const char *name, const cli_lockopts *lo);
+int cli_holder_acquire(const cli_global *g, const char *uri, const char *name, const cli_lockopts *lo,
+		       int64_t asked_wait_ms);
 /*
  * `acquire` starts the holder by executing dlock again as "dlock
  * CLI_HOLDER_ARGV1" (an argv without the store URI or anything secret) and

@@ -50,6 +50,7 @@ int cli_usage_error(const cli_global *g, const char *fmt, ...)
 /* The last error message of this process (for --json's error object). */
 static char last_error[2048];
 static const char *last_code; /* DLOCK_E* name of the last library error reported, or NULL */
+static char *last_detail;     /* more members of the error object (",\"name\":...") or NULL */
 
 void cli_error(const cli_global *g, const char *fmt, ...)
 {
@@ -78,9 +79,86 @@ void cli_json_error(const cli_global *g, int exit_status)
 	cli_json_str(stdout, g->cmd ? g->cmd : "");
 	fputs(",\"message\":", stdout);
 	cli_json_str(stdout, last_error);
+	if (last_detail)
+		fputs(last_detail, stdout);
 	fputs("}}\n", stdout);
 	fflush(stdout);
 	last_error[0] = '\0';
+	free(last_detail);
+	last_detail = NULL;
+}
+
+void cli_json_holders(FILE *f, const dlock_lock_status *l)
+{
+	fputc('[', f);
+	for (size_t j = 0; j < l->nholders; j++) {
+		const dlock_holder *h = &l->holders[j];
+		/* Never h->owner: it is the secret of the holder's handle. */
+		fputs(j ? ",{\"id\":" : "{\"id\":", f);
+		cli_json_str(f, h->id);
+		fputs(",\"host\":", f);
+		cli_json_str(f, h->host);
+		fprintf(f, ",\"pid\":%d,\"mode\":\"%s\",\"fence\":%llu,\"ttl_left_ms\":%lld", h->pid,
+			h->mode == DLOCK_SHARED ? "shared" : "exclusive", (unsigned long long)h->fence,
+			(long long)h->ttl_left_ms);
+		if (h->copies_of)
+			fprintf(f, ",\"copies\":%u,\"copies_of\":%u", h->copies, h->copies_of);
+		fputc('}', f);
+	}
+	fputc(']', f);
+}
+
+int cli_not_acquired(const cli_global *g, dlock_store *store, const char *name, int err, int64_t wait_ms, int code)
+{
+	char how[64], who[512] = "another";
+	if (err == DLOCK_ELOCKED) {
+		snprintf(how, sizeof how, "--no-wait");
+	} else {
+		char d[32];
+		snprintf(how, sizeof how, "not acquired within %s", cli_fmt_duration(d, sizeof d, wait_ms));
+	}
+	/* Who holds it now (one more request; it may have gone since). */
+	dlock_lock_status *st = NULL;
+	size_t n = 0;
+	const char *names[1] = { name };
+	char *detail = NULL;
+	size_t dlen = 0;
+	FILE *df = g->json ? open_memstream(&detail, &dlen) : NULL;
+	if (df) {
+		fputs(",\"name\":", df);
+		cli_json_str(df, name);
+	}
+	if (store && dlock_store_status(store, names, 1, &st, &n) == 0 && n == 1 && st[0].nholders > 0) {
+		const dlock_holder *h = &st[0].holders[0];
+		char ttl[32] = "";
+		if (h->ttl_left_ms >= 0) {
+			char d[32];
+			snprintf(ttl, sizeof ttl, ", %s left", cli_fmt_duration(d, sizeof d, h->ttl_left_ms));
+		}
+		int w = snprintf(who, sizeof who, "%s:%d (fence %llu%s)", h->host && *h->host ? h->host : "?", h->pid,
+				 (unsigned long long)h->fence, ttl);
+		if (st[0].nholders > 1 && w > 0 && (size_t)w < sizeof who)
+			snprintf(who + w, sizeof who - (size_t)w, " and %zu other holder%s", st[0].nholders - 1,
+				 st[0].nholders == 2 ? "" : "s");
+		if (df) {
+			fputs(",\"holders\":", df);
+			cli_json_holders(df, &st[0]);
+		}
+	} else if (df) {
+		fputs(",\"holders\":null", df); /* not known: gone since, or no status */
+	}
+	dlock_status_free(st, n);
+	if (df && fclose(df) == 0) {
+		free(last_detail);
+		last_detail = detail;
+	} else if (df) {
+		free(detail);
+	}
+	dlock_error_clear();
+	snprintf(last_error, sizeof last_error, "lock '%s' is held by %s (%s)", name, who, how);
+	last_code = dlock_error_name(err);
+	cli_info(g, "%s", last_error);
+	return code;
 }
 
 void cli_info(const cli_global *g, const char *fmt, ...)
@@ -202,6 +280,78 @@ static int apply_global(cli_global *g, int id, const char *value, bool *help)
 	return 0;
 }
 
+size_t cli_edit_distance(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b);
+	if (la > 64 || lb > 64)
+		return (size_t)-1;
+	size_t row[65];
+	for (size_t j = 0; j <= lb; j++)
+		row[j] = j;
+	for (size_t i = 1; i <= la; i++) {
+		size_t diag = row[0];
+		row[0] = i;
+		for (size_t j = 1; j <= lb; j++) {
+			size_t up = row[j];
+			size_t best = diag + (a[i - 1] != b[j - 1]);
+			if (up + 1 < best)
+				best = up + 1;
+			if (row[j - 1] + 1 < best)
+				best = row[j - 1] + 1;
+			row[j] = best;
+			diag = up;
+		}
+	}
+	return row[lb];
+}
+
+/* What a user of flock(1) or timeout(1) may type, and ours for it. */
+static const struct {
+	const char *habit, *ours;
+} habits[] = {
+	{ "-n", "--no-wait" },
+	{ "--nb", "--no-wait" },
+	{ "--nonblock", "--no-wait" },
+	{ "-w", "--wait" },
+	{ "--timeout", "--wait" },
+	{ "-x", "(exclusive is the default)" },
+	{ "-e", "(exclusive is the default)" },
+	{ "--exclusive", "(exclusive is the default)" },
+	{ "-s", "--shared" },
+	{ "-c", "-c / --command (run only)" },
+};
+
+/* " (did you mean --wait?)" for an unknown option, or "". */
+static void option_hint(char *buf, size_t len, const cli_opt *opts, const char *arg)
+{
+	buf[0] = '\0';
+	char word[80];
+	snprintf(word, sizeof word, "%.*s", (int)strcspn(arg, "="), arg);
+	for (size_t i = 0; i < sizeof habits / sizeof habits[0]; i++)
+		if (strcmp(word, habits[i].habit) == 0) {
+			if (habits[i].ours[0] == '(')
+				snprintf(buf, len, " %s", habits[i].ours);
+			else
+				snprintf(buf, len, " (did you mean %s?)", habits[i].ours);
+			return;
+		}
+	if (strncmp(word, "--", 2) != 0)
+		return;
+	const char *best = NULL;
+	size_t bestd = 3; /* at most two edits away */
+	const cli_opt *tables[2] = { opts, global_opts };
+	for (int t = 0; t < 2; t++)
+		for (const cli_opt *o = tables[t]; o && o->name; o++) {
+			size_t d = cli_edit_distance(word + 2, o->name);
+			if (d < bestd) {
+				bestd = d;
+				best = o->name;
+			}
+		}
+	if (best)
+		snprintf(buf, len, " (did you mean --%s?)", best);
+}
+
 /*
  * One option word at argv[i]: resolve against the command's table, then the
  * global one. *consumed is how many words it used (1 or 2).
@@ -216,8 +366,11 @@ static int one_option(cli_global *g, const cli_opt *opts, cli_opt_fn fn, void *c
 		o = lookup(global_opts, arg, &inl);
 		global = true;
 	}
-	if (!o)
-		return cli_usage_error(g, "unknown option '%s'", arg);
+	if (!o) {
+		char hint[128];
+		option_hint(hint, sizeof hint, opts, arg);
+		return cli_usage_error(g, "unknown option '%s'%s", arg, hint);
+	}
 	const char *value = NULL;
 	*consumed = 1;
 	if (o->has_value) {

@@ -511,7 +511,8 @@ static void clean_text(char *dst, size_t cap, const char *src)
 	dst[i] = '\0';
 }
 
-int cli_holder_acquire(const cli_global *g, const char *uri, const char *name, const cli_lockopts *lo)
+int cli_holder_acquire(const cli_global *g, const char *uri, const char *name, const cli_lockopts *lo,
+		       int64_t asked_wait_ms)
 {
 	int rp[2], cp[2];
 	char exe[4096];
@@ -598,8 +599,12 @@ int cli_holder_acquire(const cli_global *g, const char *uri, const char *name, c
 	if (code != 0) {
 		waitpid(pid, NULL, 0);
 		if (code == DLOCK_ETIMEOUT || code == DLOCK_ELOCKED) {
-			cli_info(g, "lock '%s' is held by another", name);
-			return CLI_EXIT_NOTACQUIRED;
+			dlock_store *s = NULL; /* to name the holder */
+			if (dlock_store_open(&s, uri) != 0)
+				s = NULL;
+			int rc = cli_not_acquired(g, s, name, code, asked_wait_ms, CLI_EXIT_NOTACQUIRED);
+			dlock_store_close(s);
+			return rc;
 		}
 		cli_error(g, "acquire: %s", text);
 		return cli_exit_code(code);

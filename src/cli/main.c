@@ -68,16 +68,21 @@ int cli_main(int argc, char **argv)
 			printf("dlock %s (libdlock %s)\n", DLOCK_VERSION_STRING, dlock_version());
 			return 0;
 		}
-		if (strcmp(argv[i], "--") == 0)
-			return cli_usage_error(&g, "missing COMMAND before '--'");
+		if (strcmp(argv[i], "--") == 0) {
+			int rc = cli_usage_error(&g, "missing COMMAND before '--'");
+			cli_json_error(&g, rc);
+			return rc;
+		}
 		int used = 1;
 		int rc = cli_global_option(&g, argv[i], i + 1 < argc ? argv[i + 1] : NULL, &used);
 		if (rc < 0) {
 			usage(stdout);
 			return 0;
 		}
-		if (rc != 0)
+		if (rc != 0) {
+			cli_json_error(&g, rc);
 			return rc;
+		}
 		i += used - 1;
 	}
 	if (i >= argc) {
@@ -100,7 +105,9 @@ int cli_main(int argc, char **argv)
 				return c->fn(&g, 1, help);
 			}
 		}
-		return cli_usage_error(&g, "unknown command '%s'", name);
+		int rc = cli_usage_error(&g, "unknown command '%s'", name);
+		cli_json_error(&g, rc);
+		return rc;
 	}
 	for (const command *c = commands; c->name; c++) {
 		if (strcmp(c->name, name) == 0) {
@@ -111,5 +118,18 @@ int cli_main(int argc, char **argv)
 			return rc;
 		}
 	}
-	return cli_usage_error(&g, "unknown command '%s'", name);
+	/* a near miss: "did you mean" the closest command, two edits away at most */
+	const char *best = NULL;
+	size_t bestd = 3;
+	for (const command *c = commands; c->name; c++) {
+		size_t d = cli_edit_distance(name, c->name);
+		if (d < bestd) {
+			bestd = d;
+			best = c->name;
+		}
+	}
+	int rc = best ? cli_usage_error(&g, "unknown command '%s' (did you mean '%s'?)", name, best)
+		      : cli_usage_error(&g, "unknown command '%s'", name);
+	cli_json_error(&g, rc);
+	return rc;
 }

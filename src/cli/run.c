@@ -1090,6 +1090,7 @@ int cli_run(cli_global *g, int argc, char **argv)
 		return CLI_EXIT_FAIL;
 	}
 
+	int64_t asked_wait = c.lo.wait_ms; /* the open takes its time out of c.lo.wait_ms */
 	if ((rc = cli_store_open_within(g, &store, &c.lo.wait_ms)) != 0)
 		goto out;
 	dlock_lock_options o = DLOCK_LOCK_OPTIONS_INIT;
@@ -1105,10 +1106,7 @@ int cli_run(cli_global *g, int argc, char **argv)
 	}
 	err = dlock_acquire(lock, c.lo.wait_ms);
 	if (err == DLOCK_ETIMEOUT || err == DLOCK_ELOCKED) {
-		char d[32];
-		cli_info(g, "lock '%s' is held by another (%s)", name,
-			 err == DLOCK_ELOCKED ? "--no-wait" : cli_fmt_duration(d, sizeof d, c.lo.wait_ms));
-		rc = c.conflict_code;
+		rc = cli_not_acquired(g, store, name, err, asked_wait, c.conflict_code);
 		goto out;
 	}
 	if (err != 0) {

@@ -60,6 +60,41 @@ kill $lp 2>/dev/null
 { grep -q 'timed out' "$work/e" && ! grep -q 'Resource temporarily unavailable' "$work/e" && [ $ms -ge 900 ] && [ $ms -lt 5000 ]; } ||
 	fail "silent redis listener: after $ms ms: $(cat "$work/e")"
 
+# A conflict (exit 75) names the holder; with --json it is one error object
+# with the holders (issue 33 rows 1 and 4); the wait is the one asked for.
+"$dlock" --store "$db" acquire --ttl 60s held >/dev/null || fail "acquire held"
+out=$("$dlock" --json --store "$db" acquire --no-wait held 2>"$work/e")
+rc=$?
+python3 - "$out" "$rc" "$$" <<'PY' || fail "--json conflict: exit $rc: '$out'"
+import json, sys
+o = json.loads(sys.argv[1])["error"]
+assert int(sys.argv[2]) == 75 and o["exit"] == 75 and o["code"] == "DLOCK_ELOCKED", o
+assert o["name"] == "held" and len(o["holders"]) == 1, o
+h = o["holders"][0]
+assert h["mode"] == "exclusive" and h["fence"] > 0 and 0 < h["ttl_left_ms"] <= 60000 and h["pid"] > 0, h
+assert "held by %s:%d (fence %d" % (h["host"], h["pid"], h["fence"]) in o["message"], o
+PY
+grep -q "lock 'held' is held by .*:[0-9]* (fence [0-9]*, .* left) (--no-wait)" "$work/e" || fail "conflict text: $(cat "$work/e")"
+out=$("$dlock" --json --store "$db" run --wait 300ms held -- true 2>"$work/e")
+rc=$?
+python3 -c 'import json,sys; o=json.loads(sys.argv[1])["error"]; assert o["exit"]==75 and o["code"]=="DLOCK_ETIMEOUT" and o["holders"], o' "$out" ||
+	fail "--json run conflict: exit $rc: '$out'"
+grep -q "(not acquired within 300ms)" "$work/e" || fail "the wait asked for: $(cat "$work/e")"
+
+# near misses: a command or a flock/timeout habit gets "did you mean"
+"$dlock" sttaus 2>"$work/e"
+rc=$?
+{ [ $rc = 64 ] && grep -q "unknown command 'sttaus' (did you mean 'status'?)" "$work/e"; } || fail "sttaus: exit $rc: $(cat "$work/e")"
+"$dlock" --store "$db" acquire -n held 2>"$work/e"
+grep -q "unknown option '-n' (did you mean --no-wait?)" "$work/e" || fail "-n: $(cat "$work/e")"
+"$dlock" --store "$db" run --timeout 3 held -- true 2>"$work/e"
+grep -q "unknown option '--timeout' (did you mean --wait?)" "$work/e" || fail "--timeout: $(cat "$work/e")"
+"$dlock" --store "$db" run --no-wiat held -- true 2>"$work/e"
+grep -q "(did you mean --no-wait?)" "$work/e" || fail "--no-wiat: $(cat "$work/e")"
+out=$("$dlock" --json relase x 2>/dev/null)
+python3 -c 'import json,sys; o=json.loads(sys.argv[1])["error"]; assert o["exit"]==64 and "did you mean" in o["message"], o' "$out" ||
+	fail "--json unknown command: '$out'"
+
 # dlock check --report to a path it cannot write fails before the run (30 s)
 t0=$(date +%s)
 "$dlock" check --store "$db" --duration 30s --report "$work/no/such/dir/r.html" 2>"$work/e"
