@@ -28,11 +28,6 @@ static const char help[] =
 	"\n%s"
 	"\nExit codes: 0 ok, 64 bad usage, 69 store unavailable or cannot list locks.\n";
 
-static const char *mode_name(dlock_mode m)
-{
-	return m == DLOCK_SHARED ? "shared" : "exclusive";
-}
-
 static void print_json(dlock_store *store, const char *from, const dlock_lock_status *st, size_t n)
 {
 	fputs("{\"store\":", stdout);
@@ -44,22 +39,10 @@ static void print_json(dlock_store *store, const char *from, const dlock_lock_st
 		const dlock_lock_status *l = &st[i];
 		fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
 		cli_json_str(stdout, l->name);
-		printf(",\"permits\":%u,\"last_fence\":%llu,\"waiters\":%zu,\"holders\":[", l->permits,
+		printf(",\"permits\":%u,\"last_fence\":%llu,\"waiters\":%zu,\"holders\":", l->permits,
 		       (unsigned long long)l->last_fence, l->waiters);
-		for (size_t j = 0; j < l->nholders; j++) {
-			const dlock_holder *h = &l->holders[j];
-			/* Never h->owner: it is the secret of the holder's handle. */
-			fputs(j ? ",{\"id\":" : "{\"id\":", stdout);
-			cli_json_str(stdout, h->id);
-			fputs(",\"host\":", stdout);
-			cli_json_str(stdout, h->host);
-			printf(",\"pid\":%d,\"mode\":\"%s\",\"fence\":%llu,\"ttl_left_ms\":%lld", h->pid,
-			       mode_name(h->mode), (unsigned long long)h->fence, (long long)h->ttl_left_ms);
-			if (h->copies_of)
-				printf(",\"copies\":%u,\"copies_of\":%u", h->copies, h->copies_of);
-			fputs("}", stdout);
-		}
-		fputs("]}", stdout);
+		cli_json_holders(stdout, l);
+		fputs("}", stdout);
 	}
 	fputs("]}\n", stdout);
 }
