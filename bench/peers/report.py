@@ -184,6 +184,18 @@ def store_section(store, R, out, targets, chart):
     elif ok(u) and u.get("baseline"):
         out.append(f"| floor | none: {u['baseline'].get('why', '')} | | | | | | | | |")
     out.append("")
+    if ok(u) and u.get("context_switches_per_op") is not None:
+        b = u.get("baseline") or {}
+
+        def vs(key, digits=2):
+            own = f"**{u[key]:.{digits}f}**"
+            return own + (f" (floor {b[key]:.{digits}f})" if b.get(key) is not None else "")
+        parts = [vs("context_switches_per_op") + " context switches of the client process"]
+        if u.get("server_commands_per_op") is not None:
+            parts.append(vs("server_commands_per_op") + " commands received by the server")
+        if b.get("cpu_s_per_1000"):
+            parts.append(f"client CPU **{u['cpu_s_per_1000'] / b['cpu_s_per_1000']:.2f} ×** the floor's")
+        out.append("Per uncontended pair (dlock, counted in the same run): " + ", ".join(parts) + ".  ")
     re_, rn = g("dlock", "reentrant"), g("dlock", "renewal")
     if ok(re_):
         out.append(f"Reentrant re-acquire: **{num(re_['rate'] / 1e6, 1)} million/s** on one thread "
