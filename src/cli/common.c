@@ -61,6 +61,9 @@ void cli_error(const cli_global *g, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(last_error, sizeof last_error, fmt, ap);
 	va_end(ap);
+	last_code = NULL; /* cli_fail sets it after us */
+	free(last_detail);
+	last_detail = NULL;
 	for (char *p = last_error; *p; p++)
 		if (*p == '\n' || *p == '\r')
 			*p = ' ';
@@ -128,7 +131,8 @@ int cli_not_acquired(const cli_global *g, dlock_store *store, const char *name, 
 		fputs(",\"name\":", df);
 		cli_json_str(df, name);
 	}
-	if (store && dlock_store_status(store, names, 1, &st, &n) == 0 && n == 1 && st[0].nholders > 0) {
+	bool known = store && dlock_store_status(store, names, 1, &st, &n) == 0 && n == 1;
+	if (known && st[0].nholders > 0) {
 		const dlock_holder *h = &st[0].holders[0];
 		char ttl[32] = "";
 		if (h->ttl_left_ms >= 0) {
@@ -145,7 +149,8 @@ int cli_not_acquired(const cli_global *g, dlock_store *store, const char *name, 
 			cli_json_holders(df, &st[0]);
 		}
 	} else if (df) {
-		fputs(",\"holders\":null", df); /* not known: gone since, or no status */
+		/* none now (gone since, or a queue's refusal), or not known */
+		fputs(known ? ",\"holders\":[]" : ",\"holders\":null", df);
 	}
 	dlock_status_free(st, n);
 	if (df && fclose(df) == 0) {

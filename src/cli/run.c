@@ -639,7 +639,7 @@ typedef struct deadman {
 #define DM_FDS_MAX 250       /* descriptors per message (the kernel takes 253) */
 
 /* One byte, with n descriptors attached (none: a bare wake-up). */
-static bool send_fds(int sock, const int *fds, size_t n)
+static bool send_batch(int sock, const int *fds, size_t n)
 {
 	char byte = 0;
 	char ctl[CMSG_SPACE(sizeof(int) * DM_FDS_MAX)];
@@ -659,6 +659,21 @@ static bool send_fds(int sock, const int *fds, size_t n)
 	while ((r = sendmsg(sock, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR)
 		;
 	return r == 1;
+}
+
+/* n descriptors in one message; if that fails (one of them closed since it
+ * was listed: a store thread's reconnect), one by one, so that the others
+ * still go. False if any did not. */
+static bool send_fds(int sock, const int *fds, size_t n)
+{
+	if (send_batch(sock, fds, n))
+		return true;
+	if (n < 2)
+		return false;
+	bool ok = true;
+	for (size_t i = 0; i < n; i++)
+		ok &= send_batch(sock, fds + i, 1);
+	return ok;
 }
 
 static int dm_alive_fd = -1; /* dlock's end of the socket the switch watches */

@@ -308,6 +308,8 @@ typedef struct acquire_call {
 	bool contended;       /* some try of this call found the lock held */
 	bool unreachable;     /* on_unreachable was told so */
 	bool watched;         /* the store feeds the board for this wait */
+	bool unwatch_owed;    /* a waiting try was refused or failed: the store may keep
+				 state for this wait (sys/backend.h, `unwatch`) */
 	uint64_t armed;       /* the board's mark when it was armed */
 	int64_t hint_since, last_hint; /* a polling store's early-look hints */
 } acquire_call;
@@ -326,6 +328,7 @@ static int acquire_try(acquire_call *a, int attempt, dlock_grant *g, int64_t *le
 		return TRY_GIVE_UP; /* the wait ended while we napped: no try with no time left */
 	l->req.waiting = a->wait_ms != 0;
 	int rc = call_acquire(l, g, a->try_until, &a->watched, &a->armed);
+	a->unwatch_owed |= l->store->mt.watch && l->req.waiting && rc != 0 && rc != BE_BUSY;
 	if (rc == BE_BUSY) {
 		/* Another request of this store handle held it until our deadline. */
 		a->rc = last == DLOCK_ELOCKED ? DLOCK_ELOCKED
@@ -422,7 +425,7 @@ static int acquire_give_up(acquire_call *a)
 	int rc = a->rc;
 	dlock_sys_saved_error saved;
 	dlock_sys_error_save(&saved);
-	if (a->watched)
+	if (a->unwatch_owed)
 		l->store->mt.unwatch(l->store->be, &l->req);
 	int64_t now = dlock_clock_ms();
 	int64_t by = request_deadline(l->store, a->cleanup_by > now ? a->cleanup_by : now + 1);
@@ -500,7 +503,7 @@ int dlock_acquire(dlock_lock *l, int64_t wait_ms)
 		int64_t lease_from = 0;
 		int step = acquire_try(&a, attempt, &g, &lease_from);
 		if (step == TRY_GRANTED) {
-			if (a.watched)
+			if (a.unwatch_owed)
 				l->store->mt.unwatch(l->store->be, &l->req);
 			return granted(l, g.fence, lease_from);
 		}

@@ -308,7 +308,11 @@ static int run_client(client *c)
 			continue;
 		}
 		/* Uncontended: a slice of ours, then a slice of the floor. */
-		long long k0 = count ? bench_floor_server_commands(floor) : -1;
+		long long k0 = -1;
+		if (count) { /* before our slice's clock starts */
+			k0 = bench_floor_server_commands(floor);
+			t = now_ns();
+		}
 		int64_t slice_end = t + SLICE_NS, c0 = usage(&csw0);
 		while (t < slice_end && t < end) {
 			if (cycle(c, locks[j], ACQUIRE_WAIT_MS, hold) != 0)
@@ -317,12 +321,15 @@ static int run_client(client *c)
 			t = now_ns();
 		}
 		int64_t t1 = now_ns(), c1 = usage(&csw1);
-		long long k1 = count ? bench_floor_server_commands(floor) : -1;
 		c->me->ours_ns += t1 - (slice_end - SLICE_NS);
 		c->me->ours_cpu += c1 - c0;
 		c->me->ours_csw += csw1 - csw0;
-		if (count)
+		long long k1 = count ? bench_floor_server_commands(floor) : -1;
+		if (count) { /* the reading is neither side's: the floor's slice starts after it */
 			add_count(&c->me->ours_cmds, commands_between(k0, k1));
+			t1 = now_ns();
+			c1 = usage(&csw1);
+		}
 		if (!floor || t1 >= end) {
 			t = t1;
 			continue;

@@ -1534,6 +1534,11 @@ static void test_uncontended_unwatched(void)
 		CHECK_RC(dlock_release(l), 0);
 	}
 	CHECK(f->acquires == 20 && f->watches == 0 && f->unwatches == 0);
+	/* A waiting try that failed (its reply lost) ends a wait the store may
+	 * have noted: unwatch is called, though watch never was. */
+	f->lose_replies = 1;
+	CHECK_RC(dlock_acquire(l, 5000), DLOCK_EUNAVAILABLE);
+	CHECK(f->watches == 0 && f->unwatches == 1);
 	dlock_lock_free(l);
 	dlock_store_close(s);
 }

@@ -359,7 +359,13 @@ struct dlock_backend_methods {
 	 */
 	int (*watch)(dlock_backend *be, const dlock_request *req);
 
-	/** Optional: req->owner's wait is over (granted or given up). Without the mutex. */
+	/**
+	 * Optional: req->owner's wait is over (granted or given up). Called once
+	 * at the end of a wait in which a try was refused or failed, whether or
+	 * not watch was called or succeeded (a store may note a wait during a
+	 * refused try, as SQLite's fair queue does): forget it, and do nothing
+	 * for a request it never saw. Without the mutex.
+	 */
 	void (*unwatch)(dlock_backend *be, const dlock_request *req);
 
 	/**

@@ -571,6 +571,7 @@ int dlock__rnotify_watch(dlock__rnotify *nt, const dlock_request *req, const cha
 		waiter_unlink(nt, w);
 		w = NULL;
 	}
+	bool joined = false; /* a channel already listened to: no confirmation will come */
 	if (!w) {
 		rn_chan *ch = chan_get(nt, req->name, channel, req->owner);
 		w = ch ? calloc(1, sizeof(*w)) : NULL;
@@ -583,11 +584,18 @@ int dlock__rnotify_watch(dlock__rnotify *nt, const dlock_request *req, const cha
 		ch->refs++;
 		w->next = nt->waiters;
 		nt->waiters = w;
+		joined = chan_ok(nt, ch);
 		kick(nt); /* subscribe; its confirmation wakes the name */
 	}
 	snprintf(w->owner, sizeof(w->owner), "%s", req->owner);
 	w->last = dlock_clock_ms();
 	pthread_mutex_unlock(&nt->mu);
+	/* The core calls this after a refused try: a message naming this waiter
+	 * (a fair queue's new head) between that try and now found no waiter of
+	 * that owner here and went unheard. On a new subscription its
+	 * confirmation covers that; on a channel already confirmed, look again. */
+	if (joined)
+		dlock_backend_wake_owner(nt->be, req->owner);
 	return 0;
 }
 

@@ -794,7 +794,11 @@ void dlock__sq_unwatch(dlock_backend *be, const dlock_request *req)
 bool dlock__sq_bell_behind(sqlite_store *b, const dlock_request *req, bool behind, bool *own_heard)
 {
 	*own_heard = false;
-	if (bells_start(b) != 0)
+	dlock_sys_saved_error saved; /* inside the caller's transaction: its error stands */
+	dlock_sys_error_save(&saved);
+	int started = bells_start(b);
+	dlock_sys_error_restore(&saved);
+	if (started != 0)
 		return false;
 	bells *bl = b->bells;
 	bool again = false;
