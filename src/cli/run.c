@@ -776,6 +776,11 @@ static deadman *deadman_start(int64_t kill_after, pid_t *pid)
 		deadman_main(dm, alive[0], kill_after); /* never returns */
 	}
 	close(alive[0]);
+	/* Both sides set its group (as for the command): the switch may not have
+	 * run at all yet when dlock's group is killed (`kill -9 -- -PGID` on a
+	 * loaded machine), and it must not go with it. */
+	if (*pid > 0)
+		setpgid(*pid, *pid);
 	if (*pid < 0) {
 		close(alive[1]);
 		munmap(dm, sizeof(*dm));
