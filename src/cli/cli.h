@@ -107,11 +107,12 @@ void cli_json_holders(FILE *f, const dlock_lock_status *l);
 
 /*
  * Report that lock NAME was not acquired (err: DLOCK_ELOCKED for a try,
- * DLOCK_ETIMEOUT for a wait of wait_ms, as asked) and return `code`. The
- * message names the holder, from one status request to the store
- * ("lock 'x' is held by build1:4711 (fence 7, 12 s left); not acquired
- * within 5s"); with --json the error object (cli_json_error) also has
- * "name" and "holders" (as status --json gives them).
+ * DLOCK_ETIMEOUT for a wait of wait_ms, as asked) and return `code`. After
+ * a try, the message names the holder, from one status request to the
+ * store ("lock 'x' is held by build1:4711 (fence 7, 12.0s left)
+ * (--no-wait)"); with --json the error object (cli_json_error) also has
+ * "name" and "holders" (as status --json gives them; null when not asked:
+ * after a wait, whose end may be the store's silence).
  */
 int cli_not_acquired(const cli_global *g, dlock_store *store, const char *name, int err, int64_t wait_ms, int code);
 

@@ -131,7 +131,10 @@ int cli_not_acquired(const cli_global *g, dlock_store *store, const char *name, 
 		fputs(",\"name\":", df);
 		cli_json_str(df, name);
 	}
-	bool known = store && dlock_store_status(store, names, 1, &st, &n) == 0 && n == 1;
+	/* Only after a refusal at once (--no-wait): the store has just answered.
+	 * A wait that ran out may have ended with the store gone quiet, and
+	 * its report must not wait a request timeout more for it. */
+	bool known = store && err == DLOCK_ELOCKED && dlock_store_status(store, names, 1, &st, &n) == 0 && n == 1;
 	if (known && st[0].nholders > 0) {
 		const dlock_holder *h = &st[0].holders[0];
 		char ttl[32] = "";

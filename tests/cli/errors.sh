@@ -77,7 +77,7 @@ PY
 grep -q "lock 'held' is held by .*:[0-9]* (fence [0-9]*, .* left) (--no-wait)" "$work/e" || fail "conflict text: $(cat "$work/e")"
 out=$("$dlock" --json --store "$db" run --wait 300ms held -- true 2>"$work/e")
 rc=$?
-python3 -c 'import json,sys; o=json.loads(sys.argv[1])["error"]; assert o["exit"]==75 and o["code"]=="DLOCK_ETIMEOUT" and o["holders"], o' "$out" ||
+python3 -c 'import json,sys; o=json.loads(sys.argv[1])["error"]; assert o["exit"]==75 and o["code"]=="DLOCK_ETIMEOUT" and o["name"]=="held", o' "$out" ||
 	fail "--json run conflict: exit $rc: '$out'"
 grep -q "(not acquired within 300ms)" "$work/e" || fail "the wait asked for: $(cat "$work/e")"
 
