@@ -125,7 +125,11 @@ for line in rows:
         r, g, b = line[x], line[x + 1], line[x + 2]
         blue += abs(r - 0x4a) < 24 and abs(g - 0x7f) < 24 and abs(b - 0xc1) < 24
         red += r > 200 and g < 90 and b < 90
-assert blue > 1000 and red > 20, (blue, red)  # the legend has 140 blue pixels
+# The legend has 140 blue pixels; a 2.3 px bar shows 10-30 between the green
+# write marks drawn over it, and how many fall in the first 1280 px depends
+# on the run (952 in a loaded CI run, 1450 on a quiet one): the bar colour
+# on more than twice the legend's pixels means bars are drawn.
+assert blue > 2 * 140 + 100 and red > 20, (blue, red)
 PY
 
 # An unwritable report path is a usage error before the run, not a crash after it.
