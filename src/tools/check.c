@@ -48,7 +48,10 @@
  * its grant, ignores SIGTERM and holds), whose command's real death ends the
  * hold. session-kill, evict and failback act on the server with its own
  * client programs (check_faults.c). Every requested fault and op runs at
- * least once or the verdict is `incomplete` (check_analyse.c).
+ * least once: a fault list that cannot fit in --duration is refused before
+ * the run (fit_faults), the schedule shrinks its gaps for the kinds still
+ * owed, and one that still never ran makes the verdict `incomplete`
+ * (check_analyse.c).
  *
  * The tests run it on a fake store that grants every request (a test build of
  * this tool, tests/cli/broken_store.c): the checker must catch it.
@@ -98,7 +101,9 @@ static const char help[] =
 	"  --hold D             how long a worker holds the lock (default 100ms)\n"
 	"  --faults LIST        comma-separated (default none): pause, kill, restart, member,\n"
 	"                       partition, lose-reply, delay, server-pause, file-delete,\n"
-	"                       member-restart, failover, kill-tool, session-kill, evict, failback\n"
+	"                       member-restart, failover, kill-tool, session-kill, evict, failback;\n"
+	"                       each runs at least once: a list that cannot fit in --duration, or\n"
+	"                       a kind the store cannot take, is refused before the run (64)\n"
 	"                         pause:     SIGSTOP a holder for --pause (longer than the TTL), then SIGCONT\n"
 	"                         kill:      SIGKILL a holder; a new worker takes its place\n"
 	"                         restart:   restart the store server (needs --server-script/--server-dir)\n"
@@ -375,6 +380,78 @@ const char *check_fault_name(unsigned k)
 	return "?";
 }
 
+/* The schedule's arithmetic (ms): how long a fault of kind k lasts at most,
+ * the time it may take to find a holder to aim at (a hold, and the parent's
+ * 10 ms steps), the time after a fault for the lock to be granted again (a
+ * lease that ran out during it plus a hold), and the shortest gap between
+ * two faults the schedule uses to fit every kind in. */
+static int64_t fault_len_ms(const check_opts *o, unsigned k)
+{
+	if (k & (F_PAUSE | F_PARTITION | F_DELAY | F_SPAUSE | F_MEMBER))
+		return o->pause_ms;
+	if (k & (F_LOSE | F_MRESTART))
+		return o->ttl_ms;
+	return 0;
+}
+
+static int64_t aim_ms(const check_opts *o)
+{
+	return o->hold_ms + 20;
+}
+
+static int64_t recover_ms(const check_opts *o)
+{
+	return 2 * o->ttl_ms + o->hold_ms;
+}
+
+static int64_t min_gap_ms(const check_opts *o)
+{
+	return o->every_ms < recover_ms(o) ? o->every_ms : recover_ms(o);
+}
+
+/* From the start of the first of these kinds to the end of the run, one of
+ * each at the shortest gaps. */
+static int64_t tail_ms(const check_opts *o, const unsigned *k, int n)
+{
+	int64_t ms = recover_ms(o);
+	for (int i = 0; i < n; i++)
+		ms += aim_ms(o) + fault_len_ms(o, k[i]) + (i ? min_gap_ms(o) : 0);
+	return ms;
+}
+
+/* Refuse before the run a --faults list whose kinds cannot each run once in
+ * --duration: else the last ones would be skipped for want of time. */
+static int fit_faults(const check_opts *o)
+{
+	unsigned k[NKINDS];
+	int n = 0;
+	for (unsigned b = F_PAUSE; b <= F_LAST; b <<= 1)
+		if (o->faults & b)
+			k[n++] = b;
+	if (n == 0)
+		return 0;
+	int64_t need = o->every_ms / 2 + tail_ms(o, k, n);
+	if (need <= o->duration_ms)
+		return 0;
+	char names[400] = "", lens[600] = "";
+	size_t nl = 0, ll = 0;
+	for (int i = 0; i < n; i++) {
+		nl += (size_t)snprintf(names + nl, sizeof names - nl, "%s%s", i ? "," : "", check_fault_name(k[i]));
+		ll += (size_t)snprintf(lens + ll, sizeof lens - ll, "%s%s %lldms", i ? ", " : "",
+				       check_fault_name(k[i]), (long long)fault_len_ms(o, k[i]));
+		if (nl >= sizeof names || ll >= sizeof lens)
+			break;
+	}
+	return cli_usage_error(o->g,
+			       "--faults %s: not every kind can run in --duration %.1fs: one of each takes %.1fs "
+			       "(the first at %lldms; each lasts up to: %s, after up to %lldms to find a holder; "
+			       "%lldms between two and %lldms after the last for the lock to be granted again); "
+			       "give --duration %.1fs or more, fewer faults, or a shorter --pause or --ttl",
+			       names, (double)o->duration_ms / 1000.0, (double)((need + 99) / 100) / 10.0,
+			       (long long)(o->every_ms / 2), lens, (long long)aim_ms(o), (long long)min_gap_ms(o),
+			       (long long)recover_ms(o), (double)((need + 99) / 100) / 10.0);
+}
+
 static void rm_work(const char *dir)
 {
 	const char *files[] = { "log", "register", "server.log" };
@@ -388,6 +465,19 @@ static void rm_work(const char *dir)
 		unlink(path);
 	}
 	rmdir(dir);
+}
+
+/* Undo the work dir's set-up for a run refused after it (the proxy and the
+ * workers' URIs are the caller's). */
+static void undo_setup(run_ctx *c, const check_opts *o, bool own_dir, char *shown)
+{
+	close(c->log_fd);
+	munmap(c->sh, sizeof *c->sh);
+	if (own_dir)
+		rm_work(o->work_dir);
+	free(c->db_path);
+	free(c->self);
+	free(shown);
 }
 
 int cli_check(cli_global *g, int argc, char **argv)
@@ -555,18 +645,23 @@ int cli_check(cli_global *g, int argc, char **argv)
 			if (!(o.faults & F_NET))
 				snprintf(err + strlen(err), sizeof err - strlen(err),
 					 " (--ops extend delays renewals through it)");
-			close(c.log_fd);
-			munmap(c.sh, sizeof *c.sh);
-			if (own_dir)
-				rm_work(o.work_dir);
-			free(c.db_path);
-			free(c.self);
-			free(shown);
-			return cli_usage_error(g,
-					       "--faults partition/lose-reply/delay: not available on this store: %s",
-					       err);
+			undo_setup(&c, &o, own_dir, shown);
+			char names[64] = "";
+			for (unsigned k = F_PARTITION; k <= F_DELAY; k <<= 1)
+				if (o.faults & k)
+					snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+						 names[0] ? "," : "", check_fault_name(k));
+			return cli_usage_error(g, "--%s %s: not available on this store: %s",
+					       names[0] ? "faults" : "ops", names[0] ? names : "extend", err);
 		}
 		c.px = &px;
+	}
+	if ((rc = fit_faults(&o)) != 0) {
+		check_proxy_stop(&px);
+		for (unsigned i = 0; i < o.clients; i++)
+			free(c.worker_uri[i]);
+		undo_setup(&c, &o, own_dir, shown);
+		return rc;
 	}
 
 	cli_info(g, "%u workers on %s for %.1fs (ttl %lldms, hold %lldms, fencing %s, seed %" PRIu64 "); work dir %s",
@@ -585,17 +680,22 @@ int cli_check(cli_global *g, int argc, char **argv)
 	for (unsigned k = F_PAUSE; k <= F_LAST; k <<= 1)
 		if (o.faults & k)
 			kinds[nkinds++] = k;
-	/* Every requested kind runs once before any runs twice (a seeded order):
-	 * a kind the schedule never drew would be skipped silently. */
-	unsigned first[NKINDS];
-	int nfirst = nkinds;
-	memcpy(first, kinds, sizeof first);
+	/* Every requested kind runs once before any runs twice (a seeded order),
+	 * and the gaps shrink (down to min_gap_ms) when the time left would not
+	 * hold the kinds still owed: a kind the schedule never drew would be
+	 * skipped silently. One that could not be carried out (no holder to aim
+	 * at) stays owed, for up to three tries. */
+	unsigned owed[NKINDS];
+	int nowed = nkinds, tries[NKINDS] = { 0 };
+	memcpy(owed, kinds, sizeof owed);
 	fault *faults = calloc(MAX_FAULTS, sizeof *faults);
 	size_t nfaults = 0;
 	/* Two streams: the schedule (kinds, times) repeats exactly for a seed even
 	 * though which worker holds the lock at a fault's time does not. */
 	uint64_t rs = o.seed, rt = o.seed ^ 0x5DEECE66Dull;
 	int64_t next_fault = (o.every_ms / 2 + (int64_t)check_rnd_below(&rs, (uint64_t)o.every_ms / 4 + 1)) * 1000;
+	if (nowed && next_fault > c.deadline_us - tail_ms(&o, owed, nowed) * 1000)
+		next_fault = c.deadline_us - tail_ms(&o, owed, nowed) * 1000;
 	struct sigaction sa = { .sa_handler = on_signal }, old_int, old_term, old_hup;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGINT, &sa, &old_int);
@@ -606,20 +706,27 @@ int cli_check(cli_global *g, int argc, char **argv)
 		/* A fault ends early enough to see the next grant after it: a lease
 		 * that ran out during it plus a hold (else heal_to_grant is -1 for
 		 * want of time, not of liveness). */
-		if (nkinds && faults && nfaults < MAX_FAULTS && check_now_us() >= next_fault &&
-		    check_now_us() + (o.pause_ms + 2 * o.ttl_ms + o.hold_ms) * 1000 < c.deadline_us) {
-			unsigned kind;
-			if (nfirst > 0) {
-				int at = (int)check_rnd_below(&rs, (uint64_t)nfirst);
-				kind = first[at];
-				first[at] = first[--nfirst];
-			} else {
-				kind = kinds[check_rnd_below(&rs, (uint64_t)nkinds)];
-			}
+		unsigned fit[NKINDS];
+		int nfit = 0;
+		const unsigned *from = nowed ? owed : kinds;
+		for (int k = 0; k < (nowed ? nowed : nkinds); k++)
+			if (check_now_us() + (fault_len_ms(&o, from[k]) + recover_ms(&o)) * 1000 < c.deadline_us)
+				fit[nfit++] = from[k];
+		if (nfit && faults && nfaults < MAX_FAULTS && check_now_us() >= next_fault) {
+			unsigned kind = fit[check_rnd_below(&rs, (uint64_t)nfit)];
 			check_do_fault(&c, kind, &rt, pids, incs, &faults[nfaults]);
 			cli_debug(g, "fault %s at %.0fms: %s", check_fault_name(kind),
 				  check_us_to_ms(faults[nfaults].start_us),
 				  faults[nfaults].ok ? "done" : faults[nfaults].note);
+			for (int k = 0; k < nowed; k++) {
+				if (owed[k] != kind)
+					continue;
+				if (faults[nfaults].ok || ++tries[k] >= 3 || kind == F_FAILOVER) {
+					owed[k] = owed[--nowed];
+					tries[k] = tries[nowed];
+				}
+				break;
+			}
 			nfaults++;
 			if (c.failed_over) /* once: no master is left to fail over */
 				for (int k = 0; k < nkinds; k++)
@@ -627,6 +734,13 @@ int cli_check(cli_global *g, int argc, char **argv)
 						kinds[k] = kinds[--nkinds];
 			next_fault = check_now_us() +
 				     (o.every_ms + (int64_t)check_rnd_below(&rs, (uint64_t)o.every_ms / 4 + 1)) * 1000;
+			if (nowed) {
+				/* Behind its schedule (a holder found late), the gap
+				 * shrinks below min_gap_ms rather than drop a kind. */
+				int64_t latest = c.deadline_us - tail_ms(&o, owed, nowed) * 1000;
+				if (next_fault > latest)
+					next_fault = latest;
+			}
 			continue;
 		}
 		check_sleep_ms(10);

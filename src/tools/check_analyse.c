@@ -260,8 +260,8 @@ void check_analyse(results *r, const check_opts *o)
 		if (!ran)
 			not_run(r, check_fault_name(k),
 				why ? why
-				    : "never scheduled: the run is too short for it (a fault needs --pause + 2 x ttl + hold "
-				      "before the end, one every --fault-every)");
+				    : "never scheduled: the run fell behind its schedule and had no room left for it (a "
+				      "fault needs its length + 2 x ttl + hold before the end)");
 	}
 	if (o && (o->ops & OP_EXTEND) && r->delayed == 0)
 		not_run(r, "extend",

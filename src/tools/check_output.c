@@ -43,21 +43,35 @@ static void hold_text(char *buf, size_t len, const hold *h)
 							   : "");
 }
 
-/* The violations one by one (at most MAX_SHOWN of each kind; all are
- * counted), one line each: for the terminal and for the report. */
-static void violation_lines(const results *r, void (*emit)(void *ctx, const char *line), void *ctx)
+/* The overlaps, real (excused false: "OVERLAP") or excused by a pause, one
+ * line each (at most MAX_SHOWN). */
+static void overlap_lines(const results *r, bool excused, void (*emit)(void *ctx, const char *line), void *ctx)
 {
 	char a[160], b[160], line[512];
 	size_t shown_n = 0;
 	for (size_t i = 0; i < r->noverlaps && shown_n < MAX_SHOWN; i++) {
 		const pair *p = &r->overlaps[i];
+		if (p->explained != excused)
+			continue;
 		hold_text(a, sizeof a, &r->holds[p->a]);
 		hold_text(b, sizeof b, &r->holds[p->b]);
 		snprintf(line, sizeof line, "%s: %s and %s overlap for %.1f ms",
-			 p->explained ? "overlap after pause" : "OVERLAP", a, b, check_us_to_ms(p->to_us - p->from_us));
+			 excused ? "overlap after pause" : "OVERLAP", a, b, check_us_to_ms(p->to_us - p->from_us));
 		emit(ctx, line);
 		shown_n++;
 	}
+}
+
+/* The violations one by one (at most MAX_SHOWN of each kind; all are
+ * counted), one line each: for the terminal and for the report. Only the
+ * real ones: the overlaps a pause excuses come in a section of their own,
+ * after them (excused_lines), so that they never push a real one out of
+ * sight. */
+static void violation_lines(const results *r, void (*emit)(void *ctx, const char *line), void *ctx)
+{
+	char a[160], b[160], line[512];
+	size_t shown_n;
+	overlap_lines(r, false, emit, ctx);
 	for (size_t i = 0; i < r->nfence_bad && i < MAX_SHOWN; i++) {
 		hold_text(a, sizeof a, &r->holds[r->fence_bad[i].a]);
 		hold_text(b, sizeof b, &r->holds[r->fence_bad[i].b]);
@@ -85,6 +99,41 @@ static void violation_lines(const results *r, void (*emit)(void *ctx, const char
 	}
 }
 
+static bool any_violation(const results *r)
+{
+	return r->unexplained || r->nfence_bad || r->stale_writes || r->lost_updates || r->not_run;
+}
+
+/* The heading of the excused overlaps: why they are not violations. */
+static const char *excused_why(const check_opts *o)
+{
+	return o->fencing ? "the lease ran out while its holder was stopped by a pause fault: no lease can "
+			    "prevent that, only fencing makes it harmless (fencing is on: its late accesses "
+			    "were refused)"
+			  : "the lease ran out while its holder was stopped by a pause fault: no lease can "
+			    "prevent that, only fencing makes it harmless (fencing is off: expected here; what "
+			    "the late holder broke is listed above as stale writes and lost updates)";
+}
+
+/* The overlaps a pause excuses, one line each (at most MAX_SHOWN). */
+static void excused_lines(const results *r, void (*emit)(void *ctx, const char *line), void *ctx)
+{
+	overlap_lines(r, true, emit, ctx);
+}
+
+/* Per requested fault kind: how many were carried out and how many failed. */
+static void kind_counts(const results *r, unsigned k, size_t *done, size_t *failed)
+{
+	*done = *failed = 0;
+	for (size_t i = 0; i < r->nfaults; i++)
+		if (r->faults[i].kind == k) {
+			if (r->faults[i].ok)
+				(*done)++;
+			else
+				(*failed)++;
+		}
+}
+
 static void print_line(void *ctx, const char *line)
 {
 	(void)ctx;
@@ -105,6 +154,21 @@ void check_print_text(const check_opts *o, const char *shown, const results *r)
 		       r->delayed);
 	printf("  grants %zu, writes accepted %lld, refused %lld (reads refused %zu), errors %zu, faults %zu\n",
 	       r->nholds, (long long)r->reg.accepted, (long long)r->reg.rejected, reads_refused, r->errors, r->nfaults);
+	if (o->faults) {
+		printf("  faults injected by kind:");
+		const char *sep = " ";
+		for (unsigned k = F_PAUSE; k <= F_LAST; k <<= 1) {
+			if (!(o->faults & k))
+				continue;
+			size_t done, failed;
+			kind_counts(r, k, &done, &failed);
+			printf("%s%s %zu", sep, check_fault_name(k), done);
+			if (failed)
+				printf(" (%zu failed)", failed);
+			sep = ", ";
+		}
+		printf("\n");
+	}
 	for (size_t k = 0; k < r->nfaults; k++) {
 		const fault *f = &r->faults[k];
 		char heal[96] = "no grant after it";
@@ -136,7 +200,14 @@ void check_print_text(const check_opts *o, const char *shown, const results *r)
 		printf("  %-40s %8zu\n", "workers stuck in a call at the end", r->stuck);
 	if (r->not_run)
 		printf("  %-40s %8u  NOT RUN\n", "requested faults/ops that never ran", r->not_run);
+	if (any_violation(r))
+		printf("\n  violations:\n");
 	violation_lines(r, print_line, NULL);
+	if (r->noverlaps > r->unexplained) {
+		printf("\n  excused, not violations: %zu overlaps after a pause: %s\n", r->noverlaps - r->unexplained,
+		       excused_why(o));
+		excused_lines(r, print_line, NULL);
+	}
 	const char *v = check_verdict(r);
 	printf("\nverdict: %s\n", r->pass ? "PASS: no safety property was violated"
 				  : strcmp(v, "fail") == 0
@@ -169,7 +240,17 @@ void check_print_json(FILE *f, const check_opts *o, const char *shown, const res
 		r->kinds[K_PLAIN], r->kinds[K_EXTEND], r->kinds[K_HANDLE], r->kinds[K_RUN], r->extends, r->delayed,
 		r->not_run);
 	cli_json_str(f, r->not_run_why);
-	fputs(",\"faults\":[", f);
+	fputs(",\"faults_by_kind\":{", f);
+	const char *sep = "";
+	for (unsigned k = F_PAUSE; k <= F_LAST; k <<= 1) {
+		if (!(o->faults & k))
+			continue;
+		size_t done, failed;
+		kind_counts(r, k, &done, &failed);
+		fprintf(f, "%s\"%s\":{\"injected\":%zu,\"failed\":%zu}", sep, check_fault_name(k), done, failed);
+		sep = ",";
+	}
+	fputs("},\"faults\":[", f);
 	for (size_t k = 0; k < r->nfaults; k++) {
 		const fault *x = &r->faults[k];
 		fprintf(f,
@@ -253,6 +334,13 @@ static void html_line(void *ctx, const char *line)
 	fputs("</li>\n", f);
 }
 
+/* The width of a fence label in px (font-size 10), with room after it. */
+static double label_w(uint64_t fence)
+{
+	char s[24];
+	return 6.0 * snprintf(s, sizeof s, "%" PRIu64, fence) + 5;
+}
+
 static void html_row(FILE *f, const char *what, long long v, bool safety)
 {
 	fputs("<tr><td>", f);
@@ -303,12 +391,26 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 	fputs("</table></div>\n", f);
 	fputs("<h2>Violations</h2>\n<ul id=\"violation-lines\">\n", f);
 	violation_lines(r, html_line, f);
-	if (r->noverlaps == 0 && r->nfence_bad == 0 && r->stale_writes == 0 && r->lost_updates == 0 && !r->not_run)
+	if (!any_violation(r))
 		fputs("<li>none</li>\n", f);
-	fputs("</ul>\n<h2>Timeline</h2>\n", f);
+	fputs("</ul>\n", f);
+	if (r->noverlaps > r->unexplained) {
+		fprintf(f, "<h2 id=\"excused\">Excused, not violations: %zu overlaps after a pause</h2>\n<p>",
+			r->noverlaps - r->unexplained);
+		cli_html(f, excused_why(o));
+		fputs(".</p>\n<ul id=\"excused-lines\">\n", f);
+		excused_lines(r, html_line, f);
+		fputs("</ul>\n", f);
+	}
+	fputs("<h2>Timeline</h2>\n", f);
 	cli_check_report_legend(f);
 
-	/* geometry: 60 px per second at least, so a long run is wide and scrolls */
+	/* geometry: 60 px per second at least, so a long run is wide and scrolls;
+	 * and wide enough that each hold's fence label ends before the next grant
+	 * in its row: every bar carries its fence in plain sight, inside the bar
+	 * when it is wide enough, else in the lane just above it. Past MAX_W px
+	 * (a very long run) a lane label that would run into the previous one is
+	 * left out: the bar's title and data-fence still carry it. */
 	double end = check_us_to_ms(r->end_us);
 	for (size_t i = 0; i < r->nholds; i++)
 		end = check_us_to_ms(r->holds[i].t_end) > end ? check_us_to_ms(r->holds[i].t_end) : end;
@@ -316,8 +418,21 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 		end = check_us_to_ms(r->faults[k].end_us) > end ? check_us_to_ms(r->faults[k].end_us) : end;
 	if (end <= 0)
 		end = 1;
-	const double L = 90, R = 20, RH = 30, TOP = 24;
-	double W = end / 1000.0 * 60 > 1200 ? end / 1000.0 * 60 : 1200;
+	const double L = 90, R = 40, RH = 40, TOP = 24, LANE = 13, BH = RH - LANE - 5, MAX_W = 1000000;
+	double px_ms = 60.0 / 1000;
+	for (size_t i = 0; i < r->nholds; i++) {
+		for (size_t j = i + 1; j < r->nholds; j++) {
+			if (r->holds[j].slot != r->holds[i].slot)
+				continue;
+			double gap = check_us_to_ms(r->holds[j].t_grant - r->holds[i].t_grant);
+			double need = label_w(r->holds[i].fence) / (gap > 0.01 ? gap : 0.01);
+			if (need > px_ms)
+				px_ms = need;
+			break;
+		}
+	}
+	double W = L + R + end * px_ms;
+	W = W < 1200 ? 1200 : W > MAX_W ? MAX_W : W;
 	double H = TOP + o->clients * RH + 30;
 #define X(v) (L + (W - L - R) * (v) / end)
 	fprintf(f,
@@ -344,7 +459,7 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 		fprintf(f,
 			"<text x=\"6\" y=\"%.0f\">worker %u</text><line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.0f\" y2=\"%.0f\" "
 			"stroke=\"#f3f3f3\"/>\n",
-			TOP + i * RH + RH / 2 + 4, i, L, W - R, TOP + (i + 1) * RH, TOP + (i + 1) * RH);
+			TOP + i * RH + LANE + BH / 2 + 4, i, L, W - R, TOP + (i + 1) * RH, TOP + (i + 1) * RH);
 	for (size_t k = 0; k < r->nfaults; k++) {
 		const fault *x = &r->faults[k];
 		bool all = x->slot < 0;
@@ -363,9 +478,13 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 		fprintf(f, "</title></rect><text x=\"%.1f\" y=\"%.0f\">%s</text>\n", X(check_us_to_ms(x->start_us)) + 2,
 			TOP - 8, check_fault_name(x->kind));
 	}
+	double lane_free[MAX_CLIENTS]; /* where the last label of each row ends */
+	for (int i = 0; i < MAX_CLIENTS; i++)
+		lane_free[i] = 0;
 	for (size_t i = 0; i < r->nholds; i++) {
 		const hold *x = &r->holds[i];
-		double y = TOP + x->slot * RH + 5, w = X(check_us_to_ms(x->t_end)) - X(check_us_to_ms(x->t_grant));
+		double x0 = X(check_us_to_ms(x->t_grant)), y = TOP + x->slot * RH + LANE;
+		double w = X(check_us_to_ms(x->t_end)) - x0;
 		if (w < 1.5)
 			w = 1.5;
 		char text[160];
@@ -374,16 +493,25 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 			"<rect class=\"hold\" data-fence=\"%" PRIu64
 			"\" x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" height=\"%.0f\" "
 			"rx=\"2\" fill=\"%s\"><title>%s</title></rect>",
-			x->fence, X(check_us_to_ms(x->t_grant)), y, w, RH - 10,
+			x->fence, x0, y, w, BH,
 			x->killed   ? "#777"
 			: x->paused ? "#d9a030"
 				    : "#4a7fc1",
 			text);
-		char label[24];
-		int n = snprintf(label, sizeof label, "%" PRIu64, x->fence);
-		if (w > 7 * n + 4)
-			fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\" fill=\"#fff\">%s</text>",
-				X(check_us_to_ms(x->t_grant)) + w / 2, y + RH / 2, label);
+		double lw = label_w(x->fence);
+		bool slot_ok = x->slot >= 0 && x->slot < MAX_CLIENTS;
+		if (w >= lw) {
+			fprintf(f,
+				"<text class=\"fence\" x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\" fill=\"#fff\" "
+				"font-size=\"10\">%" PRIu64 "</text>",
+				x0 + w / 2, y + BH / 2 + 4, x->fence);
+		} else if (slot_ok && x0 + 0.5 >= lane_free[x->slot]) {
+			fprintf(f,
+				"<text class=\"fence\" x=\"%.1f\" y=\"%.0f\" fill=\"#333\" font-size=\"10\">%" PRIu64
+				"</text>",
+				x0, y - 3, x->fence);
+			lane_free[x->slot] = x0 + lw;
+		}
 		if (x->t_write >= 0) {
 			const char *c = x->stale_write ? "#f0f" : x->write_ok == 1 ? "#2a2" : "#000";
 			fprintf(f,
@@ -392,13 +520,13 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 				x->stale_write     ? "write stale"
 				: x->write_ok == 1 ? "write"
 						   : "write refused",
-				X(check_us_to_ms(x->t_write)), X(check_us_to_ms(x->t_write)), y - 3, y + RH - 7, c);
+				X(check_us_to_ms(x->t_write)), X(check_us_to_ms(x->t_write)), y - 2, y + BH + 2, c);
 		}
 		if (x->read_ok == 0 && x->t_read >= 0)
 			fprintf(f,
 				"<circle class=\"marker refused\" cx=\"%.1f\" cy=\"%.0f\" r=\"3\" fill=\"#000\">"
 				"<title>read refused: fence %" PRIu64 " is stale</title></circle>",
-				X(check_us_to_ms(x->t_read)), y - 2, x->fence);
+				X(check_us_to_ms(x->t_read)), y + BH + 2, x->fence);
 		fputc('\n', f);
 	}
 	for (size_t i = 0; i < r->noverlaps; i++) {
@@ -410,7 +538,7 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 				"<rect class=\"overlap\" x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" height=\"%.0f\" fill=\"#e00\" "
 				"fill-opacity=\"0.75\"><title>overlap of fences %" PRIu64 " and %" PRIu64
 				" from %.1f to %.1f ms%s</title></rect>\n",
-				X(check_us_to_ms(p->from_us)), TOP + x->slot * RH + 5, w > 1.5 ? w : 1.5, RH - 10,
+				X(check_us_to_ms(p->from_us)), TOP + x->slot * RH + LANE, w > 1.5 ? w : 1.5, BH,
 				r->holds[p->a].fence, r->holds[p->b].fence, check_us_to_ms(p->from_us),
 				check_us_to_ms(p->to_us),
 				p->explained ? " (holder was paused: its lease ran out)" : "");
@@ -418,7 +546,7 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 	}
 	for (size_t i = 0; i < r->nfence_bad; i++) {
 		const hold *a = &r->holds[r->fence_bad[i].a], *b = &r->holds[r->fence_bad[i].b];
-		double cx = X(check_us_to_ms(b->t_grant)), cy = TOP + b->slot * RH + 3;
+		double cx = X(check_us_to_ms(b->t_grant)), cy = TOP + b->slot * RH + LANE;
 		fprintf(f,
 			"<path class=\"marker fence-order\" d=\"M%.1f %.1f l-5 -8 h10 z\" fill=\"#f80\"><title>fence %" PRIu64
 			" granted after fence %" PRIu64 " (worker %d): out of order</title></path>\n",
@@ -426,8 +554,22 @@ void check_write_report(FILE *f, const check_opts *o, const char *shown, const r
 	}
 #undef X
 	fputs("</svg></div>\n", f);
+	if (o->faults) {
+		fputs("<h2>Faults</h2>\n<table id=\"fault-kinds\"><tr><th>fault kind</th><th>injected</th>"
+		      "<th>failed</th></tr>\n",
+		      f);
+		for (unsigned k = F_PAUSE; k <= F_LAST; k <<= 1) {
+			if (!(o->faults & k))
+				continue;
+			size_t done, failed;
+			kind_counts(r, k, &done, &failed);
+			fprintf(f, "<tr><td>%s</td><td class=\"n%s\">%zu</td><td class=\"n\">%zu</td></tr>\n",
+				check_fault_name(k), done ? "" : " bad", done, failed);
+		}
+		fputs("</table>\n", f);
+	}
 	if (r->nfaults) {
-		fputs("<h2>Faults</h2>\n<table id=\"faults\"><tr><th>fault</th><th>target</th><th>start ms</th><th>end ms</th>"
+		fputs("<table id=\"faults\"><tr><th>fault</th><th>target</th><th>start ms</th><th>end ms</th>"
 		      "<th>end \u2192 next grant ms</th><th>note</th></tr>\n",
 		      f);
 		for (size_t k = 0; k < r->nfaults; k++) {

@@ -23,7 +23,7 @@ static const char head[] =
 	"td.n{text-align:right;font-variant-numeric:tabular-nums}\n"
 	".bad{background:#fdd;color:#900;font-weight:bold}.good{background:#dfd}\n"
 	".verdict{font-size:1.2em;font-weight:bold;padding:.3em .6em;display:inline-block}\n"
-	"#violation-lines li{font-family:ui-monospace,monospace;font-size:12px}\n"
+	"#violation-lines li,#excused-lines li{font-family:ui-monospace,monospace;font-size:12px}\n"
 	"#timeline{overflow-x:auto;border:1px solid #ddd;max-width:100%}\n"
 	"svg{background:#fff;display:block}\n"
 	"svg text{font:11px system-ui,sans-serif}\n"

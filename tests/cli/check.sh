@@ -9,6 +9,10 @@
 # under the network faults, which never excuse an overlap); deleting the
 # database file under a holder must not split the store in two for good;
 # SIGTERM mid-run prints the results so far and leaves no worker behind.
+# Every requested fault kind runs (the summary counts each) or the run is
+# refused before it starts, naming the kind and why (64); real violations
+# come first, the overlaps a pause excuses in a section of their own, in the
+# terminal and in the report; every hold bar of the report shows its fence.
 #
 # With CLI_TEST_URI_FILE (cli.check.redis, the redis server of the store
 # suite) only the network part at the end runs: partition, lose-reply and
@@ -25,7 +29,10 @@ fvals() { grep -o "\"$1\":[0-9.-]*" | cut -d: -f2; }
 
 if [ -n "${DLOCK_STORE:-}" ]; then
 	servers=$(cd "$(dirname "$0")/../servers" && pwd)
-	N=(--json check --clients 3 --ttl 500ms --hold 50ms --duration 5s --fault-every 1s)
+	# 6 s: room for a second fault of each kind even when the first comes
+	# late on a loaded machine (a fault of 1 s must start 2.05 s before the
+	# end; the second starts about 2.8 s in)
+	N=(--json check --clients 3 --ttl 500ms --hold 50ms --duration 6s --fault-every 1s)
 	# nbg NAME ARGS...: dlock check on $DLOCK_STORE in the background (own lock name each).
 	nbg() {
 		local n=$1; shift
@@ -44,6 +51,11 @@ if [ -n "${DLOCK_STORE:-}" ]; then
 	fi
 	wait
 	[ -d "$rs" ] && bash "$servers/redis.sh" stop "$rs" >/dev/null 2>&1
+	# The four kinds of the issue, in a run just long enough: each runs
+	# (alone: the runs above leave little room for a late fault).
+	"$DLOCK" "${N[@]}" --duration 5.2s --ttl 300ms --hold 40ms --faults partition,lose-reply,kill,pause \
+		--seed 1 >"$T/four.out" 2>"$T/four.err"
+	echo $? >"$T/four.rc"
 	# Each kind: carried out at least twice, grants within 2 s after each,
 	# no overlap, the register exact, exit 0.
 	for n in part:partition lose:lose-reply delay:delay spause:server-pause; do
@@ -68,6 +80,12 @@ if [ -n "${DLOCK_STORE:-}" ]; then
 	check "lose-reply: replies discarded ($d)" [ "$d" -gt 0 ]
 	check "delay: 150ms each way" grep -q '"note":"150ms each way' "$T/delay.out"
 	check "server-pause: the server was stopped" grep -q '"note":"1 server process stopped for 700ms"' "$T/spause.out"
+	check "four kinds: exit 0 ($(cat "$T/four.rc"); $(head -c 300 "$T/four.err"))" [ "$(cat "$T/four.rc")" = 0 ]
+	for f in partition lose-reply kill pause; do
+		nf=$(faults_of "$f" "$T/four.out" | wc -l)
+		check "four kinds: $f injected ($nf)" [ "$nf" -ge 1 ]
+		check "four kinds: $f counted in faults_by_kind" grep -Eq "\"$f\":\\{\"injected\":[1-9]" "$T/four.out"
+	done
 	finish
 fi
 
@@ -91,8 +109,18 @@ check "help lists the faults" grep -q "pause, kill, restart, member" "$T/out"
 for f in partition lose-reply delay server-pause file-delete member-restart failover; do
 	check "help names $f" grep -q -- "$f" "$T/out"
 done
-expect_rc 64 "partition on a file store" "$DLOCK" check --faults partition --duration 1s
-check "says why partition is not available" grep -q "not available on this store" "$T/err"
+# The issue's list on SQLite: the kinds it cannot take are named, with why.
+expect_rc 64 "partition on a file store" "$DLOCK" check --faults partition,lose-reply,kill,pause --duration 5s
+check "says why partition and lose-reply are not available" \
+	grep -q -- "--faults partition,lose-reply: not available on this store" "$T/err"
+# Kinds that cannot each run once in --duration: refused before the run,
+# each named, with the time one of each takes.
+expect_rc 64 "four kinds in 3 s" "$DLOCK" --store "sqlite://$T/fit.db" check --clients 3 --duration 3s \
+	--ttl 300ms --hold 40ms --faults kill,pause,file-delete,kill-tool --seed 1
+check "says the kinds do not fit" grep -q -- \
+	"--faults pause,kill,file-delete,kill-tool: not every kind can run in --duration 3.0s: one of each takes [0-9.]*s" "$T/err"
+check "says how long to run" grep -q "give --duration [0-9.]*s or more" "$T/err"
+check "no run was made" [ ! -s "$T/out" ]
 expect_rc 64 "the tool itself has no broken store" "$DLOCK" --store "$BROKEN" check --duration 1s
 check "says the scheme is unknown" grep -q "unknown store scheme 'broken:'" "$T/err"
 expect_rc 64 "file-delete on the broken store" "$DLOCK_BROKEN" --store "$BROKEN" check --faults file-delete
@@ -141,6 +169,63 @@ bg fdel --duration 4s --hold 150ms --faults file-delete --fault-every 900ms --se
 ( "$DLOCK_BROKEN" --store "$BROKEN" "${O[@]}" --clients 2 --duration 3s --faults partition,lose-reply,delay \
 	--fault-every 500ms --pause 300ms --seed 6 >"$T/bnet.out" 2>"$T/bnet.err"; echo $? >"$T/bnet.rc" ) &
 wait
+
+# In text, with a report (after the runs above, whose timing they would
+# disturb): pause with fencing off on SQLite (excused
+# overlaps and real stale writes), and the four kinds of the issue on the
+# broken store (real overlaps from the start, excused ones after the pause).
+( "$DLOCK" --store "sqlite://$T/ptext.db" check --clients 3 --ttl 300ms --hold 40ms --duration 3s \
+	--faults pause --fencing off --seed 11 --report "$T/ptext.html" >"$T/ptext.out" 2>"$T/ptext.err"
+  echo $? >"$T/ptext.rc" ) &
+( "$DLOCK_BROKEN" --store "$BROKEN" check --clients 3 --ttl 300ms --hold 40ms --duration 5s \
+	--faults partition,lose-reply,kill,pause --fencing off --seed 1 --report "$T/b4.html" >"$T/b4.out" 2>"$T/b4.err"
+  echo $? >"$T/b4.rc" ) &
+wait
+
+# order_ok NAME: in NAME's text output, the violation lines (after the
+# property table) list every real one before the excused heading, and every
+# "overlap after pause" line after it; in its report, the same split.
+vlines() { grep -E '^  (OVERLAP|FENCE ORDER|STALE WRITE|LOST UPDATES|NOT RUN|overlap after pause|excused)' "$T/$1.out"; }
+for n in ptext b4; do
+	use "$n" 1 "$n: text run with a report"
+	vlines "$n" >"$T/$n.v"
+	first=$(head -1 "$T/$n.v")
+	check "$n: a real violation comes first ($first)" grep -Eq '^  (OVERLAP|STALE WRITE|LOST UPDATES|FENCE ORDER):' <<<"$first"
+	hl=$(grep -n '^  excused, not violations: [0-9]* overlaps after a pause: the lease ran out while its holder was stopped' "$T/$n.v" | cut -d: -f1)
+	check "$n: the excused overlaps have a heading that says why (line ${hl:-none})" [ -n "$hl" ]
+	lastreal=$(grep -nE '^  (OVERLAP|FENCE ORDER|STALE WRITE|LOST UPDATES|NOT RUN):' "$T/$n.v" | tail -1 | cut -d: -f1)
+	firstex=$(grep -n '^  overlap after pause:' "$T/$n.v" | head -1 | cut -d: -f1)
+	check "$n: real lines (last at ${lastreal:-none}) before the heading (${hl:-none})" [ "${lastreal:-0}" -gt 0 -a "${lastreal:-0}" -lt "${hl:-0}" ]
+	check "$n: excused lines (first at ${firstex:-none}) under the heading" [ "${firstex:-0}" -gt "${hl:-99999}" ]
+	R=$T/$n.html
+	sed -n '/<ul id="violation-lines">/,/<\/ul>/p' "$R" >"$T/$n.vl"
+	sed -n '/<ul id="excused-lines">/,/<\/ul>/p' "$R" >"$T/$n.el"
+	check "$n: report: real violations listed" grep -Eq '<li>(OVERLAP|STALE WRITE|LOST UPDATES)' "$T/$n.vl"
+	check "$n: report: no excused line among them" bash -c "! grep -q 'overlap after pause' '$T/$n.vl'"
+	check "$n: report: a heading says why they are excused" grep -q '<h2 id="excused">Excused, not violations: [0-9]* overlaps after a pause</h2>' "$R"
+	check "$n: report: excused lines in their own list" grep -q '<li>overlap after pause: ' "$T/$n.el"
+	vpos=$(grep -bo '<ul id="violation-lines">' "$R" | cut -d: -f1)
+	epos=$(grep -bo '<ul id="excused-lines">' "$R" | cut -d: -f1)
+	check "$n: report: violations ($vpos) before the excused ($epos)" [ "${vpos:-99999999}" -lt "${epos:-0}" ]
+	# Every hold bar shows its fence: a label per bar, and the label is the bar's fence.
+	bars=$(grep -o 'class="hold"' "$R" | wc -l)
+	labels=$(grep -o 'class="fence"' "$R" | wc -l)
+	check "$n: report: a fence label on every bar ($labels labels, $bars bars)" [ "$bars" -gt 0 -a "$labels" -eq "$bars" ]
+	check "$n: report: every bar has its data-fence" [ "$(grep -Eo 'class="hold" data-fence="[0-9]+"' "$R" | wc -l)" -eq "$bars" ]
+	check "$n: report: the labels are the bars' fences" python3 - "$R" <<'PY'
+import re, sys
+svg = open(sys.argv[1]).read()
+bars = re.findall(r'class="hold" data-fence="(\d+)"', svg)
+labels = re.findall(r'class="fence"[^>]*>(\d+)</text>', svg)
+assert bars == labels, (len(bars), len(labels))
+PY
+done
+# The four kinds of the issue all ran on the broken store, counted per kind.
+kl=$(grep '^  faults injected by kind:' "$T/b4.out")
+for f in pause kill partition lose-reply; do
+	check "b4: $f injected at least once ($kl)" grep -Eq " $f [1-9]" <<<"$kl"
+done
+check "b4: nothing left not run" bash -c "! grep -q 'NOT RUN' '$T/b4.out'"
 
 # No faults: every grant exclusive, the register exact.
 use clean 0 "clean run"

@@ -77,11 +77,17 @@ check "static: verdict shown" grep -q 'FAIL: a safety property was violated' "$L
 check "static: verdict table" grep -q 'overlapping holds (store at fault)</td>' "$L"
 check "static: overlaps drawn" grep -q 'class="overlap"' "$L"
 check "static: the zoom buttons come from the script" bash -c "! grep -q '<button' '$L'"
-nlines=$(grep -c '^  \(OVERLAP\|overlap after pause\|FENCE ORDER\|STALE WRITE\|LOST UPDATES\)' "$T/long.txt")
+nlines=$(grep -c '^  \(OVERLAP\|FENCE ORDER\|STALE WRITE\|LOST UPDATES\|NOT RUN\)' "$T/long.txt")
 nli=$(sed -n '/<ul id="violation-lines">/,/<\/ul>/p' "$L" | grep -c '<li>')
 check "static: the $nlines violation lines of the terminal are in the report ($nli)" [ "$nli" -eq "$nlines" -a "$nlines" -gt 0 ]
-first=$(grep -m1 '^  \(OVERLAP\|overlap after pause\)' "$T/long.txt" | sed 's/^  //')
-check "static: the first line verbatim" grep -qF "$first" "$L"
+nex=$(grep -c '^  overlap after pause:' "$T/long.txt")
+nexli=$(sed -n '/<ul id="excused-lines">/,/<\/ul>/p' "$L" | grep -c '<li>overlap after pause: ')
+check "static: the $nex excused lines of the terminal are in the report's own list ($nexli)" [ "$nexli" -eq "$nex" -a "$nex" -gt 0 ]
+first=$(grep -m1 '^  \(OVERLAP\|STALE WRITE\|LOST UPDATES\)' "$T/long.txt" | sed 's/^  //')
+check "static: the first line verbatim, a real violation" grep -qF "<li>$first</li>" "$L"
+bars=$(grep -o 'class="hold"' "$L" | wc -l)
+labels=$(grep -o 'class="fence"' "$L" | wc -l)
+check "static: every bar shows its fence ($labels labels, $bars bars)" [ "$labels" -eq "$bars" ]
 w=$(grep -o 'id="timeline-svg"[^>]*width="[0-9]*"' "$L" | grep -o ' width="[0-9]*"' | grep -o '[0-9]*')
 check "static: 30 s timeline wider than 1200 px, scrolls (${w:-?})" [ "${w:-0}" -gt 1200 ]
 "$PY" -c '
