@@ -9,7 +9,7 @@ if [ -z "$cf" ] || ! [ -x "$cf" ]; then
 	exit 1
 fi
 cd "$src" || exit 2
-mapfile -t files < <(find src include tests examples bench -name '*.[ch]' | sort)
+mapfile -t files < <(find src include tests examples bench bindings -name '*.[ch]' | sort)
 if ! "$cf" --dry-run --Werror "${files[@]}" 2>"${TMPDIR:-/tmp}/format.$$"; then
 	grep -E '^[^ ].*: (error|warning):' "${TMPDIR:-/tmp}/format.$$" | sed 's/: .*//' | sort -u | head -40 >&2
 	echo "these files differ from .clang-format's layout: clang-format-19 -i FILE" >&2
