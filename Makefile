@@ -42,10 +42,14 @@ check:
 	cd $(TSAN_BUILD) && ctest -j$(JOBS) --output-on-failure --timeout 900 -L tsan
 	cd $(ASAN_BUILD) && ctest -j$(JOBS) --output-on-failure --timeout 900
 
-# Install the library, headers, dlock.pc, the CMake package, the tool and its
-# man page under PREFIX (default /usr/local); DESTDIR stages a package.
+# Install the library, headers, dlock.pc, the CMake package, the tool, the
+# store modules, the man pages, the docs and the shell completions under
+# PREFIX (default /usr/local); DESTDIR stages a package. It never installs
+# Debian packages: a build it needs is made with what is there.
 PREFIX ?= /usr/local
-install: build
+install:
+	test -f $(BUILD)/CMakeCache.txt || cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BUILD) -j$(JOBS)
 	DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:

@@ -194,7 +194,7 @@ static int module_load(const scheme_entry *e)
 	if (access(path, F_OK) != 0)
 		return dlock_error_set(DLOCK_ENOTSUPPORTED, e->scheme, NULL,
 				       "the %s store is not installed: it is a module of its own, %s, which is "
-				       "missing (install dlock's %s store module, or build dlock where %s is found)",
+				       "missing (install the package dlock-store-%s, or build dlock where %s is found)",
 				       e->module, path, e->module, e->needs);
 	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!h) {

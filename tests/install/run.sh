@@ -51,6 +51,30 @@ f3=$(fence_of "$out")
 [ -n "$f3" ] && [ "$f3" -gt "$f2" ] || { echo "FAIL: fence did not grow ($f2, $f3)"; exit 1; }
 test -f "$tmp/home/dlock.db"
 test "$(stat -c %a "$tmp/home/dlock.db")" = 600
+# Documentation: a man 3 page for every function the installed headers
+# export and for the dlock(3) overview, each rendered by man without a
+# warning; the guides under share/doc/dlock; the completions of the tool.
+man3="$tmp/prefix/share/man/man3"
+funcs=$(cat "$tmp/prefix/include/dlock/"*.h "$tmp/prefix/include/dlock/sys/"*.h | tr '\n' ' ' |
+	grep -oE 'DLOCK_EXTERN[^;(]*\bdlock[a-z0-9_]*[[:space:]]*\(' | grep -oE 'dlock[a-z0-9_]*[[:space:]]*\($' | tr -d ' (')
+[ "$(wc -w <<<"$funcs")" -gt 40 ] || { echo "FAIL: exported functions not found in the headers: $funcs"; exit 1; }
+for f in dlock $funcs; do
+	[ -s "$man3/$f.3" ] || { echo "FAIL: no man page $man3/$f.3"; exit 1; }
+done
+for f in "$man3"/*.3; do
+	warn=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -E UTF-8 -l -Tutf8 -Z "$f" 2>&1 >/dev/null)
+	[ -z "$warn" ] || { echo "FAIL: man warns on $f: $warn"; exit 1; }
+done
+LC_ALL=C.UTF-8 MANWIDTH=80 man -l "$man3/dlock_acquire.3" | grep -q 'DLOCK_ELOCKED (wait 0' ||
+	{ echo "FAIL: dlock_acquire(3) lacks its return values"; exit 1; }
+echo "man 3: $(ls "$man3" | wc -l) pages"
+for f in README.md api.md cli.md stores/redis.md examples/hello.c; do
+	[ -s "$tmp/prefix/share/doc/dlock/$f" ] || { echo "FAIL: share/doc/dlock/$f not installed"; exit 1; }
+done
+if [ -x "$tmp/prefix/bin/dlock" ]; then
+	[ -s "$tmp/prefix/share/bash-completion/completions/dlock" ] || { echo "FAIL: no bash completion"; exit 1; }
+	[ -s "$tmp/prefix/share/zsh/vendor-completions/_dlock" ] || { echo "FAIL: no zsh completion"; exit 1; }
+fi
 # The tool links libdlock alone (no store client library), finds the libdlock
 # of its own prefix, and loads a store's module from LIBDIR/dlock on the first
 # use of its scheme: an unreachable server is "unavailable" (69), not "not

@@ -1,0 +1,106 @@
+# bash completion for dlock(1), also zsh's (completion/_dlock runs it through
+# bashcompinit). Installed as share/bash-completion/completions/dlock; the options of each command are
+# read from `dlock COMMAND --help`, so they follow the installed tool.
+
+_dlock_options() {
+	"${1:-dlock}" "$2" --help 2>/dev/null |
+		sed -nE 's/^ {1,4}(-[a-zA-Z], )?(--[a-z][a-z-]*).*/\2/p'
+}
+
+# COMPREPLY from the lines on stdin (zsh's bashcompinit has no mapfile)
+_dlock_reply() {
+	local line
+	COMPREPLY=()
+	while IFS= read -r line; do
+		COMPREPLY+=("$line")
+	done
+}
+
+_dlock() {
+	local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD - 1]}
+	local tool=${COMP_WORDS[0]} cmd= i w name_seen=0 start=
+	local commands="run acquire extend release status break demo check bench"
+	# the command, and where COMMAND of `run` starts (after '--', or the
+	# first word after the lock name that is not an option)
+	for ((i = 1; i < COMP_CWORD; i++)); do
+		w=${COMP_WORDS[i]}
+		case $w in
+		--store | --ttl | --wait | --permits | --conflict-exit-code | -c | --command | --kill-after | \
+			--holder | --clients | --duration | --hold | --faults | --ops | --replica | --master | \
+			--fault-every | --pause | --delay | --fencing | --seed | --name | --server-script | \
+			--server-dir | --report | --work-dir | --locks | --think | --workload)
+			# options with a value (--hold of run takes none: it is a flag there)
+			[ "$cmd" = run ] && [ "$w" = --hold ] || ((i++))
+			continue
+			;;
+		--)
+			if [ "$cmd" = run ] && [ $name_seen = 1 ]; then
+				start=$((i + 1))
+				break
+			fi
+			continue
+			;;
+		-*) continue ;;
+		esac
+		if [ -z "$cmd" ]; then
+			cmd=$w
+		elif [ "$cmd" = run ]; then
+			if [ $name_seen = 1 ]; then
+				start=$i
+				break
+			fi
+			name_seen=1
+		fi
+	done
+	if [ -z "$start" ] && [ "$cmd" = run ] && [ $name_seen = 1 ] && [[ $cur != -* ]]; then
+		start=$COMP_CWORD
+	fi
+	if [ -n "$start" ]; then
+		# COMMAND, then its arguments as files
+		if [ "$start" -eq "$COMP_CWORD" ]; then
+			_dlock_reply < <(compgen -c -- "$cur" | sort -u)
+		else
+			compopt -o filenames 2>/dev/null
+			_dlock_reply < <(compgen -f -- "$cur")
+		fi
+		return
+	fi
+	case $prev in
+	--store)
+		_dlock_reply < <(compgen -W "sqlite:// redis:// rediss:// redis+sentinel:// redis+cluster://
+			rediss+cluster:// redlock:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql://
+			mariadb:// memcached://" -- "$cur")
+		compopt -o nospace 2>/dev/null
+		return
+		;;
+	--report | --work-dir | --server-dir | --server-script)
+		compopt -o filenames 2>/dev/null
+		_dlock_reply < <(compgen -f -- "$cur")
+		return
+		;;
+	--fencing)
+		_dlock_reply < <(compgen -W "on off" -- "$cur")
+		return
+		;;
+	--faults)
+		local kinds="pause kill restart member partition lose-reply delay server-pause file-delete
+			member-restart failover kill-tool session-kill evict failback" pre=
+		[[ $cur == *,* ]] && pre=${cur%,*},
+		_dlock_reply < <(compgen -P "$pre" -W "$kinds" -- "${cur##*,}")
+		compopt -o nospace 2>/dev/null
+		return
+		;;
+	esac
+	if [ -z "$cmd" ]; then
+		if [[ $cur == -* ]]; then
+			_dlock_reply < <(compgen -W "--store --json --quiet --verbose --help --version" -- "$cur")
+		else
+			_dlock_reply < <(compgen -W "$commands" -- "$cur")
+		fi
+		return
+	fi
+	if [[ $cur == -* ]]; then
+		_dlock_reply < <(compgen -W "$(_dlock_options "$tool" "$cmd")" -- "$cur")
+	fi
+}
+complete -F _dlock dlock
