@@ -50,7 +50,8 @@ DLOCK_BEGIN_DECLS
  * "dlock"), `connect_timeout` (a duration, default 5s: the bound of the whole
  * open), `timeout` (the bound of one request — a release, an extend, a
  * renewal, one try of an acquire; default the smaller of connect_timeout and
- * 2s). Unknown options are an error. A NULL or empty `uri` opens the default store (dlock_default_uri).
+ * 2s). An unknown option is DLOCK_EINVAL before any connection, naming the
+ * options the scheme takes. A NULL or empty `uri` opens the default store (dlock_default_uri).
  *
  * @param out  receives the store; the caller frees it with dlock_store_close
  * @param uri  copied; may contain a password, which is never echoed

@@ -1,6 +1,7 @@
 #include "core/internal.h"
 
 #include <ctype.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,14 @@ static const char *split_authority(const char *a, const char **end)
 	return pick;
 }
 
+/* A parsed URI and, beside it, the option names its store asked for (by
+ * dlock_uri_param), so that an unknown option can be answered with the
+ * store's own list. */
+typedef struct uri_impl {
+	dlock_uri pub;
+	char asked[480];
+} uri_impl;
+
 void dlock_sys_uri_free(dlock_uri *uri)
 {
 	if (!uri)
@@ -234,9 +243,10 @@ int dlock_sys_uri_parse(dlock_uri **out, const char *text)
 		return dlock_error_set(
 			DLOCK_EINVAL, NULL, NULL,
 			"malformed store URI: no ':' after the scheme (expected e.g. redis://host:port)");
-	dlock_uri *uri = dlock_sys_calloc(1, sizeof(*uri));
-	if (!uri)
+	uri_impl *impl = dlock_sys_calloc(1, sizeof(*impl));
+	if (!impl)
 		return DLOCK_ENOMEM;
+	dlock_uri *uri = &impl->pub;
 	int rc = DLOCK_ENOMEM;
 	if (!(uri->scheme = dlock_sys_strndup(text, (size_t)(p - text))))
 		goto fail;
@@ -297,8 +307,25 @@ fail:
 	return rc;
 }
 
+/* Note `key` in the list of options the store asked for (once). */
+static void note_asked(dlock_uri *uri, const char *key)
+{
+	char *asked = ((uri_impl *)uri)->asked;
+	size_t klen = strlen(key), len = strlen(asked);
+	for (const char *a = asked; *a;) {
+		const char *end = strchr(a, ',');
+		size_t n = end ? (size_t)(end - a) : strlen(a);
+		if (n == klen && memcmp(a, key, n) == 0)
+			return;
+		a += n + (end ? 1 : 0);
+	}
+	if (len + klen + 2 < sizeof(((uri_impl *)0)->asked))
+		snprintf(asked + len, sizeof(((uri_impl *)0)->asked) - len, "%s%s", len ? "," : "", key);
+}
+
 const char *dlock_uri_param(dlock_uri *uri, const char *key)
 {
+	note_asked(uri, key);
 	for (size_t i = 0; i < uri->nparams; i++) {
 		if (strcmp(uri->params[i].key, key) == 0) {
 			uri->params[i].used = 1;
@@ -310,10 +337,16 @@ const char *dlock_uri_param(dlock_uri *uri, const char *key)
 
 int dlock_sys_uri_check_unused(const dlock_uri *uri)
 {
-	for (size_t i = 0; i < uri->nparams; i++)
-		if (!uri->params[i].used)
-			return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "unknown option '%s' for %s: store URIs",
-					       uri->params[i].key, uri->scheme);
+	for (size_t i = 0; i < uri->nparams; i++) {
+		if (uri->params[i].used)
+			continue;
+		char list[600] = "";
+		size_t n = 0;
+		for (const char *a = ((const uri_impl *)uri)->asked; *a && n < sizeof(list) - 3; a++)
+			n += (size_t)snprintf(list + n, sizeof(list) - n, *a == ',' ? ", " : "%c", *a);
+		return dlock_error_set(DLOCK_EINVAL, NULL, NULL, "unknown option '%s' (%s: URIs take %s)",
+				       uri->params[i].key, uri->scheme, list);
+	}
 	return 0;
 }
 

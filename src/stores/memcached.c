@@ -124,8 +124,11 @@ static int mc_error(memcached_store *be, memcached_return_t rc, const char *what
 	for (char *c = text; *c; c++)
 		if (*c >= 'A' && *c <= 'Z')
 			*c = (char)(*c - 'A' + 'a');
-	int err = dlock_error_set(code, KIND, memcached_strerror(be->mc, rc), "%s on %s: %s", what, be->hostport,
-				  text[0] ? text : memcached_strerror(be->mc, rc));
+	/* ... and says "connection failure" without the reason: the errno */
+	int en = code == DLOCK_EUNAVAILABLE ? memcached_last_error_errno(be->mc) : 0;
+	int err = dlock_error_set(code, KIND, memcached_strerror(be->mc, rc), "%s on %s: %s%s%s", what, be->hostport,
+				  text[0] ? text : memcached_strerror(be->mc, rc), en ? ": " : "",
+				  en ? strerror(en) : "");
 	if (code == DLOCK_EUNAVAILABLE)
 		drop_conn(be); /* the next call starts on a new connection */
 	return err;
@@ -1046,10 +1049,13 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 	if (uri->path && *uri->path && strcmp(uri->path, "/") != 0)
 		return dlock_error_set(DLOCK_EINVAL, KIND, NULL,
 				       "memcached: unexpected path '%s' (use memcached://host:port)", uri->path);
+	/* no options of its own: an unknown one is a usage error, before any connection */
+	int rc = dlock_sys_uri_check_unused(uri);
+	if (rc)
+		return rc;
 	dlock_hostport *hp = NULL;
 	size_t nh = 0;
-	int rc = dlock_uri_hosts(uri, 11211, &hp, &nh);
-	if (rc)
+	if ((rc = dlock_uri_hosts(uri, 11211, &hp, &nh)) != 0)
 		return rc;
 	if (nh != 1) {
 		dlock_free(hp);
@@ -1112,7 +1118,7 @@ int dlock__memcached_open(dlock_backend **out, dlock_uri *uri)
 	char *v = memcached_get(be->mc, "dlock:ping", 10, &vl, &fl, &mrc);
 	free(v);
 	if (mrc != MEMCACHED_SUCCESS && mrc != MEMCACHED_NOTFOUND) {
-		rc = mc_error(be, mrc, "connect");
+		rc = mc_error(be, mrc, "memcached connect");
 		mc_close(&be->base);
 		return rc;
 	}

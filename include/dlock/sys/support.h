@@ -102,7 +102,10 @@ DLOCK_EXTERN int64_t dlock_sys_drift_ms(int64_t ttl_ms);
 /* ---- URIs ---- */
 DLOCK_EXTERN int dlock_sys_uri_parse(dlock_uri **out, const char *text);
 DLOCK_EXTERN void dlock_sys_uri_free(dlock_uri *uri);
-/* DLOCK_EINVAL naming the first option no one used, else 0. */
+/* DLOCK_EINVAL naming the first option no one used and those asked for
+ * (dlock_uri_param), else 0. A store calls it once it has read its options,
+ * before it connects (an unknown option is a usage error, not a reason to
+ * reach a server); the core calls it again after the open. */
 DLOCK_EXTERN int dlock_sys_uri_check_unused(const dlock_uri *uri);
 
 /* ---- status helpers for stores ---- */

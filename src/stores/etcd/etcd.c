@@ -191,6 +191,9 @@ int dlock__etcd_open(dlock_backend **out, dlock_uri *uri)
 	curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS, (long)(e->nurls * 2 + 2 > 8 ? e->nurls * 2 + 2 : 8));
 	dlock_free(hp);
 	hp = NULL;
+	/* An unknown option is a usage error, before any connection. */
+	if ((rc = dlock_sys_uri_check_unused(uri)) != 0)
+		goto fail;
 	/* Check now that a member answers (and that the credentials work), so a
 	 * wrong URI fails at open rather than at the first lock. */
 	if (e->user && (rc = dlock__et_authenticate(e, e->cmd, e->token_gen, e->deadline)) != 0)

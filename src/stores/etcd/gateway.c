@@ -259,9 +259,9 @@ static int xfer_finish(etcd_store *e, xfer *x, json_object **out, rpc_result *re
 		/* curl closes a connection whose transfer it abandoned: a late
 		 * answer cannot be read as the answer to a later request. */
 		int rc = x->c == CURLE_OPERATION_TIMEDOUT
-				 ? dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "%s: timed out", x->url)
-				 : dlock_error_set(DLOCK_EUNAVAILABLE, KIND, curl_easy_strerror(x->c), "%s: %s", x->url,
-						   curl_easy_strerror(x->c));
+				 ? dlock_error_set(DLOCK_EUNAVAILABLE, KIND, "timeout", "etcd %s: timed out", x->url)
+				 : dlock_error_set(DLOCK_EUNAVAILABLE, KIND, curl_easy_strerror(x->c), "etcd %s: %s",
+						   x->url, curl_easy_strerror(x->c));
 		if (dlock__et_curl_failover(x->c)) {
 			if (!curl_not_sent(x->c))
 				res->ambiguous = 1;

@@ -163,6 +163,8 @@ int dlock__mysql_open(dlock_backend **out, dlock_uri *uri)
 		return DLOCK_ENOMEM;
 	pthread_mutex_init(&b->wait_mu, NULL);
 	int rc = parse(b, uri);
+	if (rc == 0) /* an unknown option is a usage error, before any connection */
+		rc = dlock_sys_uri_check_unused(uri);
 	int64_t deadline = dlock_clock_ms() + b->connect_timeout_ms;
 	if (rc == 0) {
 		dlock_backend_init(&b->base,

@@ -132,6 +132,8 @@ int dlock__postgres_open(dlock_backend **out, dlock_uri *uri)
 		rc = dlock_sys_opt_dup(&be->sslkey, dlock_uri_param(uri, "sslkey"));
 	if (!rc)
 		rc = dlock_sys_opt_dup(&be->ns, uri->prefix ? uri->prefix : "dlock");
+	if (!rc) /* an unknown option is a usage error, before any connection */
+		rc = dlock_sys_uri_check_unused(uri);
 	dlock_free(hp);
 	if (!rc && pipe2(be->wakefd, O_CLOEXEC) != 0)
 		rc = dlock_error_set(DLOCK_ESTORE, KIND, NULL, "pipe: %s", strerror(errno));

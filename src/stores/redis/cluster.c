@@ -996,6 +996,9 @@ int dlock__redis_cluster_open(dlock_backend **out, dlock_uri *uri)
 	s->wait_replicas = s->fence_replicas = 1;
 	if ((rc = dlock__rreplicas_option(uri, KIND, &s->wait_replicas, &s->fence_replicas)) != 0)
 		goto fail;
+	/* an unknown option is a usage error, before any connection */
+	if ((rc = dlock_sys_uri_check_unused(uri)) != 0)
+		goto fail;
 	if ((rc = make_scripts(s)) != 0)
 		goto fail;
 	if ((rc = dlock__rnotify_new(&s->nt, &s->base, s->node, NODE_MAX, KIND)) != 0)

@@ -86,11 +86,12 @@ static void drop_if_closed(redis_store *s)
 static int timed_out_error(int rc, const char *what)
 {
 	/* a refused reply, a connection the server refused or reset, a failed TLS
-	 * handshake did not time out (our sockets are non-blocking: a timeout is ETIMEDOUT) */
+	 * handshake, a name that does not resolve did not time out (our sockets
+	 * are non-blocking: a timeout is ETIMEDOUT) */
 	const char *code = dlock_error_last()->store_code;
 	if (rc == DLOCK_EUNAVAILABLE && !strstr(dlock_error_last()->message, "timed out") &&
 	    strcmp(code, "EPROTO") != 0 && strcmp(code, "ECONN") != 0 && strcmp(code, "TLS") != 0 &&
-	    strcmp(code, "EIO") != 0)
+	    strcmp(code, "EIO") != 0 && strncmp(code, "EAI", 3) != 0)
 		return dlock__rrewrap(rc, KIND, what);
 	return rc;
 }
@@ -818,6 +819,9 @@ int dlock__redis_open(dlock_backend **out, dlock_uri *uri)
 	 * make a fence go back (see docs/stores/redis.md) */
 	s->wait_replicas = s->fence_replicas = sentinel ? 1 : 0;
 	if ((rc = dlock__rreplicas_option(uri, KIND, &s->wait_replicas, &s->fence_replicas)) != 0)
+		goto fail;
+	/* An unknown option is a usage error, before any connection. */
+	if ((rc = dlock_sys_uri_check_unused(uri)) != 0)
 		goto fail;
 	if ((rc = dlock__rnotify_new(&s->nt, &s->base, s->srv, 1, KIND)) != 0)
 		goto fail;

@@ -1644,7 +1644,8 @@ int dlock__redlock_open(dlock_backend **out, dlock_uri *uri)
 				       n);
 	}
 	int64_t open_end = dlock_clock_ms() + uri->connect_timeout_ms; /* the whole open's bound */
-	if ((rc = refuse_duplicates(srv, n, open_end)) != 0) {
+	/* an unknown option is a usage error, before any connection */
+	if ((rc = dlock_sys_uri_check_unused(uri)) != 0 || (rc = refuse_duplicates(srv, n, open_end)) != 0) {
 		dlock__rservers_free(srv);
 		return rc;
 	}
