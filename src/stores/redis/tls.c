@@ -333,6 +333,20 @@ static int ssl_fail(redisContext *c, SSL *ssl, int r)
 	return io_fail(c, REDIS_ERR_IO, buf);
 }
 
+/* `n` bytes of the output buffer went out: drop them; *done when none is left. */
+static int obuf_sent(redisContext *c, size_t n, int *done)
+{
+	if (n == sdslen(c->obuf)) {
+		sdsfree(c->obuf);
+		if (!(c->obuf = sdsempty()))
+			return io_fail(c, REDIS_ERR_OOM, "Out of memory");
+	} else {
+		sdsrange(c->obuf, (ssize_t)n, -1);
+	}
+	*done = sdslen(c->obuf) == 0;
+	return REDIS_OK;
+}
+
 static int tls_write(redisContext *c, SSL *ssl, int *done)
 {
 	if (c->err)
@@ -344,15 +358,9 @@ static int tls_write(redisContext *c, SSL *ssl, int *done)
 		int n = SSL_write(ssl, c->obuf, len > INT32_MAX ? INT32_MAX : (int)len);
 		if (n <= 0)
 			return ssl_fail(c, ssl, n);
-		if ((size_t)n == len) {
-			sdsfree(c->obuf);
-			if (!(c->obuf = sdsempty()))
-				return io_fail(c, REDIS_ERR_OOM, "Out of memory");
-		} else {
-			sdsrange(c->obuf, n, -1);
-		}
+		return obuf_sent(c, (size_t)n, done);
 	}
-	*done = sdslen(c->obuf) == 0;
+	*done = 1;
 	return REDIS_OK;
 }
 
@@ -373,15 +381,9 @@ static int plain_write(redisContext *c, int *done)
 				return REDIS_OK; /* again later */
 			return io_fail(c, REDIS_ERR_IO, strerror(errno));
 		}
-		if ((size_t)n == len) {
-			sdsfree(c->obuf);
-			if (!(c->obuf = sdsempty()))
-				return io_fail(c, REDIS_ERR_OOM, "Out of memory");
-		} else {
-			sdsrange(c->obuf, n, -1);
-		}
+		return obuf_sent(c, (size_t)n, done);
 	}
-	*done = sdslen(c->obuf) == 0;
+	*done = 1;
 	return REDIS_OK;
 }
 
