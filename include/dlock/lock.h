@@ -186,6 +186,17 @@ DLOCK_EXTERN int dlock_extend(dlock_lock *lock, int64_t ttl_ms);
  */
 DLOCK_EXTERN int dlock_held(const dlock_lock *lock);
 
+/**
+ * Why the handle's hold was lost, once it was (from its on_lost callback
+ * on, or after dlock_extend answered DLOCK_ELOST): "its
+ * lease ran out: no renewal was confirmed before the deadline", or "the
+ * store no longer has the hold (released or broken by another client,
+ * expired on the store, or the store's data was lost)". Static text; NULL
+ * while the handle holds the lock, never held it or released it, and again
+ * after a new acquire. Thread-safe.
+ */
+DLOCK_EXTERN const char *dlock_lost_reason(const dlock_lock *lock);
+
 /** The fencing token of the current hold, or 0 when not held. Thread-safe. */
 DLOCK_EXTERN uint64_t dlock_fence(const dlock_lock *lock);
 

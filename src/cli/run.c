@@ -143,6 +143,8 @@ static int on_opt(void *p, int id, const char *value)
 
 static int ev_pipe[2] = { -1, -1 };
 static atomic_llong lost_wall_ms;
+/* Why: dlock_lost_reason of the lock, taken by on_lost (static text). */
+static _Atomic(const char *) lost_why;
 static _Atomic int64_t lease_deadline; /* CLOCK_MONOTONIC ms, last seen by the main loop */
 
 static sigset_t handled; /* taken by the signal thread */
@@ -168,8 +170,8 @@ static int64_t wall_ms(void)
 /* Runs on the library's renewal thread: record when, wake the main loop, return. */
 static void on_lost(dlock_lock *lock, void *payload)
 {
-	(void)lock;
 	(void)payload;
+	atomic_store(&lost_why, dlock_lost_reason(lock));
 	long long zero = 0;
 	atomic_compare_exchange_strong(&lost_wall_ms, &zero, (long long)wall_ms());
 	post(EV_LOST);
@@ -552,12 +554,11 @@ static void report_lost(const cli_global *g, const char *name, bool command)
 	if (at == 0 || (atomic_load(&lease_deadline) > 0 && late > 0 && wall_ms() - late < at))
 		at = wall_ms() - (late > 0 ? late : 0);
 	cli_fmt_time(when, sizeof when, at);
-	if (!command) {
-		cli_error(g, "lock '%s' was LOST at %s (lease not renewed in time)", name, when);
-		return;
-	}
-	cli_error(g, "lock '%s' was LOST at %s (lease not renewed in time); sending SIGKILL to the command", name,
-		  when);
+	const char *why = atomic_load(&lost_why);
+	if (!why) /* the switch ended it at the deadline */
+		why = "its lease ran out: no renewal was confirmed before the deadline";
+	cli_error(g, "lock '%s' was LOST at %s: %s%s", name, when, why,
+		  command ? "; sending SIGKILL to the command" : "");
 }
 
 /* Where the command stands in the escalation. */

@@ -93,6 +93,7 @@ int dlock_lock_attach(dlock_lock *l, const char *handle)
 	l->fence = fence;
 	l->deadline = dlock_clock_ms() + ttl - dlock_sys_drift_ms(ttl);
 	l->lost_fired = false;
+	l->lost_why = NULL;
 	dlock__lock_fill_request(l);
 	pthread_mutex_unlock(&l->mu);
 	return 0;

@@ -294,6 +294,7 @@ struct dlock_lock {
 	bool attached;           /* from dlock_lock_attach: not renewed */
 	bool release_pending;    /* a release failed: `owner` is in the orphan queue */
 	bool lost_fired;
+	const char *lost_why;    /* static text: why the hold was lost (dlock_lost_reason) */
 	dlock_request req;       /* what the store sees for this hold */
 	dlock__reg reg;
 	bool registered;
@@ -306,6 +307,12 @@ void dlock__lock_unref(dlock_lock *l);
 /* Fill lock->req from the lock's options and current owner. */
 void dlock__lock_fill_request(dlock_lock *lock);
 /* Mark a lock lost (under lock->mu); returns true if the callback must fire. */
-bool dlock__lock_mark_lost(dlock_lock *lock);
+bool dlock__lock_mark_lost(dlock_lock *lock, const char *why);
+/* Why a hold was lost (dlock_lost_reason): its lease ran out unconfirmed, or
+ * the store no longer has it. */
+#define DLOCK__LOST_DEADLINE "its lease ran out: no renewal was confirmed before the deadline"
+#define DLOCK__LOST_GONE                                                                                \
+	"the store no longer has the hold (released or broken by another client, expired on the store, or " \
+	"the store's data was lost)"
 
 #endif

@@ -85,11 +85,12 @@ void dlock__lock_fill_request(dlock_lock *l)
 	r->slot = slot;
 }
 
-bool dlock__lock_mark_lost(dlock_lock *l)
+bool dlock__lock_mark_lost(dlock_lock *l, const char *why)
 {
 	if (l->state != DLOCK__HELD)
 		return false;
 	l->state = DLOCK__LOST;
+	l->lost_why = why;
 	bool fire = !l->lost_fired && l->opts.on_lost;
 	l->lost_fired = true;
 	return fire;
@@ -241,6 +242,7 @@ static int granted(dlock_lock *l, uint64_t fence, int64_t t_lease)
 	l->unsure_end = 0;
 	l->attached = false;
 	l->lost_fired = false;
+	l->lost_why = NULL;
 	l->release_pending = false;
 	pthread_mutex_unlock(&l->mu);
 	/* Locks without renewal are watched too: their on_lost fires at the deadline. */
@@ -703,6 +705,7 @@ int dlock_extend(dlock_lock *l, int64_t ttl_ms)
 	} else if (rc == DLOCK_ENOTHELD) {
 		l->state = DLOCK__LOST;
 		l->lost_fired = true; /* the caller hears it now, not through on_lost */
+		l->lost_why = DLOCK__LOST_GONE;
 		rc = dlock_error_set(DLOCK_ELOST, l->store->mt.kind, NULL,
 				     "lock '%s' was lost: the store no longer has our hold", l->name);
 	} else if (rc == 0) {
@@ -733,6 +736,17 @@ int dlock_held(const dlock_lock *cl)
 	int held = l->state == DLOCK__HELD && (l->attached || dlock_clock_ms() < l->deadline);
 	pthread_mutex_unlock(&l->mu);
 	return held;
+}
+
+const char *dlock_lost_reason(const dlock_lock *cl)
+{
+	dlock_lock *l = (dlock_lock *)cl;
+	if (!l)
+		return NULL;
+	pthread_mutex_lock(&l->mu);
+	const char *why = l->state == DLOCK__LOST ? l->lost_why : NULL;
+	pthread_mutex_unlock(&l->mu);
+	return why;
 }
 
 uint64_t dlock_fence(const dlock_lock *cl)

@@ -222,7 +222,7 @@ static void reap_runners(dlock_store *s)
 /* Under reg_mu: the lock of reg is gone (if `now` > 0: only if its deadline
  * has passed by then, checked again under its mutex). Mark it lost, unlink it
  * and hand its on_lost to a runner (never run here). */
-static void lost(dlock_store *s, dlock__reg *reg, int64_t now)
+static void lost(dlock_store *s, dlock__reg *reg, int64_t now, const char *why)
 {
 	dlock_lock *l = reg->lock;
 	pthread_mutex_lock(&l->mu);
@@ -230,7 +230,7 @@ static void lost(dlock_store *s, dlock__reg *reg, int64_t now)
 		pthread_mutex_unlock(&l->mu);
 		return;
 	}
-	bool fire = dlock__lock_mark_lost(l);
+	bool fire = dlock__lock_mark_lost(l, why);
 	pthread_mutex_unlock(&l->mu);
 	unlink_reg(s, reg);
 	if (!fire)
@@ -280,7 +280,7 @@ static void *watchdog_main(void *arg)
 				break;
 			}
 			if (now >= d) {
-				lost(s, r, now);
+				lost(s, r, now, DLOCK__LOST_DEADLINE);
 				again = true; /* the list may have changed */
 				break;
 			}
@@ -509,7 +509,7 @@ static void renew_batch(dlock_store *s, int64_t now)
 		}
 		pthread_mutex_unlock(&l->mu);
 		if (held && (rc == DLOCK_ENOTHELD || rc == DLOCK_ELOST))
-			lost(s, r, 0);
+			lost(s, r, 0, DLOCK__LOST_GONE);
 	}
 	pthread_cond_broadcast(&s->reg_cv);
 	free(regs);

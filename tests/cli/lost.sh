@@ -53,6 +53,7 @@ check "no process of its group is left" sh -c "! pgrep -g $child >/dev/null"
 check "message says the lock was lost, and when" \
 	grep -Eq "lock 'victim' was LOST at [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z" "$T/run.err"
 check "message says SIGKILL was sent" grep -q "SIGKILL" "$T/run.err"
+check "message says why: the lease ran out" grep -q "LOST at [^ ]*: its lease ran out: no renewal was confirmed" "$T/run.err"
 # The thief still holds the lock: the loser did not release it on the way out.
 "$DLOCK" --json status victim >"$T/st"
 check "the lock is held by the thief" \
@@ -68,4 +69,21 @@ check "it went while dlock was still stopped" [ "$gone_while_stopped" = yes ]
 check "no SIGKILL needed: gone ${gone_ms} ms after the thief's grant" test "$gone_ms" -lt 10000
 check "no SIGKILL message" sh -c "! grep -q 'SIGKILL$' '$T/run.err'"
 "$DLOCK" release victim "$(cat "$T/thief")"
+
+# 3. A hold broken by another client (dlock break) is lost at dlock's next
+# renewal, and the message says the store no longer has it, not that the
+# lease ran out (issue 33 row 4).
+rm -f "$T/ready"
+mkfifo "$T/ready"
+"$DLOCK" run --ttl 3s broken -- sh -c "echo go >'$T/ready'; exec sleep 600" 2>"$T/run3.err" &
+run_pid=$!
+read -r _ <"$T/ready"
+expect_rc 0 "break the running hold" "$DLOCK" break broken
+timeout 30 tail --pid="$run_pid" -f /dev/null
+wait "$run_pid"
+run_rc=$?
+check "broken: dlock run exited 76 (got $run_rc)" [ "$run_rc" -eq 76 ]
+check "broken: the message says the store no longer has the hold ($(cat "$T/run3.err"))" \
+	grep -q "lock 'broken' was LOST at [^ ]*: the store no longer has the hold" "$T/run3.err"
+check "broken: it does not blame the lease" sh -c "! grep -q 'lease ran out' '$T/run3.err'"
 finish

@@ -394,6 +394,7 @@ static void test_renewal_batching_and_lost(void)
 	CHECK(f->renew_calls == 3 && f->renew_items == 6 && f->max_batch == 2);
 	CHECK(dlock_held(a) && dlock_held(b));
 	CHECK(box.fired == 0);
+	CHECK(dlock_lost_reason(a) == NULL); /* held: no reason */
 
 	/* The store says "not yours": lost at the next renewal, callbacks fire,
 	 * held() turns false. */
@@ -405,6 +406,8 @@ static void test_renewal_batching_and_lost(void)
 		usleep(2000);
 	CHECK(box.fired == 2 && box.held_in_cb == 0);
 	CHECK(!dlock_held(a) && !dlock_held(b));
+	/* why: the store's answer, not the lease */
+	CHECK(dlock_lost_reason(a) && strstr(dlock_lost_reason(a), "the store no longer has the hold"));
 	CHECK_RC(dlock_release(a), DLOCK_ELOST);
 	CHECK_RC(dlock_extend(b, 0), DLOCK_ELOST);
 	dlock_lock_free(a);
@@ -443,6 +446,13 @@ static void test_lost_when_store_silent(void)
 	CHECK(wait_lost(&box, 10000) == 1);
 	CHECK(fired_sim == deadline);
 	CHECK(!dlock_held(l));
+	CHECK(dlock_lost_reason(l) && strstr(dlock_lost_reason(l), "its lease ran out"));
+	/* a new hold has no reason until it is lost */
+	f->renew_result = 0;
+	f->holder[0] = '\0';
+	CHECK_RC(dlock_acquire(l, 0), 0);
+	CHECK(dlock_lost_reason(l) == NULL);
+	CHECK_RC(dlock_release(l), 0);
 	dlock_lock_free(l);
 	dlock_store_close(s);
 	sim_stop();
