@@ -24,13 +24,16 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct lock_object lock_object;
 
 typedef struct store_object {
 	PyObject ob_base; /* PyObject_HEAD */
 	dlock_store *store;
-	int calls;    /* calls of this store or its locks under way without the GIL */
+	int calls;    /* calls of this store or its locks under way without the GIL
+			 (a lock handle's free included) */
+	int closing;  /* close() is freeing the handles: no call starts */
 	struct store_object *prev, *next;
 } store_object;
 
@@ -174,13 +177,15 @@ static lock_object *lock_by_serial(uint64_t serial)
 	return NULL;
 }
 
-static void lost_signal(dlock_lock *Py_UNUSED(handle), void *payload)
+static void lost_signal(dlock_lock *handle, void *payload)
 {
 	if (!atomic_load(&python_alive) || !Py_IsInitialized())
 		return;
 	PyGILState_STATE g = PyGILState_Ensure();
 	lock_object *l = lock_by_serial((uint64_t)(uintptr_t)payload);
-	if (l && atomic_load(&python_alive)) {
+	/* A signal that waited for the GIL while the Lock acquired again is the
+	 * old hold's: the new one (held now) is not lost. */
+	if (l && atomic_load(&python_alive) && !dlock_held(handle)) {
 		Py_INCREF(l);
 		PyObject *r = PyObject_CallMethod(l->lost, "set", NULL);
 		if (!r)
@@ -204,7 +209,7 @@ static void lost_signal(dlock_lock *Py_UNUSED(handle), void *payload)
  * when it cannot be. */
 static dlock_lock *lock_enter(lock_object *self)
 {
-	if (!self->lock)
+	if (!self->lock || self->store->closing)
 		return (dlock_lock *)raise_error(DLOCK_EINVAL, "the lock's store is closed", "", "");
 	if (self->busy)
 		return (dlock_lock *)raise_error(DLOCK_EBUSY,
@@ -222,14 +227,18 @@ static void lock_leave(lock_object *self)
 	self->store->calls--;
 }
 
+/* Free the handle without the GIL; the store's close waits for it (calls). */
 static void lock_free_handle(lock_object *self)
 {
 	dlock_lock *h = self->lock;
 	self->lock = NULL;
 	if (h) {
+		store_object *st = self->store;
+		st->calls++;
 		PyThreadState *ts = PyEval_SaveThread();
 		dlock_lock_free(h);
 		PyEval_RestoreThread(ts);
+		st->calls--;
 	}
 }
 
@@ -281,19 +290,20 @@ static int lock_acquire_ms(lock_object *self, int64_t wait_ms)
 	dlock_lock *h = lock_enter(self);
 	if (!h)
 		return -1;
-	if (!dlock_held(h)) {
-		PyObject *r = PyObject_CallMethod(self->lost, "clear", NULL);
-		if (!r) {
-			lock_leave(self);
-			return -1;
-		}
-		Py_DECREF(r);
-	}
+	int was_held = dlock_held(h);
 	int rc;
 	PyThreadState *ts = PyEval_SaveThread();
 	rc = dlock_acquire(h, wait_ms);
 	PyEval_RestoreThread(ts);
 	lock_leave(self);
+	if (rc == 0 && !was_held) {
+		/* a new hold: not lost, whatever an old hold's signal set meanwhile
+		 * (a loss of this one signals after this, under the GIL) */
+		PyObject *r = PyObject_CallMethod(self->lost, "clear", NULL);
+		if (!r)
+			return -1;
+		Py_DECREF(r);
+	}
 	if (rc == 0)
 		return 1;
 	if (rc == DLOCK_ETIMEOUT || rc == DLOCK_ELOCKED)
@@ -474,7 +484,7 @@ static PyTypeObject lock_type = {
 
 static dlock_store *store_enter(store_object *self)
 {
-	if (!self->store)
+	if (!self->store || self->closing)
 		return (dlock_store *)raise_error(DLOCK_EINVAL, "the store is closed", "", "");
 	self->calls++;
 	return self->store;
@@ -520,14 +530,25 @@ static int store_close_impl(store_object *self)
 			    "");
 		return -1;
 	}
-	/* The list may change while the GIL is released: start over each time. */
+	/* From here no call starts on the store or its locks (store_enter,
+	 * lock_enter, store.lock() see `closing`). The list may change while the
+	 * GIL is released: start over each time. */
+	self->closing = 1;
 	for (;;) {
 		lock_object *l = locks;
 		while (l && !(l->store == self && l->lock))
 			l = l->next;
 		if (!l)
 			break;
-		lock_free_handle(l); /* its handle is NULL from here: no call on it starts */
+		lock_free_handle(l); /* its handle is NULL from here */
+	}
+	/* A Lock being deallocated in another thread frees its handle (already
+	 * off the list) without the GIL: the store outlives that free. */
+	while (self->calls > 0) {
+		PyThreadState *ts = PyEval_SaveThread();
+		struct timespec ms = { 0, 1000000 };
+		nanosleep(&ms, NULL);
+		PyEval_RestoreThread(ts);
 	}
 	dlock_store *s = self->store;
 	self->store = NULL;
@@ -614,7 +635,7 @@ static PyObject *store_lock(store_object *self, PyObject *args, PyObject *kw)
 	o.fair = fair;
 	o.no_renew = !renew;
 	o.on_lost = lost_signal;
-	if (!self->store)
+	if (!self->store || self->closing)
 		return raise_error(DLOCK_EINVAL, "the store is closed", "", "");
 	lock_object *l = PyObject_GC_New(lock_object, &lock_type);
 	if (!l)

@@ -42,16 +42,25 @@ def test_one_lock_object_one_thread_at_a_time(store, other_store, name):
     holder = store.lock(name, ttl=10)
     assert holder.acquire(0)
     rival = other_store.lock(name)
-    t = threading.Thread(target=rival.acquire, args=(2,))
+    t = threading.Thread(target=rival.acquire, args=(30,))
     t.start()
-    time.sleep(0.3)
-    with pytest.raises(dlock.BusyError) as e:
-        rival.acquire(0)
-    assert e.value.code == dlock.EBUSY
+    # until the thread is inside its acquire (before, a try answers False:
+    # the holder has the lock), however slow the machine
+    deadline = time.monotonic() + 20
+    busy = None
+    while busy is None and time.monotonic() < deadline:
+        try:
+            assert rival.acquire(0) is False
+            time.sleep(0.02)
+        except dlock.BusyError as e:
+            busy = e
+    assert busy is not None and busy.code == dlock.EBUSY
     with pytest.raises(dlock.BusyError):
         other_store.close()  # a call of its lock is under way
+    holder.release()  # the waiting thread gets the lock
     t.join()
-    holder.release()
+    assert rival.held
+    rival.release()
 
 
 def test_locks_of_one_store_in_many_threads(store, name):
