@@ -16,14 +16,46 @@ _dlock_reply() {
 	done
 }
 
+# The words up to the cursor in _dlock_w, the current one's index in
+# _dlock_cw. bash splits COMP_WORDS at ':' and '=' too (COMP_WORDBREAKS):
+# `--store sqlite:///x.db` would be three words, so the line is split at
+# blanks again; zsh's bashcompinit hands whole words.
+_dlock_words() {
+	if [ -n "${ZSH_VERSION:-}" ]; then
+		_dlock_w=("${COMP_WORDS[@]}")
+		_dlock_cw=$COMP_CWORD
+		return
+	fi
+	local line=${COMP_LINE:0:COMP_POINT} IFS=$' \t\n'
+	read -ra _dlock_w <<<"$line"
+	[[ -z $line || $line == *[[:space:]] ]] && _dlock_w+=("")
+	_dlock_cw=$((${#_dlock_w[@]} - 1))
+}
+
 _dlock() {
-	local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD - 1]}
-	local tool=${COMP_WORDS[0]} cmd= i w name_seen=0 start=
+	local -a _dlock_w
+	local _dlock_cw
+	_dlock_words
+	_dlock_complete
+	# bash replaces only what follows the current word's last ':' (when
+	# COMP_WORDBREAKS has it, as by default): drop that part of each
+	local cur=${_dlock_w[_dlock_cw]} pre i
+	if [ -z "${ZSH_VERSION:-}" ] && [[ $COMP_WORDBREAKS == *:* && $cur == *:* ]]; then
+		pre=${cur%"${cur##*:}"}
+		for i in "${!COMPREPLY[@]}"; do
+			COMPREPLY[i]=${COMPREPLY[i]#"$pre"}
+		done
+	fi
+}
+
+_dlock_complete() {
+	local cur=${_dlock_w[_dlock_cw]} prev=${_dlock_w[_dlock_cw - 1]}
+	local tool=${_dlock_w[0]} cmd= i w name_seen=0 start=
 	local commands="run acquire extend release status break demo check bench"
 	# the command, and where COMMAND of `run` starts (after '--', or the
 	# first word after the lock name that is not an option)
-	for ((i = 1; i < COMP_CWORD; i++)); do
-		w=${COMP_WORDS[i]}
+	for ((i = 1; i < _dlock_cw; i++)); do
+		w=${_dlock_w[i]}
 		case $w in
 		--store | --ttl | --wait | --permits | --conflict-exit-code | -c | --command | --kill-after | \
 			--holder | --clients | --duration | --hold | --faults | --ops | --replica | --master | \
@@ -53,11 +85,11 @@ _dlock() {
 		fi
 	done
 	if [ -z "$start" ] && [ "$cmd" = run ] && [ $name_seen = 1 ] && [[ $cur != -* ]]; then
-		start=$COMP_CWORD
+		start=$_dlock_cw
 	fi
 	if [ -n "$start" ]; then
 		# COMMAND, then its arguments as files
-		if [ "$start" -eq "$COMP_CWORD" ]; then
+		if [ "$start" -eq "$_dlock_cw" ]; then
 			_dlock_reply < <(compgen -c -- "$cur" | sort -u)
 		else
 			compopt -o filenames 2>/dev/null

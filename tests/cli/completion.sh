@@ -10,9 +10,15 @@ COMP="$SRC/completion/dlock.bash"
 PATH="$(dirname "$DLOCK"):$PATH"
 [ "$(basename "$DLOCK")" = dlock ] || ln -sf "$DLOCK" "$T/dlock" && PATH="$T:$PATH"
 
-# comp WORD...: the completions of the last word, one line, sorted
+# comp WORD...: the completions of the last word, one line, sorted. As
+# bash calls the function: COMP_LINE and COMP_POINT, and COMP_WORDS split
+# at COMP_WORDBREAKS too (':' and '=' end words there).
 comp() {
-	bash -c '. "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _dlock
+	bash -c '. "$1"; shift; COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}
+		COMP_WORDBREAKS=$'"'"' \t\n"\'"'"'><=;|&(:'"'"'
+		read -ra COMP_WORDS <<<"$(sed "s/\([:=]\)/ \1 /g" <<<"$COMP_LINE")"
+		[[ $COMP_LINE == *" " ]] && COMP_WORDS+=("")
+		COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _dlock
 		printf "%s\n" "${COMPREPLY[@]}" | sort -u | tr "\n" " "' _ "$COMP" "$@"
 }
 has() { grep -qw -- "$2" <<<" $1 "; }
@@ -31,6 +37,13 @@ for c in run acquire status check bench; do
 done
 out=$(comp dlock run --n)
 check "run --n -> --no-wait ($out)" [ "$out" = "--no-wait " ]
+# words bash splits at ':' and '=' are still one word each
+out=$(comp dlock --store "sqlite://$T/x.db" sta)
+check "after --store sqlite://FILE: sta -> status ($out)" [ "$out" = "status " ]
+out=$(comp dlock --store "sqlite://$T/x.db" run --ttl=5s job ech)
+check "after --ttl=5s: run NAME ech -> echo ($out)" has "$out" echo
+out=$(comp dlock --store redis:)
+check "--store redis: -> the rest of redis:// after the colon ($out)" [ "$out" = "// " ]
 # every scheme in src/stores/schemes.h
 out=$(comp dlock --store '')
 for s in $(grep -o 'X("[a-z+]*"' "$SRC/src/stores/schemes.h" | cut -d'"' -f2); do
