@@ -14,16 +14,30 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 for t in dpkg-buildpackage dh lintian; do
 	command -v "$t" >/dev/null || fail "$t missing (apt-get install dpkg-dev debhelper lintian; scripts/packages/core.test)"
 done
-for p in libdlock0 libdlock-dev dlock; do
+pkgs="libdlock0 libdlock-dev dlock dlock-bench-floor dlock-store-redis dlock-store-etcd dlock-store-zookeeper"
+pkgs+=" dlock-store-postgres dlock-store-mysql dlock-store-memcached"
+# One run at a time on this machine (two build trees' suites may both run
+# it); a run killed on its timeout (no EXIT trap) leaves its marker, and
+# the next run purges what that one installed before checking.
+exec 9>/var/lock/dlock-install-debian.lock
+flock 9
+marker=/var/lib/dlock-install-debian.installed
+if [ -f "$marker" ]; then
+	# shellcheck disable=SC2046
+	dpkg --purge $(cat "$marker") >/dev/null 2>&1 || true
+	rm -f "$marker"
+fi
+for p in $pkgs; do
 	! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' ||
 		fail "package $p is already installed here: this test would replace it"
 done
 tmp=$(mktemp -d)
-pkgs="libdlock0 libdlock-dev dlock dlock-bench-floor dlock-store-redis dlock-store-etcd dlock-store-zookeeper"
-pkgs+=" dlock-store-postgres dlock-store-mysql dlock-store-memcached"
 cleanup() {
-	# shellcheck disable=SC2086
-	dpkg --purge $pkgs >/dev/null 2>&1 || true
+	if [ -f "$marker" ]; then
+		# shellcheck disable=SC2086
+		dpkg --purge $pkgs >/dev/null 2>&1 || true
+		rm -f "$marker"
+	fi
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -46,6 +60,7 @@ lintian --fail-on error "$tmp"/*.changes >"$tmp/lintian.log" 2>&1 ||
 	{ cat "$tmp/lintian.log"; fail "lintian reports errors"; }
 echo "lintian: $(grep -c '^E:' "$tmp/lintian.log" || true) errors, $(grep -c '^W:' "$tmp/lintian.log" || true) warnings"
 
+echo "$pkgs" >"$marker"
 # shellcheck disable=SC2046
 dpkg -i $(for p in $pkgs; do ls "$tmp/${p}_"*.deb; done) >"$tmp/dpkg.log" 2>&1 ||
 	{ cat "$tmp/dpkg.log"; fail "the packages do not install"; }
@@ -83,7 +98,8 @@ echo "dlock, redis module, no server: $rc $out"
 man -w dlock_acquire >/dev/null || fail "man 3 dlock_acquire not found"
 man -w 1 dlock >/dev/null || fail "man 1 dlock not found"
 [ -s /usr/share/bash-completion/completions/dlock ] || fail "no bash completion"
-out=$(bash -c '. /usr/share/bash-completion/completions/dlock; COMP_WORDS=(dlock sta); COMP_CWORD=1; _dlock; echo "${COMPREPLY[*]}"')
+out=$(bash -c '. /usr/share/bash-completion/completions/dlock; COMP_LINE="dlock sta"; COMP_POINT=9
+	COMP_WORDS=(dlock sta); COMP_CWORD=1; _dlock; echo "${COMPREPLY[*]}"')
 [ "$out" = status ] || fail "the installed bash completion gives '$out' for 'dlock sta'"
 [ -s /usr/share/zsh/vendor-completions/_dlock ] || fail "no zsh completion"
 ls /usr/share/doc/dlock/api.md* /usr/share/doc/dlock/stores/redis.md* >/dev/null || fail "no guides in /usr/share/doc/dlock (dh_compress gzips the long ones)"
