@@ -79,7 +79,7 @@ mkfifo "$T/ready"
 run_pid=$!
 read -r _ <"$T/ready"
 expect_rc 0 "break the running hold" "$DLOCK" break broken
-timeout 30 tail --pid="$run_pid" -f /dev/null
+timeout 30 tail --pid="$run_pid" -f /dev/null || kill -9 "$run_pid" 2>/dev/null # never hang the suite
 wait "$run_pid"
 run_rc=$?
 check "broken: dlock run exited 76 (got $run_rc)" [ "$run_rc" -eq 76 ]
